@@ -1,0 +1,127 @@
+"""Text <-> token ids: a SentencePiece wrapper with streaming detokenization and Llama-2 chat.
+
+Owns: encoding (with BOS), decoding, the incremental `Detokenizer` that streams text as tokens
+arrive, and the Llama-2 chat prompt format. Does not own: the vocabulary itself (a
+`tokenizer.model` file next to the weights) or stop sequences (the engine checks those on text).
+Lesson 1 teaches it.
+
+Why streaming needs care: SentencePiece drops the leading space of the *first* piece it decodes
+("▁Hello" alone decodes to "Hello"), and with byte fallback one character may span several
+tokens (an emoji is four byte tokens; the first three decode to U+FFFD). Decoding each token on
+its own would therefore lose spaces and print garbage. `Detokenizer` decodes a short window that
+starts at a token already printed, and prints only what the new token added once the window no
+longer ends in a half-finished character.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import sentencepiece as spm
+
+REPLACEMENT_CHAR = "\ufffd"  # what SentencePiece prints for an incomplete UTF-8 byte sequence
+
+# Llama-2 chat format (Meta's reference code, generation.py).
+B_INST, E_INST = "[INST]", "[/INST]"
+B_SYS, E_SYS = "<<SYS>>\n", "\n<</SYS>>\n\n"
+
+
+class Tokenizer:
+    def __init__(self, model_file: str | Path) -> None:
+        path = Path(model_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer file not found: {path}")
+        self.sp = spm.SentencePieceProcessor(model_file=str(path))
+        self.bos_id: int = self.sp.bos_id()
+        self.eos_id: int = self.sp.eos_id()
+        self.vocab_size: int = self.sp.vocab_size()
+
+    def encode(self, text: str, bos: bool = True) -> list[int]:
+        return ([self.bos_id] if bos else []) + self.sp.encode(text)
+
+    def decode(self, ids: list[int]) -> str:
+        """Text of `ids`; BOS and EOS are control tokens and decode to nothing."""
+        return self.sp.decode(ids)
+
+    def detokenizer(self, prompt_ids: list[int] | None = None) -> Detokenizer:
+        return Detokenizer(self, list(prompt_ids or []))
+
+    def chat_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        """Token ids of a Llama-2 chat prompt from OpenAI-style messages.
+
+        `[{"role": "system"|"user"|"assistant", "content": ...}, ...]`: an optional system message
+        first, then user and assistant turns alternating, ending with a user turn. Each finished
+        exchange is `<s>[INST] user [/INST] answer </s>`; the system prompt is folded into the
+        first user turn between <<SYS>> markers.
+        """
+        messages = list(messages)
+        for m in messages:
+            if set(m) - {"role", "content", "name"} or not isinstance(m.get("content"), str):
+                raise ValueError(f"each message needs a string 'content' and a 'role', got {m!r}")
+        if messages and messages[0]["role"] == "system":
+            system = messages.pop(0)["content"]
+            if not messages:
+                raise ValueError("a system message must be followed by a user message")
+            first = messages[0]
+            messages[0] = {**first, "content": B_SYS + system.strip() + E_SYS + first["content"]}
+        roles = [m["role"] for m in messages]
+        if not roles or roles[-1] != "user":
+            raise ValueError("the last message must be from the user")
+        expected = ["user" if i % 2 == 0 else "assistant" for i in range(len(roles))]
+        if roles != expected:
+            raise ValueError(f"roles must alternate user/assistant (after one system), got {roles}")
+        ids: list[int] = []
+        for user, answer in zip(messages[::2], messages[1::2], strict=False):
+            text = f"{B_INST} {user['content'].strip()} {E_INST} {answer['content'].strip()} "
+            ids += self.encode(text) + [self.eos_id]
+        last = messages[-1]["content"].strip()
+        return ids + self.encode(f"{B_INST} {last} {E_INST}")
+
+
+@dataclass
+class Detokenizer:
+    """Turns a growing list of token ids into text deltas whose concatenation is the full decode.
+
+    `prefix_offset..read_offset` is the window already turned into text; the next delta is
+    decode(ids[prefix_offset:]) minus decode(ids[prefix_offset:read_offset]). Both decodes lose
+    the same leading space (if any), so their difference is exact.
+    """
+
+    tokenizer: Tokenizer
+    ids: list[int]
+    prefix_offset: int = field(init=False)
+    read_offset: int = field(init=False)
+    text: str = ""  # everything emitted so far
+
+    def __post_init__(self) -> None:
+        # Start the window at most a few tokens into the prompt, so the first generated token
+        # keeps the space that separates it from the prompt.
+        self.read_offset = len(self.ids)
+        self.prefix_offset = max(0, len(self.ids) - 5)
+        self.prompt_len = len(self.ids)
+
+    def add(self, token_id: int) -> str:
+        """Append one token; return the text it completes ("" while a character is unfinished)."""
+        self.ids.append(token_id)
+        window = self.ids[self.prefix_offset :]
+        before = self.tokenizer.decode(self.ids[self.prefix_offset : self.read_offset])
+        after = self.tokenizer.decode(window)
+        if len(after) <= len(before) or after.endswith(REPLACEMENT_CHAR):
+            return ""  # wait for the rest of the character (or a token that adds no text)
+        delta = after[len(before) :]
+        self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+        self.text += delta
+        return delta
+
+    def flush(self) -> str:
+        """At the end of a stream: whatever is still held back (e.g. a truly broken character)."""
+        rest = self.full_text()[len(self.text) :]
+        self.text += rest
+        return rest
+
+    def full_text(self) -> str:
+        """The generated tokens' text, decoded in one go: what all deltas joined must equal."""
+        start = max(0, self.prompt_len - 5)
+        head = self.tokenizer.decode(self.ids[start : self.prompt_len])
+        return self.tokenizer.decode(self.ids[start:])[len(head) :]
