@@ -1,0 +1,228 @@
+"""The engine: iteration-level continuous batching over a paged KV pool, driven by a scheduler.
+
+Owns the request lifecycle (`request.py`) and the step loop. Between any two steps requests may
+join (admission) and leave (finish, abort) the running batch. One step:
+
+    schedule -> run -> append -> finish/free
+
+- schedule: the scheduler offers waiting requests in its order; each is admitted if its whole
+  length (prompt + max_tokens) fits in the free blocks — reserved up front, so the pool never
+  runs out mid-decode (the paper's model; its bound's M is this reservation, PAPER.md §3.2);
+- run: the runner computes every running request's new tokens in one forward pass (a prompt
+  for the newly admitted, one token for the rest) and samples one token each;
+- append: each token is appended, charged to its client, detokenized;
+- finish/free: finished requests (EOS, max_tokens, stop sequence) give their blocks back.
+
+The runner is the only part that touches tensors; `sim.py`'s cost model replaces it and a
+virtual clock replaces `time.monotonic`, so simulations run this same code. Does not own: the
+policy (`scheduler.py`), blocks (`kv_pool.py`), attention (`attention.py`). Lesson 3.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from minivtc.generate import releasable, stop_reason, trim_stop
+from minivtc.kv_pool import BlockAllocator
+from minivtc.request import Request, Status
+from minivtc.sampler import SamplingParams
+from minivtc.scheduler import Scheduler
+from minivtc.tokenizer import Detokenizer, Tokenizer
+
+
+class RequestRejected(ValueError):
+    """`add_request` refused a request; nothing else was disturbed. `reason` says why.
+
+    `kind` is "invalid" (can never run here: too long for the context or the pool) or
+    "rate_limited" (the policy refused it now, e.g. RPM; the server answers 429).
+    """
+
+    def __init__(self, reason: str, kind: str = "invalid") -> None:
+        super().__init__(reason)
+        self.reason, self.kind = reason, kind
+
+
+class Runner(Protocol):
+    def run(self, requests: list[Request], allocator: BlockAllocator) -> list[int]: ...
+
+    def release(self, request: Request) -> None: ...
+
+
+@dataclass(frozen=True)
+class StepOutput:
+    """What one step did for one request: the token it got and the text that token completed."""
+
+    request_id: str
+    token_id: int
+    text_delta: str
+    finished: bool
+    finish_reason: str | None
+
+
+@dataclass
+class ClientTokens:
+    """Tokens the engine has processed for one client (the fairness layer's raw material)."""
+
+    num_input: int = 0
+    num_output: int = 0
+
+
+@dataclass
+class Engine:
+    runner: Runner
+    allocator: BlockAllocator
+    scheduler: Scheduler
+    max_positions: int  # the model's context window
+    eos_id: int
+    tokenizer: Tokenizer | None = None
+    clock: Callable[[], float] = time.monotonic
+    max_running: int = 256  # requests in the running batch at most
+    check_invariants: bool = False  # run every check_invariants() after every step (tests)
+    running: list[Request] = field(default_factory=list)
+    requests: dict[str, Request] = field(default_factory=dict)  # every live request by id
+    client_tokens: dict[str, ClientTokens] = field(default_factory=dict)
+    detokenizers: dict[str, Detokenizer] = field(default_factory=dict)
+    ids: itertools.count = field(default_factory=itertools.count)
+
+    def add_request(
+        self, prompt: str | list[int], params: SamplingParams, client_id: str = "default",
+        request_id: str | None = None,
+    ) -> Request:  # fmt: skip
+        """Queue a request. Raises `RequestRejected` (and changes nothing) if it cannot run."""
+        prompt_ids = self.encode(prompt)
+        request_id = request_id if request_id is not None else f"req-{next(self.ids)}"
+        if request_id in self.requests:
+            raise RequestRejected(f"request id {request_id!r} is already in use")
+        self.validate(prompt_ids, params)
+        request = Request(request_id, client_id, prompt_ids, params, arrival_time=self.clock())
+        reason = self.scheduler.add(request, request.arrival_time)
+        if reason is not None:
+            raise RequestRejected(reason, kind="rate_limited")
+        self.requests[request_id] = request
+        if self.tokenizer is not None:
+            self.detokenizers[request_id] = self.tokenizer.detokenizer(prompt_ids)
+        return request
+
+    def step(self) -> list[StepOutput]:
+        """Admit what fits, run one forward pass over the running batch, retire what finished."""
+        self.scheduler.schedule(self.admit)
+        if not self.running:
+            return []
+        tokens = self.runner.run(self.running, self.allocator)
+        outputs = [self.append(r, t) for r, t in zip(self.running, tokens, strict=True)]
+        for r in [r for r in self.running if r.is_finished]:
+            self.retire(r)
+        if self.check_invariants:
+            self.check()
+        return outputs
+
+    def abort(self, request_id: str) -> None:
+        """Stop a request now: out of the queue or the batch, its blocks freed at once."""
+        request = self.requests.get(request_id)
+        if request is None:
+            return  # already finished (or never existed): aborting is idempotent
+        if request.status is Status.WAITING:
+            self.scheduler.remove(request)
+        request.status, request.finish_reason = Status.ABORTED, "abort"
+        request.finish_time = self.clock()
+        if request in self.running:
+            self.retire(request)
+        else:
+            self.forget(request)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running) or self.scheduler.num_waiting > 0
+
+    def check(self) -> None:
+        self.allocator.check_invariants()
+        self.scheduler.check_invariants()
+        held = set(self.allocator.block_tables)
+        assert held == {r.request_id for r in self.running}, (
+            f"blocks held by {sorted(held)} but running {[r.request_id for r in self.running]}"
+        )
+        assert all(r.status is Status.RUNNING for r in self.running)
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def encode(self, prompt: str | list[int]) -> list[int]:
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                raise RequestRejected("this engine has no tokenizer: pass token ids")
+            return self.tokenizer.encode(prompt)
+        return list(prompt)
+
+    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
+        total = len(prompt_ids) + params.max_tokens
+        if not prompt_ids:
+            raise RequestRejected("the prompt is empty: it needs at least one token")
+        if total > self.max_positions:
+            raise RequestRejected(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
+                f"exceeds the model's context of {self.max_positions} positions"
+            )
+        if not self.allocator.blocks_needed(total) <= self.allocator.num_blocks:
+            raise RequestRejected(
+                f"prompt + max_tokens = {total} tokens can never fit in the KV pool of "
+                f"{self.allocator.num_tokens} tokens"
+            )
+
+    def admit(self, request: Request) -> bool:
+        """The scheduler's `admit` callback: reserve the request's blocks if they fit."""
+        if len(self.running) >= self.max_running:
+            return False
+        if not self.allocator.can_allocate(request.max_num_tokens):
+            return False
+        self.allocator.allocate(request.request_id, request.max_num_tokens)
+        request.status, request.admitted_time = Status.RUNNING, self.clock()
+        self.running.append(request)
+        # The prompt is charged at dispatch, before the next pick (PAPER.md §2.2, Footnote 5).
+        self.charge(request, num_prompt=request.num_prompt - request.num_computed, num_output=0)
+        return True
+
+    def append(self, request: Request, token: int) -> StepOutput:
+        request.num_computed = request.num_tokens
+        request.output_ids.append(token)
+        if request.first_token_time is None:
+            request.first_token_time = self.clock()
+        self.charge(request, num_prompt=0, num_output=1)
+        detok = self.detokenizers.get(request.request_id)
+        if detok is not None:
+            request.text += detok.add(token)
+        reason = stop_reason(token, request.num_output, request.text, request.params, self.eos_id)
+        if reason:
+            self.finish(request, reason)
+        upto = releasable(request.text, request.params.stop, finished=reason is not None)
+        delta = request.text[request.num_text_sent : max(upto, request.num_text_sent)]
+        request.num_text_sent += len(delta)
+        return StepOutput(request.request_id, token, delta, request.is_finished, reason)
+
+    def finish(self, request: Request, reason: str) -> None:
+        """Mark finished; flush held-back text and cut the stop sequence off the text."""
+        request.status, request.finish_reason = Status.FINISHED, reason
+        request.finish_time = self.clock()
+        detok = self.detokenizers.get(request.request_id)
+        if detok is not None:
+            request.text += detok.flush()
+        if reason == "stop":
+            request.text = trim_stop(request.text, request.params.stop)
+
+    def charge(self, request: Request, num_prompt: int, num_output: int) -> None:
+        tokens = self.client_tokens.setdefault(request.client_id, ClientTokens())
+        tokens.num_input += num_prompt
+        tokens.num_output += num_output
+        self.scheduler.on_tokens(request, num_prompt, num_output)
+
+    def retire(self, request: Request) -> None:
+        self.running.remove(request)
+        self.allocator.free(request.request_id)
+        self.scheduler.on_finish(request)
+        self.forget(request)
+
+    def forget(self, request: Request) -> None:
+        self.runner.release(request)
+        self.requests.pop(request.request_id, None)
+        self.detokenizers.pop(request.request_id, None)

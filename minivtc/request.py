@@ -1,0 +1,81 @@
+"""A request: plain Python values that follow it from arrival to finish.
+
+Owns: `Request` (prompt, output so far, sampling params, client, status, timestamps) and its
+`Status` lifecycle. No tensors: the scheduler, the engine and the simulator all read requests,
+and a notebook prints one readably. Lesson 3 teaches it.
+
+Lifecycle::
+
+    WAITING --admit--> RUNNING --eos/length/stop--> FINISHED
+       ^                  |
+       +----preempt-------+          (any state) --abort--> ABORTED
+
+`num_computed` counts the tokens whose keys and values are in the pool. A step computes
+`all_ids[num_computed:]`: the whole prompt after admission (prefill), one token afterwards
+(decode). Preemption would free the blocks and set `num_computed = 0`, and the next admission
+recomputes prompt + output so far; nothing else in the engine would change.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from minivtc.sampler import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    ABORTED = "aborted"
+
+
+@dataclass(repr=False)
+class Request:
+    request_id: str
+    client_id: str
+    prompt_ids: list[int]
+    params: SamplingParams
+    arrival_time: float
+    output_ids: list[int] = field(default_factory=list)
+    text: str = ""  # generated text so far (empty when the engine runs without a tokenizer)
+    num_text_sent: int = 0  # characters of `text` already handed out in StepOutputs
+    status: Status = Status.WAITING
+    num_computed: int = 0
+    admitted_time: float | None = None
+    first_token_time: float | None = None
+    finish_time: float | None = None
+    finish_reason: str | None = None  # "eos" | "length" | "stop" | "abort"
+
+    @property
+    def num_prompt(self) -> int:
+        return len(self.prompt_ids)
+
+    @property
+    def num_output(self) -> int:
+        return len(self.output_ids)
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    @property
+    def max_num_tokens(self) -> int:
+        """Prompt + max_tokens: what admission reserves, so decode never runs out of blocks."""
+        return len(self.prompt_ids) + self.params.max_tokens
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.output_ids
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (Status.FINISHED, Status.ABORTED)
+
+    def __repr__(self) -> str:
+        return (
+            f"Request({self.request_id!r}, client={self.client_id!r}, {self.status.value}, "
+            f"prompt={self.num_prompt}, output={self.num_output}/{self.params.max_tokens}, "
+            f"computed={self.num_computed})"
+        )

@@ -1,0 +1,115 @@
+"""The model runner: turns one engine step's requests into tensors, runs the model, samples.
+
+Owns: the flat batch (tokens, positions, slot mapping, per-group block tables), the KV tensors'
+use, `torch.compile` of the attention arithmetic, and each request's random generator. It is
+the only part of the engine that touches tensors; the simulator replaces it with a cost model
+(same `run` signature) and the engine cannot tell.
+
+A step's batch lists prefilling requests first, then decoding ones. Both are one forward pass
+over the flat token batch: the matrix products (most of the work) see every token at once, and
+only attention splits into the two groups (`attention.PagedAttention`). The paper's artifact
+instead runs prefill and decode as separate passes, stalling the running requests for a step
+(PAPER.md §2.3 D8); a fused step keeps them moving and the fairness analysis does not depend on
+it. Lesson 3 teaches it.
+
+Shape legend: T tokens in the step, R requests in a group, Q padded new tokens per request,
+NB blocks per block-table row, H query heads, D head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from minivtc.attention import AttentionGroup, PagedAttention, attend_group
+from minivtc.kv_pool import BlockAllocator, KVPool
+from minivtc.model import Llama
+from minivtc.request import Request
+from minivtc.sampler import sample
+
+
+class ModelRunner:
+    def __init__(self, model: Llama, pool: KVPool, compile_attention: bool = False) -> None:
+        self.model = model
+        self.pool = pool
+        self.device = model.embed_tokens.weight.device
+        self.compiled = compile_attention
+        self.attend = compiled_attend_group() if compile_attention else attend_group
+        self.generators: dict[str, torch.Generator | None] = {}
+
+    @torch.inference_mode()
+    def run(self, requests: list[Request], allocator: BlockAllocator) -> list[int]:
+        """Compute every request's uncomputed tokens; return one sampled token per request."""
+        prefill = [r for r in requests if r.num_tokens - r.num_computed > 1]
+        decode = [r for r in requests if r.num_tokens - r.num_computed == 1]
+        ordered = prefill + decode
+        tokens, positions, slots, last_rows, groups = [], [], [], [], []
+        for group in (prefill, decode):
+            if group:
+                groups.append(
+                    build_group(group, len(tokens), allocator, self.compiled, self.device)
+                )
+            for r in group:
+                new = r.all_ids[r.num_computed :]
+                tokens += new
+                positions += range(r.num_computed, r.num_tokens)
+                slots += allocator.slots(r.request_id, r.num_computed, r.num_tokens)
+                last_rows.append(len(tokens) - 1)
+        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)  # noqa: E731
+        attention = PagedAttention(self.pool.k, self.pool.v, as_tensor(slots), groups, self.attend)
+        logits = self.model(
+            as_tensor(tokens), as_tensor(positions), attention, as_tensor(last_rows)
+        )
+        sampled = sample(logits, [r.params for r in ordered], [self.generator(r) for r in ordered])
+        by_id = {r.request_id: t for r, t in zip(ordered, sampled, strict=True)}
+        return [by_id[r.request_id] for r in requests]
+
+    def release(self, request: Request) -> None:
+        """The request is gone: drop its random generator."""
+        self.generators.pop(request.request_id, None)
+
+    def generator(self, request: Request) -> torch.Generator | None:
+        if request.request_id not in self.generators:
+            self.generators[request.request_id] = request.params.generator()
+        return self.generators[request.request_id]
+
+
+def build_group(
+    group: list[Request], start: int, allocator: BlockAllocator, bucketed: bool, device
+) -> AttentionGroup:
+    """Padded (R, Q) layout of one group's new tokens, and the block tables they read.
+
+    `start` is the group's first row in the flat batch. With `bucketed`, R, Q and NB are rounded
+    up to powers of two (padding rows see one key and are never read back).
+    """
+    new_counts = [r.num_tokens - r.num_computed for r in group]
+    n_rows, n_q = len(group), max(new_counts)
+    n_blocks = max(allocator.blocks_needed(r.num_tokens) for r in group)
+    if bucketed:  # a few shapes for torch.compile instead of one per batch composition
+        n_rows, n_q, n_blocks = (bucket(n) for n in (n_rows, n_q, n_blocks))
+    token_rows = torch.zeros(n_rows, n_q, dtype=torch.long)  # (R, Q)
+    query_positions = torch.zeros(n_rows, n_q, dtype=torch.long)  # (R, Q)
+    block_tables = torch.zeros(n_rows, n_blocks, dtype=torch.long)  # (R, NB)
+    out_index, offset = [], 0
+    for i, (r, n) in enumerate(zip(group, new_counts, strict=True)):
+        token_rows[i] = offset + torch.arange(n_q).clamp(max=n - 1)  # padding repeats a row
+        query_positions[i, :n] = torch.arange(r.num_computed, r.num_tokens)
+        table = allocator.block_tables[r.request_id][:n_blocks]
+        block_tables[i, : len(table)] = torch.tensor(table)
+        out_index += range(i * n_q, i * n_q + n)
+        offset += n
+    return AttentionGroup(
+        start=start, end=start + offset, token_rows=token_rows.to(device),
+        query_positions=query_positions.to(device), block_tables=block_tables.to(device),
+        out_index=torch.tensor(out_index, device=device),
+    )  # fmt: skip
+
+
+def bucket(n: int) -> int:
+    """The next power of two >= n."""
+    return 1 << (n - 1).bit_length()
+
+
+def compiled_attend_group():
+    """`attend_group` through `torch.compile`, with room for every bucketed shape a server meets."""
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
+    return torch.compile(attend_group, dynamic=False)

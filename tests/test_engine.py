@@ -1,0 +1,216 @@
+"""The engine: continuous batching gives the same tokens as one-at-a-time, and never leaks blocks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minivtc.config import LlamaConfig
+from minivtc.engine import RequestRejected
+from minivtc.generate import generate_plain
+from minivtc.llm import build_engine
+from minivtc.model import Llama
+from minivtc.request import Status
+from minivtc.sampler import SamplingParams
+from minivtc.tokenizer import Tokenizer
+from minivtc.weights import BUNDLED_WEIGHTS
+from tests.conftest import TINY_GQA
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Llama:
+    torch.manual_seed(0)
+    return Llama(TINY_GQA).eval()
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Tokenizer:
+    return Tokenizer(BUNDLED_WEIGHTS / "tokenizer.model")
+
+
+def prompts(n: int, seed: int = 0) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 4096, (int(l),), generator=gen).tolist()
+            for l in torch.randint(1, 40, (n,), generator=gen)]  # fmt: skip
+
+
+def run_to_end(engine):
+    while engine.has_unfinished():
+        engine.step()
+
+
+@pytest.mark.parametrize("block_size", [1, 4, 16])
+def test_staggered_batching_equals_one_at_a_time(tiny, block_size):
+    engine = build_engine(tiny, None, kv_tokens=600, block_size=block_size, check_invariants=True)
+    ps = prompts(6)
+    reqs = [engine.add_request(p, GREEDY) for p in ps[:2]]
+    for new in (ps[2:4], [], ps[4:5], ps[5:]):  # arrivals between steps
+        engine.step()
+        reqs += [engine.add_request(p, GREEDY) for p in new]
+    run_to_end(engine)
+    for p, r in zip(ps, reqs, strict=True):
+        assert r.output_ids == list(generate_plain(tiny, p, GREEDY)), r
+        assert r.finish_reason == "length" and r.status is Status.FINISHED
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+
+
+def test_small_pool_queues_and_still_matches(tiny):
+    """A pool too small for all five at once: some wait, and the tokens do not change."""
+    engine = build_engine(tiny, None, kv_tokens=2 * 52, block_size=4, check_invariants=True)
+    ps = [p[:40] for p in prompts(5, seed=1)]
+    reqs = [engine.add_request(p, GREEDY) for p in ps]
+    most_running = 0
+    while engine.has_unfinished():
+        engine.step()
+        most_running = max(most_running, len(engine.running))
+    assert 1 < most_running < len(ps)
+    for p, r in zip(ps, reqs, strict=True):
+        assert r.output_ids == list(generate_plain(tiny, p, GREEDY))
+
+
+def test_too_large_requests_are_rejected_and_nothing_is_disturbed(tiny):
+    engine = build_engine(tiny, None, kv_tokens=64, block_size=16, check_invariants=True)
+    ok = engine.add_request([5, 6, 7], GREEDY)
+    engine.step()
+    with pytest.raises(RequestRejected, match="can never fit in the KV pool of 64 tokens"):
+        engine.add_request(list(range(3, 60)), GREEDY)
+    with pytest.raises(RequestRejected, match="exceeds the model's context of 256"):
+        engine.add_request([5], SamplingParams(max_tokens=300))
+    with pytest.raises(RequestRejected, match="prompt is empty"):
+        engine.add_request([], GREEDY)
+    with pytest.raises(RequestRejected, match="already in use"):
+        engine.add_request([5], GREEDY, request_id=ok.request_id)
+    run_to_end(engine)
+    assert ok.output_ids == list(generate_plain(tiny, [5, 6, 7], GREEDY))
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+
+
+def test_abort_frees_blocks_at_once(tiny):
+    engine = build_engine(tiny, None, kv_tokens=64, block_size=4, check_invariants=True)
+    a = engine.add_request([5, 6, 7], SamplingParams(temperature=0, max_tokens=40))
+    b = engine.add_request([8, 9], GREEDY)  # waits: a holds 44 of 64 tokens, b needs 14 ... fits
+    c = engine.add_request([8, 9, 10], SamplingParams(temperature=0, max_tokens=40))  # must wait
+    engine.step()
+    engine.step()
+    assert a.status is Status.RUNNING and c.status is Status.WAITING
+    used = engine.allocator.num_used_blocks
+    engine.abort(a.request_id)
+    assert engine.allocator.num_used_blocks == used - engine.allocator.blocks_needed(43)
+    assert a.status is Status.ABORTED and a.finish_reason == "abort"
+    engine.abort(c.request_id)  # a waiting request leaves the queue
+    assert engine.scheduler.num_waiting == 0
+    engine.abort(c.request_id)  # idempotent
+    run_to_end(engine)
+    assert b.output_ids == list(generate_plain(tiny, [8, 9], GREEDY))
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+
+
+class ScriptedRunner:
+    """Returns scripted tokens per request (no model): for lifecycle tests."""
+
+    def __init__(self, script):
+        self.script = script
+
+    def run(self, requests, allocator):
+        return [self.script(r) for r in requests]
+
+    def release(self, request):
+        pass
+
+
+def scripted_engine(script, tokenizer=None, **kw):
+    from minivtc.engine import Engine
+    from minivtc.kv_pool import BlockAllocator
+    from minivtc.scheduler import FCFS
+
+    return Engine(ScriptedRunner(script), BlockAllocator(100, 4), FCFS(), max_positions=400,
+                  eos_id=2, tokenizer=tokenizer, check_invariants=True, **kw)  # fmt: skip
+
+
+def test_eos_finishes_unless_ignored():
+    engine = scripted_engine(lambda r: 2 if r.num_output == 3 else 7)
+    stop = engine.add_request([5], SamplingParams(max_tokens=10))
+    go_on = engine.add_request([5], SamplingParams(max_tokens=10, ignore_eos=True))
+    run_to_end(engine)
+    assert stop.output_ids == [7, 7, 7, 2] and stop.finish_reason == "eos"
+    assert go_on.num_output == 10 and go_on.finish_reason == "length"
+
+
+def test_stop_sequence_cuts_text_and_streams_nothing_past_it(tokenizer):
+    ids = tokenizer.encode("alpha beta STOP gamma delta", bos=False)
+    engine = scripted_engine(lambda r: ids[r.num_output], tokenizer=tokenizer)
+    r = engine.add_request("Say:", SamplingParams(max_tokens=len(ids), stop=("STOP",)))
+    streamed = []
+    while engine.has_unfinished():
+        streamed += [o.text_delta for o in engine.step()]
+    assert r.finish_reason == "stop"
+    assert r.text == "".join(streamed) == " alpha beta "
+
+
+def test_timestamps_and_client_token_counts():
+    t = [0.0]
+
+    def clock():
+        t[0] += 1.0
+        return t[0]
+
+    engine = scripted_engine(lambda r: 7, clock=clock)
+    a = engine.add_request([5, 6, 7], SamplingParams(max_tokens=4), client_id="alice")
+    b = engine.add_request([5], SamplingParams(max_tokens=2), client_id="bob")
+    run_to_end(engine)
+    for r in (a, b):
+        assert r.arrival_time < r.admitted_time < r.first_token_time < r.finish_time
+    assert (engine.client_tokens["alice"].num_input, engine.client_tokens["alice"].num_output) == (3, 4)
+    assert (engine.client_tokens["bob"].num_input, engine.client_tokens["bob"].num_output) == (1, 2)
+
+
+def test_llm_generate_offline_api():
+    from minivtc.llm import LLM
+
+    llm = LLM(kv_tokens=2000)
+    outs = llm.generate(["The list", "A module is"], SamplingParams(temperature=0, max_tokens=8))
+    assert [len(o.token_ids) for o in outs] == [8, 8]
+    assert outs[0].text == llm.tokenizer.decode(outs[0].token_ids)
+    with pytest.raises(RequestRejected):
+        llm.generate(["ok", "x " * 3000], SamplingParams(max_tokens=8))
+    assert not llm.engine.has_unfinished()  # the good prompt was withdrawn too
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    ops=st.lists(
+        st.one_of(
+            st.tuples(st.just("add"), st.integers(1, 30), st.integers(1, 20)),
+            st.tuples(st.just("step"), st.just(0), st.just(0)),
+            st.tuples(st.just("abort"), st.integers(0, 40), st.just(0)),
+        ),
+        max_size=40,
+    ),
+    kv_tokens=st.integers(32, 200),
+    block_size=st.sampled_from([1, 3, 16]),
+)
+def test_random_add_step_abort_keeps_invariants(ops, kv_tokens, block_size):
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, n_kv_heads=1,
+                              ffn_dim=16, max_positions=64))  # fmt: skip
+    engine = build_engine(model, None, kv_tokens=kv_tokens, block_size=block_size, max_running=4,
+                          check_invariants=True)  # fmt: skip
+    added = []
+    for op, a, b in ops:
+        if op == "add":
+            try:
+                added.append(engine.add_request(list(range(1, a + 1)), SamplingParams(max_tokens=b)))
+            except RequestRejected:
+                assert a + b > min(64, engine.allocator.num_tokens)
+        elif op == "step":
+            engine.step()
+        elif added:
+            engine.abort(added[a % len(added)].request_id)
+        engine.check()
+    run_to_end(engine)
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+    assert all(r.is_finished for r in added)
