@@ -82,11 +82,22 @@ class Engine:
     clock: Callable[[], float] = time.monotonic
     max_running: int = 256  # requests in the running batch at most
     check_invariants: bool = False  # run every check_invariants() after every step (tests)
+    check_fairness: bool = False  # assert Lemma 4.3 (VTC's counter spread <= U) after every step
     running: list[Request] = field(default_factory=list)
     requests: dict[str, Request] = field(default_factory=dict)  # every live request by id
     client_tokens: dict[str, ClientTokens] = field(default_factory=dict)
     detokenizers: dict[str, Detokenizer] = field(default_factory=dict)
     ids: itertools.count = field(default_factory=itertools.count)
+
+    def __post_init__(self) -> None:
+        if self.check_fairness:
+            if not hasattr(self.scheduler, "set_bound"):
+                raise ValueError(
+                    f"check_fairness needs a VTC-family scheduler, not {self.scheduler.name}"
+                )
+            # L_input: the longest prompt that can ever be admitted (one output token at least).
+            pool = self.allocator.num_tokens
+            self.scheduler.set_bound(max_input=min(self.max_positions, pool) - 1, pool_tokens=pool)
 
     def add_request(
         self, prompt: str | list[int], params: SamplingParams, client_id: str = "default",
@@ -118,6 +129,8 @@ class Engine:
             self.retire(r)
         if self.check_invariants:
             self.check()
+        elif self.check_fairness:
+            self.scheduler.check_invariants()
         return outputs
 
     def abort(self, request_id: str) -> None:

@@ -32,9 +32,13 @@ def build_engine(
     kv_bytes: int | None = None,
     block_size: int = 16,
     compile_attention: bool | None = None,
+    client_weights: dict[str, float] | None = None,
     **engine_options,
 ) -> Engine:
     """An engine over `model`. The pool holds `kv_tokens` tokens, or fills `kv_bytes` bytes.
+
+    `scheduler` is a policy name (`scheduler.SCHEDULERS`) or object; `client_weights` are the
+    operator's per-client shares for the VTC family (never taken from requests).
 
     `compile_attention=None` means on for CUDA, off for CPU (compiling costs more than it saves
     on a laptop CPU). Other keywords go to `Engine` (max_running, check_invariants, clock).
@@ -51,7 +55,10 @@ def build_engine(
         )
     if compile_attention is None:
         compile_attention = weight.device.type == "cuda"
-    policy = make_scheduler(scheduler) if isinstance(scheduler, str) else scheduler
+    if isinstance(scheduler, str):
+        policy = make_scheduler(scheduler, weights=client_weights)
+    else:
+        policy = scheduler
     return Engine(
         runner=ModelRunner(model, pool, compile_attention), allocator=pool.allocator,
         scheduler=policy, max_positions=model.config.max_positions,

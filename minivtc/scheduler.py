@@ -18,8 +18,11 @@ A scheduler never sees tensors. Does not own: KV blocks (`kv_pool.py`) or runnin
 
 from __future__ import annotations
 
+import heapq
+import random
 from collections import deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 from minivtc.request import Request
 
@@ -85,8 +88,320 @@ class FCFS(Scheduler):
         return len(self.queue)
 
 
-def make_scheduler(name: str) -> Scheduler:
-    """A scheduler from its command-line name."""
+class RPM(FCFS):
+    """FCFS plus a rate limit: at most `limit` accepted requests per client in any 60 s window.
+
+    The paper's RPM baseline rejects, it does not delay (PAPER.md §2.9): a request over the
+    limit never enters the queue, and the engine turns the reason into an error (HTTP 429).
+    Only accepted requests count toward the window.
+    """
+
+    window_s = 60.0
+
+    def __init__(self, limit: int) -> None:
+        super().__init__()
+        if limit < 1:
+            raise ValueError(f"rpm limit must be >= 1, got {limit}")
+        self.limit = limit
+        self.name = f"rpm:{limit}"
+        self.accepted: dict[str, deque[float]] = {}  # client -> arrival times in the window
+
+    def add(self, request: Request, now: float) -> str | None:
+        times = self.accepted.setdefault(request.client_id, deque())
+        while times and times[0] <= now - self.window_s:  # a request exactly 60 s old is out
+            times.popleft()
+        if len(times) >= self.limit:
+            return (
+                f"rate limit: client {request.client_id!r} already has {self.limit} requests "
+                f"accepted in the last {self.window_s:.0f} s"
+            )
+        times.append(now)
+        return super().add(request, now)
+
+
+# --- cost functions: what one client's service costs (PAPER.md §1, §2.5) ---------------------
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """h(n_p, n_q) = w_p * n_p + w_q * n_q: the paper's main cost, w_p = 1, w_q = 2."""
+
+    w_p: float = 1.0
+    w_q: float = 2.0
+
+    def __call__(self, n_p: float, n_q: float) -> float:
+        return self.w_p * n_p + self.w_q * n_q
+
+
+@dataclass(frozen=True)
+class ProfiledCost:
+    """The artifact's h fitted to A10G step times, in ms per request (PAPER.md §2.5)."""
+
+    w_p: float = 0.21001891  # the linear input term, so U stays meaningful
+    w_q: float = 0.10075395
+
+    def __call__(self, n_p: float, n_q: float) -> float:
+        return (
+            0.21001891 * n_p
+            + 0.10075395 * n_q
+            + 0.0039868 * n_p * n_q
+            + 0.00324733 * n_q**2
+            + 1.14601454
+        )
+
+
+Cost = Callable[[float, float], float]
+
+
+# --- output-length predictors for VTC with prediction (PAPER.md §2.6) ------------------------
+
+
+class MeanOfLast:
+    """The paper's predictor: the mean output length of the client's last `window` requests."""
+
+    def __init__(self, window: int = 5) -> None:
+        self.window = window
+        self.history: dict[str, deque[int]] = {}
+
+    def predict(self, request: Request) -> float:
+        past = self.history.get(request.client_id)
+        return sum(past) / len(past) if past else 0.0  # 0 until one finishes: plain VTC
+
+    def observe(self, request: Request) -> None:
+        self.history.setdefault(request.client_id, deque(maxlen=self.window)).append(
+            request.num_output
+        )
+
+
+class MovingAverage:
+    """The artifact's predictor (D9): P <- (4P + actual) / 5, starting from the first length."""
+
+    def __init__(self) -> None:
+        self.estimate: dict[str, float] = {}
+
+    def predict(self, request: Request) -> float:
+        return self.estimate.get(request.client_id, 0.0)
+
+    def observe(self, request: Request) -> None:
+        old = self.estimate.get(request.client_id)
+        n = request.num_output
+        self.estimate[request.client_id] = float(n) if old is None else (4 * old + n) / 5
+
+
+class Oracle:
+    """The true output length, known in simulation: max_tokens with EOS ignored (the artifact's
+    oracle). With `spread` p > 0, a seeded uniform draw in [(1-p)L, (1+p)L]: "VTC (±50%)"."""
+
+    def __init__(self, spread: float = 0.0, seed: int = 0) -> None:
+        self.spread = spread
+        self.rng = random.Random(seed)
+
+    def predict(self, request: Request) -> float:
+        true = request.params.max_tokens
+        if not self.spread:
+            return float(true)
+        return self.rng.uniform(true * (1 - self.spread), true * (1 + self.spread))
+
+    def observe(self, request: Request) -> None:
+        pass
+
+
+# --- VTC ---------------------------------------------------------------------------------------
+
+
+class VTC(Scheduler):
+    """The Virtual Token Counter, Algorithm 2 of the paper (PAPER.md §2.2).
+
+    Every client has a counter: the service it has received, in cost units, divided by its
+    weight. Dispatch picks the waiting client with the smallest counter, and that client's
+    oldest request. Counters only grow, except the refund of an over-predicted output.
+
+    Bound: with U = max(w_p * L_input, w_q * M) (L_input the longest prompt, M the pool's
+    tokens), the waiting clients' counters stay within U of each other (Lemma 4.3), so two
+    clients backlogged over any interval receive service within 2U of each other (Theorem 4.4),
+    a backlogged client never gets 4U less than any other (Theorem 4.9), and a client that
+    returns from idle waits at most 2(n-1)U / (slowest service rate) to be dispatched
+    (Theorem 4.11). `lift=False` is LCF, the paper's broken baseline.
+
+    Selecting the minimum is a heap with lazy deletion: O(log n) per decision, not the
+    artifact's O(n) scan over clients. A heap entry (counter, first_seen, version, client) is
+    live while the client waits and `version` is its latest.
+    """
+
+    def __init__(
+        self,
+        cost: Cost = LinearCost(),
+        weights: dict[str, float] | None = None,
+        lift: bool = True,
+        predictor: MeanOfLast | MovingAverage | Oracle | None = None,
+        lift_last_left: bool = True,
+        charge_first_token: bool = True,
+        name: str = "vtc",
+    ) -> None:
+        self.cost = cost
+        self.weights = dict(weights or {})
+        self.lift = lift
+        self.predictor = predictor
+        self.lift_last_left = lift_last_left  # False = the artifact (PAPER.md §10.1, D1)
+        self.charge_first_token = charge_first_token  # False = the artifact (D6)
+        self.name = name
+        self.counters: dict[str, float] = {}
+        self.queues: dict[str, deque[Request]] = {}  # waiting requests per client
+        self.first_seen: dict[str, int] = {}  # ties go to the client seen first
+        self.versions: dict[str, int] = {}
+        self.heap: list[tuple[float, int, int, str]] = []
+        self.last_left: str | None = None  # the last client whose queue emptied
+        self.predicted: dict[str, float] = {}  # request id -> output length charged up front
+        self.bound: float | None = None  # U, set by the engine's check_fairness
+
+    # -- the four hooks --
+
+    def add(self, request: Request, now: float) -> str | None:
+        client = request.client_id
+        if client not in self.counters:
+            self.counters[client] = 0.0
+            self.first_seen[client] = len(self.first_seen)
+            self.queues[client] = deque()
+        if self.lift and not self.queues[client]:
+            self.lift_counter(client)
+        self.queues[client].append(request)
+        if len(self.queues[client]) == 1:
+            self.push(client)
+        return None
+
+    def schedule(self, admit: Admit) -> None:
+        while (client := self.min_waiting_client()) is not None:
+            request = self.queues[client][0]
+            # Algorithm 2: stop the round at the first misfit; never skip to another client.
+            # Skipping would let small requests of a high-counter client jump ahead, and the
+            # bound's "one dispatch raises the minimum by at most w_p * L_input" would break.
+            if not admit(request):  # admit() charges the prompt through on_tokens
+                return
+            self.queues[client].popleft()
+            if not self.queues[client]:
+                self.last_left = client
+
+    def on_tokens(self, request: Request, num_prompt: int, num_output: int) -> None:
+        n_p = request.num_prompt
+        if num_prompt:
+            # Charged at dispatch, before the next pick (Footnote 5): otherwise the same
+            # client would stay the minimum and take the whole admission round.
+            predicted = self.predictor.predict(request) if self.predictor else 0.0
+            self.predicted[request.request_id] = predicted
+            self.charge(request.client_id, self.cost(n_p, predicted))
+        if num_output:
+            n_q = request.num_output  # the token was already appended
+            if n_q == 1 and not self.charge_first_token:
+                return
+            already = max(self.predicted.get(request.request_id, 0.0), n_q - 1)
+            now = max(self.predicted.get(request.request_id, 0.0), n_q)
+            self.charge(request.client_id, self.cost(n_p, now) - self.cost(n_p, already))
+
+    def on_finish(self, request: Request) -> None:
+        predicted = self.predicted.pop(request.request_id, 0.0)
+        if predicted > request.num_output:  # refund the over-prediction (Algorithm 3)
+            refund = self.cost(request.num_prompt, predicted) - self.cost(
+                request.num_prompt, request.num_output
+            )
+            self.charge(request.client_id, -refund)
+        if self.predictor is not None and request.finish_reason != "abort":
+            self.predictor.observe(request)
+
+    def remove(self, request: Request) -> None:
+        queue = self.queues[request.client_id]
+        queue.remove(request)
+        if not queue:
+            self.last_left = request.client_id
+
+    def waiting(self) -> Iterator[Request]:
+        return (r for q in self.queues.values() for r in q)
+
+    def check_invariants(self) -> None:
+        """Lemma 4.3, when the engine set `bound` (check_fairness=True): spread <= U."""
+        waiting = [self.counters[c] for c, q in self.queues.items() if q]
+        live = {c for _, _, v, c in self.heap if v == self.versions[c] and self.queues[c]}
+        assert live == {c for c, q in self.queues.items() if q}, "heap lost a waiting client"
+        if self.bound is not None and waiting:
+            spread = max(waiting) - min(waiting)
+            assert spread <= self.bound + 1e-6, (
+                f"Lemma 4.3 violated: waiting counters spread {spread:.1f} > U = {self.bound:.1f}"
+            )
+
+    # -- helpers --
+
+    def lift_counter(self, client: str) -> None:
+        """A client (re)joining the queue is lifted so it cannot bank idle time (Lemma 4.3).
+
+        Without the lift (LCF) a client back from idle holds a stale low counter and takes
+        every dispatch until it catches up: the 2U bound fails for the others.
+        """
+        floor = self.min_waiting_counter()
+        if floor is None and self.lift_last_left and self.last_left is not None:
+            floor = self.counters[self.last_left]  # Q empty: the last client that left Q
+        if floor is not None and floor > self.counters[client]:
+            self.counters[client] = floor
+
+    def charge(self, client: str, amount: float) -> None:
+        self.counters[client] += amount / self.weights.get(client, 1.0)
+        if self.queues[client]:
+            self.push(client)
+
+    def push(self, client: str) -> None:
+        self.versions[client] = self.versions.get(client, 0) + 1
+        entry = (self.counters[client], self.first_seen[client], self.versions[client], client)
+        heapq.heappush(self.heap, entry)
+        if len(self.heap) > 64 and len(self.heap) > 4 * len(self.queues):
+            self.compact()
+
+    def min_waiting_client(self) -> str | None:
+        while self.heap:
+            _, _, version, client = self.heap[0]
+            if version == self.versions[client] and self.queues[client]:
+                return client
+            heapq.heappop(self.heap)  # stale: the counter moved on, or the client left Q
+        return None
+
+    def min_waiting_counter(self) -> float | None:
+        client = self.min_waiting_client()
+        return None if client is None else self.counters[client]
+
+    def compact(self) -> None:
+        self.heap = [e for e in self.heap if e[2] == self.versions[e[3]] and self.queues[e[3]]]
+        heapq.heapify(self.heap)
+
+    def set_bound(self, max_input: int, pool_tokens: int) -> None:
+        """U = max(w_p * L_input, w_q * M), in counter units (divided by the smallest weight)."""
+        w_p, w_q = getattr(self.cost, "w_p", 1.0), getattr(self.cost, "w_q", 2.0)
+        min_weight = min(self.weights.values(), default=1.0)
+        self.bound = max(w_p * max_input, w_q * pool_tokens) / min(min_weight, 1.0)
+
+
+SCHEDULERS = (
+    "fcfs, rpm:N, lcf, vtc, vtc-predict, vtc-predict-ema, vtc-oracle, vtc-oracle:P, vtc-profile"
+)
+
+
+def make_scheduler(
+    name: str, weights: dict[str, float] | None = None, seed: int = 0, artifact: bool = False
+) -> Scheduler:
+    """A scheduler from its command-line name. `weights` (operator-set) apply to the VTC family;
+    `artifact=True` reproduces the official artifact's counter quirks (PAPER.md §10)."""
+    quirks = {"lift_last_left": not artifact, "charge_first_token": not artifact}
     if name == "fcfs":
         return FCFS()
-    raise ValueError(f"unknown scheduler {name!r}; choose one of: fcfs")
+    if name.startswith("rpm:"):
+        return RPM(int(name.split(":", 1)[1]))
+    if name == "lcf":
+        return VTC(weights=weights, lift=False, name="lcf", **quirks)
+    if name == "vtc":
+        return VTC(weights=weights, **quirks)
+    if name == "vtc-profile":
+        return VTC(cost=ProfiledCost(), weights=weights, name=name, **quirks)
+    if name == "vtc-predict":
+        return VTC(weights=weights, predictor=MeanOfLast(), name=name, **quirks)
+    if name == "vtc-predict-ema":
+        return VTC(weights=weights, predictor=MovingAverage(), name=name, **quirks)
+    if name == "vtc-oracle" or name.startswith("vtc-oracle:"):
+        spread = float(name.split(":", 1)[1]) if ":" in name else 0.0
+        return VTC(weights=weights, predictor=Oracle(spread, seed), name=name, **quirks)
+    raise ValueError(f"unknown scheduler {name!r}; choose one of: {SCHEDULERS}")

@@ -40,7 +40,10 @@ def run_paged(specs, block_size, bucketed=False, seed=0):
         r = Request(f"r{i}", "c", list(range(hist + new)), SamplingParams(max_tokens=1), 0.0)
         r.num_computed = hist
         alloc.allocate(r.request_id, hist + new)
-        k, v = torch.randn(hist + new, K, D, generator=gen), torch.randn(hist + new, K, D, generator=gen)
+        k, v = (
+            torch.randn(hist + new, K, D, generator=gen),
+            torch.randn(hist + new, K, D, generator=gen),
+        )
         q = torch.randn(new, H, D, generator=gen)
         hist_slots = torch.tensor(alloc.slots(r.request_id, 0, hist), dtype=torch.long)
         k_cache[0].view(-1, K, D)[hist_slots] = k[:hist]
@@ -77,7 +80,10 @@ def test_paged_equals_dense_mixed_batch(block_size, bucketed):
 @pytest.mark.parametrize("seed", range(5))
 def test_paged_equals_dense_random(seed):
     rng = random.Random(seed)
-    specs = [(rng.randint(0, 60), rng.choice([1, 1, rng.randint(1, 40)])) for _ in range(rng.randint(1, 9))]
+    specs = [
+        (rng.randint(0, 60), rng.choice([1, 1, rng.randint(1, 40)]))
+        for _ in range(rng.randint(1, 9))
+    ]
     paged, dense = run_paged(specs, block_size=rng.choice([1, 2, 16]), seed=seed)
     torch.testing.assert_close(paged, dense, atol=1e-5, rtol=1e-5)
 
@@ -91,10 +97,16 @@ def test_contiguous_equals_dense():
     v = torch.randn(n, 10, K, D, generator=gen)
     rows = torch.arange(n).repeat_interleave(4)
     cache.set_step(rows, torch.arange(4).repeat(n))
-    outs = [cache(0, q[:, :4].flatten(0, 1), k[:, :4].flatten(0, 1), v[:, :4].flatten(0, 1)).view(n, 4, H, D)]
+    outs = [
+        cache(0, q[:, :4].flatten(0, 1), k[:, :4].flatten(0, 1), v[:, :4].flatten(0, 1)).view(
+            n, 4, H, D
+        )
+    ]
     for p in range(4, steps + 4):
         cache.set_step(torch.arange(n), torch.full((n,), p))
         outs.append(cache(0, q[:, p], k[:, p], v[:, p]).view(n, 1, H, D))
     got = torch.cat(outs, dim=1)
     for i in range(n):
-        torch.testing.assert_close(got[i], dense_reference(q[i], k[i], v[i], 0), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(
+            got[i], dense_reference(q[i], k[i], v[i], 0), atol=1e-5, rtol=1e-5
+        )
