@@ -101,15 +101,19 @@ class Engine:
 
     def add_request(
         self, prompt: str | list[int], params: SamplingParams, client_id: str = "default",
-        request_id: str | None = None,
+        request_id: str | None = None, arrival_time: float | None = None,
     ) -> Request:  # fmt: skip
-        """Queue a request. Raises `RequestRejected` (and changes nothing) if it cannot run."""
+        """Queue a request. Raises `RequestRejected` (and changes nothing) if it cannot run.
+
+        `arrival_time` defaults to now; a simulator replaying a trace passes the trace's time.
+        """
         prompt_ids = self.encode(prompt)
         request_id = request_id if request_id is not None else f"req-{next(self.ids)}"
         if request_id in self.requests:
             raise RequestRejected(f"request id {request_id!r} is already in use")
         self.validate(prompt_ids, params)
-        request = Request(request_id, client_id, prompt_ids, params, arrival_time=self.clock())
+        arrival = self.clock() if arrival_time is None else arrival_time
+        request = Request(request_id, client_id, prompt_ids, params, arrival_time=arrival)
         reason = self.scheduler.add(request, request.arrival_time)
         if reason is not None:
             raise RequestRejected(reason, kind="rate_limited")
@@ -166,7 +170,7 @@ class Engine:
             if self.tokenizer is None:
                 raise RequestRejected("this engine has no tokenizer: pass token ids")
             return self.tokenizer.encode(prompt)
-        return list(prompt)
+        return prompt if isinstance(prompt, list) else list(prompt)  # never mutated: no copy
 
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
         total = len(prompt_ids) + params.max_tokens

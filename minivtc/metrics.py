@@ -1,0 +1,204 @@
+"""The paper's fairness metrics, exactly as its plotting code computes them (PAPER.md §5).
+
+Owns: `Served` (one row of `requests.csv`: what a client saw of one request), reading and
+writing that CSV, and every number the paper reports from it — service per window, demand per
+window, the absolute difference of accumulated service, mean first-token latency per window,
+Table 2's Max / Avg / Var Diff and throughput — plus Jain's fairness index. Pure Python over
+client-side records: a real run (load generator), a simulation and the artifact's stored A10G
+runs are measured by the same code. Lessons 4 and 6 use it.
+
+Conventions that decide the numbers (all from the artifact's scripts):
+- a request's whole cost is spread uniformly over [first token, completion]: prefill is not
+  attributed at the prefill instant;
+- cost is w_p * input + w_q * output with w_p = 1, w_q = 2, unless another cost is passed;
+- rejected (RPM) requests are not in the records, so their demand does not count as unfairness.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+COLUMNS = [
+    "client", "arrival_s", "input_tokens", "output_tokens", "first_token_latency_s",
+    "request_latency_s",
+]  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Served:
+    client: str
+    arrival_s: float
+    input_tokens: int
+    output_tokens: int
+    first_token_latency_s: float  # arrival to first token: queueing + prefill (TTFT)
+    request_latency_s: float  # arrival to last token
+
+    @property
+    def start_s(self) -> float:
+        return self.arrival_s + self.first_token_latency_s
+
+    @property
+    def end_s(self) -> float:
+        return self.arrival_s + self.request_latency_s
+
+
+Cost = Callable[[Served], float]
+
+
+def linear_cost(r: Served, w_p: float = 1.0, w_q: float = 2.0) -> float:
+    return w_p * r.input_tokens + w_q * r.output_tokens
+
+
+def profiled_cost(r: Served) -> float:
+    """The artifact's fitted h in ms (PAPER.md §2.5), for the "profile" tables."""
+    x, y = r.input_tokens, r.output_tokens
+    return 0.21001891 * x + 0.10075395 * y + 0.0039868 * x * y + 0.00324733 * y * y + 1.14601454
+
+
+def read_requests(path: str | Path) -> list[Served]:
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if rows and set(COLUMNS) - set(rows[0]):
+        raise ValueError(f"{path}: missing columns {sorted(set(COLUMNS) - set(rows[0]))}")
+    return [
+        Served(r["client"], float(r["arrival_s"]), int(r["input_tokens"]), int(r["output_tokens"]),
+               float(r["first_token_latency_s"]), float(r["request_latency_s"]))
+        for r in rows
+    ]  # fmt: skip
+
+
+def write_requests(path: str | Path, served: Iterable[Served]) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(COLUMNS)
+        for r in served:
+            latencies = f"{r.first_token_latency_s:.6f}", f"{r.request_latency_s:.6f}"
+            w.writerow(
+                [r.client, f"{r.arrival_s:.6f}", r.input_tokens, r.output_tokens, *latencies]
+            )
+
+
+def clients_of(served: Iterable[Served]) -> list[str]:
+    return sorted({r.client for r in served})
+
+
+# --- windows ---------------------------------------------------------------------------------
+
+
+def service(
+    served: list[Served], lo: float, hi: float, cost: Cost = linear_cost
+) -> dict[str, float]:
+    """Cost delivered to each client within [lo, hi], each request spread over its decode span."""
+    out = dict.fromkeys(clients_of(served), 0.0)
+    for r in served:
+        start, end = r.start_s, r.end_s
+        if end > start:
+            out[r.client] += cost(r) * max(0.0, min(end, hi) - max(start, lo)) / (end - start)
+        elif lo <= start <= hi:  # a one-token request finishes at its first token
+            out[r.client] += cost(r)
+    return out
+
+
+def demand(
+    served: list[Served], lo: float, hi: float, cost: Cost = linear_cost
+) -> dict[str, float]:
+    """Cost of the requests each client sent within [lo, hi]."""
+    out = dict.fromkeys(clients_of(served), 0.0)
+    for r in served:
+        if lo <= r.arrival_s <= hi:
+            out[r.client] += cost(r)
+    return out
+
+
+def service_rates(served: list[Served], horizon: float, num_x: int = 30, cost: Cost = linear_cost):
+    """Per-client service rate (cost/s) in 60 s windows centred on ticks: ticks, {client: rates}."""
+    ticks = [horizon * i / num_x for i in range(num_x + 1)]
+    per_tick = [service(served, x - 30, x + 30, cost) for x in ticks]
+    return ticks, {c: [w[c] / 60 for w in per_tick] for c in clients_of(served)}
+
+
+def demand_rates(served: list[Served], horizon: float, num_x: int = 30, cost: Cost = linear_cost):
+    ticks = [horizon * i / num_x for i in range(num_x + 1)]
+    per_tick = [demand(served, x - 30, x + 30, cost) for x in ticks]
+    return ticks, {c: [w[c] / 60 for w in per_tick] for c in clients_of(served)}
+
+
+def response_times(served: list[Served], horizon: float, num_x: int = 30):
+    """Mean TTFT of the requests whose first token falls in each 60 s window (None if none)."""
+    ticks = [horizon * i / num_x for i in range(num_x + 1)]
+    out: dict[str, list[float | None]] = {}
+    for c in clients_of(served):
+        mine = [r for r in served if r.client == c]
+        out[c] = []
+        for x in ticks:
+            ttfts = [r.first_token_latency_s for r in mine if x - 30 <= r.start_s <= x + 30]
+            out[c].append(statistics.fmean(ttfts) if ttfts else None)
+    return ticks, out
+
+
+def accumulated_service_diff(
+    served: list[Served], horizon: float | None = None, num_x: int = 20, skip_before: float = 1.0,
+    cost: Cost = linear_cost,
+) -> tuple[list[float], list[float]]:  # fmt: skip
+    """max_j A_j(x) - min_j A_j(x), A_j(x) = client j's service over [0, x] (Fig. 3a, 7b, 8b)."""
+    kept = [r for r in served if r.end_s >= skip_before]
+    horizon = horizon if horizon is not None else float(int(max(r.arrival_s for r in served)))
+    ticks = [horizon * i / num_x for i in range(1, num_x)]
+    diffs = []
+    for x in ticks:
+        acc = service(kept, 0.0, x, cost)
+        diffs.append(max(acc.values()) - min(acc.values()))
+    return ticks, diffs
+
+
+# --- the table -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TableMetrics:
+    max_diff: float
+    avg_diff: float
+    diff_var: float
+    throughput: float  # input + output tokens per second, unweighted
+
+    def row(self) -> str:
+        return (f"{self.max_diff:8.2f} {self.avg_diff:8.2f} {self.diff_var:10.2f} "
+                f"{self.throughput:6.0f}")  # fmt: skip
+
+
+def table_metrics(
+    served: list[Served], total_time: float | None = None, horizon: float = 600.0,
+    warmup: float = 30.0, num_x: int = 20, cost: Cost = linear_cost,
+    demand_cost: Cost = linear_cost,
+) -> TableMetrics:  # fmt: skip
+    """Max/Avg/Var Diff and throughput as in the paper's Tables 2-6.
+
+    At 19 ticks x_i = (horizon - warmup) * i / num_x, over the window [x_i, x_i + 60]: s_j and
+    r_j are client j's service and demand rates, and the tick's difference is
+    D = sum_j min(max_k s_k - s_j, |r_j - s_j|): each client's shortfall against the best served
+    client, capped by how far it is from its own demand (asking for less is not unfairness).
+    The "profile" tables use h for s_j but the linear cost for r_j (`demand_cost`, §2.5 quirk).
+    """
+    diffs = []
+    for i in range(1, num_x):
+        lo = (horizon - warmup) * i / num_x
+        s = {c: v / 60 for c, v in service(served, lo, lo + 60, cost).items()}
+        r = {c: v / 60 for c, v in demand(served, lo, lo + 60, demand_cost).items()}
+        best = max(s.values())
+        diffs.append(sum(min(best - s[c], abs(r[c] - s[c])) for c in s))
+    if total_time is None:
+        total_time = max(r.end_s for r in served) - min(r.arrival_s for r in served)
+    tokens = sum(r.input_tokens + r.output_tokens for r in served)
+    return TableMetrics(max(diffs), statistics.fmean(diffs), statistics.pvariance(diffs),
+                        tokens / total_time)  # fmt: skip
+
+
+def jain_index(values: Iterable[float]) -> float:
+    """(sum x)^2 / (n * sum x^2): 1 when all equal, 1/n when one client gets everything."""
+    xs = list(values)
+    squares = sum(x * x for x in xs)
+    return sum(xs) ** 2 / (len(xs) * squares) if squares else 1.0

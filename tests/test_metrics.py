@@ -1,0 +1,71 @@
+"""The paper's metrics: Table 2 reproduced to two decimals from the artifact's stored A10G runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from minivtc import metrics
+from minivtc.metrics import Served
+
+RUNS = Path(metrics.__file__).parent / "data" / "a10g_runs"
+
+
+def run(name: str) -> tuple[list[Served], float]:
+    index = {r["run"]: r for r in json.loads((RUNS / "index.json").read_text())}
+    return metrics.read_requests(RUNS / f"{name}.csv"), index[name]["total_time_s"]
+
+
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("FCFS__real", (759.97, 433.53, 32112.00, 777)),  # PAPER.md §7, Table 2
+        ("VTC__real", (368.40, 251.66, 6549.16, 779)),
+    ],
+)
+def test_table_2_rows(name, expected):
+    served, total = run(name)
+    m = metrics.table_metrics(served, total)
+    assert (round(m.max_diff, 2), round(m.avg_diff, 2), round(m.diff_var, 2)) == expected[:3]
+    assert round(m.throughput) == expected[3]
+
+
+def test_service_is_spread_over_the_decode_span():
+    r = Served("a", arrival_s=0.0, input_tokens=10, output_tokens=20, first_token_latency_s=10.0,
+               request_latency_s=30.0)  # fmt: skip
+    assert metrics.service([r], 0, 10)["a"] == 0  # nothing before the first token
+    assert metrics.service([r], 10, 20)["a"] == pytest.approx(25.0)  # half of 50
+    assert metrics.service([r], 0, 100)["a"] == pytest.approx(50.0)
+    assert metrics.demand([r], 0, 1)["a"] == 50.0  # demand counts at arrival
+
+
+def test_csv_round_trip(tmp_path):
+    served, _ = run("VTC__real")
+    metrics.write_requests(tmp_path / "r.csv", served)
+    again = metrics.read_requests(tmp_path / "r.csv")
+    assert [(r.client, r.input_tokens) for r in again] == [
+        (r.client, r.input_tokens) for r in served
+    ]
+    assert (
+        max(
+            abs(a.request_latency_s - b.request_latency_s)
+            for a, b in zip(again, served, strict=False)
+        )
+        < 1e-6
+    )
+
+
+def test_accumulated_difference_fcfs_grows_vtc_stays_bounded():
+    fcfs, _ = run("FCFS__overload")
+    vtc, _ = run("VTC__overload")
+    _, f = metrics.accumulated_service_diff(fcfs, horizon=600)
+    _, v = metrics.accumulated_service_diff(vtc, horizon=360)
+    assert f[-1] > 200_000 and f == sorted(f)  # PAPER.md Fig. 3: grows to ~249k at 570 s
+    assert max(v) < 10_000  # oscillates 0.1k-7.7k, far under 2U = 40000
+
+
+def test_jain_index():
+    assert metrics.jain_index([1, 1, 1, 1]) == 1.0
+    assert metrics.jain_index([1, 0, 0, 0]) == 0.25
