@@ -7,7 +7,10 @@ join (admission) and leave (finish, abort) the running batch. One step:
 
 - schedule: the scheduler offers waiting requests in its order; each is admitted if its whole
   length (prompt + max_tokens) fits in the free blocks — reserved up front, so the pool never
-  runs out mid-decode (the paper's model; its bound's M is this reservation, PAPER.md §3.2);
+  runs out mid-decode (the paper's model; its bound's M is this reservation, PAPER.md §3.2).
+  `reservation="peak"` is the artifact's finer check: admit if the pool's peak, with every
+  running request going to its max_tokens in order of what it has left, still fits; blocks
+  are then allocated as requests grow, and the check guarantees they always can be;
 - run: the runner computes every running request's new tokens in one forward pass (a prompt
   for the newly admitted, one token for the rest) and samples one token each;
 - append: each token is appended, charged to its client, detokenized;
@@ -83,6 +86,7 @@ class Engine:
     max_running: int = 256  # requests in the running batch at most
     check_invariants: bool = False  # run every check_invariants() after every step (tests)
     check_fairness: bool = False  # assert Lemma 4.3 (VTC's counter spread <= U) after every step
+    reservation: str = "full"  # "full": reserve prompt + max_tokens; "peak": the artifact's check
     running: list[Request] = field(default_factory=list)
     requests: dict[str, Request] = field(default_factory=dict)  # every live request by id
     client_tokens: dict[str, ClientTokens] = field(default_factory=dict)
@@ -90,6 +94,8 @@ class Engine:
     ids: itertools.count = field(default_factory=itertools.count)
 
     def __post_init__(self) -> None:
+        if self.reservation not in ("full", "peak"):
+            raise ValueError(f"reservation must be 'full' or 'peak', got {self.reservation!r}")
         if self.check_fairness:
             if not hasattr(self.scheduler, "set_bound"):
                 raise ValueError(
@@ -127,6 +133,9 @@ class Engine:
         self.scheduler.schedule(self.admit)
         if not self.running:
             return []
+        if self.reservation == "peak":
+            for r in self.running:  # this step writes K/V for positions < num_tokens
+                self.allocator.grow(r.request_id, r.num_tokens)
         tokens = self.runner.run(self.running, self.allocator)
         outputs = [self.append(r, t) for r, t in zip(self.running, tokens, strict=True)]
         for r in [r for r in self.running if r.is_finished]:
@@ -191,14 +200,36 @@ class Engine:
         """The scheduler's `admit` callback: reserve the request's blocks if they fit."""
         if len(self.running) >= self.max_running:
             return False
-        if not self.allocator.can_allocate(request.max_num_tokens):
-            return False
-        self.allocator.allocate(request.request_id, request.max_num_tokens)
+        if self.reservation == "full":
+            if not self.allocator.can_allocate(request.max_num_tokens):
+                return False
+            self.allocator.allocate(request.request_id, request.max_num_tokens)
+        else:
+            if self.peak_blocks(request) > self.allocator.num_blocks:
+                return False
+            self.allocator.allocate(request.request_id, request.num_tokens)
         request.status, request.admitted_time = Status.RUNNING, self.clock()
         self.running.append(request)
         # The prompt is charged at dispatch, before the next pick (PAPER.md §2.2, Footnote 5).
         self.charge(request, num_prompt=request.num_prompt - request.num_computed, num_output=0)
         return True
+
+    def peak_blocks(self, candidate: Request) -> int:
+        """Most blocks the running batch plus `candidate` will ever hold (PAPER.md §3.2).
+
+        A request with n tokens and s steps left holds K/V for n + t - 1 positions during its
+        t-th coming step. Usage only grows between finishes, so the peak is at some request's
+        last step: with requests sorted by steps left, the k-th finishes at t = left_k while
+        every request with more left is still growing.
+        """
+        live = [(r.num_tokens, r.params.max_tokens - r.num_output) for r in self.running]
+        live.append((candidate.num_tokens, candidate.params.max_tokens - candidate.num_output))
+        live.sort(key=lambda x: -x[1])
+        blocks = self.allocator.blocks_needed
+        return max(
+            sum(blocks(n + left_k - 1) for n, _ in live[: k + 1])
+            for k, (_, left_k) in enumerate(live)
+        )
 
     def append(self, request: Request, token: int) -> StepOutput:
         request.num_computed = request.num_tokens

@@ -66,6 +66,16 @@ class BlockAllocator:
         self.block_tables[request_id] = table
         return table
 
+    def grow(self, request_id: str, num_tokens: int) -> None:
+        """Extend a request's block table to cover `num_tokens` positions (lazy allocation)."""
+        table = self.block_tables[request_id]
+        extra = self.blocks_needed(num_tokens) - len(table)
+        assert extra <= len(self.free_blocks), (
+            f"request {request_id!r} needs {extra} more blocks, only {len(self.free_blocks)} "
+            "free: the admission check should have made this impossible"
+        )
+        table.extend(self.free_blocks.popleft() for _ in range(extra))
+
     def free(self, request_id: str) -> None:
         assert request_id in self.block_tables, (
             f"double free or unknown request: {request_id!r} holds no blocks"

@@ -131,6 +131,7 @@ def simulate(
     weights: dict[str, float] | None = None,
     seed: int = 0,
     check_fairness: bool = False,
+    reservation: str = "peak",
     progress: bool = False,
 ) -> SimResult:
     """Replay `trace` through the engine on a virtual clock; every request's client-side record."""
@@ -145,7 +146,7 @@ def simulate(
     runner = CostModelRunner(model, clock)
     engine = Engine(runner, BlockAllocator(-(-kv_tokens // block_size), block_size), policy,
                     max_positions=1 << 30, eos_id=-1, clock=clock, max_running=1 << 30,
-                    check_fairness=check_fairness)  # fmt: skip
+                    check_fairness=check_fairness, reservation=reservation)  # fmt: skip
     prompts: dict[int, list[int]] = {}  # one shared prompt list per length: memory for 1M requests
     live: dict[str, tuple[Request, TraceRequest]] = {}
     served, rejected, steps, i = [], [], 0, 0

@@ -195,13 +195,14 @@ def test_llm_generate_offline_api():
     ),
     kv_tokens=st.integers(32, 200),
     block_size=st.sampled_from([1, 3, 16]),
+    reservation=st.sampled_from(["full", "peak"]),
 )
-def test_random_add_step_abort_keeps_invariants(ops, kv_tokens, block_size):
+def test_random_add_step_abort_keeps_invariants(ops, kv_tokens, block_size, reservation):
     torch.manual_seed(0)
     model = Llama(LlamaConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, n_kv_heads=1,
                               ffn_dim=16, max_positions=64))  # fmt: skip
     engine = build_engine(model, None, kv_tokens=kv_tokens, block_size=block_size, max_running=4,
-                          check_invariants=True)  # fmt: skip
+                          check_invariants=True, reservation=reservation)  # fmt: skip
     added = []
     for op, a, b in ops:
         if op == "add":
@@ -219,3 +220,22 @@ def test_random_add_step_abort_keeps_invariants(ops, kv_tokens, block_size):
     run_to_end(engine)
     assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
     assert all(r.is_finished for r in added)
+
+
+def test_peak_reservation_admits_more_and_gives_the_same_tokens(tiny):
+    """The artifact's check: a short request can join while a long one holds most of the pool,
+    because the short one finishes before the long one reaches its peak."""
+    long = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+    short = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    concurrency = {}
+    for reservation in ("full", "peak"):
+        engine = build_engine(tiny, None, kv_tokens=80, block_size=1, check_invariants=True,
+                              reservation=reservation)  # fmt: skip
+        a = engine.add_request([5] * 10, long)
+        b = engine.add_request([6] * 10, short)
+        engine.step()
+        concurrency[reservation] = len(engine.running)
+        run_to_end(engine)
+        assert a.output_ids == list(generate_plain(tiny, [5] * 10, long))
+        assert b.output_ids == list(generate_plain(tiny, [6] * 10, short))
+    assert concurrency == {"full": 1, "peak": 2}
