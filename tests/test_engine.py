@@ -177,7 +177,9 @@ def test_llm_generate_offline_api():
     llm = LLM(kv_tokens=2000)
     outs = llm.generate(["The list", "A module is"], SamplingParams(temperature=0, max_tokens=8))
     assert [len(o.token_ids) for o in outs] == [8, 8]
-    assert outs[0].text == llm.tokenizer.decode(outs[0].token_ids)
+    # The text keeps the space that separates it from the prompt, as vLLM's does.
+    for prompt, out in zip(["The list", "A module is"], outs, strict=True):
+        assert llm.tokenizer.decode(out.prompt_token_ids + out.token_ids) == prompt + out.text
     with pytest.raises(RequestRejected):
         llm.generate(["ok", "x " * 3000], SamplingParams(max_tokens=8))
     assert not llm.engine.has_unfinished()  # the good prompt was withdrawn too

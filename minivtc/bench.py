@@ -1,0 +1,307 @@
+"""Benchmarks, measured on the machine that runs them, side by side with the obvious alternative.
+
+    minivtc bench engine         # tok/s at batch 1/16/64: engine, transformers, contiguous cache
+    python -m minivtc.bench gpu  # Llama-2-7B shape, random fp16 weights, compiled attention, CUDA
+
+`engine`: the same greedy workload (B prompts of 32 tokens, G new tokens each, EOS ignored) run
+three ways on the bundled model: minivtc's engine (paged pool, continuous batching),
+`transformers`' `generate` on the same weights and dtype, and a static batch over a plain
+contiguous KV cache (`attention.ContiguousAttention`) to show what paging costs. Throughput is
+generated tokens per second of wall time for the whole run, prefill included.
+
+`scheduler`: microseconds per VTC admission decision (pick the minimum-counter waiting client,
+admit its oldest request, charge the prompt) and per token charge, with 10 to 100,000 waiting
+clients, for minivtc's heap and for the artifact's linear scan over clients, in one run.
+
+`gpu`: builds a model of the chosen preset's shape with random weights directly on the device,
+runs the engine with compiled attention at batch 1, 16 and 64, and reports tokens/s and the
+fraction of the memory-bandwidth roofline: a decode step must read every weight once plus every
+running request's keys and values, so (weight bytes + KV bytes) / step time / measured copy
+bandwidth is how close the step is to the fastest possible. Then it runs the GPU-marked tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import torch
+
+from minivtc.attention import ContiguousAttention
+from minivtc.config import preset
+from minivtc.llm import build_engine
+from minivtc.model import Llama
+from minivtc.request import Request
+from minivtc.sampler import SamplingParams, sample
+from minivtc.scheduler import VTC
+
+PROMPT_LEN = 32
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m minivtc.bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("what", choices=["engine", "scheduler", "gpu"])
+    parser.add_argument("--quick", action="store_true", help="few tokens: a smoke run")
+    parser.add_argument("--preset", default="llama-2-7b", help="gpu: model shape (default 7B)")
+    parser.add_argument("--device", default="cuda", help="gpu: device (default cuda)")
+    parser.add_argument("--no-tests", action="store_true", help="gpu: skip the GPU-marked tests")
+    args = parser.parse_args(argv)
+    torch.set_grad_enabled(False)
+    if args.what == "engine":
+        return bench_engine(args.quick)
+    if args.what == "scheduler":
+        return bench_scheduler(args.quick)
+    return bench_gpu(args)
+
+
+# --- engine vs transformers vs contiguous cache ----------------------------------------------
+
+
+def bench_engine(quick: bool) -> int:
+    from minivtc.weights import bundled_weights_dir, load_model
+
+    model, _ = load_model()
+    batches, new_tokens = ([1, 4], 8) if quick else ([1, 16, 64], 128)
+    hf = load_transformers(bundled_weights_dir())
+    print(
+        f"bundled model, fp32, {torch.get_num_threads()} threads, prompt {PROMPT_LEN} tokens, "
+        f"{new_tokens} new tokens per request, greedy; generated tokens/s (wall, prefill incl.)"
+    )
+    print(f"{'batch':>5} {'minivtc':>9} {'transformers':>12} {'contiguous':>10} {'vs hf':>6} "
+          f"{'paging cost':>11}")  # fmt: skip
+    for b in batches:
+        prompts = torch.randint(3, model.config.vocab_size, (b, PROMPT_LEN),
+                                generator=torch.Generator().manual_seed(b))  # fmt: skip
+        n = b * new_tokens
+        ours = timed(n, run_engine, model, prompts, new_tokens)
+        plain = timed(n, run_contiguous, model, prompts, new_tokens)
+        theirs = timed(n, run_transformers, hf, prompts, new_tokens) if hf else float("nan")
+        print(f"{b:>5} {ours:>9.0f} {theirs:>12.0f} {plain:>10.0f} {ours / theirs:>5.2f}x "
+              f"{1 - ours / plain:>10.1%}")  # fmt: skip
+    if hf is None:
+        print("(transformers is not installed: pip install -e '.[dev]' for that column)")
+    return 0
+
+
+def timed(num_tokens: int, fn, *args) -> float:
+    fn(*args)  # warm-up: allocator, thread pools, first-call costs
+    start = time.perf_counter()
+    fn(*args)
+    return num_tokens / (time.perf_counter() - start)
+
+
+def run_engine(model: Llama, prompts: torch.Tensor, new_tokens: int) -> None:
+    b = prompts.shape[0]
+    engine = build_engine(model, None, kv_tokens=b * (PROMPT_LEN + new_tokens), max_running=b)
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    for p in prompts.tolist():
+        engine.add_request(p, params)
+    while engine.has_unfinished():
+        engine.step()
+
+
+def run_contiguous(model: Llama, prompts: torch.Tensor, new_tokens: int) -> None:
+    """A static batch over a contiguous cache: every row at the same position, no block tables."""
+    c = model.config
+    b, p = prompts.shape
+    cache = ContiguousAttention(c.n_layers, b, p + new_tokens, c.n_kv_heads, c.head_dim,
+                                model.embed_tokens.weight.dtype, prompts.device)  # fmt: skip
+    tokens, positions = prompts.flatten(), torch.arange(p).repeat(b)
+    last_rows = torch.arange(b) * p + p - 1
+    greedy = [SamplingParams(temperature=0)] * b
+    for step in range(new_tokens):
+        cache.set_step(torch.arange(b).repeat_interleave(len(tokens) // b), positions)
+        logits = model(tokens, positions, cache, last_rows)
+        tokens = torch.tensor(sample(logits, greedy, [None] * b))
+        positions = torch.full((b,), p + step)
+        last_rows = torch.arange(b)
+
+
+def load_transformers(path):
+    try:
+        import transformers
+    except ImportError:
+        return None
+    return transformers.LlamaForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+
+
+def run_transformers(hf, prompts: torch.Tensor, new_tokens: int) -> None:
+    hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)  # fmt: skip
+
+
+# --- scheduler: heap vs linear scan ----------------------------------------------------------
+
+
+class ScanVTC(VTC):
+    """The artifact's selection (PAPER.md §2.3): scan every client for the smallest counter."""
+
+    def push(self, client: str) -> None:
+        pass
+
+    def min_waiting_client(self) -> str | None:
+        waiting = [c for c, q in self.queues.items() if q]
+        return min(waiting, key=lambda c: (self.counters[c], self.first_seen[c]), default=None)
+
+
+def bench_scheduler(quick: bool) -> int:
+    sizes = [10, 1000] if quick else [10, 1000, 10_000, 100_000]
+    print("microseconds per operation, VTC with every client waiting (mean over the run)")
+    print(f"{'clients':>8} {'decide heap':>12} {'decide scan':>12} {'ratio':>7} "
+          f"{'charge heap':>12} {'charge scan':>12}")  # fmt: skip
+    gc.disable()  # as timeit does: a collection over 200k live requests is not the scheduler's cost
+    for n in sizes:
+        decide = [time_decisions(cls(), n, quick) for cls in (VTC, ScanVTC)]
+        charge = [time_charges(cls(), n) for cls in (VTC, ScanVTC)]
+        print(f"{n:>8} {decide[0]:>12.2f} {decide[1]:>12.2f} {decide[1] / decide[0]:>6.0f}x "
+              f"{charge[0]:>12.2f} {charge[1]:>12.2f}")  # fmt: skip
+    gc.enable()
+    return 0
+
+
+def populate(vtc: VTC, n_clients: int) -> list[Request]:
+    """n clients, each with two waiting requests and a distinct counter."""
+    requests = []
+    for i in range(n_clients):
+        for j in range(2):
+            r = Request(f"{i}-{j}", f"client-{i}", [1] * 8, SamplingParams(max_tokens=8), 0.0)
+            vtc.add(r, 0.0)
+            requests.append(r)
+        vtc.counters[f"client-{i}"] = float((i * 7919) % n_clients)
+        vtc.push(f"client-{i}")
+    return requests
+
+
+def time_decisions(vtc: VTC, n_clients: int, quick: bool) -> float:
+    """One decision = select the minimum, admit one request, charge its prompt, refill."""
+    populate(vtc, n_clients)
+    rounds = 200 if n_clients >= 10_000 and not quick else 2000
+    admitted: list[Request] = []
+
+    def admit_one(r: Request) -> bool:
+        if admitted and admitted[-1] is not None:
+            return False  # the round ends after one admission
+        vtc.on_tokens(r, r.num_prompt, 0)
+        admitted.append(r)
+        return True
+
+    refills = [Request(f"new-{k}", "", [1] * 8, SamplingParams(), 0.0) for k in range(rounds)]
+    start = time.perf_counter()
+    for refill in refills:
+        admitted.append(None)
+        vtc.schedule(admit_one)
+        refill.client_id = admitted[-1].client_id  # keep every client waiting
+        vtc.add(refill, 0.0)
+    return 1e6 * (time.perf_counter() - start) / rounds
+
+
+def time_charges(vtc: VTC, n_clients: int) -> float:
+    """One output token charged to a running request of a client that also has requests waiting."""
+    requests = populate(vtc, n_clients)
+    rounds = 20_000
+    start = time.perf_counter()
+    for k in range(rounds):
+        r = requests[(k * 104729) % len(requests)]
+        r.output_ids.append(1)
+        vtc.on_tokens(r, 0, 1)
+    return 1e6 * (time.perf_counter() - start) / rounds
+
+
+# --- GPU check -------------------------------------------------------------------------------
+
+
+@dataclass
+class GpuRow:
+    batch: int
+    tokens_per_s: float
+    step_ms: float
+    roofline: float
+
+
+def bench_gpu(args) -> int:
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: the GPU check needs one")
+        return 1
+    config = preset(args.preset)
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    model = random_model(config, dtype, device)
+    bandwidth = copy_bandwidth(device)
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    print(
+        f"{args.preset} shape, random weights, {dtype}, {device}: {weight_bytes / 1e9:.2f} GB "
+        f"of weights; copy bandwidth {bandwidth / 1e9:.0f} GB/s"
+    )
+    new_tokens = 16 if args.quick else 256
+    rows = [gpu_row(model, b, new_tokens, weight_bytes, bandwidth, device) for b in (1, 16, 64)]
+    print(f"{'batch':>5} {'tok/s':>9} {'step ms':>8} {'roofline':>9}")
+    for r in rows:
+        print(f"{r.batch:>5} {r.tokens_per_s:>9.0f} {r.step_ms:>8.2f} {r.roofline:>8.0%}")
+    if args.no_tests:
+        return 0
+    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests"])
+
+
+def random_model(config, dtype: torch.dtype, device: torch.device) -> Llama:
+    """A model of `config`'s shape with small random weights, made directly on the device."""
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Llama(config).to(dtype)
+    for p in model.parameters():
+        if p.dim() > 1:
+            p.normal_(0, 0.02)
+    return model.eval()
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes read + written per second by a large device-to-device copy."""
+    n = (1 << 28) if device.type == "cuda" else (1 << 24)
+    src = torch.randn(n, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    sync(device)
+    start = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    sync(device)
+    return 10 * 2 * src.numel() * src.element_size() / (time.perf_counter() - start)
+
+
+def gpu_row(model, batch, new_tokens, weight_bytes, bandwidth, device) -> GpuRow:
+    c = model.config
+    engine = build_engine(model, None, kv_tokens=batch * (PROMPT_LEN + new_tokens) + 64,
+                          max_running=batch, compile_attention=device.type == "cuda")  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+    for _ in range(2):  # the first round compiles every bucketed shape
+        for i in range(batch):
+            engine.add_request([1 + (i + j) % 1000 for j in range(PROMPT_LEN)], params)
+        engine.step()  # prefill
+        sync(device)
+        start, steps = time.perf_counter(), 0
+        while engine.has_unfinished():
+            engine.step()
+            steps += 1
+        sync(device)
+    elapsed = time.perf_counter() - start
+    mean_context = PROMPT_LEN + new_tokens / 2
+    kv_bytes = batch * mean_context * c.kv_bytes_per_token(model.embed_tokens.weight.element_size())
+    step_s = elapsed / steps
+    return GpuRow(batch, batch * steps / elapsed, 1000 * step_s,
+                  (weight_bytes + kv_bytes) / step_s / bandwidth)  # fmt: skip
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

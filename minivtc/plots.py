@@ -1,0 +1,85 @@
+"""The paper's figure types from `requests.csv` records: service, response time, service gap.
+
+Owns matplotlib only; every number comes from `metrics.py`. Each function draws one figure into
+a PNG and returns its path. Figures use the Agg backend, so they render without a screen.
+Lessons 4-7 show them inline.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+from minivtc import metrics  # noqa: E402
+from minivtc.metrics import Served  # noqa: E402
+
+MAX_LINES = 8  # more clients than this: plot the busiest ones, say so in the title
+
+
+def busiest(served: list[Served], n: int = MAX_LINES) -> list[str]:
+    counts: dict[str, int] = {}
+    for r in served:
+        counts[r.client] = counts.get(r.client, 0) + 1
+    return sorted(counts, key=lambda c: -counts[c])[:n]
+
+
+def service_plot(served: list[Served], horizon: float, path: str | Path, title: str = "") -> Path:
+    """Service rate per client (weighted tokens/s, 60 s windows), with demand dashed (Fig. 3b)."""
+    ticks, rates = metrics.service_rates(served, horizon)
+    _, asks = metrics.demand_rates(served, horizon)
+    shown = busiest(served)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, c in enumerate(shown):
+        color = f"C{i}"
+        ax.plot(ticks, rates[c], color=color, label=f"{c} service")
+        ax.plot(ticks, asks[c], color=color, linestyle=":", alpha=0.6)
+    title = title or f"service rate per client (dotted: demand){more(served, shown)}"
+    ax.set(xlabel="time (s)", ylabel="tokens/s  (input + 2 x output)", title=title)
+    ax.legend(fontsize=7, ncol=2)
+    return save(fig, path)
+
+
+def response_plot(served: list[Served], horizon: float, path: str | Path, title: str = "") -> Path:
+    """Mean first-token latency per client in 60 s windows (the paper's "response time")."""
+    ticks, ttft = metrics.response_times(served, horizon)
+    shown = busiest(served)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, c in enumerate(shown):
+        ax.plot(ticks, [float("nan") if v is None else v for v in ttft[c]], f"C{i}", label=c)
+    ax.set(xlabel="time (s)", ylabel="mean time to first token (s)",
+           title=title or f"response time per client{more(served, shown)}")  # fmt: skip
+    ax.legend(fontsize=7, ncol=2)
+    return save(fig, path)
+
+
+def gap_plot(
+    runs: dict[str, list[Served]], horizon: float, path: str | Path, bound: float | None = None
+) -> Path:
+    """Absolute difference of accumulated service between clients, one line per run (Fig. 3a)."""
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for i, (name, served) in enumerate(runs.items()):
+        ticks, diffs = metrics.accumulated_service_diff(served, horizon)
+        ax.plot(ticks, diffs, f"C{i}", marker="o", markersize=3, label=name)
+    if bound is not None:
+        ax.axhline(bound, color="gray", linestyle="--", label=f"2U = {bound:,.0f}")
+    ax.set(xlabel="time (s)", ylabel="max - min accumulated service (tokens)",
+           title="absolute difference in accumulated service")  # fmt: skip
+    ax.legend(fontsize=8)
+    return save(fig, path)
+
+
+def more(served: list[Served], shown: list[str]) -> str:
+    n = len(metrics.clients_of(served))
+    return f" ({len(shown)} busiest of {n} clients)" if n > len(shown) else ""
+
+
+def save(fig, path: str | Path) -> Path:
+    path = Path(path)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,71 @@
+"""The command line end to end on the bundled model (and the benchmarks' code paths, briefly)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from minivtc import bench
+from minivtc.cli import main
+
+
+def test_generate_streams_text(capsys):
+    assert (
+        main(["generate", "--prompt", "The list", "--max-tokens", "12", "--temperature", "0"]) == 0
+    )
+    out, err = capsys.readouterr()
+    assert out.startswith("The list") and len(out.strip()) > len("The list")
+    assert "[12 tokens]" in err
+
+
+def test_generate_is_reproducible_with_a_seed(capsys):
+    args = ["generate", "--prompt", "A module", "--max-tokens", "10", "--seed", "7"]
+    main(args)
+    first = capsys.readouterr().out
+    main(args)
+    assert capsys.readouterr().out == first
+
+
+def test_generate_chat_and_stop(capsys):
+    main(["generate", "--chat", "--prompt", "What is a tuple?", "--max-tokens", "30",
+          "--temperature", "0", "--stop", "."])  # fmt: skip
+    out = capsys.readouterr().out
+    assert "." not in out
+
+
+def test_generate_rejects_a_bad_weights_dir(tmp_path):
+    command = ["generate", "--prompt", "x", "--weights", str(tmp_path)]
+    result = subprocess.run(
+        [sys.executable, "-m", "minivtc.cli", *command], capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert f"minivtc generate: error: missing file: {tmp_path}/config.json" in result.stderr
+
+
+def test_help_explains_every_command():
+    result = subprocess.run(
+        [sys.executable, "-m", "minivtc.cli", "--help"], capture_output=True, text=True
+    )
+    assert "generate" in result.stdout and "bench" in result.stdout
+
+
+def test_bench_scheduler_quick(capsys):
+    assert bench.main(["scheduler", "--quick"]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [r.split()[0] for r in rows] == ["10", "1000"]
+
+
+@pytest.mark.slow
+def test_bench_engine_quick(capsys):
+    assert bench.main(["engine", "--quick"]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert [r.split()[0] for r in rows] == ["1", "4"]
+
+
+def test_gpu_check_code_path_runs_on_cpu(capsys):
+    """The GPU script's model building, engine runs and roofline arithmetic, on a tiny shape."""
+    assert bench.main(["gpu", "--preset", "tiny", "--device", "cpu", "--quick", "--no-tests"]) == 0
+    out = capsys.readouterr().out
+    assert "roofline" in out and len(out.splitlines()) == 5

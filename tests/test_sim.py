@@ -1,0 +1,102 @@
+"""The simulator runs the real engine; the workloads match the paper's suites."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import pytest
+
+from minivtc import metrics
+from minivtc.cli import main
+from minivtc.sim import simulate
+from minivtc.workloads import WORKLOADS, TraceRequest, read_trace, uniform, workload, write_trace
+
+
+def test_workload_sizes_follow_the_paper():
+    sizes = {name: len(w.make()) for name, w in WORKLOADS.items()}
+    assert sizes["overload"] == int(1.5 * 360) + int(3 * 360)
+    assert sizes["real"] == 1500
+    assert sizes["poisson_short_long"] == int(9.5 * 600)
+    assert len({r.client for r in workload("real").make()}) == 27
+    assert len({r.client for r in workload("overload-multi").make()}) == 8
+
+
+def test_on_off_drops_client_0_in_off_minutes():
+    trace = uniform([0.5, 2.0], 600, on_off=60)
+    off = [r for r in trace if r.client == "client-00" and int(r.arrival_s // 60) % 2 == 1]
+    assert not off and Counter(r.client for r in trace)["client-01"] == 1200
+
+
+def test_poisson_lengths_per_client():
+    trace = workload("poisson_short_long_2").make()
+    lengths = {(r.client, r.input_tokens, r.output_tokens) for r in trace}
+    assert lengths == {("client-00", 512, 32), ("client-01", 32, 512)}
+
+
+def test_trace_csv_round_trip(tmp_path):
+    trace = workload("increase").make()
+    write_trace(tmp_path / "t.csv", trace)
+    again = read_trace(tmp_path / "t.csv")
+    assert [(r.client, r.input_tokens) for r in again] == [
+        (r.client, r.input_tokens) for r in trace
+    ]
+
+
+def test_simulation_serves_every_request_and_keeps_lemma_4_3():
+    trace = uniform([0.4] * 3 + [0.6] * 5, 60)  # overload-multi, one minute
+    result = simulate(trace, "vtc", check_fairness=True)
+    assert len(result.served) == len(trace) and not result.rejected
+    assert all(0 < r.first_token_latency_s <= r.request_latency_s for r in result.served)
+
+
+def test_rpm_rejects_in_simulation():
+    trace = [TraceRequest("a", float(t), 10, 10) for t in range(30)]
+    result = simulate(trace, "rpm:5")
+    assert len(result.served) == 5 and len(result.rejected) == 25
+
+
+def test_fcfs_gap_grows_vtc_gap_stays_under_2u():
+    trace = uniform([1.5, 3.0], 240)
+    gaps = {}
+    for policy in ("fcfs", "vtc"):
+        served = simulate(trace, policy).served
+        _, gaps[policy] = metrics.accumulated_service_diff(served, horizon=240)
+    assert gaps["fcfs"][-1] > 3 * gaps["fcfs"][4] and gaps["fcfs"][-1] > 40_000
+    assert max(gaps["vtc"]) < 40_000  # 2U = 2 * w_q * M = 40000 tokens
+
+
+KNOWN_GAP = pytest.mark.xfail(
+    strict=True,
+    reason="client-10 gets +11% service in simulation; the artifact's admission cadence (every "
+    "10 decode steps, PAPER.md D7) is not modelled yet",
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("run", [pytest.param("VTC__real", marks=KNOWN_GAP), "FCFS__real"])
+def test_simulated_real_trace_matches_the_measured_a10g_run(run):
+    """The calibrated A10G cost model: throughput and each big client's service within 10%."""
+    runs = metrics.__file__.rsplit("/", 1)[0] + "/data/a10g_runs"
+    measured = metrics.read_requests(f"{runs}/{run}.csv")
+    total = {r["run"]: r["total_time_s"] for r in json.load(open(f"{runs}/index.json"))}[run]
+    result = simulate(workload("real").make(), run.split("__")[0].lower())
+    want = metrics.table_metrics(measured, total).throughput
+    got = metrics.table_metrics(result.served, result.total_time).throughput
+    assert got == pytest.approx(want, rel=0.03)  # measured: within 1.7% on both runs
+    # Over the trace's 600 s (afterwards the backlog drains; over all time every total is equal)
+    served_m = metrics.service(measured, 0, 600)
+    served_s = metrics.service(result.served, 0, 600)
+    for client in sorted(served_m, key=lambda c: -served_m[c])[:5]:
+        assert served_s[client] == pytest.approx(served_m[client], rel=0.10), client
+
+
+def test_simulate_command_writes_its_files(tmp_path):
+    trace = tmp_path / "t.csv"
+    write_trace(trace, uniform([1.0, 2.0], 30))
+    out = tmp_path / "out"
+    assert main(["simulate", "--trace", str(trace), "--scheduler", "vtc", "--out", str(out)]) == 0
+    for name in ("requests.csv", "metrics.json", "service.png", "response.png", "gap.png"):
+        assert (out / name).stat().st_size > 0, name
+    summary = json.loads((out / "metrics.json").read_text())
+    assert summary["served"] == 90 and summary["scheduler"] == "vtc"
