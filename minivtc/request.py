@@ -69,6 +69,12 @@ class Request:
     def all_ids(self) -> list[int]:
         return self.prompt_ids + self.output_ids
 
+    def uncomputed_ids(self) -> list[int]:
+        """The tokens the next step computes: the prompt after admission, then the last output."""
+        if self.num_computed >= self.num_prompt:
+            return self.output_ids[self.num_computed - self.num_prompt :]
+        return self.all_ids[self.num_computed :]
+
     @property
     def is_finished(self) -> bool:
         return self.status in (Status.FINISHED, Status.ABORTED)

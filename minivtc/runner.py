@@ -49,8 +49,7 @@ class ModelRunner:
                     build_group(group, len(tokens), allocator, self.compiled, self.device)
                 )
             for r in group:
-                new = r.all_ids[r.num_computed :]
-                tokens += new
+                tokens += r.uncomputed_ids()
                 positions += range(r.num_computed, r.num_tokens)
                 slots += allocator.slots(r.request_id, r.num_computed, r.num_tokens)
                 last_rows.append(len(tokens) - 1)
@@ -86,21 +85,26 @@ def build_group(
     n_blocks = max(allocator.blocks_needed(r.num_tokens) for r in group)
     if bucketed:  # a few shapes for torch.compile instead of one per batch composition
         n_rows, n_q, n_blocks = (bucket(n) for n in (n_rows, n_q, n_blocks))
-    token_rows = torch.zeros(n_rows, n_q, dtype=torch.long)  # (R, Q)
-    query_positions = torch.zeros(n_rows, n_q, dtype=torch.long)  # (R, Q)
-    block_tables = torch.zeros(n_rows, n_blocks, dtype=torch.long)  # (R, NB)
-    out_index, offset = [], 0
+    # Plain lists first, one tensor each at the end: per-request torch calls cost more than the
+    # attention itself at batch 64 on a CPU.
+    token_rows, query_positions, block_tables, out_index = [], [], [], []
+    offset = 0
     for i, (r, n) in enumerate(zip(group, new_counts, strict=True)):
-        token_rows[i] = offset + torch.arange(n_q).clamp(max=n - 1)  # padding repeats a row
-        query_positions[i, :n] = torch.arange(r.num_computed, r.num_tokens)
+        token_rows.append([offset + min(j, n - 1) for j in range(n_q)])  # padding repeats a row
+        query_positions.append([*range(r.num_computed, r.num_tokens)] + [0] * (n_q - n))
         table = allocator.block_tables[r.request_id][:n_blocks]
-        block_tables[i, : len(table)] = torch.tensor(table)
+        block_tables.append(table + [0] * (n_blocks - len(table)))
         out_index += range(i * n_q, i * n_q + n)
         offset += n
+    for _ in range(n_rows - len(group)):  # bucketing's padding rows: one key, never read back
+        token_rows.append([0] * n_q)
+        query_positions.append([0] * n_q)
+        block_tables.append([0] * n_blocks)
+    as_tensor = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
     return AttentionGroup(
-        start=start, end=start + offset, token_rows=token_rows.to(device),
-        query_positions=query_positions.to(device), block_tables=block_tables.to(device),
-        out_index=torch.tensor(out_index, device=device),
+        start=start, end=start + offset, token_rows=as_tensor(token_rows),
+        query_positions=as_tensor(query_positions), block_tables=as_tensor(block_tables),
+        out_index=as_tensor(out_index),
     )  # fmt: skip
 
 
