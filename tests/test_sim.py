@@ -107,7 +107,7 @@ def test_reproduce_writes_a_report_with_verdicts(tmp_path):
 
     report = reproduce(tmp_path, only=["fig3"]).read_text()
     assert "## Figure 3: VTC vs FCFS under overload" in report
-    assert "**Verdict:** VTC gap bounded: yes" in report and "larger" in report
+    assert "**Verdict:** VTC gap stops growing: yes" in report and "larger" in report
     assert "Paper: VTC acc. diff 0.1k-7.7k" in report
     assert (tmp_path / "fig3_gap_all.png").stat().st_size > 0
     with pytest.raises(ValueError, match="unknown experiments"):
