@@ -178,7 +178,7 @@ EXPERIMENTS = [
     Experiment("fig16", "Figure 16: weighted VTC (1:2:3:4)", "overload-weighted", ["vtc"],
                "WVTC ~135/270/406/541 tok/s", share_verdict("client-00", "client-03", 4.0), ("service",)),
     Experiment("table2", "Table 2: the real 27-client trace", "real",
-               ["fcfs", "lcf", "vtc", "vtc-predict", "vtc-oracle", "rpm:5", "rpm:20", "rpm:30"],
+               ["fcfs", "lcf", "vtc", "vtc-artifact", "vtc-predict", "vtc-oracle", "rpm:5", "rpm:20", "rpm:30"],
                "FCFS 759.97/433.53/777; LCF 750.49/323.82/778; VTC 368.40/251.66/779; predict 365.47/240.33/773; "
                "oracle 329.46/227.51/781; RPM(5) 143.86/83.58/340; RPM(20) 446.76/195.71/694; RPM(30) 693.66/309.45/747",
                table2_verdict, ("service", "response")),

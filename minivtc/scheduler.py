@@ -236,6 +236,7 @@ class VTC(Scheduler):
         predictor: MeanOfLast | MovingAverage | Oracle | None = None,
         lift_last_left: bool = True,
         charge_first_token: bool = True,
+        finish_charge: bool = False,
         name: str = "vtc",
     ) -> None:
         self.cost = cost
@@ -244,6 +245,10 @@ class VTC(Scheduler):
         self.predictor = predictor
         self.lift_last_left = lift_last_left  # False = the artifact (PAPER.md §10.1, D1)
         self.charge_first_token = charge_first_token  # False = the artifact (D6)
+        self.finish_charge = finish_charge  # True = the artifact (D5)
+        self.running: dict[str, Request] = {}  # admitted, not finished (for finish_charge)
+        self.tokens_charged = 0  # output tokens charged so far: tells steps apart
+        self.finish_charged_at = -1
         self.name = name
         self.counters: dict[str, float] = {}
         self.queues: dict[str, deque[Request]] = {}  # waiting requests per client
@@ -288,8 +293,10 @@ class VTC(Scheduler):
             # client would stay the minimum and take the whole admission round.
             predicted = self.predictor.predict(request) if self.predictor else 0.0
             self.predicted[request.request_id] = predicted
+            self.running[request.request_id] = request
             self.charge(request.client_id, self.cost(n_p, predicted))
         if num_output:
+            self.tokens_charged += num_output
             n_q = request.num_output  # the token was already appended
             if n_q == 1 and not self.charge_first_token:
                 return
@@ -298,6 +305,14 @@ class VTC(Scheduler):
             self.charge(request.client_id, self.cost(n_p, now) - self.cost(n_p, already))
 
     def on_finish(self, request: Request) -> None:
+        if self.finish_charge and self.tokens_charged != self.finish_charged_at:
+            # The artifact (D5): when any request of a step finishes, every request in the
+            # batch, the finishing ones included, is charged one more w_q -- once per step
+            # (no token is charged between two finishes of the same step).
+            self.finish_charged_at = self.tokens_charged
+            for r in self.running.values():
+                self.charge(r.client_id, self.cost(r.num_prompt, 1) - self.cost(r.num_prompt, 0))
+        self.running.pop(request.request_id, None)
         predicted = self.predicted.pop(request.request_id, 0.0)
         if predicted > request.num_output:  # refund the over-prediction (Algorithm 3)
             refund = self.cost(request.num_prompt, predicted) - self.cost(
@@ -377,7 +392,8 @@ class VTC(Scheduler):
 
 
 SCHEDULERS = (
-    "fcfs, rpm:N, lcf, vtc, vtc-predict, vtc-predict-ema, vtc-oracle, vtc-oracle:P, vtc-profile"
+    "fcfs, rpm:N, lcf, vtc, vtc-artifact, vtc-predict, vtc-predict-ema, vtc-oracle, "
+    "vtc-oracle:P, vtc-profile"
 )
 
 
@@ -385,8 +401,10 @@ def make_scheduler(
     name: str, weights: dict[str, float] | None = None, seed: int = 0, artifact: bool = False
 ) -> Scheduler:
     """A scheduler from its command-line name. `weights` (operator-set) apply to the VTC family;
-    `artifact=True` reproduces the official artifact's counter quirks (PAPER.md §10)."""
-    quirks = {"lift_last_left": not artifact, "charge_first_token": not artifact}
+    `artifact=True` reproduces the official artifact's counter quirks (PAPER.md §10: no lift to
+    the last client to leave, an uncharged first token, an extra charge on finish events)."""
+    quirks = {"lift_last_left": not artifact, "charge_first_token": not artifact,
+              "finish_charge": artifact}  # fmt: skip
     if name == "fcfs":
         return FCFS()
     if name.startswith("rpm:"):
@@ -395,6 +413,9 @@ def make_scheduler(
         return VTC(weights=weights, lift=False, name="lcf", **quirks)
     if name == "vtc":
         return VTC(weights=weights, **quirks)
+    if name == "vtc-artifact":  # VTC as the official artifact charges (PAPER.md §2.3, §10)
+        return VTC(weights=weights, name=name, lift_last_left=False, charge_first_token=False,
+                   finish_charge=True)  # fmt: skip
     if name == "vtc-profile":
         return VTC(cost=ProfiledCost(), weights=weights, name=name, **quirks)
     if name == "vtc-predict":

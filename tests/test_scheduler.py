@@ -351,15 +351,27 @@ def test_lift_rules():
     assert lcf.counters["b"] == 0
 
 
-def test_artifact_leaves_the_first_token_uncharged():
+def test_artifact_leaves_the_first_token_uncharged_and_charges_finish_events():
     vtc = make_scheduler("vtc", artifact=True)
     finished(vtc, "a", 10, 10)
-    assert vtc.counters["a"] == W_P * 10 + W_Q * 9  # D6
+    assert vtc.counters["a"] == W_P * 10 + W_Q * 9 + W_Q  # D6: no first token; D5: +1 at finish
+
+
+def test_finish_events_charge_the_whole_batch_once_per_step():
+    """D5 through the real engine: two requests finish in one step, a third runs on."""
+    vtc = VTC(finish_charge=True)
+    arrivals = [Arrival(0.0, "a", 5, 4), Arrival(0.0, "b", 5, 4), Arrival(0.0, "c", 5, 8)]
+    engine, _, _ = drive(vtc, arrivals, kv_tokens=100)
+    # Finish events at step 4 (a and b together: one event) and step 8 (c): a and b get one
+    # extra w_q, c two.
+    assert vtc.counters["a"] == W_P * 5 + W_Q * 4 + W_Q
+    assert vtc.counters["c"] == W_P * 5 + W_Q * 8 + 2 * W_Q
 
 
 def test_make_scheduler_names():
-    for name in ("fcfs", "rpm:5", "lcf", "vtc", "vtc-predict", "vtc-predict-ema", "vtc-oracle",
-                 "vtc-oracle:0.5", "vtc-profile"):  # fmt: skip
+    names = ["fcfs", "rpm:5", "lcf", "vtc", "vtc-artifact", "vtc-predict", "vtc-predict-ema",
+             "vtc-oracle", "vtc-oracle:0.5", "vtc-profile"]  # fmt: skip
+    for name in names:
         assert make_scheduler(name).name == name
     with pytest.raises(ValueError, match="unknown scheduler 'vtc2'; choose one of"):
         make_scheduler("vtc2")
