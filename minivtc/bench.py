@@ -13,6 +13,9 @@ generated tokens per second of wall time for the whole run, prefill included.
 admit its oldest request, charge the prompt) and per token charge, with 10 to 100,000 waiting
 clients, for minivtc's heap and for the artifact's linear scan over clients, in one run.
 
+`sim`: simulated seconds per wall second of `minivtc simulate` (the a10g-llama7b cost model)
+on the real trace and on the overload workload, under VTC and FCFS.
+
 `gpu`: builds a model of the chosen preset's shape with random weights directly on the device,
 runs the engine with compiled attention at batch 1, 16 and 64, and reports tokens/s and the
 fraction of the memory-bandwidth roofline: a decode step must read every weight once plus every
@@ -48,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("what", choices=["engine", "scheduler", "gpu"])
+    parser.add_argument("what", choices=["engine", "scheduler", "sim", "gpu"])
     parser.add_argument("--quick", action="store_true", help="few tokens: a smoke run")
     parser.add_argument("--preset", default="llama-2-7b", help="gpu: model shape (default 7B)")
     parser.add_argument("--device", default="cuda", help="gpu: device (default cuda)")
@@ -59,6 +62,8 @@ def main(argv: list[str] | None = None) -> int:
         return bench_engine(args.quick)
     if args.what == "scheduler":
         return bench_scheduler(args.quick)
+    if args.what == "sim":
+        return bench_sim(args.quick)
     return bench_gpu(args)
 
 
@@ -216,6 +221,29 @@ def time_charges(vtc: VTC, n_clients: int) -> float:
         r.output_ids.append(1)
         vtc.on_tokens(r, 0, 1)
     return 1e6 * (time.perf_counter() - start) / rounds
+
+
+# --- simulator speed -------------------------------------------------------------------------
+
+
+def bench_sim(quick: bool) -> int:
+    from minivtc.sim import simulate
+    from minivtc.workloads import workload
+
+    names = ["overload"] if quick else ["real", "overload"]
+    print(f"{'workload':>10} {'scheduler':>9} {'requests':>8} {'tokens':>9} {'steps':>7} "
+          f"{'wall s':>7} {'sim s':>7} {'sim s/wall s':>12} {'us/token':>9}")  # fmt: skip
+    for name in names:
+        trace = workload(name).make()
+        if quick:
+            trace = [t for t in trace if t.arrival_s < 30]
+        tokens = sum(t.output_tokens for t in trace)
+        for policy in ("vtc", "fcfs"):
+            r = simulate(trace, policy)
+            print(f"{name:>10} {policy:>9} {len(trace):>8} {tokens:>9} {r.steps:>7} "
+                  f"{r.wall_s:>7.2f} {r.total_time:>7.0f} {r.total_time / r.wall_s:>12.0f} "
+                  f"{1e6 * r.wall_s / tokens:>9.1f}")  # fmt: skip
+    return 0
 
 
 # --- GPU check -------------------------------------------------------------------------------

@@ -159,9 +159,11 @@ def run_reproduce(args) -> int:
 def add_bench(sub) -> None:
     p = sub.add_parser(
         "bench",
-        help="benchmarks measured on this machine (engine, gpu)",
+        help="benchmarks measured on this machine (engine, scheduler, sim, gpu)",
         description="minivtc bench engine [--quick]: decode throughput of the engine vs "
-        "transformers vs a contiguous cache at batch 1/16/64. minivtc bench gpu [--preset P]: "
+        "transformers vs a contiguous cache at batch 1/16/64. minivtc bench scheduler: VTC's "
+        "heap vs a linear scan. minivtc bench sim: simulated s per wall s. "
+        "minivtc bench gpu [--preset P]: "
         "the GPU check (7B shape, compiled attention, roofline). See python -m minivtc.bench -h.",
     )
     p.add_argument("args", nargs=argparse.REMAINDER, help="what to run, and its options")

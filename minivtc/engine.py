@@ -225,6 +225,12 @@ class Engine:
         live = [(r.num_tokens, r.params.max_tokens - r.num_output) for r in self.running]
         live.append((candidate.num_tokens, candidate.params.max_tokens - candidate.num_output))
         live.sort(key=lambda x: -x[1])
+        if self.allocator.block_size == 1:  # blocks == tokens: a running sum, O(n)
+            peak, held = 0, 0
+            for k, (n, left_k) in enumerate(live, start=1):
+                held += n
+                peak = max(peak, held + k * (left_k - 1))
+            return peak
         blocks = self.allocator.blocks_needed
         return max(
             sum(blocks(n + left_k - 1) for n, _ in live[: k + 1])

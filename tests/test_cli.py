@@ -64,6 +64,12 @@ def test_bench_engine_quick(capsys):
     assert [r.split()[0] for r in rows] == ["1", "4"]
 
 
+def test_bench_sim_quick(capsys):
+    assert bench.main(["sim", "--quick"]) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert [r.split()[:2] for r in rows] == [["overload", "vtc"], ["overload", "fcfs"]]
+
+
 def test_gpu_check_code_path_runs_on_cpu(capsys):
     """The GPU script's model building, engine runs and roofline arithmetic, on a tiny shape."""
     assert bench.main(["gpu", "--preset", "tiny", "--device", "cpu", "--quick", "--no-tests"]) == 0

@@ -263,3 +263,31 @@ def test_batched_engine_matches_transformers_greedy_on_the_bundled_model(bundled
             out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32,
                               min_new_tokens=32, do_sample=False, pad_token_id=0)  # fmt: skip
         assert r.output_ids == out[0, ids.shape[1] :].tolist(), r
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.integers(1, 50), st.integers(0, 50), st.integers(1, 60)),
+        min_size=1,
+        max_size=12,
+    )
+)
+def test_peak_closed_form_equals_the_general_sum(specs):
+    """block_size 1 uses a running sum; it must equal the general per-block formula."""
+    from minivtc.engine import Engine
+    from minivtc.kv_pool import BlockAllocator
+    from minivtc.request import Request
+    from minivtc.scheduler import FCFS
+
+    engine = Engine(ScriptedRunner(lambda r: 7), BlockAllocator(10**6, 1), FCFS(), 10**6, eos_id=2)
+    for i, (prompt, done, extra) in enumerate(specs):
+        r = Request(f"r{i}", "c", [1] * prompt, SamplingParams(max_tokens=done + extra), 0.0)
+        r.output_ids = [7] * done
+        engine.running.append(r)
+    candidate = engine.running.pop()
+    requests = engine.running + [candidate]
+    live = [(r.num_tokens, r.params.max_tokens - r.num_output) for r in requests]
+    live.sort(key=lambda x: -x[1])
+    general = max(sum(n + left - 1 for n, _ in live[: k + 1]) for k, (_, left) in enumerate(live))
+    assert engine.peak_blocks(candidate) == general
