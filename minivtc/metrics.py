@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from minivtc.scheduler import ProfiledCost
+
 COLUMNS = [
     "client", "arrival_s", "input_tokens", "output_tokens", "first_token_latency_s",
     "request_latency_s",
@@ -54,9 +56,9 @@ def linear_cost(r: Served, w_p: float = 1.0, w_q: float = 2.0) -> float:
 
 
 def profiled_cost(r: Served) -> float:
-    """The artifact's fitted h in ms (PAPER.md §2.5), for the "profile" tables."""
-    x, y = r.input_tokens, r.output_tokens
-    return 0.21001891 * x + 0.10075395 * y + 0.0039868 * x * y + 0.00324733 * y * y + 1.14601454
+    """The artifact's fitted h in ms (PAPER.md §2.5), for the "profile" tables: the same h
+    the scheduler charges with (`scheduler.ProfiledCost`)."""
+    return ProfiledCost()(r.input_tokens, r.output_tokens)
 
 
 def read_requests(path: str | Path) -> list[Served]:

@@ -104,14 +104,12 @@ class CostModelRunner:
 
     def __init__(self, cost_model: Roofline, clock: VirtualClock) -> None:
         self.cost_model, self.clock = cost_model, clock
-        self.busy_s = 0.0
 
     def run(self, requests: list[Request], allocator: BlockAllocator) -> list[int]:
         prefill = sum(r.num_tokens - r.num_computed for r in requests if r.num_computed == 0)
         context = sum(r.num_tokens for r in requests)
         dt = self.cost_model.step_time(StepShape(prefill, len(requests), context))
         self.clock.now += dt
-        self.busy_s += dt
         return [SIM_TOKEN] * len(requests)
 
     def release(self, request: Request) -> None:

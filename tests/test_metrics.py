@@ -66,6 +66,14 @@ def test_accumulated_difference_fcfs_grows_vtc_stays_bounded():
     assert max(v) < 10_000  # oscillates 0.1k-7.7k, far under 2U = 40000
 
 
+def test_profiled_cost_is_the_papers_fit():
+    r = Served("a", 0.0, 256, 256, 1.0, 2.0)
+    # PAPER.md §2.5: the paper prints h = 2.1 n_p + n_q + 0.04 n_p n_q + 0.032 n_q^2 + 11.46,
+    # the same fit scaled by 10 and rounded.
+    paper = (2.1 * 256 + 256 + 0.04 * 256 * 256 + 0.032 * 256**2 + 11.46) / 10
+    assert metrics.profiled_cost(r) == pytest.approx(paper, rel=0.01)
+
+
 def test_jain_index():
     assert metrics.jain_index([1, 1, 1, 1]) == 1.0
     assert metrics.jain_index([1, 0, 0, 0]) == 0.25
