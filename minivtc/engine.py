@@ -87,6 +87,8 @@ class Engine:
     check_invariants: bool = False  # run every check_invariants() after every step (tests)
     check_fairness: bool = False  # assert Lemma 4.3 (VTC's counter spread <= U) after every step
     reservation: str = "full"  # "full": reserve prompt + max_tokens; "peak": the artifact's check
+    admit_every: int = 1  # the artifact: 10 steps between admissions after a success (D7)
+    steps_since_admission: int = 0
     running: list[Request] = field(default_factory=list)
     requests: dict[str, Request] = field(default_factory=dict)  # every live request by id
     client_tokens: dict[str, ClientTokens] = field(default_factory=dict)
@@ -130,7 +132,12 @@ class Engine:
 
     def step(self) -> list[StepOutput]:
         """Admit what fits, run one forward pass over the running batch, retire what finished."""
-        self.scheduler.schedule(self.admit)
+        if not self.running or self.steps_since_admission + 1 >= self.admit_every:
+            before = len(self.running)
+            self.scheduler.schedule(self.admit)
+            if len(self.running) > before:
+                self.steps_since_admission = -1  # a failed try leaves it due: retry every step
+        self.steps_since_admission += 1
         if not self.running:
             return []
         if self.reservation == "peak":

@@ -14,9 +14,11 @@ Cost models (`COST_MODELS`):
   scaled by achievable fractions (documented per preset).
 - `a10g-llama7b`: the roofline form for Llama-2-7B fp16 on an A10G, its efficiencies and
   per-step overhead calibrated so the simulation reproduces the artifact's measured A10G runs
-  (`data/a10g_runs`). The artifact's own profile (`data/a10g_cost_profile.json`) gives the
-  relative cost h the paper charges with, but its absolute step times are far below what the
-  measured runs achieved (29 ms vs ~570 ms per 256/256 request), so it cannot time a step.
+  (`data/a10g_runs`); `simulate(..., admit_every=10)` with `vtc-artifact` reproduces how the
+  artifact admitted and charged (PAPER.md §2.3 D1, D5-D7). The artifact's own profile
+  (`data/a10g_cost_profile.json`) gives the relative cost h the paper charges with, but its
+  absolute step times are far below what the measured runs achieved (29 ms vs ~570 ms per
+  256/256 request), so it cannot time a step.
 """
 
 from __future__ import annotations
@@ -136,6 +138,7 @@ def simulate(
     seed: int = 0,
     check_fairness: bool = False,
     reservation: str = "peak",
+    admit_every: int = 1,
     progress: bool = False,
 ) -> SimResult:
     """Replay `trace` through the engine on a virtual clock; every request's client-side record."""
@@ -150,7 +153,8 @@ def simulate(
     runner = CostModelRunner(model, clock)
     engine = Engine(runner, BlockAllocator(-(-kv_tokens // block_size), block_size), policy,
                     max_positions=1 << 30, eos_id=-1, clock=clock, max_running=1 << 30,
-                    check_fairness=check_fairness, reservation=reservation)  # fmt: skip
+                    check_fairness=check_fairness, reservation=reservation,
+                    admit_every=admit_every)  # fmt: skip
     prompts: dict[int, list[int]] = {}  # one shared prompt list per length: memory for 1M requests
     live: dict[str, tuple[Request, TraceRequest]] = {}
     served, rejected, steps, i = [], [], 0, 0

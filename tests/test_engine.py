@@ -291,3 +291,17 @@ def test_peak_closed_form_equals_the_general_sum(specs):
     live.sort(key=lambda x: -x[1])
     general = max(sum(n + left - 1 for n, _ in live[: k + 1]) for k, (_, left) in enumerate(live))
     assert engine.peak_blocks(candidate) == general
+
+
+def test_admission_cadence_of_the_artifact():
+    """admit_every=3: after a successful admission, the next try is 3 steps later; while a
+    try admits nothing, it is retried every step (PAPER.md §3.3, D7)."""
+    engine = scripted_engine(lambda r: 7, admit_every=3)
+    first = engine.add_request([5], SamplingParams(max_tokens=20))
+    engine.step()  # admits `first`
+    late = engine.add_request([5], SamplingParams(max_tokens=2))
+    engine.step()
+    engine.step()
+    assert late.status is Status.WAITING  # steps 2 and 3: no admission
+    engine.step()
+    assert late.status is Status.RUNNING and first.status is Status.RUNNING  # step 4: admitted
