@@ -139,7 +139,7 @@ def add_reproduce(sub) -> None:
     p = sub.add_parser(
         "reproduce",
         help="run the paper's experiments in simulation and write REPORT.md",
-        description="Simulate the paper's experiments (Figures 3-10, 16; Tables 2, 5, 6) on the "
+        description="Simulate the paper's experiments (Figures 3-10, 16; Tables 2-6) on the "
         "calibrated A10G cost model and write REPORT.md: each table beside the paper's numbers, "
         "a one-line verdict per claim, and the figures as PNGs. A few minutes on a laptop.",
     )

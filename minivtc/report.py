@@ -44,14 +44,19 @@ def simulate_to_dir(
     return summary
 
 
-def summarize(result: SimResult, horizon: float, kv_tokens: int, max_input: int) -> dict:
+def summarize(
+    result: SimResult, horizon: float, kv_tokens: int, max_input: int,
+    cost: metrics.Cost = metrics.linear_cost,
+) -> dict:  # fmt: skip
+    """metrics.json's numbers. `cost` prices service (the "profile" tables use h; their demand
+    stays linear, as in the artifact's script, PAPER.md §2.5)."""
     served = result.served
-    table = metrics.table_metrics(served, result.total_time, horizon=horizon)
-    totals = metrics.service(served, 0.0, float("inf"))
+    table = metrics.table_metrics(served, result.total_time, horizon=horizon, cost=cost)
+    totals = metrics.service(served, 0.0, float("inf"), cost)
     ttft: dict[str, list[float]] = {}
     for r in served:
         ttft.setdefault(r.client, []).append(r.first_token_latency_s)
-    _, gaps = metrics.accumulated_service_diff(served, horizon)
+    _, gaps = metrics.accumulated_service_diff(served, horizon, cost=cost)
     half = len(gaps) // 2
     return {
         "served": len(served),
@@ -61,7 +66,9 @@ def summarize(result: SimResult, horizon: float, kv_tokens: int, max_input: int)
         "diff_var": round(table.diff_var, 2),
         "throughput_tok_s": round(table.throughput, 1),
         # 1 = every client got the same service over the measured span (after the warm-up)
-        "jain_index": round(metrics.jain_index(metrics.service(served, 30.0, horizon).values()), 4),
+        "jain_index": round(
+            metrics.jain_index(metrics.service(served, 30.0, horizon, cost).values()), 4
+        ),
         "max_accumulated_gap": round(max(gaps), 1),
         "max_gap_first_half": round(max(gaps[:half] or gaps), 1),
         "last_gap": round(gaps[-1], 1),
@@ -72,7 +79,7 @@ def summarize(result: SimResult, horizon: float, kv_tokens: int, max_input: int)
         "service_per_client": {c: round(v, 1) for c, v in totals.items()},
         # the paper's comparison window for shares (e.g. Fig. 16, Table 6: 60-300 s), tokens/s
         "service_rate_60_300": {
-            c: round(v / 240, 1) for c, v in metrics.service(served, 60, 300).items()
+            c: round(v / 240, 1) for c, v in metrics.service(served, 60, 300, cost).items()
         },
         "mean_ttft_per_client": {c: round(sum(v) / len(v), 3) for c, v in ttft.items()},
     }
@@ -92,6 +99,7 @@ class Experiment:
     paper: str  # what the paper reports (PAPER.md §6-7)
     verdict: Callable[[dict[str, dict]], str]
     figures: tuple[str, ...] = ("service", "gap")
+    cost: metrics.Cost = metrics.linear_cost  # what service is priced in
 
 
 def gap_verdict(runs: dict[str, dict]) -> str:
@@ -142,6 +150,15 @@ def table2_verdict(runs: dict[str, dict]) -> str:
     return "; ".join(f"{name}: {'yes' if ok else 'NO'}" for name, ok in checks)
 
 
+def profile_verdict(runs: dict[str, dict]) -> str:
+    d = {k: v["max_diff"] for k, v in runs.items()}
+    ok = "yes" if d["fcfs"] > d["vtc-profile"] > d["vtc-oracle-profile"] else "no"
+    return (
+        f"with h, FCFS > VTC > VTC-oracle in Max Diff ({d['fcfs']:.0f} > {d['vtc-profile']:.0f}"
+        f" > {d['vtc-oracle-profile']:.0f}): {ok}"
+    )
+
+
 def lcf_verdict(runs: dict[str, dict]) -> str:
     vtc, lcf = runs["vtc"]["max_diff"], runs["lcf"]["max_diff"]
     ok = "yes" if lcf > vtc else "no"
@@ -182,6 +199,15 @@ EXPERIMENTS = [
                "FCFS 759.97/433.53/777; LCF 750.49/323.82/778; VTC 368.40/251.66/779; predict 365.47/240.33/773; "
                "oracle 329.46/227.51/781; RPM(5) 143.86/83.58/340; RPM(20) 446.76/195.71/694; RPM(30) 693.66/309.45/747",
                table2_verdict, ("service", "response")),
+    Experiment("table3", "Table 3: the real trace, profiled cost h", "real",
+               ["fcfs", "vtc-profile", "vtc-predict-profile", "vtc-oracle-profile", "lcf-profile", "rpm:30", "rpm:20", "rpm:5"],
+               "FCFS 743.23/457.29/777; VTC 707.35/368.74/780; predict 617.22/337.05/778; oracle 387.43/277.18/783; "
+               "LCF 709.35/384.78/778; RPM(30) 801.16/377.22/747; RPM(20) 445.34/270.51/694; RPM(5) 230.78/151.00/340",
+               profile_verdict, ("response",), cost=metrics.profiled_cost),
+    Experiment("table4", "Table 4: overload, profiled cost h", "overload",
+               ["fcfs", "vtc-profile", "vtc-oracle-profile"],
+               "FCFS 323.18/317.13/876; VTC 137.27/74.87/900; VTC oracle 4.28/0.34/893",
+               profile_verdict, ("gap",), cost=metrics.profiled_cost),
     Experiment("table5", "Table 5 / Figure 19: length prediction, overload", "overload",
                ["vtc", "vtc-oracle:0.5", "vtc-oracle"],
                "VTC 192.88/103.77/893; ±50% 33.98/12.54/904; oracle 5.87/0.51/895", prediction_verdict, ("gap",)),
@@ -221,7 +247,9 @@ def run_experiment(e: Experiment, out: Path) -> list[str]:
         weights = w.weights if name == "vtc" and w.weights else None
         result = simulate(trace, name, weights=weights, progress=True)
         served[name] = result.served
-        runs[name] = summarize(result, w.duration, 10000, max(t.input_tokens for t in trace))
+        runs[name] = summarize(
+            result, w.duration, 10000, max(t.input_tokens for t in trace), e.cost
+        )
     lines = [f"## {e.title}", "", f"Workload `{e.workload}`: {w.description}.", "",
              "| scheduler | Max Diff | Avg Diff | Diff Var | tokens/s | max acc. gap |",
              "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip

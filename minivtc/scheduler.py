@@ -393,7 +393,7 @@ class VTC(Scheduler):
 
 SCHEDULERS = (
     "fcfs, rpm:N, lcf, vtc, vtc-artifact, vtc-predict, vtc-predict-ema, vtc-oracle, "
-    "vtc-oracle:P, vtc-profile"
+    "vtc-oracle:P, and any of the VTC family with -profile (e.g. vtc-profile)"
 )
 
 
@@ -402,27 +402,32 @@ def make_scheduler(
 ) -> Scheduler:
     """A scheduler from its command-line name. `weights` (operator-set) apply to the VTC family;
     `artifact=True` reproduces the official artifact's counter quirks (PAPER.md §10: no lift to
-    the last client to leave, an uncharged first token, an extra charge on finish events)."""
-    quirks = {"lift_last_left": not artifact, "charge_first_token": not artifact,
-              "finish_charge": artifact}  # fmt: skip
+    the last client to leave, an uncharged first token, an extra charge on finish events).
+    A VTC-family name ending in "-profile" charges the profiled h instead of w_p n_p + w_q n_q."""
     if name == "fcfs":
         return FCFS()
     if name.startswith("rpm:"):
         return RPM(int(name.split(":", 1)[1]))
-    if name == "lcf":
-        return VTC(weights=weights, lift=False, name="lcf", **quirks)
-    if name == "vtc":
-        return VTC(weights=weights, **quirks)
-    if name == "vtc-artifact":  # VTC as the official artifact charges (PAPER.md §2.3, §10)
-        return VTC(weights=weights, name=name, lift_last_left=False, charge_first_token=False,
-                   finish_charge=True)  # fmt: skip
-    if name == "vtc-profile":
-        return VTC(cost=ProfiledCost(), weights=weights, name=name, **quirks)
-    if name == "vtc-predict":
-        return VTC(weights=weights, predictor=MeanOfLast(), name=name, **quirks)
-    if name == "vtc-predict-ema":
-        return VTC(weights=weights, predictor=MovingAverage(), name=name, **quirks)
-    if name == "vtc-oracle" or name.startswith("vtc-oracle:"):
-        spread = float(name.split(":", 1)[1]) if ":" in name else 0.0
-        return VTC(weights=weights, predictor=Oracle(spread, seed), name=name, **quirks)
+    base, profiled = (
+        (name[: -len("-profile")], True) if name.endswith("-profile") else (name, False)
+    )
+    options = {
+        "weights": weights, "name": name, "cost": ProfiledCost() if profiled else LinearCost(),
+        "lift_last_left": not artifact, "charge_first_token": not artifact,
+        "finish_charge": artifact,
+    }  # fmt: skip
+    if base == "lcf":
+        return VTC(lift=False, **options)
+    if base == "vtc":
+        return VTC(**options)
+    if base == "vtc-artifact":  # VTC as the official artifact charges (PAPER.md §2.3, §10)
+        quirks = {"lift_last_left": False, "charge_first_token": False, "finish_charge": True}
+        return VTC(**{**options, **quirks})
+    if base == "vtc-predict":
+        return VTC(predictor=MeanOfLast(), **options)
+    if base == "vtc-predict-ema":
+        return VTC(predictor=MovingAverage(), **options)
+    if base == "vtc-oracle" or base.startswith("vtc-oracle:"):
+        spread = float(base.split(":", 1)[1]) if ":" in base else 0.0
+        return VTC(predictor=Oracle(spread, seed), **options)
     raise ValueError(f"unknown scheduler {name!r}; choose one of: {SCHEDULERS}")

@@ -370,10 +370,18 @@ def test_finish_events_charge_the_whole_batch_once_per_step():
 
 def test_make_scheduler_names():
     names = ["fcfs", "rpm:5", "lcf", "vtc", "vtc-artifact", "vtc-predict", "vtc-predict-ema",
-             "vtc-oracle", "vtc-oracle:0.5", "vtc-profile"]  # fmt: skip
+             "vtc-oracle", "vtc-oracle:0.5", "vtc-profile", "vtc-oracle-profile",
+             "lcf-profile"]  # fmt: skip
     for name in names:
         assert make_scheduler(name).name == name
     with pytest.raises(ValueError, match="unknown scheduler 'vtc2'; choose one of"):
         make_scheduler("vtc2")
     with pytest.raises(ValueError, match="check_fairness needs a VTC-family scheduler"):
         drive(FCFS(), [Arrival(0, "a", 1, 1)], 10, fairness=True)
+
+
+def test_profile_suffix_charges_the_profiled_cost():
+    vtc = make_scheduler("vtc-predict-profile")
+    assert isinstance(vtc.cost, ProfiledCost) and isinstance(vtc.predictor, MeanOfLast)
+    finished(vtc, "a", 100, 50)
+    assert vtc.counters["a"] == pytest.approx(ProfiledCost()(100, 50))
