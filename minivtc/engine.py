@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from minivtc.generate import releasable, stop_reason, trim_stop
+from minivtc.generate import context_error, releasable, stop_reason, trim_stop
 from minivtc.kv_pool import BlockAllocator
 from minivtc.request import Request, Status
 from minivtc.sampler import SamplingParams
@@ -168,7 +168,8 @@ class Engine:
             self.forget(request)
 
     def has_unfinished(self) -> bool:
-        return bool(self.running) or self.scheduler.num_waiting > 0
+        # Called every step: ask for one waiting request, not for a count of them all.
+        return bool(self.running) or next(iter(self.scheduler.waiting()), None) is not None
 
     def check(self) -> None:
         self.allocator.check_invariants()
@@ -192,11 +193,8 @@ class Engine:
         total = len(prompt_ids) + params.max_tokens
         if not prompt_ids:
             raise RequestRejected("the prompt is empty: it needs at least one token")
-        if total > self.max_positions:
-            raise RequestRejected(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-                f"exceeds the model's context of {self.max_positions} positions"
-            )
+        if error := context_error(len(prompt_ids), params.max_tokens, self.max_positions):
+            raise RequestRejected(error)
         if not self.allocator.blocks_needed(total) <= self.allocator.num_blocks:
             raise RequestRejected(
                 f"prompt + max_tokens = {total} tokens can never fit in the KV pool of "

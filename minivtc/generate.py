@@ -26,12 +26,9 @@ def generate_plain(model: Llama, prompt_ids: list[int], params: SamplingParams) 
     config = model.config
     if not prompt_ids:
         raise ValueError("the prompt must contain at least one token")
+    if error := context_error(len(prompt_ids), params.max_tokens, config.max_positions):
+        raise ValueError(error)
     total = len(prompt_ids) + params.max_tokens
-    if total > config.max_positions:
-        raise ValueError(
-            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) = {total} "
-            f"exceeds the model's context of {config.max_positions} positions"
-        )
     device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
     cache = ContiguousAttention(
         config.n_layers, 1, total, config.n_kv_heads, config.head_dim, dtype, device
@@ -48,6 +45,17 @@ def generate_plain(model: Llama, prompt_ids: list[int], params: SamplingParams) 
             return
         tokens = torch.tensor([token], device=device)  # (1,)
         positions = positions[-1:] + 1  # (1,)
+
+
+def context_error(num_prompt: int, max_tokens: int, max_positions: int) -> str | None:
+    """Why a request cannot fit the model's context window (None if it can)."""
+    total = num_prompt + max_tokens
+    if total <= max_positions:
+        return None
+    return (
+        f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) = {total} "
+        f"exceeds the model's context of {max_positions} positions"
+    )
 
 
 def stop_reason(

@@ -167,10 +167,6 @@ class TableMetrics:
     diff_var: float
     throughput: float  # input + output tokens per second, unweighted
 
-    def row(self) -> str:
-        return (f"{self.max_diff:8.2f} {self.avg_diff:8.2f} {self.diff_var:10.2f} "
-                f"{self.throughput:6.0f}")  # fmt: skip
-
 
 def table_metrics(
     served: list[Served], total_time: float | None = None, horizon: float = 600.0,

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minivtc import metrics, plots
+from minivtc.scheduler import fairness_bound
 from minivtc.sim import SimResult, simulate
 from minivtc.workloads import read_trace, workload
 
@@ -72,7 +73,7 @@ def summarize(
         "max_accumulated_gap": round(max(gaps), 1),
         "max_gap_first_half": round(max(gaps[:half] or gaps), 1),
         "last_gap": round(gaps[-1], 1),
-        "two_u": 2 * max(1.0 * max_input, 2.0 * kv_tokens),
+        "two_u": 2 * fairness_bound(max_input, kv_tokens),
         "simulated_s": round(result.total_time, 1),
         "wall_s": round(result.wall_s, 2),
         "steps": result.steps,
@@ -87,7 +88,7 @@ def summarize(
 
 # --- minivtc reproduce: the paper's experiments, side by side with its numbers ----------------
 
-TWO_U_10K = 2 * max(1.0 * 1024, 2.0 * 10000)  # U = max(w_p * L_input, w_q * M), M = 10000 tokens
+TWO_U_10K = 2 * fairness_bound(1024, 10000)  # the paper's pool (M = 10000), prompts < 1024
 
 
 @dataclass

@@ -385,10 +385,15 @@ class VTC(Scheduler):
         heapq.heapify(self.heap)
 
     def set_bound(self, max_input: int, pool_tokens: int) -> None:
-        """U = max(w_p * L_input, w_q * M), in counter units (divided by the smallest weight)."""
+        """U in counter units (divided by the smallest weight below 1)."""
         w_p, w_q = getattr(self.cost, "w_p", 1.0), getattr(self.cost, "w_q", 2.0)
         min_weight = min(self.weights.values(), default=1.0)
-        self.bound = max(w_p * max_input, w_q * pool_tokens) / min(min_weight, 1.0)
+        self.bound = fairness_bound(max_input, pool_tokens, w_p, w_q) / min(min_weight, 1.0)
+
+
+def fairness_bound(max_input: int, pool_tokens: int, w_p: float = 1.0, w_q: float = 2.0) -> float:
+    """U = max(w_p * L_input, w_q * M): Lemma 4.3's counter spread; 2U bounds Theorem 4.4's gap."""
+    return max(w_p * max_input, w_q * pool_tokens)
 
 
 SCHEDULERS = (

@@ -12,7 +12,6 @@ NumPy's, so individual draws differ from the artifact's while the processes are 
 from __future__ import annotations
 
 import csv
-import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -175,9 +174,3 @@ def workload(name: str) -> Workload:
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; choose one of: {', '.join(WORKLOADS)}")
     return WORKLOADS[name]
-
-
-def rate_of(trace: list[TraceRequest]) -> float:
-    """Requests per second over the trace's span."""
-    span = trace[-1].arrival_s - trace[0].arrival_s
-    return len(trace) / span if span > 0 else math.inf
