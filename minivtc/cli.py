@@ -17,7 +17,10 @@ def main(argv: list[str] | None = None) -> int:
         "by default.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_demo(sub)
     add_generate(sub)
+    add_serve(sub)
+    add_loadgen(sub)
     add_simulate(sub)
     add_reproduce(sub)
     add_bench(sub)
@@ -30,6 +33,151 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+
+
+def add_demo(sub) -> None:
+    p = sub.add_parser(
+        "demo",
+        help="FCFS vs VTC on real tokens over HTTP: a table and a plot in ~3 minutes",
+        description="Start the server in-process on the bundled model and replay a workload "
+        "with a heavy client (3x the rate) and a light one, overloading this machine: first "
+        "under FCFS, then under VTC, about a minute each. Prints per-client service and time "
+        "to first token side by side and writes demo.png to --out.",
+    )
+    p.add_argument("--out", default="demo-out", help="output directory (default demo-out)")
+    p.add_argument(
+        "--duration", type=float, default=60.0, help="seconds of arrivals per run (default 60)"
+    )
+    p.add_argument(
+        "--drain", type=float, default=10.0,
+        help="seconds to let the last requests finish before cancelling them (default 10)",
+    )  # fmt: skip
+    p.set_defaults(run=run_demo)
+
+
+def run_demo(args) -> int:
+    from minivtc import demo
+
+    if args.duration <= 0 or args.drain < 0:
+        raise ValueError("--duration must be > 0 and --drain >= 0")
+    demo.main(args.out, args.duration, args.drain)
+    return 0
+
+
+def add_serve(sub) -> None:
+    from minivtc.scheduler import SCHEDULERS
+
+    p = sub.add_parser(
+        "serve",
+        help="an OpenAI-compatible server with fair scheduling",
+        description="Serve /v1/completions and /v1/chat/completions (streaming or not), "
+        "/v1/models, /health, /metrics (Prometheus) and /fairness (each client's counter, "
+        "weight, queue and service). The client is the X-Client-Id header, else the body's "
+        "'user', else 'default'.",
+    )
+    p.add_argument(
+        "--weights", default=None, help="Hugging Face Llama directory (default: bundled)"
+    )
+    p.add_argument("--scheduler", default="vtc", help=f"policy: {SCHEDULERS} (default vtc)")
+    p.add_argument(
+        "--client-weights", default=None,
+        help='JSON file of per-client shares for the VTC family, e.g. {"alice": 2, "bob": 1}',
+    )  # fmt: skip
+    p.add_argument("--kv-tokens", type=int, default=10000, help="KV pool in tokens (default 10000)")
+    p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.set_defaults(run=run_serve)
+
+
+def run_serve(args) -> int:
+    import json
+    from pathlib import Path
+
+    import uvicorn
+
+    from minivtc.llm import build_engine
+    from minivtc.scheduler import make_scheduler
+    from minivtc.server import make_app
+    from minivtc.weights import load_model
+
+    weights = None
+    if args.client_weights:
+        try:
+            weights = json.loads(Path(args.client_weights).read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{args.client_weights}: not valid JSON ({e})") from None
+        if not isinstance(weights, dict) or not all(
+            isinstance(v, (int, float)) and v > 0 for v in weights.values()
+        ):
+            raise ValueError(f"{args.client_weights}: want an object of client -> weight > 0")
+    scheduler = make_scheduler(args.scheduler, weights=weights)
+    model, tokenizer = load_model(args.weights, args.dtype, args.device)
+    engine = build_engine(model, tokenizer, scheduler, kv_tokens=args.kv_tokens)
+    name = Path(args.weights).name if args.weights else "minivtc-tiny"
+    print(f"serving {name} with {args.scheduler} on http://{args.host}:{args.port}/v1",
+          file=sys.stderr)  # fmt: skip
+    uvicorn.run(make_app(engine, tokenizer, name), host=args.host, port=args.port)
+    return 0
+
+
+def add_loadgen(sub) -> None:
+    from minivtc.workloads import WORKLOADS
+
+    p = sub.add_parser(
+        "loadgen",
+        help="replay a workload against an OpenAI-compatible server; measure fairness",
+        description="Send one streaming request per trace arrival (client in X-Client-Id, "
+        "max_tokens = the trace's output length, EOS ignored), record time to first token and "
+        "latency per request, and write requests.csv, metrics.json and plots to --out, the "
+        "same files `minivtc simulate` writes.",
+    )
+    p.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8000")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", choices=list(WORKLOADS), help="one of the paper's workloads")
+    src.add_argument("--trace", help="CSV with columns client,arrival_s,input_tokens,output_tokens")
+    p.add_argument("--speedup", type=float, default=1.0, help="replay X times faster (default 1)")
+    p.add_argument(
+        "--duration", type=float, default=None, help="send only the first S s (trace time)"
+    )
+    p.add_argument(
+        "--drain", type=float, default=None,
+        help="after the last arrival, wait at most this many seconds (default: until done)",
+    )  # fmt: skip
+    p.add_argument("--model", default=None, help="model name to send (default: none)")
+    p.add_argument(
+        "--no-ignore-eos", action="store_true",
+        help="do not send vLLM's ignore_eos (for servers that reject unknown fields)",
+    )  # fmt: skip
+    p.add_argument("--out", required=True, help="output directory")
+    p.set_defaults(run=run_loadgen)
+
+
+def run_loadgen(args) -> int:
+    import asyncio
+
+    from minivtc.loadgen import replay, write_run
+    from minivtc.workloads import read_trace, workload
+
+    trace = workload(args.workload).make() if args.workload else read_trace(args.trace)
+    result = asyncio.run(
+        replay(
+            args.url,
+            trace,
+            args.speedup,
+            args.duration,
+            args.drain,
+            args.model,
+            ignore_eos=not args.no_ignore_eos,
+        )  # fmt: skip
+    )
+    summary = write_run(result, args.out)
+    for key, value in summary.items():
+        if not isinstance(value, dict):
+            print(f"{key:>22}: {value}")
+    print(f"wrote {args.out}/requests.csv, metrics.json, service.png, response.png")
+    return 0 if result.served else 1
 
 
 def add_generate(sub) -> None:

@@ -42,11 +42,13 @@ class RequestRejected(ValueError):
 
     `kind` is "invalid" (can never run here: too long for the context or the pool) or
     "rate_limited" (the policy refused it now, e.g. RPM; the server answers 429).
+
+    `param` names the request field at fault ("prompt" or "max_tokens"), for an HTTP error body.
     """
 
-    def __init__(self, reason: str, kind: str = "invalid") -> None:
+    def __init__(self, reason: str, kind: str = "invalid", param: str | None = None) -> None:
         super().__init__(reason)
-        self.reason, self.kind = reason, kind
+        self.reason, self.kind, self.param = reason, kind, param
 
 
 class Runner(Protocol):
@@ -192,13 +194,19 @@ class Engine:
     def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
         total = len(prompt_ids) + params.max_tokens
         if not prompt_ids:
-            raise RequestRejected("the prompt is empty: it needs at least one token")
+            raise RequestRejected(
+                "the prompt is empty: it needs at least one token", param="prompt"
+            )
+        # Blame the prompt when it alone leaves no room for one output token, else max_tokens.
+        limit = min(self.max_positions, self.allocator.num_tokens)
+        param = "prompt" if len(prompt_ids) >= limit else "max_tokens"
         if error := context_error(len(prompt_ids), params.max_tokens, self.max_positions):
-            raise RequestRejected(error)
+            raise RequestRejected(error, param=param)
         if not self.allocator.blocks_needed(total) <= self.allocator.num_blocks:
             raise RequestRejected(
                 f"prompt + max_tokens = {total} tokens can never fit in the KV pool of "
-                f"{self.allocator.num_tokens} tokens"
+                f"{self.allocator.num_tokens} tokens",
+                param=param,
             )
 
     def admit(self, request: Request) -> bool:

@@ -116,17 +116,24 @@ def demand(
     return out
 
 
-def service_rates(served: list[Served], horizon: float, num_x: int = 30, cost: Cost = linear_cost):
-    """Per-client service rate (cost/s) in 60 s windows centred on ticks: ticks, {client: rates}."""
+def service_rates(
+    served: list[Served], horizon: float, num_x: int = 30, cost: Cost = linear_cost,
+    window: float = 60.0,
+):  # fmt: skip
+    """Per-client service rate (cost/s) in windows centred on ticks: ticks, {client: rates}.
+    The paper's window is 60 s; a one-minute demo uses shorter ones."""
     ticks = [horizon * i / num_x for i in range(num_x + 1)]
-    per_tick = [service(served, x - 30, x + 30, cost) for x in ticks]
-    return ticks, {c: [w[c] / 60 for w in per_tick] for c in clients_of(served)}
+    per_tick = [service(served, x - window / 2, x + window / 2, cost) for x in ticks]
+    return ticks, {c: [w[c] / window for w in per_tick] for c in clients_of(served)}
 
 
-def demand_rates(served: list[Served], horizon: float, num_x: int = 30, cost: Cost = linear_cost):
+def demand_rates(
+    served: list[Served], horizon: float, num_x: int = 30, cost: Cost = linear_cost,
+    window: float = 60.0,
+):  # fmt: skip
     ticks = [horizon * i / num_x for i in range(num_x + 1)]
-    per_tick = [demand(served, x - 30, x + 30, cost) for x in ticks]
-    return ticks, {c: [w[c] / 60 for w in per_tick] for c in clients_of(served)}
+    per_tick = [demand(served, x - window / 2, x + window / 2, cost) for x in ticks]
+    return ticks, {c: [w[c] / window for w in per_tick] for c in clients_of(served)}
 
 
 def response_times(served: list[Served], horizon: float, num_x: int = 30):

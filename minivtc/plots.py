@@ -27,10 +27,12 @@ def busiest(served: list[Served], n: int = MAX_LINES) -> list[str]:
     return sorted(counts, key=lambda c: -counts[c])[:n]
 
 
-def service_plot(served: list[Served], horizon: float, path: str | Path, title: str = "") -> Path:
+def service_plot(
+    served: list[Served], horizon: float, path: str | Path, title: str = "", window: float = 60.0
+) -> Path:
     """Service rate per client (weighted tokens/s, 60 s windows), with demand dashed (Fig. 3b)."""
-    ticks, rates = metrics.service_rates(served, horizon)
-    _, asks = metrics.demand_rates(served, horizon)
+    ticks, rates = metrics.service_rates(served, horizon, window=window)
+    _, asks = metrics.demand_rates(served, horizon, window=window)
     shown = busiest(served)
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, c in enumerate(shown):

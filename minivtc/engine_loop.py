@@ -1,0 +1,192 @@
+"""The engine in a background thread, for an asyncio server: one thread owns it, others ask.
+
+Owns: `EngineLoop`, which runs `Engine.step()` in a loop on its own thread and is the only
+code that touches the engine while it runs. Server handlers (on the asyncio event loop) never
+call the engine: they send it *commands* — add a request, abort one, read a snapshot — which
+the loop thread runs between two steps, and they receive each request's `StepOutput`s on an
+`asyncio.Queue`. So the engine needs no locks, and a slow handler never stalls a step.
+
+Also owns what the server reports about finished requests: first-token and end-to-end latency
+histograms and finish counts per client. Does not own HTTP (`server.py`). Lesson 8 uses it.
+
+    handler --command--> [queue] --(between steps)--> engine.add_request / abort / snapshot
+    handler <--StepOutput-- asyncio.Queue <--call_soon_threadsafe-- engine.step()
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from minivtc.engine import Engine, StepOutput
+from minivtc.request import Request
+from minivtc.sampler import SamplingParams
+
+LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # seconds
+
+
+@dataclass
+class Histogram:
+    """A Prometheus histogram: counts per upper bound (`le`), plus the sum and count."""
+
+    bounds: tuple[float, ...] = LATENCY_BUCKETS
+    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    total: float = 0.0
+    count: int = 0
+
+    def observe(self, value: float) -> None:
+        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # le is inclusive
+        self.total += value
+        self.count += 1
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """(le, count of observations <= le) for every bound and +Inf, as Prometheus writes it."""
+        out, running = [], 0
+        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
+            running += n
+            out.append(("+Inf" if bound == float("inf") else repr(bound), running))
+        return out
+
+
+@dataclass
+class Stream:
+    """One live request as the server sees it: where its outputs go."""
+
+    request: Request
+    outputs: asyncio.Queue  # StepOutput items; an Exception item if the engine loop died
+    event_loop: asyncio.AbstractEventLoop
+
+
+class EngineLoop:
+    """Runs `engine` on a daemon thread until `stop()`. Every public method is thread-safe."""
+
+    def __init__(self, engine: Engine, idle_wait_s: float = 0.05) -> None:
+        self.engine = engine
+        self.idle_wait_s = idle_wait_s
+        self.commands: queue.SimpleQueue[tuple[Callable[[], object], Future]] = queue.SimpleQueue()
+        self.wakeup = threading.Event()
+        self.streams: dict[str, Stream] = {}  # loop thread only
+        self.ttft = Histogram()  # loop thread only; read through snapshot()
+        self.latency = Histogram()
+        self.finished: dict[tuple[str, str], int] = {}  # (client, finish reason) -> count
+        self.error: BaseException | None = None
+        self.stopping = False
+        self.thread = threading.Thread(target=self.run, name="minivtc-engine", daemon=True)
+
+    def start(self) -> EngineLoop:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.stopping = True
+        self.wakeup.set()
+        self.thread.join(timeout=10)
+
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive() and self.error is None
+
+    # --- called from the event loop ---------------------------------------------------------
+
+    async def add(
+        self, prompt_ids: list[int], params: SamplingParams, client_id: str, request_id: str
+    ) -> Stream:
+        """Queue a request; raises `RequestRejected` exactly as `Engine.add_request` would."""
+        event_loop = asyncio.get_running_loop()
+
+        def add() -> Stream:
+            request = self.engine.add_request(prompt_ids, params, client_id, request_id)
+            stream = Stream(request, asyncio.Queue(), event_loop)
+            self.streams[request_id] = stream
+            return stream
+
+        return await self.call(add)
+
+    def abort(self, request_id: str) -> None:
+        """Abort without waiting: safe in a `finally` of a cancelled handler."""
+        self.send(lambda: self.forget(request_id, abort=True))
+
+    async def call(self, fn: Callable[[], object]):
+        """Run `fn()` on the loop thread between two steps; return (or raise) its result."""
+        if not self.alive:
+            raise RuntimeError(f"the engine loop is not running ({self.error!r})")
+        return await asyncio.wrap_future(self.send(fn))
+
+    def send(self, fn: Callable[[], object]) -> Future:
+        future: Future = Future()
+        self.commands.put((fn, future))
+        self.wakeup.set()
+        return future
+
+    # --- the loop thread ----------------------------------------------------------------------
+
+    def run(self) -> None:
+        try:
+            with torch.inference_mode():
+                while not self.stopping:
+                    self.run_commands()
+                    if self.engine.has_unfinished():
+                        self.deliver(self.engine.step())
+                    else:
+                        self.wakeup.wait(self.idle_wait_s)  # idle: sleep until a command
+                        self.wakeup.clear()
+        except BaseException as e:  # a bug or out of memory: fail every stream, /health says 503
+            self.error = e
+            for stream in self.streams.values():
+                stream.event_loop.call_soon_threadsafe(stream.outputs.put_nowait, e)
+            raise
+        finally:
+            self.run_commands()  # answer what is queued (add fails once alive is False)
+
+    def run_commands(self) -> None:
+        while True:
+            try:
+                fn, future = self.commands.get_nowait()
+            except queue.Empty:
+                return
+            if self.error is not None:
+                future.set_exception(RuntimeError(f"the engine loop died: {self.error!r}"))
+                continue
+            try:
+                future.set_result(fn())
+            except Exception as e:  # RequestRejected and the like go back to the handler
+                future.set_exception(e)
+
+    def deliver(self, outputs: list[StepOutput]) -> None:
+        by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, StepOutput]]] = {}
+        for out in outputs:
+            stream = self.streams.get(out.request_id)
+            if stream is None:
+                continue
+            by_loop.setdefault(stream.event_loop, []).append((stream.outputs, out))
+            if out.finished:
+                self.record(stream.request)
+                self.forget(out.request_id, abort=False)
+        for event_loop, items in by_loop.items():  # one wake-up per event loop per step
+            event_loop.call_soon_threadsafe(put_all, items)
+
+    def record(self, request: Request) -> None:
+        if request.first_token_time is not None:
+            self.ttft.observe(request.first_token_time - request.arrival_time)
+        if request.finish_time is not None:
+            self.latency.observe(request.finish_time - request.arrival_time)
+        key = (request.client_id, request.finish_reason or "")
+        self.finished[key] = self.finished.get(key, 0) + 1
+
+    def forget(self, request_id: str, abort: bool) -> None:
+        stream = self.streams.pop(request_id, None)
+        if abort and stream is not None and not stream.request.is_finished:
+            self.engine.abort(request_id)
+            self.record(stream.request)
+
+
+def put_all(items: list[tuple[asyncio.Queue, StepOutput]]) -> None:
+    for outputs, out in items:
+        outputs.put_nowait(out)
