@@ -19,6 +19,7 @@ import asyncio
 import bisect
 import queue
 import threading
+import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -141,7 +142,7 @@ class EngineLoop:
             self.error = e
             for stream in self.streams.values():
                 stream.event_loop.call_soon_threadsafe(stream.outputs.put_nowait, e)
-            raise
+            traceback.print_exc()  # the server's log says why; the thread ends quietly
         finally:
             self.run_commands()  # answer what is queued (add fails once alive is False)
 

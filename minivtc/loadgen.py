@@ -126,8 +126,14 @@ async def one(
         result.failed["stream ended without a token"] += 1
         return
     result.served.append(
-        Served(t.client, sent - start, t.input_tokens, completion_tokens or t.output_tokens,
-               first - sent, end - sent)  # fmt: skip
+        Served(
+            t.client,
+            sent - start,
+            t.input_tokens,
+            completion_tokens or t.output_tokens,
+            first - sent,
+            end - sent,
+        )  # fmt: skip
     )
 
 
@@ -165,8 +171,8 @@ def write_run(result: ReplayResult, out: str | Path) -> dict:
         "unfinished": result.unfinished, "wall_s": round(result.wall_s, 1),
     }  # fmt: skip
     if served:
-        horizon = max(r.arrival_s for r in served)
-        _, gaps = metrics.accumulated_service_diff(served, horizon)
+        horizon = max(r.end_s for r in served)  # the whole run, to the last token
+        _, gaps = metrics.accumulated_service_diff(served, horizon, skip_before=0.0)
         tokens = sum(r.input_tokens + r.output_tokens for r in served)
         ttft: dict[str, list[float]] = {}
         for r in served:

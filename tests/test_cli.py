@@ -48,7 +48,30 @@ def test_help_explains_every_command():
     result = subprocess.run(
         [sys.executable, "-m", "minivtc.cli", "--help"], capture_output=True, text=True
     )
-    assert "generate" in result.stdout and "bench" in result.stdout
+    for command in ("demo", "generate", "serve", "loadgen", "simulate", "reproduce", "bench"):
+        assert command in result.stdout
+
+
+def test_demo_runs_fcfs_then_vtc_and_writes_its_table_and_plot(tmp_path, capsys):
+    """A 6-second demo: the light client's TTFT under VTC beats FCFS's (the full-length
+    numbers are in the README)."""
+    assert main(["demo", "--duration", "6", "--drain", "3", "--out", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "FCFS" in out and "VTC" in out and "light: mean TTFT (s)" in out
+    assert (tmp_path / "demo.png").stat().st_size > 10_000
+    assert (tmp_path / "demo.md").read_text().strip() in out
+    for name in ("requests_fcfs.csv", "requests_vtc.csv"):
+        assert len((tmp_path / name).read_text().splitlines()) > 10
+
+
+def test_serve_rejects_a_bad_client_weights_file(tmp_path):
+    (tmp_path / "w.json").write_text('{"alice": -1}')
+    command = ["serve", "--client-weights", str(tmp_path / "w.json")]
+    result = subprocess.run(
+        [sys.executable, "-m", "minivtc.cli", *command], capture_output=True, text=True
+    )
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "want an object of client -> weight > 0" in result.stderr
 
 
 def test_bench_scheduler_quick(capsys):
