@@ -14,7 +14,6 @@ client absorbs the whole overload (Theorem 4.4's isolation).
 
 from __future__ import annotations
 
-import asyncio
 import statistics
 import sys
 from dataclasses import dataclass
@@ -22,7 +21,7 @@ from pathlib import Path
 
 from minivtc import metrics
 from minivtc.llm import build_engine
-from minivtc.loadgen import ReplayResult, replay
+from minivtc.loadgen import ReplayResult, run_replay
 from minivtc.server import BackgroundServer, make_app
 from minivtc.weights import load_model
 from minivtc.workloads import TraceRequest
@@ -101,7 +100,7 @@ def serve_once(
         model, tokenizer, scheduler, kv_tokens=BATCH * (INPUT_TOKENS + OUTPUT_TOKENS)
     )
     with BackgroundServer(make_app(engine, tokenizer)) as url:
-        result = asyncio.run(replay(url, trace, drain_s=drain, progress=progress))
+        result = run_replay(url, trace, drain_s=drain, progress=progress)
     if result.failed:
         say(f"  failed requests: {dict(result.failed)}")
     return result

@@ -15,6 +15,7 @@ it for servers that reject unknown fields.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import random
 import sys
@@ -36,6 +37,17 @@ class ReplayResult:
     failed: Counter = field(default_factory=Counter)  # "HTTP 429: ..." -> count
     unfinished: int = 0  # still running when the drain time ran out (cancelled)
     wall_s: float = 0.0
+
+
+def run_replay(*args, **kwargs) -> ReplayResult:
+    """`replay` from synchronous code — also inside Jupyter, whose event loop is already
+    running (there `asyncio.run` would refuse), by running it on a fresh thread."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return asyncio.run(replay(*args, **kwargs))
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, replay(*args, **kwargs)).result()
 
 
 def prompt_ids(n: int, rng: random.Random) -> list[int]:
@@ -152,9 +164,11 @@ async def report(tasks: list[asyncio.Task], result: ReplayResult, start: float) 
 
 def summary_line(tasks: list[asyncio.Task], result: ReplayResult, elapsed: float) -> str:
     failed = sum(result.failed.values())
+    rest = f"{result.unfinished} cancelled" if elapsed >= result.wall_s > 0 else (
+        f"{sum(not t.done() for t in tasks)} in flight or not sent yet"
+    )  # fmt: skip
     return (
-        f"{elapsed:5.1f} s: {len(result.served)} finished, {failed} failed, "
-        f"{sum(not t.done() for t in tasks)} not finished, of {len(tasks)}"
+        f"{elapsed:5.1f} s: {len(result.served)} finished, {failed} failed, {rest}, of {len(tasks)}"
     )
 
 
