@@ -287,11 +287,16 @@ def add_reproduce(sub) -> None:
     p = sub.add_parser(
         "reproduce",
         help="run the paper's experiments in simulation and write REPORT.md",
-        description="Simulate the paper's experiments (Figures 3-10, 16; Tables 2-6) on the "
-        "calibrated A10G cost model and write REPORT.md: each table beside the paper's numbers, "
-        "a one-line verdict per claim, and the figures as PNGs. A few minutes on a laptop.",
+        description="Simulate the paper's experiments (Figures 3-10, 12-16, 19; Tables 2-6) on "
+        "the calibrated A10G cost model (the 13B ablation on an A100 roofline) and write "
+        "REPORT.md: each table beside the paper's numbers, a one-line verdict per claim, and the "
+        "figures as PNGs. About 7 minutes on a laptop; --only picks some.",
     )
-    p.add_argument("--only", help="comma-separated keys, e.g. fig3,table2 (default: all)")
+    p.add_argument(
+        "--only",
+        help="comma-separated keys (default: all): fig3 ... fig10, fig12, fig13 (13-14), fig15, "
+        "fig16, table2 ... table6 (table5 includes Figure 19)",
+    )
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(run=run_reproduce)
 
