@@ -23,6 +23,7 @@ def main(argv: list[str] | None = None) -> int:
     add_loadgen(sub)
     add_simulate(sub)
     add_reproduce(sub)
+    add_calibrate(sub)
     add_bench(sub)
     args = parser.parse_args(argv)
     try:
@@ -262,7 +263,11 @@ def add_simulate(sub) -> None:
         "--trace", help="a CSV with columns client,arrival_s,input_tokens,output_tokens"
     )
     p.add_argument("--scheduler", default="vtc", help=f"policy: {SCHEDULERS} (default vtc)")
-    p.add_argument("--cost-model", default="a10g-llama7b", choices=list(COST_MODELS))
+    p.add_argument(
+        "--cost-model", default="a10g-llama7b",
+        help=f"{', '.join(COST_MODELS)}, 'measured' (this machine: run `minivtc calibrate` "
+        "first) or a .json file from calibrate (default a10g-llama7b)",
+    )  # fmt: skip
     p.add_argument("--kv-tokens", type=int, default=10000, help="KV pool in tokens (default 10000)")
     p.add_argument(
         "--seed", type=int, default=0, help="seed for randomised policies (vtc-oracle:p)"
@@ -306,6 +311,31 @@ def run_reproduce(args) -> int:
 
     only = [k.strip() for k in args.only.split(",")] if args.only else None
     print(f"wrote {reproduce(args.out, only)}")
+    return 0
+
+
+def add_calibrate(sub) -> None:
+    from minivtc.calibrate import DEFAULT_PATH
+
+    p = sub.add_parser(
+        "calibrate",
+        help="measure this machine's step times: the 'measured' cost model for simulate",
+        description="Time every step of the real engine on the bundled model over a grid of "
+        "batch sizes and prompt lengths, fit step time = overhead + a * prefill tokens + "
+        "b * requests + c * context tokens, check the fit on a held-out workload (real vs "
+        "simulated seconds) and write the model as JSON. About a minute.",
+    )
+    p.add_argument(
+        "--out", default=str(DEFAULT_PATH), help=f"where to write (default {DEFAULT_PATH})"
+    )
+    p.add_argument("--quick", action="store_true", help="a small grid (seconds; a rough fit)")
+    p.set_defaults(run=run_calibrate)
+
+
+def run_calibrate(args) -> int:
+    from minivtc import calibrate
+
+    calibrate.main(args.out, args.quick)
     return 0
 
 

@@ -12,6 +12,8 @@ Cost models (`COST_MODELS`):
   and does 2 * params FLOPs per token (compute time); it takes the larger, plus a fixed
   per-step overhead. Presets for A10G/A100/H100/H200 use datasheet bandwidth and FLOP rates
   scaled by achievable fractions (documented per preset).
+- `measured`: this machine running the bundled model, fitted by `minivtc calibrate`
+  (`calibrate.py`), so a simulation of the tiny model can be set beside a real run of it.
 - `a10g-llama7b`: the roofline form for Llama-2-7B fp16 on an A10G, its efficiencies and
   per-step overhead calibrated so the simulation reproduces the artifact's measured A10G runs
   (`data/a10g_runs`); `simulate(..., admit_every=10)` with `vtc-artifact` reproduces how the
@@ -27,6 +29,7 @@ import sys
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from minivtc.engine import Engine
 from minivtc.kv_pool import BlockAllocator
@@ -101,10 +104,30 @@ COST_MODELS: dict[str, Roofline] = {
 }  # fmt: skip
 
 
+class CostModel(Protocol):
+    def step_time(self, step: StepShape) -> float: ...
+
+
+def cost_model_named(name: str) -> CostModel:
+    """A preset by name; "measured" (this machine, from `minivtc calibrate`); or a JSON path."""
+    from minivtc.calibrate import DEFAULT_PATH, MeasuredCost
+
+    if name in COST_MODELS:
+        return COST_MODELS[name]
+    if name == "measured":
+        return MeasuredCost.load(DEFAULT_PATH)
+    if name.endswith(".json"):
+        return MeasuredCost.load(name)
+    raise ValueError(
+        f"unknown cost model {name!r}: choose one of {', '.join(COST_MODELS)}, 'measured', "
+        "or a .json file written by `minivtc calibrate`"
+    )
+
+
 class CostModelRunner:
     """The engine's runner, simulated: advance the clock by the step's modelled time."""
 
-    def __init__(self, cost_model: Roofline, clock: VirtualClock) -> None:
+    def __init__(self, cost_model: CostModel, clock: VirtualClock) -> None:
         self.cost_model, self.clock = cost_model, clock
 
     def run(self, requests: list[Request], allocator: BlockAllocator) -> list[int]:
@@ -131,7 +154,7 @@ class SimResult:
 def simulate(
     trace: Iterable[TraceRequest],
     scheduler: str | Scheduler = "vtc",
-    cost_model: str | Roofline = "a10g-llama7b",
+    cost_model: str | CostModel = "a10g-llama7b",
     kv_tokens: int = 10000,
     block_size: int = 1,
     weights: dict[str, float] | None = None,
@@ -143,7 +166,7 @@ def simulate(
 ) -> SimResult:
     """Replay `trace` through the engine on a virtual clock; every request's client-side record."""
     trace = sorted(trace, key=lambda r: r.arrival_s)
-    model = COST_MODELS[cost_model] if isinstance(cost_model, str) else cost_model
+    model = cost_model_named(cost_model) if isinstance(cost_model, str) else cost_model
     policy = (
         make_scheduler(scheduler, weights=weights, seed=seed)
         if isinstance(scheduler, str)

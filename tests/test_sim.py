@@ -119,3 +119,34 @@ def test_reproduce_writes_a_report_with_verdicts(tmp_path):
     assert (tmp_path / "fig3_gap_all.png").stat().st_size > 0
     with pytest.raises(ValueError, match="unknown experiments"):
         reproduce(tmp_path, only=["fig99"])
+
+
+def test_calibrate_fit_recovers_a_known_step_cost_and_round_trips(tmp_path):
+    from minivtc.calibrate import MeasuredCost, fit
+    from minivtc.sim import StepShape, cost_model_named
+
+    truth = MeasuredCost("truth", 0.002, 3e-5, 4e-4, 1e-6)
+    shapes = [StepShape(p, n, c) for p in (0, 64, 512) for n in (1, 8, 32) for c in (100, 5000)]
+    fitted = fit([(s, truth.step_time(s)) for s in shapes])
+    for field in ("overhead_s", "per_prefill_token_s", "per_request_s", "per_context_token_s"):
+        assert getattr(fitted, field) == pytest.approx(getattr(truth, field), rel=1e-6), field
+    path = fitted.save(tmp_path / "m.json")
+    assert cost_model_named(str(path)) == fitted
+    with pytest.raises(ValueError, match="unknown cost model"):
+        cost_model_named("a10g")
+
+
+def test_calibrate_measures_the_real_engine_and_simulate_uses_it(bundled, tmp_path):
+    from minivtc.calibrate import fit, measure_steps
+
+    model, tokenizer = bundled
+    samples = measure_steps(model, tokenizer, quick=True)
+    assert any(s.prefill_tokens for s, _ in samples) and any(
+        s.num_requests == 16 for s, _ in samples
+    )
+    assert all(t > 0 for _, t in samples)
+    cost = fit(samples)
+    assert min(cost.overhead_s, cost.per_prefill_token_s, cost.per_context_token_s) >= 0
+    trace = [TraceRequest("a", 0.0, 32, 16), TraceRequest("b", 0.1, 64, 8)]
+    result = simulate(trace, "vtc", cost, kv_tokens=512, block_size=16, reservation="full")
+    assert len(result.served) == 2 and result.total_time > 0

@@ -1,0 +1,171 @@
+"""`minivtc calibrate`: a cost model measured on this machine, from the real engine.
+
+Owns: `MeasuredCost` (a step takes overhead + a * prefill tokens + b * requests + c * context
+tokens, the linear form of `sim.Roofline` before its max()), `measure_steps` (time every step of
+the real engine on the bundled model over a grid of batch sizes and prompt lengths), `fit`
+(least squares, coefficients kept >= 0), and `check` (one held-out workload run for real and in
+simulation with the fitted model, side by side). The result is a JSON file; `simulate
+--cost-model measured` (or a path to the file) uses it, so a simulation of the tiny model can be
+compared with a real run of it. Does not own the simulator (`sim.py`).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from minivtc.sim import StepShape
+
+DEFAULT_PATH = Path.home() / ".cache" / "minivtc" / "measured_cost.json"
+
+
+@dataclass(frozen=True)
+class MeasuredCost:
+    name: str
+    overhead_s: float  # per step: Python, scheduling, sampling, the weights read once
+    per_prefill_token_s: float
+    per_request_s: float  # each request's one new token (decode)
+    per_context_token_s: float  # attention over the K/V the batch holds
+    machine: str = ""
+
+    def step_time(self, step: StepShape) -> float:
+        return (
+            self.overhead_s + self.per_prefill_token_s * step.prefill_tokens
+            + self.per_request_s * step.num_requests
+            + self.per_context_token_s * step.context_tokens
+        )  # fmt: skip
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(asdict(self), indent=1) + "\n")
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> MeasuredCost:
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(
+                f"no measured cost model at {path}: run `minivtc calibrate` first"
+            )
+        return cls(**json.loads(path.read_text()))
+
+
+def shape_of(requests) -> StepShape:
+    """The step's shape, as `sim.CostModelRunner` computes it."""
+    prefill = sum(r.num_tokens - r.num_computed for r in requests if r.num_computed == 0)
+    return StepShape(prefill, len(requests), sum(r.num_tokens for r in requests))
+
+
+class TimedRunner:
+    """Wraps the real runner: records (step shape, seconds) for every step."""
+
+    def __init__(self, runner) -> None:
+        self.runner, self.samples = runner, []
+
+    def run(self, requests, allocator):
+        shape = shape_of(requests)
+        start = time.perf_counter()
+        tokens = self.runner.run(requests, allocator)
+        self.samples.append((shape, time.perf_counter() - start))
+        return tokens
+
+    def release(self, request) -> None:
+        self.runner.release(request)
+
+
+@torch.inference_mode()
+def measure_steps(model, tokenizer, quick: bool = False) -> list[tuple[StepShape, float]]:
+    """Every step's shape and time over a grid of batch sizes and prompt lengths."""
+    from minivtc.llm import build_engine
+    from minivtc.sampler import SamplingParams
+
+    batches, prompts = ((1, 8), (16,)) if quick else ((1, 4, 16, 48), (16, 128, 512))
+    new_tokens = 8 if quick else 24
+    samples = []
+    for batch in batches:
+        for n_prompt in prompts:
+            engine = build_engine(model, tokenizer, "fcfs", kv_tokens=batch * (n_prompt + 64))
+            engine.runner = TimedRunner(engine.runner)
+            params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
+            for i in range(batch):
+                engine.add_request([1] + [100 + i] * (n_prompt - 1), params)
+            while engine.has_unfinished():
+                engine.step()
+            samples += engine.runner.samples
+            print(f"  measured batch {batch:3d}, prompt {n_prompt:4d}", file=sys.stderr)
+    return samples
+
+
+def fit(samples: list[tuple[StepShape, float]], name: str = "measured") -> MeasuredCost:
+    """Least squares for (overhead, per prefill token, per request, per context token) >= 0.
+
+    Errors are relative (each row divided by its time): steps range from a millisecond (one
+    decode) to a second (a batch of long prompts), and absolute errors would fit only the
+    long prefills."""
+    x = torch.tensor([[1.0, s.prefill_tokens, s.num_requests, s.context_tokens]
+                      for s, _ in samples], dtype=torch.float64)  # fmt: skip
+    y = torch.tensor([t for _, t in samples], dtype=torch.float64)
+    x, y = x / y[:, None], torch.ones_like(y)  # (pred - t) / t = x/t @ coef - 1
+    keep = list(range(4))
+    while True:  # drop any coefficient that comes out negative and refit (non-negative LS)
+        coef = torch.linalg.lstsq(x[:, keep], y[:, None]).solution[:, 0]
+        if (coef >= 0).all():
+            break
+        keep.pop(int(coef.argmin()))
+    full = [0.0] * 4
+    for i, c in zip(keep, coef.tolist(), strict=True):
+        full[i] = c
+    machine = f"{torch.get_num_threads()} threads, torch {torch.__version__}"
+    return MeasuredCost(name, *full, machine=machine)
+
+
+def check(model, tokenizer, cost: MeasuredCost, seed: int = 1) -> tuple[float, float]:
+    """A held-out workload (24 requests, mixed lengths, all at t = 0), real vs simulated s."""
+    from minivtc.llm import build_engine
+    from minivtc.sampler import SamplingParams
+    from minivtc.sim import simulate
+    from minivtc.workloads import TraceRequest
+
+    rng = random.Random(seed)
+    trace = [TraceRequest(f"c{i % 3}", 0.0, rng.randint(8, 200), rng.randint(8, 64))
+             for i in range(24)]  # fmt: skip
+    kv_tokens = 4096
+    engine = build_engine(model, tokenizer, "fcfs", kv_tokens=kv_tokens)
+    start = time.perf_counter()
+    with torch.inference_mode():
+        for t in trace:
+            params = SamplingParams(temperature=0, max_tokens=t.output_tokens, ignore_eos=True)
+            engine.add_request([1] * t.input_tokens, params, client_id=t.client)
+        while engine.has_unfinished():
+            engine.step()
+    real = time.perf_counter() - start
+    sim = simulate(trace, "fcfs", cost, kv_tokens=kv_tokens, block_size=16, reservation="full")
+    return real, sim.total_time
+
+
+def main(out: str | Path = DEFAULT_PATH, quick: bool = False) -> MeasuredCost:
+    from minivtc.weights import load_model
+
+    model, tokenizer = load_model()
+    print("timing the engine's steps on the bundled model ...", file=sys.stderr)
+    samples = measure_steps(model, tokenizer, quick)
+    cost = fit(samples)
+    errors = [abs(cost.step_time(s) - t) / t for s, t in samples]
+    mean_error = 100 * sum(errors) / len(errors)
+    print(f"fitted on {len(samples)} steps (mean abs error {mean_error:.0f}%):")
+    print(f"  overhead            {1e3 * cost.overhead_s:8.3f} ms per step")
+    print(f"  per prefill token   {1e6 * cost.per_prefill_token_s:8.2f} us")
+    print(f"  per request         {1e6 * cost.per_request_s:8.2f} us")
+    print(f"  per context token   {1e6 * cost.per_context_token_s:8.3f} us")
+    real, simulated = check(model, tokenizer, cost)
+    print(f"held-out workload (24 requests): real {real:.2f} s, simulated {simulated:.2f} s "
+          f"({100 * (simulated / real - 1):+.0f}%)")  # fmt: skip
+    print(f"wrote {cost.save(out)}; use it with `minivtc simulate --cost-model measured`")
+    return cost
