@@ -142,7 +142,7 @@ def test_calibrate_measures_the_real_engine_and_simulate_uses_it(bundled, tmp_pa
     model, tokenizer = bundled
     samples = measure_steps(model, tokenizer, quick=True)
     assert any(s.prefill_tokens for s, _ in samples) and any(
-        s.num_requests == 16 for s, _ in samples
+        s.num_requests == 8 for s, _ in samples
     )
     assert all(t > 0 for _, t in samples)
     cost = fit(samples)
