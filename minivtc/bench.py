@@ -14,7 +14,8 @@ admit its oldest request, charge the prompt) and per token charge, with 10 to 10
 clients, for minivtc's heap and for the artifact's linear scan over clients, in one run.
 
 `sim`: simulated seconds per wall second of `minivtc simulate` (the a10g-llama7b cost model)
-on the real trace and on the overload workload, under VTC and FCFS.
+on the real trace and on the overload workload, under VTC and FCFS. `sim --million`: a
+synthetic trace of 1,000,000 short requests (64/16 tokens) from 1000 clients instead.
 
 `gpu`: builds a model of the chosen preset's shape with random weights directly on the device,
 runs the engine with compiled attention at batch 1, 16 and 64, and reports tokens/s and the
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import random
 import subprocess
 import sys
 import time
@@ -56,6 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="llama-2-7b", help="gpu: model shape (default 7B)")
     parser.add_argument("--device", default="cuda", help="gpu: device (default cuda)")
     parser.add_argument("--no-tests", action="store_true", help="gpu: skip the GPU-marked tests")
+    parser.add_argument("--million", action="store_true", help="sim: a 1M-request trace")
     args = parser.parse_args(argv)
     torch.set_grad_enabled(False)
     if args.what == "engine":
@@ -63,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "scheduler":
         return bench_scheduler(args.quick)
     if args.what == "sim":
-        return bench_sim(args.quick)
+        return bench_sim(args.quick, args.million)
     return bench_gpu(args)
 
 
@@ -226,15 +229,30 @@ def time_charges(vtc: VTC, n_clients: int) -> float:
 # --- simulator speed -------------------------------------------------------------------------
 
 
-def bench_sim(quick: bool) -> int:
+def million_trace(n: int = 1_000_000, clients: int = 1000, rate: float = 200.0, seed: int = 0):
+    """n requests of 64 prompt / 16 output tokens from `clients` clients, Poisson at `rate`
+    per second: about what the a10g-llama7b model serves, so queues come and go."""
+    from minivtc.workloads import TraceRequest
+
+    rng = random.Random(seed)
+    trace, t = [], 0.0
+    for _ in range(n):
+        t += rng.expovariate(rate)
+        trace.append(TraceRequest(f"c{rng.randrange(clients):04d}", t, 64, 16))
+    return trace
+
+
+def bench_sim(quick: bool, million: bool = False) -> int:
     from minivtc.sim import simulate
     from minivtc.workloads import workload
 
     names = ["overload"] if quick else ["real", "overload"]
     print(f"{'workload':>10} {'scheduler':>9} {'requests':>8} {'tokens':>9} {'steps':>7} "
           f"{'wall s':>7} {'sim s':>7} {'sim s/wall s':>12} {'us/token':>9}")  # fmt: skip
+    if million:
+        names = ["1M"]
     for name in names:
-        trace = workload(name).make()
+        trace = million_trace() if name == "1M" else workload(name).make()
         if quick:
             trace = [t for t in trace if t.arrival_s < 30]
         tokens = sum(t.output_tokens for t in trace)

@@ -27,7 +27,7 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from minivtc.generate import context_error, releasable, stop_reason, trim_stop
 from minivtc.kv_pool import BlockAllocator
@@ -57,9 +57,11 @@ class Runner(Protocol):
     def release(self, request: Request) -> None: ...
 
 
-@dataclass(frozen=True)
-class StepOutput:
-    """What one step did for one request: the token it got and the text that token completed."""
+class StepOutput(NamedTuple):
+    """What one step did for one request: the token it got and the text that token completed.
+
+    A named tuple, not a frozen dataclass: one is made per token, and a tuple is built ~4x
+    faster (it matters to the simulator, which makes hundreds of thousands)."""
 
     request_id: str
     token_id: int
@@ -147,7 +149,7 @@ class Engine:
                 self.allocator.grow(r.request_id, r.num_tokens)
         tokens = self.runner.run(self.running, self.allocator)
         outputs = [self.append(r, t) for r, t in zip(self.running, tokens, strict=True)]
-        for r in [r for r in self.running if r.is_finished]:
+        for r in [r for r, out in zip(self.running, outputs, strict=True) if out.finished]:
             self.retire(r)
         if self.check_invariants:
             self.check()
@@ -257,8 +259,12 @@ class Engine:
             request.first_token_time = self.clock()
         self.charge(request, num_prompt=0, num_output=1)
         detok = self.detokenizers.get(request.request_id)
-        if detok is not None:
-            request.text += detok.add(token)
+        if detok is None:  # token ids only (no tokenizer; the simulator): no text to release
+            reason = stop_reason(token, request.num_output, "", request.params, self.eos_id)
+            if reason:
+                self.finish(request, reason)
+            return StepOutput(request.request_id, token, "", reason is not None, reason)
+        request.text += detok.add(token)
         reason = stop_reason(token, request.num_output, request.text, request.params, self.eos_id)
         if reason:
             self.finish(request, reason)
