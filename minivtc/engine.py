@@ -93,6 +93,7 @@ class Engine:
     reservation: str = "full"  # "full": reserve prompt + max_tokens; "peak": the artifact's check
     admit_every: int = 1  # the artifact: 10 steps between admissions after a success (D7)
     steps_since_admission: int = 0
+    final_blocks: int = 0  # "peak": blocks the running requests will hold at their last step
     running: list[Request] = field(default_factory=list)
     requests: dict[str, Request] = field(default_factory=dict)  # every live request by id
     client_tokens: dict[str, ClientTokens] = field(default_factory=dict)
@@ -183,6 +184,9 @@ class Engine:
             f"blocks held by {sorted(held)} but running {[r.request_id for r in self.running]}"
         )
         assert all(r.status is Status.RUNNING for r in self.running)
+        if self.reservation == "peak":
+            final = sum(self.allocator.blocks_needed(r.max_num_tokens - 1) for r in self.running)
+            assert self.final_blocks == final, f"final_blocks {self.final_blocks} != {final}"
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -220,9 +224,14 @@ class Engine:
                 return False
             self.allocator.allocate(request.request_id, request.max_num_tokens)
         else:
-            if self.peak_blocks(request) > self.allocator.num_blocks:
-                return False
+            # Fast path: if every running request plus this one fit at their final lengths,
+            # the peak fits too (it is at most that sum); only a tight pool needs the peak.
+            final = self.allocator.blocks_needed(request.max_num_tokens - 1)
+            if self.final_blocks + final > self.allocator.num_blocks:
+                if self.peak_blocks(request) > self.allocator.num_blocks:
+                    return False
             self.allocator.allocate(request.request_id, request.num_tokens)
+            self.final_blocks += final
         request.status, request.admitted_time = Status.RUNNING, self.clock()
         self.running.append(request)
         # The prompt is charged at dispatch, before the next pick (PAPER.md §2.2, Footnote 5).
@@ -291,6 +300,8 @@ class Engine:
 
     def retire(self, request: Request) -> None:
         self.running.remove(request)
+        if self.reservation == "peak":
+            self.final_blocks -= self.allocator.blocks_needed(request.max_num_tokens - 1)
         self.allocator.free(request.request_id)
         self.scheduler.on_finish(request)
         self.forget(request)
