@@ -25,6 +25,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
@@ -187,17 +188,17 @@ def make_app(engine: Engine, tokenizer: Tokenizer, model_name: str = "minivtc-ti
     @app.get("/fairness")
     async def fairness():
         """Per client: counter, weight, waiting, running, tokens and service so far."""
-        return await state.loop.call(lambda: fairness_view(state.loop))
+        return await read_between_steps(state, fairness_view)
 
     @app.get("/metrics", response_class=PlainTextResponse)
     async def metrics():
-        return await state.loop.call(lambda: prometheus_text(state.loop))
+        return await read_between_steps(state, prometheus_text)
 
     return app
 
 
 def lifespan(state: ServerState):
-    from contextlib import asynccontextmanager
+    """Start the engine thread with the server, stop it on shutdown."""
 
     @asynccontextmanager
     async def run(app: FastAPI):
@@ -208,6 +209,14 @@ def lifespan(state: ServerState):
             state.loop.stop()
 
     return run
+
+
+async def read_between_steps(state: ServerState, view):
+    """`view(loop)`, run on the engine thread between two steps (so it sees one state)."""
+    try:
+        return await state.loop.call(lambda: view(state.loop))
+    except RuntimeError as e:  # the engine loop is dead
+        raise APIError(503, str(e), kind="server_error") from None
 
 
 def add_error_handlers(app: FastAPI) -> None:
@@ -246,14 +255,13 @@ def check_unsupported(body: Sampling, state: ServerState) -> None:
         )  # fmt: skip
     if body.n != 1:
         raise APIError(400, "n > 1 is not supported: send one request per completion", "n")
-    unsupported = {
-        "presence_penalty": body.presence_penalty, "frequency_penalty": body.frequency_penalty,
-        "logprobs": body.logprobs, "logit_bias": body.logit_bias,
-        "echo": getattr(body, "echo", False), "best_of": getattr(body, "best_of", None),
-        "suffix": getattr(body, "suffix", None),
+    # Accepted only at a value that changes nothing: anything else is refused, never ignored.
+    harmless = {
+        "presence_penalty": (0.0,), "frequency_penalty": (0.0,), "logprobs": (None, False, 0),
+        "logit_bias": (None, {}), "echo": (False,), "best_of": (None, 1), "suffix": (None, ""),
     }  # fmt: skip
-    for name, value in unsupported.items():
-        if value not in (None, 0, 0.0, False, 1 if name == "best_of" else None):
+    for name, allowed in harmless.items():
+        if getattr(body, name, allowed[0]) not in allowed:
             raise APIError(400, f"'{name}' is not supported by this server", name)
 
 

@@ -356,6 +356,8 @@ def test_a_dead_engine_loop_answers_500_then_503(bundled):
         assert health.status_code == 503 and "boom" in health.json()["message"]
         r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 4})
         assert r.status_code == 503 and r.json()["error"]["type"] == "server_error"
+        assert httpx.get(url + "/fairness").status_code == 503
+        assert httpx.get(url + "/metrics").status_code == 503
 
 
 def test_loadgen_command_records_every_request(bundled, tmp_path, capsys):
