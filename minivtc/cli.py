@@ -124,7 +124,6 @@ def run_serve(args) -> int:
 
 
 def add_loadgen(sub) -> None:
-    from minivtc.workloads import WORKLOADS
 
     p = sub.add_parser(
         "loadgen",
@@ -135,9 +134,7 @@ def add_loadgen(sub) -> None:
         "same files `minivtc simulate` writes.",
     )
     p.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8000")
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workload", choices=list(WORKLOADS), help="one of the paper's workloads")
-    src.add_argument("--trace", help="CSV with columns client,arrival_s,input_tokens,output_tokens")
+    add_trace_source(p)
     p.add_argument("--speedup", type=float, default=1.0, help="replay X times faster (default 1)")
     p.add_argument(
         "--duration", type=float, default=None, help="send only the first S s (trace time)"
@@ -173,10 +170,7 @@ def run_loadgen(args) -> int:
             ignore_eos=not args.no_ignore_eos,
         )  # fmt: skip
     )
-    summary = write_run(result, args.out)
-    for key, value in summary.items():
-        if not isinstance(value, dict):
-            print(f"{key:>22}: {value}")
+    print_summary(write_run(result, args.out))
     print(f"wrote {args.out}/requests.csv, metrics.json, service.png, response.png")
     return 0 if result.served else 1
 
@@ -248,7 +242,6 @@ def run_generate(args) -> int:
 def add_simulate(sub) -> None:
     from minivtc.scheduler import SCHEDULERS
     from minivtc.sim import COST_MODELS
-    from minivtc.workloads import WORKLOADS
 
     p = sub.add_parser(
         "simulate",
@@ -257,11 +250,7 @@ def add_simulate(sub) -> None:
         "timing each step instead of a forward pass. Writes requests.csv, metrics.json and "
         "PNG plots (service, response time, service gap) to --out.",
     )
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workload", choices=list(WORKLOADS), help="one of the paper's workloads")
-    src.add_argument(
-        "--trace", help="a CSV with columns client,arrival_s,input_tokens,output_tokens"
-    )
+    add_trace_source(p)
     p.add_argument("--scheduler", default="vtc", help=f"policy: {SCHEDULERS} (default vtc)")
     p.add_argument(
         "--cost-model", default="a10g-llama7b",
@@ -281,11 +270,27 @@ def run_simulate(args) -> int:
 
     summary = simulate_to_dir(args.workload, args.trace, args.scheduler, args.cost_model,
                               args.kv_tokens, args.seed, args.out)  # fmt: skip
+    print_summary(summary)
+    print(f"wrote {args.out}/requests.csv, metrics.json, service.png, response.png, gap.png")
+    return 0
+
+
+def add_trace_source(p) -> None:
+    """--workload NAME or --trace FILE.csv, exactly one (simulate and loadgen)."""
+    from minivtc.workloads import WORKLOADS
+
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--workload", choices=list(WORKLOADS), help="one of the paper's workloads")
+    src.add_argument(
+        "--trace", help="a CSV with columns client,arrival_s,input_tokens,output_tokens"
+    )
+
+
+def print_summary(summary: dict) -> None:
+    """metrics.json's scalar entries, one per line."""
     for key, value in summary.items():
         if not isinstance(value, dict):
             print(f"{key:>22}: {value}")
-    print(f"wrote {args.out}/requests.csv, metrics.json, service.png, response.png, gap.png")
-    return 0
 
 
 def add_reproduce(sub) -> None:
