@@ -98,3 +98,43 @@ def test_gpu_check_code_path_runs_on_cpu(capsys):
     assert bench.main(["gpu", "--preset", "tiny", "--device", "cpu", "--quick", "--no-tests"]) == 0
     out = capsys.readouterr().out
     assert "roofline" in out and len(out.splitlines()) == 5
+
+
+def test_serve_command_answers_over_http(tmp_path):
+    """`minivtc serve` in the foreground, as a user starts it: health, one completion, the
+    operator's weights in the fairness view, then a clean shutdown."""
+    import json
+    import socket
+    import time
+
+    import httpx
+
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    weights = tmp_path / "weights.json"
+    weights.write_text(json.dumps({"alice": 2.0}))
+    command = [sys.executable, "-m", "minivtc.cli", "serve", "--port", str(port),
+               "--kv-tokens", "512", "--client-weights", str(weights)]  # fmt: skip
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, server.stderr.read()
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.ConnectError:
+                pass
+            assert time.monotonic() < deadline, "the server did not come up in 60 s"
+            time.sleep(0.2)
+        body = {"prompt": "A tuple is", "max_tokens": 5, "ignore_eos": True}
+        reply = httpx.post(url + "/v1/completions", json=body, headers={"X-Client-Id": "alice"})
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 5
+        alice = httpx.get(url + "/fairness").json()["clients"]["alice"]
+        assert alice["weight"] == 2.0 and alice["counter"] == alice["service"] / 2.0
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+    assert "serving minivtc-tiny with vtc" in server.stderr.read()
