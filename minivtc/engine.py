@@ -293,7 +293,9 @@ class Engine:
             request.text = trim_stop(request.text, request.params.stop)
 
     def charge(self, request: Request, num_prompt: int, num_output: int) -> None:
-        tokens = self.client_tokens.setdefault(request.client_id, ClientTokens())
+        tokens = self.client_tokens.get(request.client_id)
+        if tokens is None:  # (not setdefault: that would build a ClientTokens every token)
+            tokens = self.client_tokens[request.client_id] = ClientTokens()
         tokens.num_input += num_prompt
         tokens.num_output += num_output
         self.scheduler.on_tokens(request, num_prompt, num_output)
