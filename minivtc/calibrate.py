@@ -57,12 +57,6 @@ class MeasuredCost:
         return cls(**json.loads(path.read_text()))
 
 
-def shape_of(requests) -> StepShape:
-    """The step's shape, as `sim.CostModelRunner` computes it."""
-    prefill = sum(r.num_tokens - r.num_computed for r in requests if r.num_computed == 0)
-    return StepShape(prefill, len(requests), sum(r.num_tokens for r in requests))
-
-
 class TimedRunner:
     """Wraps the real runner: records (step shape, seconds) for every step."""
 
@@ -70,7 +64,7 @@ class TimedRunner:
         self.runner, self.samples = runner, []
 
     def run(self, requests, allocator):
-        shape = shape_of(requests)
+        shape = StepShape.of(requests)
         start = time.perf_counter()
         tokens = self.runner.run(requests, allocator)
         self.samples.append((shape, time.perf_counter() - start))

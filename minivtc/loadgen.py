@@ -80,7 +80,7 @@ async def replay(
         reporter = asyncio.create_task(report(tasks, result, start)) if progress else None
         last = start + trace[-1].arrival_s / speedup
         timeout = None if drain_s is None else max(0.0, last - time.monotonic()) + drain_s
-        done, pending = await asyncio.wait(tasks, timeout=timeout)
+        _, pending = await asyncio.wait(tasks, timeout=timeout)
         for task in pending:  # closing the stream makes the server abort the request
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
@@ -188,16 +188,13 @@ def write_run(result: ReplayResult, out: str | Path) -> dict:
         horizon = max(r.end_s for r in served)  # the whole run, to the last token
         _, gaps = metrics.accumulated_service_diff(served, horizon, skip_before=0.0)
         tokens = sum(r.input_tokens + r.output_tokens for r in served)
-        ttft: dict[str, list[float]] = {}
-        for r in served:
-            ttft.setdefault(r.client, []).append(r.first_token_latency_s)
         summary.update(
             throughput_tok_s=round(tokens / result.wall_s, 1),
             max_accumulated_gap=round(max(gaps), 1),
             service_per_client={
                 c: round(v, 1) for c, v in metrics.service(served, 0, float("inf")).items()
             },
-            mean_ttft_per_client={c: round(sum(v) / len(v), 3) for c, v in ttft.items()},
+            mean_ttft_per_client={c: round(v, 3) for c, v in metrics.mean_ttft(served).items()},
             failures=dict(result.failed),
         )
         window = 60.0 if horizon >= 300 else max(5.0, horizon / 6)  # short runs: short windows

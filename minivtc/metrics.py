@@ -202,6 +202,14 @@ def table_metrics(
                         tokens / total_time)  # fmt: skip
 
 
+def mean_ttft(served: Iterable[Served]) -> dict[str, float]:
+    """Each client's mean time to first token over its served requests."""
+    ttft: dict[str, list[float]] = {}
+    for r in served:
+        ttft.setdefault(r.client, []).append(r.first_token_latency_s)
+    return {c: statistics.fmean(v) for c, v in ttft.items()}
+
+
 def jain_index(values: Iterable[float]) -> float:
     """(sum x)^2 / (n * sum x^2): 1 when all equal, 1/n when one client gets everything."""
     xs = list(values)

@@ -55,9 +55,6 @@ def summarize(
     served = result.served
     table = metrics.table_metrics(served, result.total_time, horizon=horizon, cost=cost)
     totals = metrics.service(served, 0.0, float("inf"), cost)
-    ttft: dict[str, list[float]] = {}
-    for r in served:
-        ttft.setdefault(r.client, []).append(r.first_token_latency_s)
     _, gaps = metrics.accumulated_service_diff(served, horizon, cost=cost)
     half = len(gaps) // 2
     return {
@@ -83,7 +80,7 @@ def summarize(
         "service_rate_60_300": {
             c: round(v / 240, 1) for c, v in metrics.service(served, 60, 300, cost).items()
         },
-        "mean_ttft_per_client": {c: round(sum(v) / len(v), 3) for c, v in ttft.items()},
+        "mean_ttft_per_client": {c: round(v, 3) for c, v in metrics.mean_ttft(served).items()},
     }
 
 
@@ -222,13 +219,6 @@ EXPERIMENTS = [
 # --- experiments that are not "one workload, several schedulers" -----------------------------
 
 
-def mean_ttft(served: list[metrics.Served]) -> dict[str, float]:
-    ttft: dict[str, list[float]] = {}
-    for r in served:
-        ttft.setdefault(r.client, []).append(r.first_token_latency_s)
-    return {c: sum(v) / len(v) for c, v in ttft.items()}
-
-
 def fig12(out: Path) -> list[str]:
     """Response time of four real-trace clients: two medium, the two heaviest (PAPER.md §6)."""
     trace = workload("real").make()
@@ -244,7 +234,7 @@ def fig12(out: Path) -> list[str]:
     ttfts = {}
     for name in ("fcfs", "vtc"):
         served = simulate(trace, name, progress=True).served
-        ttfts[name] = mean_ttft(served)
+        ttfts[name] = metrics.mean_ttft(served)
         lines.append(f"| {name} | " + " | ".join(f"{ttfts[name][c]:.1f} s" for c in shown) + " |")
         mine = [r for r in served if r.client in shown]
         path = out / f"fig12_response_{name}.png"

@@ -58,6 +58,12 @@ class StepShape:
     num_requests: int  # requests in the batch (each gets one token)
     context_tokens: int  # K/V tokens attention reads, summed over the batch
 
+    @classmethod
+    def of(cls, requests: list[Request]) -> StepShape:
+        """The shape of the step that runs `requests` (newly admitted ones prefill)."""
+        prefill = sum(r.num_tokens - r.num_computed for r in requests if r.num_computed == 0)
+        return cls(prefill, len(requests), sum(r.num_tokens for r in requests))
+
 
 @dataclass(frozen=True)
 class Roofline:
@@ -131,10 +137,7 @@ class CostModelRunner:
         self.cost_model, self.clock = cost_model, clock
 
     def run(self, requests: list[Request], allocator: BlockAllocator) -> list[int]:
-        prefill = sum(r.num_tokens - r.num_computed for r in requests if r.num_computed == 0)
-        context = sum(r.num_tokens for r in requests)
-        dt = self.cost_model.step_time(StepShape(prefill, len(requests), context))
-        self.clock.now += dt
+        self.clock.now += self.cost_model.step_time(StepShape.of(requests))
         return [SIM_TOKEN] * len(requests)
 
     def release(self, request: Request) -> None:
