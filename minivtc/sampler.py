@@ -70,7 +70,11 @@ def sample(
 
 
 def sample_row(logits: Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
-    probs = torch.softmax(logits.cpu() / p.temperature, dim=-1)  # (V,)
+    # Shift so the largest logit is 0, in float64: with a tiny temperature (1e-40 is valid
+    # input) float32 logits / T overflow to inf, or T itself rounds to 0, and softmax gives
+    # NaN; shifted, the others go to -inf and the distribution is the argmax, as it should be.
+    logits = logits.cpu().double()  # (V,)
+    probs = torch.softmax((logits - logits.max()) / p.temperature, dim=-1)  # (V,)
     if p.top_k:
         kth = torch.topk(probs, min(p.top_k, probs.numel())).values[-1]
         probs = torch.where(probs >= kth, probs, 0.0)  # (V,)
