@@ -13,7 +13,8 @@ join (admission) and leave (finish, abort) the running batch. One step:
   are then allocated as requests grow, and the check guarantees they always can be;
 - run: the runner computes every running request's new tokens in one forward pass (a prompt
   for the newly admitted, one token for the rest) and samples one token each;
-- append: each token is appended, charged to its client, detokenized;
+- append: each token is appended and detokenized; the step's tokens are charged to their
+  clients in one scheduler call;
 - finish/free: finished requests (EOS, max_tokens, stop sequence) give their blocks back.
 
 The runner is the only part that touches tensors; `sim.py`'s cost model replaces it and a
@@ -150,6 +151,7 @@ class Engine:
                 self.allocator.grow(r.request_id, r.num_tokens)
         tokens = self.runner.run(self.running, self.allocator)
         outputs = [self.append(r, t) for r, t in zip(self.running, tokens, strict=True)]
+        self.scheduler.on_decode(self.running)  # charge the step's tokens: one call per step
         for r in [r for r, out in zip(self.running, outputs, strict=True) if out.finished]:
             self.retire(r)
         if self.check_invariants:
@@ -235,7 +237,7 @@ class Engine:
         request.status, request.admitted_time = Status.RUNNING, self.clock()
         self.running.append(request)
         # The prompt is charged at dispatch, before the next pick (PAPER.md §2.2, Footnote 5).
-        self.charge(request, num_prompt=request.num_prompt - request.num_computed, num_output=0)
+        self.charge_prompt(request, request.num_prompt - request.num_computed)
         return True
 
     def peak_blocks(self, candidate: Request) -> int:
@@ -246,27 +248,28 @@ class Engine:
         last step: with requests sorted by steps left, the k-th finishes at t = left_k while
         every request with more left is still growing.
         """
-        live = [(r.num_tokens, r.params.max_tokens - r.num_output) for r in self.running]
-        live.append((candidate.num_tokens, candidate.params.max_tokens - candidate.num_output))
-        live.sort(key=lambda x: -x[1])
+        live = [(r.params.max_tokens - r.num_output, r.num_tokens) for r in self.running]
+        live.append((candidate.params.max_tokens - candidate.num_output, candidate.num_tokens))
+        live.sort(reverse=True)  # most steps left first (the order of ties leaves the max alone)
         if self.allocator.block_size == 1:  # blocks == tokens: a running sum, O(n)
             peak, held = 0, 0
-            for k, (n, left_k) in enumerate(live, start=1):
+            for k, (left_k, n) in enumerate(live, start=1):
                 held += n
-                peak = max(peak, held + k * (left_k - 1))
+                if held + k * (left_k - 1) > peak:  # (not max(): this runs every step)
+                    peak = held + k * (left_k - 1)
             return peak
         blocks = self.allocator.blocks_needed
         return max(
-            sum(blocks(n + left_k - 1) for n, _ in live[: k + 1])
-            for k, (_, left_k) in enumerate(live)
+            sum(blocks(n + left_k - 1) for _, n in live[: k + 1])
+            for k, (left_k, _) in enumerate(live)
         )
 
     def append(self, request: Request, token: int) -> StepOutput:
-        request.num_computed = request.num_tokens
+        request.num_computed = request.num_tokens  # everything before `token` is in the pool
         request.output_ids.append(token)
         if request.first_token_time is None:
             request.first_token_time = self.clock()
-        self.charge(request, num_prompt=0, num_output=1)
+        self.client_tokens[request.client_id].num_output += 1  # made by charge_prompt
         detok = self.detokenizers.get(request.request_id)
         if detok is None:  # token ids only (no tokenizer; the simulator): no text to release
             reason = stop_reason(token, request.num_output, "", request.params, self.eos_id)
@@ -292,13 +295,13 @@ class Engine:
         if reason == "stop":
             request.text = trim_stop(request.text, request.params.stop)
 
-    def charge(self, request: Request, num_prompt: int, num_output: int) -> None:
+    def charge_prompt(self, request: Request, num_prompt: int) -> None:
+        """Count an admitted request's prompt (output tokens are counted in `append`)."""
         tokens = self.client_tokens.get(request.client_id)
-        if tokens is None:  # (not setdefault: that would build a ClientTokens every token)
+        if tokens is None:  # (not setdefault: that would build a ClientTokens every request)
             tokens = self.client_tokens[request.client_id] = ClientTokens()
         tokens.num_input += num_prompt
-        tokens.num_output += num_output
-        self.scheduler.on_tokens(request, num_prompt, num_output)
+        self.scheduler.on_tokens(request, num_prompt, 0)
 
     def retire(self, request: Request) -> None:
         self.running.remove(request)

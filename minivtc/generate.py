@@ -68,7 +68,7 @@ def stop_reason(
     """
     if token == eos_id and not params.ignore_eos:
         return "eos"
-    if any(s in text for s in params.stop):
+    if params.stop and any(s in text for s in params.stop):
         return "stop"
     if num_generated >= params.max_tokens:
         return "length"

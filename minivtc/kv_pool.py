@@ -17,8 +17,6 @@ Shape legend: NL layers, NB blocks, BS block size, K key/value heads, D head dim
 
 from __future__ import annotations
 
-from collections import deque
-
 import torch
 
 from minivtc.config import LlamaConfig
@@ -32,7 +30,9 @@ class BlockAllocator:
             )
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self.free_blocks: deque[int] = deque(range(num_blocks))
+        # A stack, top at the end: blocks are taken and given back in slices (one C-level copy,
+        # not a Python loop per block), lowest ids first, and a freed block is reused first.
+        self.free_blocks: list[int] = list(range(num_blocks - 1, -1, -1))
         self.block_tables: dict[str, list[int]] = {}
 
     @property
@@ -62,25 +62,27 @@ class BlockAllocator:
             f"request {request_id!r} needs {n} blocks, only {len(self.free_blocks)} free: "
             "callers check can_allocate() first"
         )
-        table = [self.free_blocks.popleft() for _ in range(n)]
+        top = len(self.free_blocks) - n
+        table = self.free_blocks[top:][::-1]
+        del self.free_blocks[top:]
         self.block_tables[request_id] = table
         return table
 
     def grow(self, request_id: str, num_tokens: int) -> None:
         """Extend a request's block table to cover `num_tokens` positions (lazy allocation)."""
         table = self.block_tables[request_id]
-        extra = self.blocks_needed(num_tokens) - len(table)
-        assert extra <= len(self.free_blocks), (
-            f"request {request_id!r} needs {extra} more blocks, only {len(self.free_blocks)} "
-            "free: the admission check should have made this impossible"
-        )
-        table.extend(self.free_blocks.popleft() for _ in range(extra))
+        while len(table) * self.block_size < num_tokens:  # (runs for every token: kept lean)
+            assert self.free_blocks, (
+                f"request {request_id!r} needs another block and none is free: the admission "
+                "check should have made this impossible"
+            )
+            table.append(self.free_blocks.pop())
 
     def free(self, request_id: str) -> None:
         assert request_id in self.block_tables, (
             f"double free or unknown request: {request_id!r} holds no blocks"
         )
-        self.free_blocks.extend(self.block_tables.pop(request_id))
+        self.free_blocks.extend(reversed(self.block_tables.pop(request_id)))
 
     def slots(self, request_id: str, start: int, end: int) -> list[int]:
         """Flat slot indices of positions start..end-1 of a request (where its K/V go)."""

@@ -31,7 +31,7 @@ class Status(enum.Enum):
     ABORTED = "aborted"
 
 
-@dataclass(repr=False)
+@dataclass(repr=False, slots=True)  # slots: a simulation holds up to a million of them
 class Request:
     request_id: str
     client_id: str

@@ -8,8 +8,10 @@ Owns the waiting queue and every policy's state. The engine calls a scheduler at
                              for each; `admit` returns False when the request does not fit in
                              the KV budget, and the round stops there (head-of-line, as the
                              paper's Algorithm 2 and the artifact's `break`);
-3. `on_tokens(request, num_prompt, num_output)`  tokens were processed for a running request
-                             (the prompt at admission, then one output token per step);
+3. `on_tokens(request, num_prompt, num_output)`  tokens were processed for a running request:
+                             the engine calls it with the prompt at admission, and
+   `on_decode(requests)`     once per step with the batch, each of which got one output token
+                             (by default `on_tokens(request, 0, 1)` for each);
 4. `on_finish(request)`      a running request finished or was aborted.
 
 A scheduler never sees tensors. Does not own: KV blocks (`kv_pool.py`) or running requests
@@ -50,6 +52,12 @@ class Scheduler:
     def on_tokens(self, request: Request, num_prompt: int, num_output: int) -> None:
         pass
 
+    def on_decode(self, requests: list[Request]) -> None:
+        """One step gave each of `requests` one output token (one call per step, not per token:
+        the simulator makes millions of tokens)."""
+        for request in requests:
+            self.on_tokens(request, 0, 1)
+
     def on_finish(self, request: Request) -> None:
         pass
 
@@ -82,6 +90,9 @@ class FCFS(Scheduler):
 
     def waiting(self) -> Iterator[Request]:
         return iter(self.queue)
+
+    def on_decode(self, requests: list[Request]) -> None:
+        pass  # arrival order needs no token counts
 
     @property
     def num_waiting(self) -> int:
@@ -225,7 +236,10 @@ class VTC(Scheduler):
 
     Selecting the minimum is a heap with lazy deletion: O(log n) per decision, not the
     artifact's O(n) scan over clients. A heap entry (counter, first_seen, version, client) is
-    live while the client waits and `version` is its latest.
+    live while the client waits and `version` is its latest. A live entry's counter may lag
+    behind the client's: a charge only raises a counter, so the old key is a lower bound and
+    the entry is re-keyed only if it reaches the top (lazy increase-key: one heap operation
+    per dispatch instead of one per token charged). A refund lowers a counter, so it pushes.
     """
 
     def __init__(
@@ -287,22 +301,35 @@ class VTC(Scheduler):
                 self.last_left = client
 
     def on_tokens(self, request: Request, num_prompt: int, num_output: int) -> None:
-        n_p = request.num_prompt
         if num_prompt:
             # Charged at dispatch, before the next pick (Footnote 5): otherwise the same
             # client would stay the minimum and take the whole admission round.
             predicted = self.predictor.predict(request) if self.predictor else 0.0
             self.predicted[request.request_id] = predicted
             self.running[request.request_id] = request
-            self.charge(request.client_id, self.cost(n_p, predicted))
+            self.charge(request.client_id, self.cost(request.num_prompt, predicted))
         if num_output:
-            self.tokens_charged += num_output
-            n_q = request.num_output  # the token was already appended
-            if n_q == 1 and not self.charge_first_token:
+            self.charge_output(request, num_output)
+
+    def on_decode(self, requests: list[Request]) -> None:
+        for request in requests:
+            self.charge_output(request, 1)
+
+    def charge_output(self, request: Request, num_output: int) -> None:
+        """h(n_p, n_q) - h(n_p, n_q - num_output) for the tokens just appended, less what the
+        prediction already charged at dispatch."""
+        self.tokens_charged += num_output
+        n_q = len(request.output_ids)
+        if n_q == 1 and not self.charge_first_token:
+            return
+        already = n_q - num_output
+        predicted = self.predicted.get(request.request_id, 0.0)
+        if already < predicted:  # (not max(): this runs for every token)
+            if n_q <= predicted:
                 return
-            already = max(self.predicted.get(request.request_id, 0.0), n_q - 1)
-            now = max(self.predicted.get(request.request_id, 0.0), n_q)
-            self.charge(request.client_id, self.cost(n_p, now) - self.cost(n_p, already))
+            already = predicted
+        n_p = len(request.prompt_ids)
+        self.charge(request.client_id, self.cost(n_p, n_q) - self.cost(n_p, already))
 
     def on_finish(self, request: Request) -> None:
         if self.finish_charge and self.tokens_charged != self.finish_charged_at:
@@ -334,8 +361,9 @@ class VTC(Scheduler):
     def check_invariants(self) -> None:
         """Lemma 4.3, when the engine set `bound` (check_fairness=True): spread <= U."""
         waiting = [self.counters[c] for c, q in self.queues.items() if q]
-        live = {c for _, _, v, c in self.heap if v == self.versions[c] and self.queues[c]}
-        assert live == {c for c, q in self.queues.items() if q}, "heap lost a waiting client"
+        live = {c: k for k, _, v, c in self.heap if v == self.versions[c] and self.queues[c]}
+        assert live.keys() == {c for c, q in self.queues.items() if q}, "heap lost a client"
+        assert all(k <= self.counters[c] for c, k in live.items()), "a key is above its counter"
         if self.bound is not None and waiting:
             spread = max(waiting) - min(waiting)
             assert spread <= self.bound + 1e-6, (
@@ -358,8 +386,8 @@ class VTC(Scheduler):
 
     def charge(self, client: str, amount: float) -> None:
         self.counters[client] += amount / self.weights.get(client, 1.0)
-        if self.queues[client]:
-            self.push(client)
+        if amount < 0 and self.queues[client]:
+            self.push(client)  # the live entry's key is now too high to be a lower bound
 
     def push(self, client: str) -> None:
         self.versions[client] = self.versions.get(client, 0) + 1
@@ -370,10 +398,15 @@ class VTC(Scheduler):
 
     def min_waiting_client(self) -> str | None:
         while self.heap:
-            _, _, version, client = self.heap[0]
-            if version == self.versions[client] and self.queues[client]:
-                return client
-            heapq.heappop(self.heap)  # stale: the counter moved on, or the client left Q
+            counter, first_seen, version, client = self.heap[0]
+            if version != self.versions[client] or not self.queues[client]:
+                heapq.heappop(self.heap)  # dead: superseded by a newer entry, or left Q
+            elif counter != self.counters[client]:  # charged since: re-key, look again
+                self.versions[client] = version + 1
+                entry = (self.counters[client], first_seen, version + 1, client)
+                heapq.heapreplace(self.heap, entry)
+            else:
+                return client  # every other key is a lower bound of its counter
         return None
 
     def min_waiting_counter(self) -> float | None:

@@ -257,7 +257,10 @@ def test_heap_selection_equals_brute_force_scan():
             elif op < 0.8 and reqs:
                 r = rng.choice(reqs)
                 r.output_ids.append(1)
-                vtc.charge(r.client_id, rng.uniform(0, 5))
+                # Mostly charges; sometimes a refund, which lowers a counter below its heap key.
+                vtc.charge(
+                    r.client_id, rng.uniform(-3, 5) if rng.random() < 0.2 else rng.uniform(0, 5)
+                )
             else:
                 budget = [rng.randint(0, 3)]
 
@@ -273,6 +276,37 @@ def test_heap_selection_equals_brute_force_scan():
             brute = min(waiting, key=lambda c: (vtc.counters[c], vtc.first_seen[c]), default=None)
             assert vtc.min_waiting_client() == brute
             vtc.check_invariants()
+
+
+@pytest.mark.parametrize(
+    "name", ["vtc", "vtc-artifact", "vtc-predict", "vtc-oracle:0.5", "vtc-profile", "lcf"]
+)
+def test_on_decode_charges_exactly_as_one_on_tokens_per_request(name):
+    """The engine's per-step hook (one call per step) equals the plain per-request hook."""
+    rng = random.Random(1)
+    batched, plain = make_scheduler(name, seed=3), make_scheduler(name, seed=3)
+    twins = []
+    for i in range(40):
+        client, n_p, n_q = f"c{rng.randint(0, 4)}", rng.randint(1, 30), rng.randint(1, 12)
+        pair = [Request(f"r{i}", client, [1] * n_p, SamplingParams(max_tokens=n_q), 0.0)
+                for _ in (batched, plain)]  # fmt: skip
+        for vtc, r in zip((batched, plain), pair, strict=True):
+            vtc.add(r, 0.0)
+            vtc.schedule(lambda req, vtc=vtc: vtc.on_tokens(req, req.num_prompt, 0) or True)
+        twins.append(pair)
+    while twins:
+        for pair in twins:
+            for r in pair:
+                r.output_ids.append(1)
+        batched.on_decode([a for a, _ in twins])
+        for _, b in twins:
+            plain.on_tokens(b, 0, 1)
+        for pair in [p for p in twins if p[0].num_output == p[0].params.max_tokens]:
+            twins.remove(pair)
+            for vtc, r in zip((batched, plain), pair, strict=True):
+                r.finish_reason = "length"
+                vtc.on_finish(r)
+        assert batched.counters == plain.counters
 
 
 def finished(vtc, client, n_p, n_q, rid="x"):
