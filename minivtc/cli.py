@@ -300,7 +300,7 @@ def add_reproduce(sub) -> None:
         description="Simulate the paper's experiments (Figures 3-10, 12-16, 19; Tables 2-6) on "
         "the calibrated A10G cost model (the 13B ablation on an A100 roofline) and write "
         "REPORT.md: each table beside the paper's numbers, a one-line verdict per claim, and the "
-        "figures as PNGs. About 5 minutes on a laptop; --only picks some.",
+        "figures as PNGs. About 2.5 minutes on a 2-core laptop; --only picks some.",
     )
     p.add_argument(
         "--only",

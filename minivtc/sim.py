@@ -239,9 +239,9 @@ def replay(
 
 @contextmanager
 def gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for a while. A simulation makes millions of small
-    objects and no reference cycles; with a million requests waiting, every full collection
-    walks them all, which cost ~15% of a long simulation."""
+    """Python's cyclic garbage collector off for a while (process-wide). A simulation makes
+    millions of small objects and no reference cycles; with a million requests waiting, every
+    full collection walks them all, which cost 15-20% of a long simulation."""
     enabled = gc.isenabled()
     gc.disable()
     try:
