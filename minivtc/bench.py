@@ -258,7 +258,7 @@ def bench_sim(quick: bool, million: bool = False) -> int:
             trace = [t for t in trace if t.arrival_s < 30]
         tokens = sum(t.output_tokens for t in trace)
         for policy in ("vtc", "fcfs"):
-            r = simulate(trace, policy)
+            r = simulate(trace, policy, progress=million)  # minutes each: show progress
             print(f"{name:>10} {policy:>9} {len(trace):>8} {tokens:>9} {r.steps:>7} "
                   f"{r.wall_s:>7.2f} {r.total_time:>7.0f} {r.total_time / r.wall_s:>12.0f} "
                   f"{1e6 * r.wall_s / tokens:>9.1f}")  # fmt: skip

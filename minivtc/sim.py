@@ -228,10 +228,11 @@ def replay(
             if out.finished:
                 served.append(record(*live.pop(out.request_id)))
         steps += 1
-        if progress and (pct := 100 * i // len(trace)) > shown:
+        # Progress by requests done (an overloaded trace drains long after its last arrival).
+        if progress and (pct := 100 * (len(served) + len(rejected)) // len(trace)) > shown:
             shown = pct
-            print(f"\r  simulating: {pct:3d}% of arrivals, t = {clock.now:7.1f} s", end="",
-                  file=sys.stderr)  # fmt: skip
+            print(f"\r  simulating: {pct:3d}% done ({i} arrived, {len(served)} served), "
+                  f"t = {clock.now:7.1f} s", end="", file=sys.stderr)  # fmt: skip
     if progress:
         print(file=sys.stderr)
     return served, rejected, steps
