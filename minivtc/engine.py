@@ -248,8 +248,9 @@ class Engine:
         last step: with requests sorted by steps left, the k-th finishes at t = left_k while
         every request with more left is still growing.
         """
-        live = [(r.params.max_tokens - r.num_output, r.num_tokens) for r in self.running]
-        live.append((candidate.params.max_tokens - candidate.num_output, candidate.num_tokens))
+        # (steps left, tokens now) per request; len() rather than the properties: hot.
+        live = [(r.params.max_tokens - len(r.output_ids), len(r.prompt_ids) + len(r.output_ids))
+                for r in [*self.running, candidate]]  # fmt: skip
         live.sort(reverse=True)  # most steps left first (the order of ties leaves the max alone)
         if self.allocator.block_size == 1:  # blocks == tokens: a running sum, O(n)
             peak, held = 0, 0
