@@ -28,7 +28,6 @@ bandwidth is how close the step is to the fastest possible. Then it runs the GPU
 from __future__ import annotations
 
 import argparse
-import gc
 import random
 import statistics
 import subprocess
@@ -45,6 +44,7 @@ from minivtc.model import Llama
 from minivtc.request import Request
 from minivtc.sampler import SamplingParams, sample
 from minivtc.scheduler import VTC
+from minivtc.sim import gc_paused
 
 PROMPT_LEN = 32
 
@@ -170,13 +170,13 @@ def bench_scheduler(quick: bool) -> int:
     print("microseconds per operation, VTC with every client waiting (mean over the run)")
     print(f"{'clients':>8} {'decide heap':>12} {'decide scan':>12} {'ratio':>7} "
           f"{'charge heap':>12} {'charge scan':>12}")  # fmt: skip
-    gc.disable()  # as timeit does: a collection over 200k live requests is not the scheduler's cost
-    for n in sizes:
-        decide = [time_decisions(cls(), n, quick) for cls in (VTC, ScanVTC)]
-        charge = [time_charges(cls(), n) for cls in (VTC, ScanVTC)]
-        print(f"{n:>8} {decide[0]:>12.2f} {decide[1]:>12.2f} {decide[1] / decide[0]:>6.0f}x "
-              f"{charge[0]:>12.2f} {charge[1]:>12.2f}")  # fmt: skip
-    gc.enable()
+    # As timeit does: a collection over 200k live requests is not the scheduler's cost.
+    with gc_paused():
+        for n in sizes:
+            decide = [time_decisions(cls(), n, quick) for cls in (VTC, ScanVTC)]
+            charge = [time_charges(cls(), n) for cls in (VTC, ScanVTC)]
+            print(f"{n:>8} {decide[0]:>12.2f} {decide[1]:>12.2f} {decide[1] / decide[0]:>6.0f}x "
+                  f"{charge[0]:>12.2f} {charge[1]:>12.2f}")  # fmt: skip
     return 0
 
 

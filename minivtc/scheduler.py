@@ -400,13 +400,12 @@ class VTC(Scheduler):
 
     def min_waiting_client(self) -> str | None:
         while self.heap:
-            counter, first_seen, version, client = self.heap[0]
+            counter, _, version, client = self.heap[0]
             if version != self.versions[client] or not self.queues[client]:
                 heapq.heappop(self.heap)  # dead: superseded by a newer entry, or left Q
             elif counter != self.counters[client]:  # charged since: re-key, look again
-                self.versions[client] = version + 1
-                entry = (self.counters[client], first_seen, version + 1, client)
-                heapq.heapreplace(self.heap, entry)
+                heapq.heappop(self.heap)
+                self.push(client)
             else:
                 return client  # every other key is a lower bound of its counter
         return None
