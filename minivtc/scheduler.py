@@ -270,7 +270,9 @@ class VTC(Scheduler):
         self.versions: dict[str, int] = {}
         self.heap: list[tuple[float, int, int, str]] = []
         self.last_left: str | None = None  # the last client whose queue emptied
-        self.predicted: dict[str, float] = {}  # request id -> output length charged up front
+        # request id -> (q, h(n_p, q)): the output tokens charged for so far (at dispatch, the
+        # predicted length) and the service that came to; each new token charges the difference.
+        self.charged: dict[str, tuple[float, float]] = {}
         self.bound: float | None = None  # U, set by the engine's check_fairness
 
     # -- the four hooks --
@@ -305,9 +307,10 @@ class VTC(Scheduler):
             # Charged at dispatch, before the next pick (Footnote 5): otherwise the same
             # client would stay the minimum and take the whole admission round.
             predicted = self.predictor.predict(request) if self.predictor else 0.0
-            self.predicted[request.request_id] = predicted
+            service = self.cost(request.num_prompt, predicted)
+            self.charged[request.request_id] = (predicted, service)
             self.running[request.request_id] = request
-            self.charge(request.client_id, self.cost(request.num_prompt, predicted))
+            self.charge(request.client_id, service)
         if num_output:
             self.charge_outputs([request], num_output)
 
@@ -315,23 +318,27 @@ class VTC(Scheduler):
         self.charge_outputs(requests, 1)
 
     def charge_outputs(self, requests: list[Request], num_output: int) -> None:
-        """Each of `requests` just got `num_output` tokens: charge its client
-        h(n_p, n_q) - h(n_p, n_q - num_output), less what a prediction charged at dispatch.
+        """Each of `requests` just got `num_output` tokens, n_q in all: charge its client
+        h(n_p, n_q) - h(n_p, q), q being the output tokens already charged for (at first the
+        length predicted at dispatch: nothing more is charged until n_q passes it).
 
-        The loop body runs once per generated token: the hottest code of a simulation."""
+        The loop body runs once per generated token, the hottest code of a simulation: one
+        cost call per token (h(n_p, q) is remembered), the state read through locals."""
         self.tokens_charged += num_output * len(requests)
+        cost, charged, counters, weights = self.cost, self.charged, self.counters, self.weights
         for request in requests:
             n_q = len(request.output_ids)
+            q, service = charged[request.request_id]  # made at dispatch (on_tokens)
+            if n_q <= q:
+                continue  # still within the prediction charged at dispatch
+            now = cost(len(request.prompt_ids), n_q)
+            charged[request.request_id] = (n_q, now)
             if n_q == 1 and not self.charge_first_token:
                 continue  # the artifact leaves each first token uncharged (D6)
-            already = n_q - num_output
-            predicted = self.predicted.get(request.request_id, 0.0)
-            if already < predicted:  # (not max(): see above)
-                if n_q <= predicted:
-                    continue  # still within the prediction charged at dispatch
-                already = predicted
-            n_p = len(request.prompt_ids)
-            self.charge(request.client_id, self.cost(n_p, n_q) - self.cost(n_p, already))
+            # charge(), inlined: h grows with n_q, so this raises the counter, and a raise
+            # needs no heap push (the heap's keys are lower bounds).
+            client = request.client_id
+            counters[client] += (now - service) / weights.get(client, 1.0)
 
     def on_finish(self, request: Request) -> None:
         if self.finish_charge and self.tokens_charged != self.finish_charged_at:
@@ -342,11 +349,9 @@ class VTC(Scheduler):
             for r in self.running.values():
                 self.charge(r.client_id, self.cost(r.num_prompt, 1) - self.cost(r.num_prompt, 0))
         self.running.pop(request.request_id, None)
-        predicted = self.predicted.pop(request.request_id, 0.0)
-        if predicted > request.num_output:  # refund the over-prediction (Algorithm 3)
-            refund = self.cost(request.num_prompt, predicted) - self.cost(
-                request.num_prompt, request.num_output
-            )
+        q, service = self.charged.pop(request.request_id, (0.0, 0.0))
+        if q > request.num_output:  # refund the over-prediction (Algorithm 3)
+            refund = service - self.cost(request.num_prompt, request.num_output)
             self.charge(request.client_id, -refund)
         if self.predictor is not None and request.finish_reason != "abort":
             self.predictor.observe(request)
