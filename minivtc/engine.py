@@ -148,7 +148,7 @@ class Engine:
             return []
         if self.reservation == "peak":
             for r in self.running:  # this step writes K/V for positions < num_tokens
-                self.allocator.grow(r.request_id, r.num_tokens)
+                self.allocator.grow(r.request_id, len(r.prompt_ids) + len(r.output_ids))
         tokens = self.runner.run(self.running, self.allocator)
         outputs = [self.append(r, t) for r, t in zip(self.running, tokens, strict=True)]
         self.scheduler.on_decode(self.running)  # charge the step's tokens: one call per step
@@ -266,14 +266,16 @@ class Engine:
         )
 
     def append(self, request: Request, token: int) -> StepOutput:
-        request.num_computed = request.num_tokens  # everything before `token` is in the pool
+        # Everything before `token` is in the pool. (len(), not the num_tokens property, here and
+        # in the engine's other per-token lines: a property call costs more than the addition.)
+        request.num_computed = len(request.prompt_ids) + len(request.output_ids)
         request.output_ids.append(token)
         if request.first_token_time is None:
             request.first_token_time = self.clock()
         self.client_tokens[request.client_id].num_output += 1  # made by charge_prompt
         detok = self.detokenizers.get(request.request_id)
         if detok is None:  # token ids only (no tokenizer; the simulator): no text to release
-            reason = stop_reason(token, request.num_output, "", request.params, self.eos_id)
+            reason = stop_reason(token, len(request.output_ids), "", request.params, self.eos_id)
             if reason:
                 self.finish(request, reason)
             return StepOutput(request.request_id, token, "", reason is not None, reason)
