@@ -17,6 +17,9 @@ join (admission) and leave (finish, abort) the running batch. One step:
   clients in one scheduler call;
 - finish/free: finished requests (EOS, max_tokens, stop sequence) give their blocks back.
 
+`advance()` is that step; `step()` is `advance()` plus one `StepOutput` (token, text) per
+request that ran, for the server to stream. The simulator needs no text and calls `advance()`.
+
 The runner is the only part that touches tensors; `sim.py`'s cost model replaces it and a
 virtual clock replaces `time.monotonic`, so simulations run this same code. Does not own: the
 policy (`scheduler.py`), blocks (`kv_pool.py`), attention (`attention.py`). Lesson 3.
@@ -137,7 +140,17 @@ class Engine:
         return request
 
     def step(self) -> list[StepOutput]:
-        """Admit what fits, run one forward pass over the running batch, retire what finished."""
+        """Admit what fits, run one forward pass over the running batch, retire what finished.
+        One `StepOutput` per request that ran: its new token and the text that token completed.
+        """
+        ran, _ = self.advance()
+        return [self.output(r) for r in ran]
+
+    def advance(self) -> tuple[list[Request], list[Request]]:
+        """`step()` without the StepOutputs: the requests that ran and those that finished.
+
+        The simulator calls this: it makes millions of tokens and reads none of them, and
+        building a StepOutput per token would cost it a tenth of its time."""
         if not self.running or self.steps_since_admission + 1 >= self.admit_every:
             before = len(self.running)
             self.scheduler.schedule(self.admit)
@@ -145,20 +158,23 @@ class Engine:
                 self.steps_since_admission = -1  # a failed try leaves it due: retry every step
         self.steps_since_admission += 1
         if not self.running:
-            return []
+            return [], []
+        ran = list(self.running)  # retire() takes finished requests out of self.running
         if self.reservation == "peak":
-            for r in self.running:  # this step writes K/V for positions < num_tokens
+            for r in ran:  # this step writes K/V for positions < num_tokens
                 self.allocator.grow(r.request_id, len(r.prompt_ids) + len(r.output_ids))
-        tokens = self.runner.run(self.running, self.allocator)
-        outputs = [self.append(r, t) for r, t in zip(self.running, tokens, strict=True)]
-        self.scheduler.on_decode(self.running)  # charge the step's tokens: one call per step
-        for r in [r for r, out in zip(self.running, outputs, strict=True) if out.finished]:
+        tokens = self.runner.run(ran, self.allocator)
+        for r, token in zip(ran, tokens, strict=True):
+            self.append(r, token)
+        self.scheduler.on_decode(ran)  # charge the step's tokens: one call per step
+        finished = [r for r in ran if r.status is Status.FINISHED]
+        for r in finished:
             self.retire(r)
         if self.check_invariants:
             self.check()
         elif self.check_fairness:
             self.scheduler.check_invariants()
-        return outputs
+        return ran, finished
 
     def abort(self, request_id: str) -> None:
         """Stop a request now: out of the queue or the batch, its blocks freed at once."""
@@ -265,7 +281,8 @@ class Engine:
             for k, (left_k, _) in enumerate(live)
         )
 
-    def append(self, request: Request, token: int) -> StepOutput:
+    def append(self, request: Request, token: int) -> None:
+        """Give `request` its new token; finish it if that token ends it."""
         # Everything before `token` is in the pool. (len(), not the num_tokens property, here and
         # in the engine's other per-token lines: a property call costs more than the addition.)
         request.num_computed = len(request.prompt_ids) + len(request.output_ids)
@@ -274,19 +291,22 @@ class Engine:
             request.first_token_time = self.clock()
         self.client_tokens[request.client_id].num_output += 1  # made by charge_prompt
         detok = self.detokenizers.get(request.request_id)
-        if detok is None:  # token ids only (no tokenizer; the simulator): no text to release
-            reason = stop_reason(token, len(request.output_ids), "", request.params, self.eos_id)
-            if reason:
-                self.finish(request, reason)
-            return StepOutput(request.request_id, token, "", reason is not None, reason)
-        request.text += detok.add(token)
-        reason = stop_reason(token, request.num_output, request.text, request.params, self.eos_id)
+        if detok is not None:  # (None: token ids only, as in the simulator: no text)
+            request.text += detok.add(token)
+        reason = stop_reason(token, len(request.output_ids), request.text, request.params,
+                             self.eos_id)  # fmt: skip
         if reason:
             self.finish(request, reason)
-        upto = releasable(request.text, request.params.stop, finished=reason is not None)
+
+    def output(self, request: Request) -> StepOutput:
+        """What the last step gave `request`: its token, and the text it may release now (held
+        back while it could still turn out to be the start of a stop sequence)."""
+        finished = request.finish_reason is not None
+        upto = releasable(request.text, request.params.stop, finished=finished)
         delta = request.text[request.num_text_sent : max(upto, request.num_text_sent)]
         request.num_text_sent += len(delta)
-        return StepOutput(request.request_id, token, delta, request.is_finished, reason)
+        return StepOutput(request.request_id, request.output_ids[-1], delta, finished,
+                          request.finish_reason)  # fmt: skip
 
     def finish(self, request: Request, reason: str) -> None:
         """Mark finished; flush held-back text and cut the stop sequence off the text."""
