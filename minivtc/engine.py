@@ -167,7 +167,8 @@ class Engine:
         for r, token in zip(ran, tokens, strict=True):
             self.append(r, token)
         self.scheduler.on_decode(ran)  # charge the step's tokens: one call per step
-        finished = [r for r in ran if r.status is Status.FINISHED]
+        # (finish_reason, set by finish(), rather than status: an Enum read costs ~100 ns here)
+        finished = [r for r in ran if r.finish_reason is not None]
         for r in finished:
             self.retire(r)
         if self.check_invariants:
