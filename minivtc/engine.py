@@ -98,6 +98,10 @@ class Engine:
     admit_every: int = 1  # the artifact: 10 steps between admissions after a success (D7)
     steps_since_admission: int = 0
     final_blocks: int = 0  # "peak": blocks the running requests will hold at their last step
+    num_steps: int = 0  # steps that ran a batch: step T is the T-th
+    # "peak": each running request's (last, base): during step T it holds K/V for
+    # base + T - 1 positions, until step T = last (`span`, `peak_blocks`).
+    spans: dict[str, tuple[int, int]] = field(default_factory=dict)
     running: list[Request] = field(default_factory=list)
     requests: dict[str, Request] = field(default_factory=dict)  # every live request by id
     client_tokens: dict[str, ClientTokens] = field(default_factory=dict)
@@ -159,6 +163,7 @@ class Engine:
         self.steps_since_admission += 1
         if not self.running:
             return [], []
+        self.num_steps += 1
         ran = list(self.running)  # retire() takes finished requests out of self.running
         if self.reservation == "peak":
             for r in ran:  # this step writes K/V for positions < num_tokens
@@ -206,6 +211,8 @@ class Engine:
         if self.reservation == "peak":
             final = sum(self.allocator.blocks_needed(r.max_num_tokens - 1) for r in self.running)
             assert self.final_blocks == final, f"final_blocks {self.final_blocks} != {final}"
+            spans = {r.request_id: self.span(r) for r in self.running}
+            assert self.spans == spans, f"spans {self.spans} != {spans}: a request fell behind"
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -251,6 +258,7 @@ class Engine:
                     return False
             self.allocator.allocate(request.request_id, request.num_tokens)
             self.final_blocks += final
+            self.spans[request.request_id] = self.span(request)
         request.status, request.admitted_time = Status.RUNNING, self.clock()
         self.running.append(request)
         # The prompt is charged at dispatch, before the next pick (PAPER.md §2.2, Footnote 5).
@@ -260,27 +268,35 @@ class Engine:
     def peak_blocks(self, candidate: Request) -> int:
         """Most blocks the running batch plus `candidate` will ever hold (PAPER.md §3.2).
 
-        A request with n tokens and s steps left holds K/V for n + t - 1 positions during its
-        t-th coming step. Usage only grows between finishes, so the peak is at some request's
-        last step: with requests sorted by steps left, the k-th finishes at t = left_k while
-        every request with more left is still growing.
+        During step T a request holds base + T - 1 positions, up to its last step (`span`).
+        Usage only grows between finishes, so the peak is at some request's last step: with
+        requests sorted by last step, latest first, at the k-th one's last step the first k
+        are running (every later one has finished).
         """
-        # (steps left, tokens now) per request; len() rather than the properties: hot.
-        live = [(r.params.max_tokens - len(r.output_ids), len(r.prompt_ids) + len(r.output_ids))
-                for r in [*self.running, candidate]]  # fmt: skip
-        live.sort(reverse=True)  # most steps left first (the order of ties leaves the max alone)
+        spans = [*self.spans.values(), self.span(candidate)]
+        spans.sort(reverse=True)  # latest last step first (the order of ties leaves the max alone)
         if self.allocator.block_size == 1:  # blocks == tokens: a running sum, O(n)
             peak, held = 0, 0
-            for k, (left_k, n) in enumerate(live, start=1):
-                held += n
-                if held + k * (left_k - 1) > peak:  # (not max(): this runs every step)
-                    peak = held + k * (left_k - 1)
+            for k, (last_k, base) in enumerate(spans, start=1):
+                held += base
+                if held + k * (last_k - 1) > peak:  # (not max(): this runs every step)
+                    peak = held + k * (last_k - 1)
             return peak
         blocks = self.allocator.blocks_needed
         return max(
-            sum(blocks(n + left_k - 1) for _, n in live[: k + 1])
-            for k, (left_k, _) in enumerate(live)
+            sum(blocks(base + last_k - 1) for _, base in spans[: k + 1])
+            for k, (last_k, _) in enumerate(spans)
         )
+
+    def span(self, request: Request) -> tuple[int, int]:
+        """(last, base) for a request about to run: with n tokens and s steps left, the coming
+        step (T = num_steps + 1) writes K/V for positions < n, and each step after for one
+        more, so during step T it holds n + (T - num_steps) - 1 = base + T - 1 positions, with
+        base = n - num_steps, until its last step, last = num_steps + s. Both stay fixed while
+        it runs (one token per step), so the engine computes them once, at admission."""
+        left = request.params.max_tokens - len(request.output_ids)
+        tokens = len(request.prompt_ids) + len(request.output_ids)
+        return self.num_steps + left, tokens - self.num_steps
 
     def append(self, request: Request, token: int) -> None:
         """Give `request` its new token; finish it if that token ends it."""
@@ -331,6 +347,7 @@ class Engine:
         self.running.remove(request)
         if self.reservation == "peak":
             self.final_blocks -= self.allocator.blocks_needed(request.max_num_tokens - 1)
+            del self.spans[request.request_id]
         self.allocator.free(request.request_id)
         self.scheduler.on_finish(request)
         self.forget(request)

@@ -285,12 +285,50 @@ def test_peak_closed_form_equals_the_general_sum(specs):
         r = Request(f"r{i}", "c", [1] * prompt, SamplingParams(max_tokens=done + extra), 0.0)
         r.output_ids = [7] * done
         engine.running.append(r)
+        engine.spans[r.request_id] = engine.span(r)
     candidate = engine.running.pop()
+    del engine.spans[candidate.request_id]
     requests = engine.running + [candidate]
     live = [(r.num_tokens, r.params.max_tokens - r.num_output) for r in requests]
     live.sort(key=lambda x: -x[1])
     general = max(sum(n + left - 1 for n, _ in live[: k + 1]) for k, (_, left) in enumerate(live))
     assert engine.peak_blocks(candidate) == general
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 30), st.integers(1, 30), st.integers(0, 3)), min_size=1,
+             max_size=10),
+    st.sampled_from([1, 3, 16]),
+)  # fmt: skip
+def test_peak_blocks_is_the_most_the_batch_then_holds(specs, block_size):
+    """Requests join over a few steps; then `peak_blocks` of one more request must equal the
+    most blocks held during any later step, that request included, as the batch runs to the
+    end with nobody else joining (no EOS: every request runs to its max_tokens)."""
+    from minivtc.engine import Engine
+    from minivtc.kv_pool import BlockAllocator
+    from minivtc.scheduler import FCFS
+
+    held = []
+
+    class Recording(ScriptedRunner):  # blocks held while each step runs (finishes free them)
+        def run(self, requests, allocator):
+            held.append(allocator.num_used_blocks)
+            return super().run(requests, allocator)
+
+    engine = Engine(Recording(lambda r: 7), BlockAllocator(10**5, block_size), FCFS(), 10**5,
+                    eos_id=2, reservation="peak", check_invariants=True)  # fmt: skip
+    for prompt, max_tokens, wait in specs:
+        engine.add_request([1] * prompt, SamplingParams(max_tokens=max_tokens))
+        for _ in range(wait):
+            engine.step()
+    engine.step()  # admit the last ones: peak_blocks counts the running batch
+    candidate = engine.add_request([1] * 5, SamplingParams(max_tokens=9))
+    predicted = engine.peak_blocks(candidate)
+    held.clear()
+    while engine.has_unfinished():
+        engine.step()  # admits the candidate (the pool is huge), then only runs
+    assert predicted == max(held)
 
 
 def test_admission_cadence_of_the_artifact():
