@@ -397,11 +397,15 @@ class VTC(Scheduler):
             self.push(client)  # the live entry's key is now too high to be a lower bound
 
     def push(self, client: str) -> None:
-        self.versions[client] = self.versions.get(client, 0) + 1
-        entry = (self.counters[client], self.first_seen[client], self.versions[client], client)
-        heapq.heappush(self.heap, entry)
+        heapq.heappush(self.heap, self.entry(client))
         if len(self.heap) > 64 and len(self.heap) > 4 * len(self.queues):
             self.compact()
+
+    def entry(self, client: str) -> tuple[float, int, int, str]:
+        """A new heap entry for `client`: its counter now, and a new version (older entries
+        of the client are dead)."""
+        self.versions[client] = self.versions.get(client, 0) + 1
+        return (self.counters[client], self.first_seen[client], self.versions[client], client)
 
     def min_waiting_client(self) -> str | None:
         while self.heap:
@@ -409,8 +413,7 @@ class VTC(Scheduler):
             if version != self.versions[client] or not self.queues[client]:
                 heapq.heappop(self.heap)  # dead: superseded by a newer entry, or left Q
             elif counter != self.counters[client]:  # charged since: re-key, look again
-                heapq.heappop(self.heap)
-                self.push(client)
+                heapq.heapreplace(self.heap, self.entry(client))
             else:
                 return client  # every other key is a lower bound of its counter
         return None
