@@ -325,7 +325,10 @@ class VTC(Scheduler):
         The loop body runs once per generated token, the hottest code of a simulation: one
         cost call per token (h(n_p, q) is remembered), the state read through locals."""
         self.tokens_charged += num_output * len(requests)
-        cost, charged, counters, weights = self.cost, self.charged, self.counters, self.weights
+        charged, counters, weights = self.charged, self.counters, self.weights
+        # The bound __call__: Python 3.11 runs a call to a bound method inline, but calls an
+        # instance (LinearCost()) through C, at several times the cost.
+        cost = self.cost.__call__
         for request in requests:
             n_q = len(request.output_ids)
             q, service = charged[request.request_id]  # made at dispatch (on_tokens)
