@@ -222,6 +222,8 @@ def time_decisions(vtc: VTC, n_clients: int, quick: bool) -> float:
 def time_charges(vtc: VTC, n_clients: int) -> float:
     """One output token charged to a running request of a client that also has requests waiting."""
     requests = populate(vtc, n_clients)
+    for r in requests:
+        vtc.on_tokens(r, r.num_prompt, 0)  # dispatched: VTC charges outputs of running requests
     rounds = 20_000
     start = time.perf_counter()
     for k in range(rounds):
