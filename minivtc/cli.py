@@ -300,12 +300,13 @@ def add_reproduce(sub) -> None:
         description="Simulate the paper's experiments (Figures 3-10, 12-16, 19; Tables 2-6) on "
         "the calibrated A10G cost model (the 13B ablation on an A100 roofline) and write "
         "REPORT.md: each table beside the paper's numbers, a one-line verdict per claim, and the "
-        "figures as PNGs. About 2.5 minutes on a 2-core laptop; --only picks some.",
+        "figures as PNGs. About 2 minutes on a 2-core laptop; --only picks some.",
     )
     p.add_argument(
         "--only",
         help="comma-separated keys (default: all): fig3 ... fig10, fig12, fig13 (13-14), fig15, "
-        "fig16, table2 ... table6 (table5 includes Figure 19)",
+        "fig16, table2 ... table6 (table5 includes Figure 19), validate (the simulator against "
+        "the artifact's measured A10G runs)",
     )
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(run=run_reproduce)

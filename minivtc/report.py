@@ -332,10 +332,57 @@ def fig15(out: Path) -> list[str]:
     return lines
 
 
+def measured_trace(config: dict) -> list:
+    """The trace the artifact generated for a measured run, from its config (index.json)."""
+    from minivtc.workloads import uniform
+
+    if config["num_adapters"] == -1:
+        return workload("real").make()
+    on_off = config["on_off"] if config["on_off"] > 0 else None
+    return uniform(config["req_rate"], config["duration"], on_off=on_off)
+
+
+def validate(out: Path) -> list[str]:
+    """The simulator against the artifact's measured A10G runs (data/a10g_runs): the same
+    trace, scheduler and admission cadence (`vtc-artifact` or `fcfs`, admission every 10 decode
+    steps, PAPER.md §2.3 D7). Compared: throughput, and each client's service over the trace's
+    600 s (clients with at least 5% of the largest one's; afterwards a backlog drains, and over
+    all time every client's total is the same in both)."""
+    runs_dir = Path(metrics.__file__).parent / "data" / "a10g_runs"
+    index = json.loads((runs_dir / "index.json").read_text())
+    lines = ["## Validation: the simulator against the measured A10G runs", "",
+             "| run | measured tokens/s | simulated | error | clients compared | worst client's "
+             "service error |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    worst_throughput = worst_service = 0.0
+    for run in index:
+        name = run["run"]
+        scheduler = {"VTC": "vtc-artifact", "FCFS": "fcfs"}[name.split("__")[0]]
+        measured = metrics.read_requests(runs_dir / f"{name}.csv")
+        result = simulate(measured_trace(run["config"]), scheduler, admit_every=10,
+                          progress=True)  # fmt: skip
+        want = metrics.table_metrics(measured, run["total_time_s"]).throughput
+        got = metrics.table_metrics(result.served, result.total_time).throughput
+        served_m = metrics.service(measured, 0, 600)
+        served_s = metrics.service(result.served, 0, 600)
+        big = [c for c in served_m if served_m[c] >= 0.05 * max(served_m.values())]
+        errors = {c: served_s.get(c, 0.0) / served_m[c] - 1 for c in big}
+        client = max(errors, key=lambda c: abs(errors[c]))
+        worst_throughput = max(worst_throughput, abs(got / want - 1))
+        worst_service = max(worst_service, abs(errors[client]))
+        lines.append(f"| {name} ({scheduler}) | {want:.0f} | {got:.0f} | {got / want - 1:+.1%} | "
+                     f"{len(big)} | {errors[client]:+.1%} (`{client}`) |")  # fmt: skip
+    ok = worst_throughput <= 0.10 and worst_service <= 0.10
+    lines += ["", f"**Verdict:** throughput within 10% on every run (worst {worst_throughput:.1%}) "
+              f"and each client's service within 10% (worst {worst_service:.1%}): "
+              f"{'yes' if ok else 'NO'}.", ""]  # fmt: skip
+    return lines
+
+
 SPECIAL: dict[str, tuple[str, Callable[[Path], list[str]]]] = {
     "fig12": ("Figure 12: real trace, response time of four clients", fig12),
     "fig13": ("Figures 13-14: RPM thresholds, response time and throughput", fig13_14),
     "fig15": ("Figure 15: ablation, pool size and request length (13B, A100)", fig15),
+    "validate": ("Validation against the measured A10G runs", validate),
 }
 
 

@@ -169,6 +169,19 @@ def test_reproduce_writes_a_report_with_verdicts(tmp_path):
         reproduce(tmp_path, only=["fig99"])
 
 
+@pytest.mark.slow
+def test_reproduce_validates_against_every_measured_a10g_run(tmp_path):
+    """`reproduce --only validate`: all seven measured A10G runs, simulated with the scheduler
+    and cadence they ran under, within 10% in throughput and in each client's service."""
+    from minivtc.report import reproduce
+
+    report = reproduce(tmp_path, only=["validate"]).read_text()
+    rows = [line for line in report.splitlines() if line.startswith("| ") and "__" in line]
+    assert len(rows) == 7
+    verdict = next(line for line in report.splitlines() if line.startswith("**Verdict:**"))
+    assert verdict.endswith(": yes."), verdict
+
+
 def test_calibrate_fit_recovers_a_known_step_cost_and_round_trips(tmp_path):
     from minivtc.calibrate import MeasuredCost, fit
     from minivtc.sim import StepShape, cost_model_named
