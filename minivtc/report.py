@@ -16,7 +16,7 @@ from pathlib import Path
 from minivtc import metrics, plots
 from minivtc.scheduler import fairness_bound
 from minivtc.sim import SimResult, simulate
-from minivtc.workloads import read_trace, workload
+from minivtc.workloads import TraceRequest, read_trace, workload
 
 
 def simulate_to_dir(
@@ -332,7 +332,7 @@ def fig15(out: Path) -> list[str]:
     return lines
 
 
-def measured_trace(config: dict) -> list:
+def measured_trace(config: dict) -> list[TraceRequest]:
     """The trace the artifact generated for a measured run, from its config (index.json)."""
     from minivtc.workloads import uniform
 
