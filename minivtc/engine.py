@@ -35,7 +35,7 @@ from typing import NamedTuple, Protocol
 
 from minivtc.generate import context_error, releasable, stop_reason, trim_stop
 from minivtc.kv_pool import BlockAllocator
-from minivtc.request import Request, Status
+from minivtc.request import Request, RequestFailed, Status
 from minivtc.sampler import SamplingParams
 from minivtc.scheduler import Scheduler
 from minivtc.tokenizer import Detokenizer, Tokenizer
@@ -72,6 +72,7 @@ class StepOutput(NamedTuple):
     text_delta: str
     finished: bool
     finish_reason: str | None
+    error: str | None = None  # finish_reason "error": what failed
 
 
 @dataclass
@@ -148,7 +149,7 @@ class Engine:
         One `StepOutput` per request that ran: its new token and the text that token completed.
         """
         ran, _ = self.advance()
-        return [self.output(r) for r in ran]
+        return [self.output_or_fail(r) for r in ran]
 
     def advance(self) -> tuple[list[Request], list[Request]]:
         """`step()` without the StepOutputs: the requests that ran and those that finished.
@@ -168,14 +169,27 @@ class Engine:
         if self.reservation == "peak":
             for r in ran:  # this step writes K/V for positions < num_tokens
                 self.allocator.grow(r.request_id, len(r.prompt_ids) + len(r.output_ids))
-        tokens = self.runner.run(ran, self.allocator)
+        try:
+            tokens = self.runner.run(ran, self.allocator)
+        except RequestFailed as e:  # one request's own sampling: nobody else's state moved,
+            self.fail(e.request, e.cause)  # and the rest of the batch runs this step again
+            self.retire(e.request)
+            self.check_shared_state()
+            return [e.request], [e.request]
+        failed = False
         for r, token in zip(ran, tokens, strict=True):
-            self.append(r, token)
+            try:
+                self.append(r, token)
+            except Exception as e:  # its detokenizer, its stop rule: that request's fault alone
+                self.fail(r, e)
+                failed = True
         self.scheduler.on_decode(ran)  # charge the step's tokens: one call per step
         # (finish_reason, set by finish(), rather than status: an Enum read costs ~100 ns here)
         finished = [r for r in ran if r.finish_reason is not None]
         for r in finished:
             self.retire(r)
+        if failed:
+            self.check_shared_state()
         if self.check_invariants:
             self.check()
         elif self.check_fairness:
@@ -195,6 +209,19 @@ class Engine:
             self.retire(request)
         else:
             self.forget(request)
+
+    def fail(self, request: Request, cause: BaseException) -> None:
+        """A fault in `request`'s own work: it ends with reason "error" (retired by the caller),
+        and the error says why, for the client. Everyone else is served on."""
+        request.status, request.finish_reason = Status.ABORTED, "error"
+        request.error = f"{type(cause).__name__}: {cause}"
+        request.finish_time = self.clock()
+
+    def check_shared_state(self) -> None:
+        """After a request failed: the pool and the scheduler must still be sound. If they are
+        not, this raises, and whoever runs the engine must stop (it cannot be trusted)."""
+        self.allocator.check_invariants()
+        self.scheduler.check_invariants()
 
     def has_unfinished(self) -> bool:
         # Called every step: ask for one waiting request, not for a count of them all.
@@ -315,9 +342,22 @@ class Engine:
         if reason:
             self.finish(request, reason)
 
+    def output_or_fail(self, request: Request) -> StepOutput:
+        """`output(request)`; if releasing its text fails, the request fails (alone)."""
+        try:
+            return self.output(request)
+        except Exception as e:
+            self.fail(request, e)
+            if request in self.running:
+                self.retire(request)
+            return self.output(request)
+
     def output(self, request: Request) -> StepOutput:
         """What the last step gave `request`: its token, and the text it may release now (held
         back while it could still turn out to be the start of a stop sequence)."""
+        last = request.output_ids[-1] if request.output_ids else -1
+        if request.finish_reason == "error":
+            return StepOutput(request.request_id, last, "", True, "error", request.error)
         finished = request.finish_reason is not None
         upto = releasable(request.text, request.params.stop, finished=finished)
         delta = request.text[request.num_text_sent : max(upto, request.num_text_sent)]

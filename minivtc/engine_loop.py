@@ -68,10 +68,20 @@ class Stream:
 class EngineLoop:
     """Runs `engine` on a daemon thread until `stop()`. Every public method is thread-safe."""
 
-    def __init__(self, engine: Engine, idle_wait_s: float = 0.05) -> None:
+    def __init__(
+        self, engine: Engine, idle_wait_s: float = 0.05,
+        on_fatal: Callable[[BaseException], None] | None = None,
+    ) -> None:  # fmt: skip
+        """`on_fatal(error)` runs on the loop thread if the engine fails in a way that leaves
+        shared state unsound (the loop has ended; `minivtc serve` then exits non-zero)."""
         self.engine = engine
         self.idle_wait_s = idle_wait_s
+        self.on_fatal = on_fatal
         self.commands: queue.SimpleQueue[tuple[Callable[[], object], Future]] = queue.SimpleQueue()
+        # Held while a command is queued and while the loop closes: a command is either queued
+        # before the loop's last drain (and answered by it) or refused (never left hanging).
+        self.closing = threading.Lock()
+        self.closed = False
         self.wakeup = threading.Event()
         self.streams: dict[str, Stream] = {}  # loop thread only
         self.ttft = Histogram()  # loop thread only; read through snapshot()
@@ -115,16 +125,33 @@ class EngineLoop:
         self.send(lambda: self.forget(request_id, abort=True))
 
     async def call(self, fn: Callable[[], object]):
-        """Run `fn()` on the loop thread between two steps; return (or raise) its result."""
-        if not self.alive:
-            raise RuntimeError(f"the engine loop is not running ({self.error!r})")
+        """Run `fn()` on the loop thread between two steps; return (or raise) its result.
+        Raises RuntimeError if the loop is not running (or stops before it runs `fn`)."""
         return await asyncio.wrap_future(self.send(fn))
 
     def send(self, fn: Callable[[], object]) -> Future:
         future: Future = Future()
-        self.commands.put((fn, future))
+        with self.closing:
+            if self.closed or not self.thread.is_alive() or self.error is not None:
+                future.set_exception(self.not_running())
+                return future
+            self.commands.put((fn, future))
         self.wakeup.set()
         return future
+
+    def fail_all(self, reason: str) -> None:
+        """End every live request now with an error (the server's shutdown timeout)."""
+
+        def fail() -> None:
+            for request_id, stream in list(self.streams.items()):
+                self.forget(request_id, abort=True)
+                out = StepOutput(request_id, -1, "", True, "error", reason)
+                stream.event_loop.call_soon_threadsafe(stream.outputs.put_nowait, out)
+
+        self.send(fail)
+
+    def not_running(self) -> RuntimeError:
+        return RuntimeError(f"the engine loop is not running ({self.error!r})")
 
     # --- the loop thread ----------------------------------------------------------------------
 
@@ -138,13 +165,19 @@ class EngineLoop:
                     else:
                         self.wakeup.wait(self.idle_wait_s)  # idle: sleep until a command
                         self.wakeup.clear()
-        except BaseException as e:  # a bug or out of memory: fail every stream, /health says 503
+        except BaseException as e:
+            # Not one request's fault (those end alone, inside Engine.step): the forward pass,
+            # the pool or the scheduler failed, and the engine can no longer be trusted.
             self.error = e
             for stream in self.streams.values():
                 stream.event_loop.call_soon_threadsafe(stream.outputs.put_nowait, e)
-            traceback.print_exc()  # the server's log says why; the thread ends quietly
+            traceback.print_exc()  # the server's log says why
         finally:
-            self.run_commands()  # answer what is queued (add fails once alive is False)
+            with self.closing:
+                self.closed = True
+                self.run_commands()  # answer what is queued; later commands are refused
+        if self.error is not None and self.on_fatal is not None:
+            self.on_fatal(self.error)
 
     def run_commands(self) -> None:
         while True:
@@ -153,7 +186,7 @@ class EngineLoop:
             except queue.Empty:
                 return
             if self.error is not None:
-                future.set_exception(RuntimeError(f"the engine loop died: {self.error!r}"))
+                future.set_exception(self.not_running())
                 continue
             try:
                 future.set_result(fn())

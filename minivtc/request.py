@@ -9,6 +9,8 @@ Lifecycle::
     WAITING --admit--> RUNNING --eos/length/stop--> FINISHED
        ^                  |
        +----preempt-------+          (any state) --abort--> ABORTED
+                          |
+                          +--a fault of its own (RequestFailed)--> ABORTED, reason "error"
 
 `num_computed` counts the tokens whose keys and values are in the pool. A step computes
 `all_ids[num_computed:]`: the whole prompt after admission (prefill), one token afterwards
@@ -22,6 +24,15 @@ import enum
 from dataclasses import dataclass, field
 
 from minivtc.sampler import SamplingParams
+
+
+class RequestFailed(Exception):
+    """Serving one request failed in work that is its alone (its sampler, its text): that
+    request ends with finish_reason "error" and the engine goes on serving everyone else."""
+
+    def __init__(self, request: Request, cause: BaseException) -> None:
+        super().__init__(f"request {request.request_id!r} failed: {cause!r}")
+        self.request, self.cause = request, cause
 
 
 class Status(enum.Enum):
@@ -46,7 +57,8 @@ class Request:
     admitted_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None
-    finish_reason: str | None = None  # "eos" | "length" | "stop" | "abort"
+    finish_reason: str | None = None  # "eos" | "length" | "stop" | "abort" | "error"
+    error: str | None = None  # why serving this request failed (finish_reason "error")
 
     @property
     def num_prompt(self) -> int:

@@ -23,8 +23,8 @@ import torch
 from minivtc.attention import AttentionGroup, PagedAttention, attend_group
 from minivtc.kv_pool import BlockAllocator, KVPool
 from minivtc.model import Llama
-from minivtc.request import Request
-from minivtc.sampler import sample
+from minivtc.request import Request, RequestFailed
+from minivtc.sampler import SamplingFailed, sample
 
 
 class ModelRunner:
@@ -38,10 +38,14 @@ class ModelRunner:
 
     @torch.inference_mode()
     def run(self, requests: list[Request], allocator: BlockAllocator) -> list[int]:
-        """Compute every request's uncomputed tokens; return one sampled token per request."""
+        """Compute every request's uncomputed tokens; return one sampled token per request.
+
+        Raises `RequestFailed` for a request whose own part (its random generator, its sampling)
+        fails; a failure in the shared forward pass propagates as it is."""
         prefill = [r for r in requests if r.num_tokens - r.num_computed > 1]
         decode = [r for r in requests if r.num_tokens - r.num_computed == 1]
         ordered = prefill + decode
+        generators = [self.generator(r) for r in ordered]  # before any compute: nothing to undo
         tokens, positions, slots, last_rows, groups = [], [], [], [], []
         for group in (prefill, decode):
             if group:
@@ -58,7 +62,10 @@ class ModelRunner:
         logits = self.model(
             as_tensor(tokens), as_tensor(positions), attention, as_tensor(last_rows)
         )
-        sampled = sample(logits, [r.params for r in ordered], [self.generator(r) for r in ordered])
+        try:
+            sampled = sample(logits, [r.params for r in ordered], generators)
+        except SamplingFailed as e:
+            raise RequestFailed(ordered[e.row], e.cause) from e
         by_id = {r.request_id: t for r, t in zip(ordered, sampled, strict=True)}
         return [by_id[r.request_id] for r in requests]
 
@@ -68,7 +75,10 @@ class ModelRunner:
 
     def generator(self, request: Request) -> torch.Generator | None:
         if request.request_id not in self.generators:
-            self.generators[request.request_id] = request.params.generator()
+            try:
+                self.generators[request.request_id] = request.params.generator()
+            except Exception as e:
+                raise RequestFailed(request, e) from e
         return self.generators[request.request_id]
 
 

@@ -15,6 +15,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+MAX_SEED = 2**63 - 1
+
+
+class SamplingFailed(RuntimeError):
+    """Sampling one row failed (`row` of the logits); the other rows are not at fault."""
+
+    def __init__(self, row: int, cause: BaseException) -> None:
+        super().__init__(f"sampling row {row} failed: {cause!r}")
+        self.row, self.cause = row, cause
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -43,6 +53,9 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if any(not s for s in self.stop):
             raise ValueError("stop sequences must be non-empty strings")
+        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
+            # torch.Generator.manual_seed takes 64 bits; vLLM asks for the same range.
+            raise ValueError(f"seed must be in [0, 2**63 - 1], got {self.seed}")
 
     @property
     def greedy(self) -> bool:
@@ -60,12 +73,16 @@ class SamplingParams:
 def sample(
     logits: Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> list[int]:
-    """One token id per row of `logits` (N, V)."""
+    """One token id per row of `logits` (N, V). Raises `SamplingFailed` naming the row at fault,
+    so the engine can fail that request alone."""
     logits = logits.float()  # (N, V)
     tokens = logits.argmax(dim=-1).tolist()  # greedy for every row; sampled rows overwrite
     for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
         if not p.greedy:
-            tokens[row] = sample_row(logits[row], p, gen)
+            try:
+                tokens[row] = sample_row(logits[row], p, gen)
+            except Exception as e:
+                raise SamplingFailed(row, e) from e
     return tokens
 
 

@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from minivtc.engine import Engine, RequestRejected, StepOutput
 from minivtc.engine_loop import EngineLoop, Stream
-from minivtc.sampler import SamplingParams
+from minivtc.sampler import MAX_SEED, SamplingParams
 from minivtc.tokenizer import Tokenizer
 
 W_P, W_Q = 1.0, 2.0  # service is priced as the paper's cost: w_p * input + w_q * output
@@ -63,7 +63,7 @@ class Sampling(BaseModel):
     stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)] | None = (
         None
     )
-    seed: int | None = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)  # 64-bit, as vLLM checks
     n: int = Field(default=1, ge=1)
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -107,9 +107,12 @@ class APIError(Exception):
             status, message, param, code, kind,
         )  # fmt: skip
 
+    def body(self) -> dict:
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+        return {"error": error}
+
     def response(self) -> JSONResponse:
-        body = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
-        return JSONResponse({"error": body}, status_code=self.status)
+        return JSONResponse(self.body(), status_code=self.status)
 
 
 # --- the app -----------------------------------------------------------------------------------
@@ -337,6 +340,8 @@ async def next_output(stream: Stream) -> StepOutput:
     item = await stream.outputs.get()
     if isinstance(item, BaseException):  # the engine loop died under this request
         raise APIError(500, f"the engine failed: {item!r}", kind="server_error")
+    if item.finish_reason == "error":  # this request alone failed; the engine serves on
+        raise APIError(500, f"serving this request failed: {item.error}", kind="server_error")
     return item
 
 
@@ -350,7 +355,8 @@ async def sse(loop: EngineLoop, stream: Stream, shape: ChunkShape, include_usage
             try:
                 out = await next_output(stream)
             except APIError as e:
-                yield event({"error": e.response().body.decode()})
+                finished = True  # the engine has already let it go
+                yield event(e.body())
                 return
             finished = out.finished
             reason = FINISH_REASONS.get(out.finish_reason or "") if finished else None

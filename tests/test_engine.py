@@ -343,3 +343,61 @@ def test_admission_cadence_of_the_artifact():
     assert late.status is Status.WAITING  # steps 2 and 3: no admission
     engine.step()
     assert late.status is Status.RUNNING and first.status is Status.RUNNING  # step 4: admitted
+
+
+# --- fault isolation: one request's failure is that request's alone ---------------------------
+
+
+class FailingDetokenizer:
+    """Stands in for one request's detokenizer: its third token raises (a bug in its text)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def add(self, token: int) -> str:
+        self.calls += 1
+        if self.calls == 3:
+            raise UnicodeError("injected: this request's text cannot be decoded")
+        return "x"
+
+    def flush(self) -> str:
+        return ""
+
+
+@pytest.mark.parametrize("fault", ["detokenize", "seed", "sample"])
+def test_a_fault_in_one_request_ends_it_alone(tiny, tokenizer, fault):
+    """A fault injected into one request of a running batch ends that request with reason
+    "error" and frees its blocks; the others get exactly the tokens of a fault-free run."""
+    ps = prompts(3, seed=5)
+    sampled = SamplingParams(temperature=0.8, max_tokens=12, ignore_eos=True, seed=7)
+    clean = build_engine(tiny, tokenizer, kv_tokens=600, check_invariants=True)
+    want = [clean.add_request(p, GREEDY) for p in ps]
+    run_to_end(clean)
+    engine = build_engine(tiny, tokenizer, kv_tokens=600, check_invariants=True)
+    reqs = [engine.add_request(p, GREEDY if i != 1 else sampled) for i, p in enumerate(ps)]
+    engine.step()  # all three are running
+    victim = reqs[1]
+    if fault == "detokenize":
+        engine.detokenizers[victim.request_id] = FailingDetokenizer()
+    elif fault == "seed":  # what an unchecked seed did: manual_seed raises on the engine thread
+        engine.runner.generators.pop(victim.request_id)
+        object.__setattr__(victim.params, "seed", 2**64)
+    else:  # sampling itself fails for this row
+        engine.runner.generators[victim.request_id] = "not a generator"
+    outputs = []
+    while engine.has_unfinished():
+        outputs += engine.step()
+    assert victim.finish_reason == "error" and victim.error, victim
+    errors = [o for o in outputs if o.request_id == victim.request_id and o.finish_reason]
+    assert len(errors) == 1 and errors[0].finish_reason == "error" and errors[0].error
+    for got, expect in zip([reqs[0], reqs[2]], [want[0], want[2]], strict=True):
+        assert got.output_ids == expect.output_ids and got.finish_reason == "length"
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+    assert not engine.requests and victim.request_id not in engine.runner.generators
+
+
+def test_seed_outside_64_bits_is_rejected_up_front():
+    for seed in (-1, 2**63, 2**64):
+        with pytest.raises(ValueError, match="seed"):
+            SamplingParams(seed=seed)
+    assert SamplingParams(seed=2**63 - 1).generator() is not None
