@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -118,3 +119,132 @@ def test_config_not_json(ckpt):
     (ckpt / "config.json").write_text("{not json")
     with pytest.raises(CheckpointError, match="not valid JSON"):
         load_model(ckpt)
+
+
+# Sharded checkpoints whose index names its shards. The index is data from whoever published the
+# checkpoint, so every shard it names must be a file inside the checkpoint directory.
+SHARDS = ("model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors")
+
+
+def write_index(ckpt, weight_map: dict) -> None:
+    index = {"metadata": {}, "weight_map": weight_map}
+    (ckpt / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+def shard(ckpt) -> dict[str, str]:
+    """Split the single file into two shards and an index, as `save_pretrained` does for a big
+    model; the weight map {tensor name: shard file}."""
+    tensors = load_file(ckpt / "model.safetensors")
+    names = sorted(tensors)
+    weight_map = {}
+    for file, part in zip(SHARDS, (names[::2], names[1::2]), strict=True):
+        save_file({n: tensors[n] for n in part}, ckpt / file, metadata={"format": "pt"})
+        weight_map.update(dict.fromkeys(part, file))
+    (ckpt / "model.safetensors").unlink()
+    write_index(ckpt, weight_map)
+    return weight_map
+
+
+def rename_shard(ckpt, weight_map: dict[str, str], new_name) -> None:
+    """Make the index name the second shard `new_name` instead."""
+    write_index(ckpt, {k: new_name if v == SHARDS[1] else v for k, v in weight_map.items()})
+
+
+def assert_same_parameters(a, b) -> None:
+    for (name, x), (_, y) in zip(a.named_parameters(), b.named_parameters(), strict=True):
+        assert torch.equal(x, y), name
+
+
+def test_hand_sharded_checkpoint_loads_like_single(ckpt):
+    single, _ = load_model(ckpt)
+    shard(ckpt)
+    assert_same_parameters(load_model(ckpt)[0], single)
+
+
+def test_shard_may_name_a_subfolder_and_dotdot_that_stays_inside(ckpt):
+    single, _ = load_model(ckpt)
+    weight_map = shard(ckpt)
+    (ckpt / "part").mkdir()
+    (ckpt / SHARDS[1]).rename(ckpt / "part" / SHARDS[1])
+    rename_shard(ckpt, weight_map, f"part/../part/{SHARDS[1]}")
+    assert_same_parameters(load_model(ckpt)[0], single)
+
+
+def test_shard_outside_the_directory_through_dotdot_is_refused(ckpt):
+    weight_map = shard(ckpt)
+    (ckpt / SHARDS[1]).rename(ckpt.parent / "outside.safetensors")  # a real file: it would load
+    rename_shard(ckpt, weight_map, "../outside.safetensors")
+    with pytest.raises(
+        CheckpointError,
+        match=r"index.json names the shard '\.\./outside\.safetensors': '\.\.' leads out",
+    ):
+        load_model(ckpt)
+
+
+@pytest.mark.parametrize("target", ["/etc/passwd", "outside"])
+def test_shard_named_by_an_absolute_path_is_refused(ckpt, target):
+    weight_map = shard(ckpt)
+    outside = ckpt.parent / "outside.safetensors"
+    (ckpt / SHARDS[1]).rename(outside)
+    name = str(outside) if target == "outside" else target
+    rename_shard(ckpt, weight_map, name)
+    with pytest.raises(
+        CheckpointError, match=f"names the shard {re.escape(repr(name))}: an absolute path"
+    ):
+        load_model(ckpt)
+
+
+def test_shard_symlink_out_of_the_directory_is_refused(ckpt):
+    shard(ckpt)
+    outside = ckpt.parent / "outside.safetensors"
+    (ckpt / SHARDS[1]).rename(outside)
+    (ckpt / SHARDS[1]).symlink_to(f"../{outside.name}")  # the index is untouched
+    with pytest.raises(
+        CheckpointError, match=f"names the shard '{SHARDS[1]}': a symlink leads out of"
+    ):
+        load_model(ckpt)
+
+
+def test_missing_shard_is_named(ckpt):
+    shard(ckpt)
+    (ckpt / SHARDS[1]).unlink()
+    with pytest.raises(
+        CheckpointError, match=f"index.json names the shard '{SHARDS[1]}': missing file"
+    ):
+        load_model(ckpt)
+
+
+def test_shard_that_is_not_safetensors_is_named(ckpt):
+    rename_shard(ckpt, shard(ckpt), "config.json")
+    with pytest.raises(CheckpointError, match="config.json is not a readable safetensors file"):
+        load_model(ckpt)
+
+
+@pytest.mark.parametrize(
+    "index,message",
+    [
+        ("{not json", "index.json is not valid JSON"),
+        ('["a list"]', "index.json has no 'weight_map'"),
+        ('{"weight_map": {"model.norm.weight": 3}}', "names the shard 3: not a file name"),
+    ],
+)
+def test_malformed_index(ckpt, index, message):
+    shard(ckpt)
+    (ckpt / "model.safetensors.index.json").write_text(index)
+    with pytest.raises(CheckpointError, match=message):
+        load_model(ckpt)
+
+
+def test_hugging_face_cache_snapshot_loads(ckpt, tmp_path):
+    """The hub cache keeps each file once in `blobs/` and links to it from `snapshots/REV/`:
+    those links leave the snapshot directory, and must still load."""
+    single, _ = load_model(ckpt)
+    shard(ckpt)
+    repo = tmp_path / "hub" / "models--org--tiny"
+    snapshot = repo / "snapshots" / "0123abc"
+    (repo / "blobs").mkdir(parents=True)
+    snapshot.mkdir(parents=True)
+    for i, file in enumerate(sorted(ckpt.iterdir())):
+        file.rename(repo / "blobs" / f"blob{i}")
+        (snapshot / file.name).symlink_to(f"../../blobs/blob{i}")
+    assert_same_parameters(load_model(snapshot)[0], single)
