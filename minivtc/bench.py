@@ -155,7 +155,7 @@ def run_transformers(hf, prompts: torch.Tensor, new_tokens: int) -> None:
 
 
 class ScanVTC(VTC):
-    """The artifact's selection (PAPER.md §2.3): scan every client for the smallest counter."""
+    """The official artifact's selection: scan every client for the smallest counter."""
 
     def push(self, client: str) -> None:
         pass

@@ -129,7 +129,8 @@ class LlamaConfig:
         return asdict(self)
 
 
-# Presets by exact name. The 7B/13B shapes are the paper's main and ablation models (PAPER.md §3.1).
+# Presets by exact name. The 7B/13B shapes are the paper's main and ablation models (Llama-2-7B
+# in Sections 5.2-5.3, Llama-2-13B in Section 5.4).
 PRESETS: dict[str, LlamaConfig] = {
     "llama-2-7b": LlamaConfig(),
     "llama-2-13b": LlamaConfig(dim=5120, n_layers=40, n_heads=40, n_kv_heads=40, ffn_dim=13824),

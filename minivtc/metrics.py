@@ -1,4 +1,4 @@
-"""The paper's fairness metrics, exactly as its plotting code computes them (PAPER.md §5).
+"""The paper's fairness metrics (Section 5), exactly as its artifact's plotting code computes them.
 
 Owns: `Served` (one row of `requests.csv`: what a client saw of one request), reading and
 writing that CSV, and every number the paper reports from it — service per window, demand per
@@ -56,7 +56,7 @@ def linear_cost(r: Served, w_p: float = 1.0, w_q: float = 2.0) -> float:
 
 
 def profiled_cost(r: Served) -> float:
-    """The artifact's fitted h in ms (PAPER.md §2.5), for the "profile" tables: the same h
+    """The artifact's fitted h in ms (Appendix B.2), for the "profile" tables: the same h
     the scheduler charges with (`scheduler.ProfiledCost`)."""
     return ProfiledCost()(r.input_tokens, r.output_tokens)
 
@@ -186,7 +186,8 @@ def table_metrics(
     r_j are client j's service and demand rates, and the tick's difference is
     D = sum_j min(max_k s_k - s_j, |r_j - s_j|): each client's shortfall against the best served
     client, capped by how far it is from its own demand (asking for less is not unfairness).
-    The "profile" tables use h for s_j but the linear cost for r_j (`demand_cost`, §2.5 quirk).
+    The "profile" tables (Tables 3-4) use h for s_j but the linear cost for r_j (`demand_cost`:
+    a quirk of the artifact's script; lessons/artifact_deviations.md).
     """
     diffs = []
     for i in range(1, num_x):

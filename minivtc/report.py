@@ -51,7 +51,7 @@ def summarize(
     cost: metrics.Cost = metrics.linear_cost,
 ) -> dict:  # fmt: skip
     """metrics.json's numbers. `cost` prices service (the "profile" tables use h; their demand
-    stays linear, as in the artifact's script, PAPER.md §2.5)."""
+    stays linear, as in the artifact's script for Tables 3-4)."""
     served = result.served
     table = metrics.table_metrics(served, result.total_time, horizon=horizon, cost=cost)
     totals = metrics.service(served, 0.0, float("inf"), cost)
@@ -95,7 +95,7 @@ class Experiment:
     title: str
     workload: str
     schedulers: list[str]
-    paper: str  # what the paper reports (PAPER.md §6-7)
+    paper: str  # what the paper reports (its figure or table)
     verdict: Callable[[dict[str, dict]], str]
     figures: tuple[str, ...] = ("service", "gap")
     cost: metrics.Cost = metrics.linear_cost  # what service is priced in
@@ -220,7 +220,7 @@ EXPERIMENTS = [
 
 
 def fig12(out: Path) -> list[str]:
-    """Response time of four real-trace clients: two medium, the two heaviest (PAPER.md §6)."""
+    """Figure 12: response time of four real-trace clients, two medium and the two heaviest."""
     trace = workload("real").make()
     counts: dict[str, int] = {}
     for t in trace:
@@ -292,7 +292,7 @@ def mean_of(served: list[metrics.Served]) -> float:
     return sum(r.first_token_latency_s for r in served) / len(served)
 
 
-ABLATION = {  # name: (pool tokens, rates, length each way); PAPER.md §4.2, A100-80G, 13B
+ABLATION = {  # name: (pool tokens, rates, length each way); Section 5.4, A100-80G, 13B
     "pool 35000, 512/512": (35000, [1.5, 3.0], 512),
     "pool 65000, 512/512": (65000, [2.0, 4.0], 512),
     "pool 35000, 256/256": (35000, [3.0, 6.0], 256),
@@ -345,7 +345,7 @@ def measured_trace(config: dict) -> list[TraceRequest]:
 def validate(out: Path) -> list[str]:
     """The simulator against the artifact's measured A10G runs (data/a10g_runs): the same
     trace, scheduler and admission cadence (`vtc-artifact` or `fcfs`, admission every 10 decode
-    steps, PAPER.md §2.3 D7). Compared: throughput, and each client's service over the trace's
+    steps, as the artifact's router does; lessons/artifact_deviations.md). Compared: throughput, and each client's service over the trace's
     600 s (clients with at least 5% of the largest one's; afterwards a backlog drains, and over
     all time every client's total is the same in both)."""
     runs_dir = Path(metrics.__file__).parent / "data" / "a10g_runs"
@@ -399,7 +399,7 @@ def reproduce(out: str | Path, only: list[str] | None = None) -> Path:
     lines = ["# minivtc reproduces the paper", "",
              "Simulated with the `a10g-llama7b` cost model (Llama-2-7B on an A10G, 10000-token "
              "pool, w_p = 1, w_q = 2), the same engine and scheduler code that serves real tokens. "
-             "Metrics as in PAPER.md §5; table columns Max Diff / Avg Diff / Diff Var / tokens/s.", ""]  # fmt: skip
+             "Metrics as in the paper's Table 2: columns Max Diff / Avg Diff / Diff Var / tokens/s.", ""]  # fmt: skip
     for e in chosen:
         print(f"{e.key}: {e.title}", file=sys.stderr)
         lines += run_experiment(e, out)

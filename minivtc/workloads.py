@@ -1,9 +1,10 @@
 """The paper's workloads: every generator of its experiments, seeded, and the real 27-client trace.
 
 Owns: `TraceRequest` (client, arrival time, input and output lengths), the trace CSV format
-(`client,arrival_s,input_tokens,output_tokens`), the generators of PAPER.md §4.1 with the
-rates, lengths and durations of §4.2, and `WORKLOADS`, the named suites. Does not own: running
-a trace (`sim.py` for virtual time, the load generator for a real server). Lessons 4-7 use it.
+(`client,arrival_s,input_tokens,output_tokens`), the generators of the experiments of Sections
+5.2-5.4 and Appendix B with their rates, lengths and durations, and `WORKLOADS`, the named
+suites. Does not own: running a trace (`sim.py` for virtual time, the load generator for a real
+server). Lessons 4-7 use it.
 
 Generators follow the artifact's `fair_bench/trace.py`; Python's `random` stands in for
 NumPy's, so individual draws differ from the artifact's while the processes are the same.
@@ -127,7 +128,7 @@ def real() -> list[TraceRequest]:
     return read_trace(REAL_TRACE)
 
 
-# --- the named suites (PAPER.md §4.2) ---------------------------------------------------------
+# --- the named suites (Sections 5.2-5.4, Appendix B) ------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ def run(name: str) -> tuple[list[Served], float]:
 @pytest.mark.parametrize(
     "name,expected",
     [
-        ("FCFS__real", (759.97, 433.53, 32112.00, 777)),  # PAPER.md §7, Table 2
+        ("FCFS__real", (759.97, 433.53, 32112.00, 777)),  # Table 2
         ("VTC__real", (368.40, 251.66, 6549.16, 779)),
     ],
 )
@@ -62,13 +62,13 @@ def test_accumulated_difference_fcfs_grows_vtc_stays_bounded():
     vtc, _ = run("VTC__overload")
     _, f = metrics.accumulated_service_diff(fcfs, horizon=600)
     _, v = metrics.accumulated_service_diff(vtc, horizon=360)
-    assert f[-1] > 200_000 and f == sorted(f)  # PAPER.md Fig. 3: grows to ~249k at 570 s
+    assert f[-1] > 200_000 and f == sorted(f)  # Figure 3(a): grows to ~249k at 570 s
     assert max(v) < 10_000  # oscillates 0.1k-7.7k, far under 2U = 40000
 
 
 def test_profiled_cost_is_the_papers_fit():
     r = Served("a", 0.0, 256, 256, 1.0, 2.0)
-    # PAPER.md §2.5: the paper prints h = 2.1 n_p + n_q + 0.04 n_p n_q + 0.032 n_q^2 + 11.46,
+    # Appendix B.2: the paper prints h = 2.1 n_p + n_q + 0.04 n_p n_q + 0.032 n_q^2 + 11.46,
     # the same fit scaled by 10 and rounded.
     paper = (2.1 * 256 + 256 + 0.04 * 256 * 256 + 0.032 * 256**2 + 11.46) / 10
     assert metrics.profiled_cost(r) == pytest.approx(paper, rel=0.01)

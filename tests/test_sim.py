@@ -57,9 +57,9 @@ def test_simulation_serves_every_request_and_keeps_lemma_4_3():
 
 @pytest.mark.parametrize("predictor", [None, MeanOfLast()])
 def test_vtc_heap_simulates_exactly_as_the_artifacts_scan(predictor):
-    """VTC picks the minimum with a lazily re-keyed heap; the artifact scans every client
-    (PAPER.md §2.3). Same decisions, so the same records, counter for counter (with a
-    predictor, refunds lower counters: the heap's other path)."""
+    """VTC picks the minimum with a lazily re-keyed heap; the official artifact scans every
+    client (its implementation of Algorithm 2). Same decisions, so the same records, counter for
+    counter (with a predictor, refunds lower counters: the heap's other path)."""
     trace = [t for t in workload("real").make() if t.arrival_s < 240]
     heap = simulate(trace, VTC(predictor=predictor))
     scan = simulate(trace, ScanVTC(predictor=MeanOfLast() if predictor else None))
