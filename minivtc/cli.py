@@ -73,8 +73,10 @@ def add_serve(sub) -> None:
         help="an OpenAI-compatible server with fair scheduling",
         description="Serve /v1/completions and /v1/chat/completions (streaming or not), "
         "/v1/models, /health, /metrics (Prometheus) and /fairness (each client's counter, "
-        "weight, queue and service). The client is the X-Client-Id header, else the body's "
-        "'user', else 'default'.",
+        "weight, queue and service). Without --api-keys the client is the X-Client-Id "
+        "header, else the body's 'user', else 'default' (for local use: anyone can claim any "
+        "client). With --api-keys, callers send 'Authorization: Bearer KEY' and are the key's "
+        "client.",
     )
     p.add_argument(
         "--weights", default=None, help="Hugging Face Llama directory (default: bundled)"
@@ -89,6 +91,22 @@ def add_serve(sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument(
+        "--api-keys", default=None, metavar="FILE",
+        help='JSON file of API key -> client, e.g. {"sk-alice": {"client": "alice", "weight": 2}, '
+        '"sk-ops": {"client": "ops", "admin": true}}; admin keys may read /metrics and every '
+        "row of /fairness",
+    )  # fmt: skip
+    p.add_argument(
+        "--trust-client-header", action="store_true",
+        help="with --api-keys: take the client from X-Client-Id / 'user' (a trusted proxy in "
+        "front sets them), the key's client otherwise",
+    )  # fmt: skip
+    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
+                   help="larger request bodies get 413 before parsing (default 4 MiB)")  # fmt: skip
+    p.add_argument("--shutdown-timeout", type=float, default=30.0,
+                   help="seconds in-flight requests get to finish after SIGTERM/SIGINT; then they "
+                   "end with an error and the server exits (default 30)")  # fmt: skip
     p.set_defaults(run=run_serve)
 
 
@@ -96,14 +114,20 @@ def run_serve(args) -> int:
     import json
     from pathlib import Path
 
-    import uvicorn
-
+    from minivtc.api_keys import Gate, read_keys, weights_of
     from minivtc.llm import build_engine
     from minivtc.scheduler import make_scheduler
-    from minivtc.server import make_app
+    from minivtc.server import Server
     from minivtc.weights import load_model
 
-    weights = None
+    if args.max_body_bytes < 1024 or args.shutdown_timeout < 0:
+        raise ValueError("--max-body-bytes must be >= 1024 and --shutdown-timeout >= 0")
+    if args.api_keys and args.client_weights:
+        raise ValueError("give weights in the --api-keys file, not also --client-weights")
+    if args.trust_client_header and not args.api_keys:
+        raise ValueError("--trust-client-header only means something with --api-keys")
+    keys = read_keys(args.api_keys) if args.api_keys else None
+    weights = weights_of(keys) if keys else None
     if args.client_weights:
         try:
             weights = json.loads(Path(args.client_weights).read_text())
@@ -119,8 +143,14 @@ def run_serve(args) -> int:
     name = Path(args.weights).name if args.weights else "minivtc-tiny"
     print(f"serving {name} with {args.scheduler} on http://{args.host}:{args.port}/v1",
           file=sys.stderr)  # fmt: skip
-    uvicorn.run(make_app(engine, tokenizer, name), host=args.host, port=args.port)
-    return 0
+    if keys is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+        print(f"WARNING: serving {args.host} without --api-keys: any caller can claim to be "
+              "any client (and take its share) and can read every client's usage",
+              file=sys.stderr)  # fmt: skip
+    gate = Gate(keys, args.trust_client_header)
+    server = Server(engine, tokenizer, name, args.host, args.port, args.shutdown_timeout,
+                    gate=gate, max_body_bytes=args.max_body_bytes)  # fmt: skip
+    return server.run()
 
 
 def add_loadgen(sub) -> None:

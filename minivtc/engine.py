@@ -223,6 +223,16 @@ class Engine:
         self.allocator.check_invariants()
         self.scheduler.check_invariants()
 
+    def forget_idle_clients(self) -> dict[str, ClientTokens]:
+        """Drop what the engine and the policy keep about clients with nothing waiting or
+        running, where the policy says that changes no decision (`Scheduler.forget`); return
+        the forgotten clients' token counts (a server sums them into its totals)."""
+        busy = {r.client_id for r in self.requests.values()}
+        known = set(self.client_tokens) | set(self.scheduler.accounts())
+        idle = sorted(known - busy)
+        gone = self.scheduler.forget(idle, self.clock())
+        return {c: self.client_tokens.pop(c, ClientTokens()) for c in gone}
+
     def has_unfinished(self) -> bool:
         # Called every step: ask for one waiting request, not for a count of them all.
         return bool(self.running) or next(iter(self.scheduler.waiting()), None) is not None

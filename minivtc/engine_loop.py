@@ -19,6 +19,7 @@ import asyncio
 import bisect
 import queue
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from minivtc.engine import Engine, StepOutput
+from minivtc.observability import OTHER, ClientRow, Snapshot
 from minivtc.request import Request
 from minivtc.sampler import SamplingParams
 
@@ -70,13 +72,17 @@ class EngineLoop:
 
     def __init__(
         self, engine: Engine, idle_wait_s: float = 0.05,
-        on_fatal: Callable[[BaseException], None] | None = None,
+        on_fatal: Callable[[BaseException], None] | None = None, forget_every_s: float = 10.0,
     ) -> None:  # fmt: skip
         """`on_fatal(error)` runs on the loop thread if the engine fails in a way that leaves
-        shared state unsound (the loop has ended; `minivtc serve` then exits non-zero)."""
+        shared state unsound (the loop has ended; `minivtc serve` then exits non-zero).
+        Every `forget_every_s` the loop forgets idle clients (`Engine.forget_idle_clients`)."""
         self.engine = engine
         self.idle_wait_s = idle_wait_s
         self.on_fatal = on_fatal
+        self.forget_every_s = forget_every_s
+        self.next_forget = time.monotonic() + forget_every_s
+        self.forgotten = ClientRow()  # token totals of forgotten clients (monotone metrics)
         self.commands: queue.SimpleQueue[tuple[Callable[[], object], Future]] = queue.SimpleQueue()
         # Held while a command is queued and while the loop closes: a command is either queued
         # before the loop's last drain (and answered by it) or refused (never left hanging).
@@ -160,6 +166,8 @@ class EngineLoop:
             with torch.inference_mode():
                 while not self.stopping:
                     self.run_commands()
+                    if time.monotonic() >= self.next_forget:
+                        self.forget_idle_clients()
                     if self.engine.has_unfinished():
                         self.deliver(self.engine.step())
                     else:
@@ -205,6 +213,39 @@ class EngineLoop:
                 self.forget(out.request_id, abort=False)
         for event_loop, items in by_loop.items():  # one wake-up per event loop per step
             event_loop.call_soon_threadsafe(put_all, items)
+
+    def forget_idle_clients(self) -> list[str]:
+        """Between steps: forget idle clients; their totals move to `forgotten`."""
+        self.next_forget = time.monotonic() + self.forget_every_s
+        gone = self.engine.forget_idle_clients()
+        for tokens in gone.values():
+            self.forgotten.input_tokens += tokens.num_input
+            self.forgotten.output_tokens += tokens.num_output
+        for key in [k for k in self.finished if k[0] in gone]:
+            other = (OTHER, key[1])
+            self.finished[other] = self.finished.get(other, 0) + self.finished.pop(key)
+        return list(gone)
+
+    def snapshot(self) -> Snapshot:
+        """What the reports need, copied between two steps (run it on the loop thread)."""
+        engine = self.engine
+        rows: dict[str, ClientRow] = {}
+        for client, (counter, weight) in engine.scheduler.accounts().items():
+            rows[client] = ClientRow(counter, weight)
+        for client, tokens in engine.client_tokens.items():
+            row = rows.setdefault(client, ClientRow())
+            row.input_tokens, row.output_tokens = tokens.num_input, tokens.num_output
+        for r in engine.scheduler.waiting():
+            rows.setdefault(r.client_id, ClientRow()).waiting += 1
+        for r in engine.running:
+            rows.setdefault(r.client_id, ClientRow()).running += 1
+        a = engine.allocator
+        return Snapshot(
+            engine.scheduler.name, rows, a.num_used_blocks, a.num_blocks, a.block_size,
+            dict(self.finished), self.ttft.cumulative(), self.ttft.total,
+            self.latency.cumulative(), self.latency.total,
+            ClientRow(None, 1.0, 0, 0, self.forgotten.input_tokens, self.forgotten.output_tokens),
+        )  # fmt: skip
 
     def record(self, request: Request) -> None:
         if request.first_token_time is not None:

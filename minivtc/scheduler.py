@@ -24,8 +24,8 @@ import heapq
 import random
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
+from minivtc.cost import PAPER_COST, Cost, LinearCost, ProfiledCost, fairness_bound
 from minivtc.request import Request
 
 Admit = Callable[[Request], bool]
@@ -63,6 +63,16 @@ class Scheduler:
 
     def check_invariants(self) -> None:
         pass
+
+    def accounts(self) -> dict[str, tuple[float | None, float]]:
+        """Per client the policy knows: (counter, weight); counter None for a policy without
+        one. What the server's fairness view shows."""
+        return {}
+
+    def forget(self, idle: list[str], now: float) -> list[str]:
+        """Of `idle` clients (nothing waiting or running), drop those whose state can no longer
+        change a decision, and return them: a server meets unboundedly many clients."""
+        return list(idle)  # no per-client state
 
     @property
     def num_waiting(self) -> int:
@@ -129,39 +139,13 @@ class RPM(FCFS):
         times.append(now)
         return super().add(request, now)
 
-
-# --- cost functions: what one client's service costs (PAPER.md §1, §2.5) ---------------------
-
-
-@dataclass(frozen=True)
-class LinearCost:
-    """h(n_p, n_q) = w_p * n_p + w_q * n_q: the paper's main cost, w_p = 1, w_q = 2."""
-
-    w_p: float = 1.0
-    w_q: float = 2.0
-
-    def __call__(self, n_p: float, n_q: float) -> float:
-        return self.w_p * n_p + self.w_q * n_q
-
-
-@dataclass(frozen=True)
-class ProfiledCost:
-    """The artifact's h fitted to A10G step times, in ms per request (PAPER.md §2.5)."""
-
-    w_p: float = 0.21001891  # the linear input term, so U stays meaningful
-    w_q: float = 0.10075395
-
-    def __call__(self, n_p: float, n_q: float) -> float:
-        return (
-            0.21001891 * n_p
-            + 0.10075395 * n_q
-            + 0.0039868 * n_p * n_q
-            + 0.00324733 * n_q**2
-            + 1.14601454
-        )
-
-
-Cost = Callable[[float, float], float]
+    def forget(self, idle: list[str], now: float) -> list[str]:
+        """A client whose window holds no accepted request starts afresh either way."""
+        window = now - self.window_s
+        gone = [c for c in idle if not any(t > window for t in self.accepted.get(c, ()))]
+        for c in gone:
+            self.accepted.pop(c, None)
+        return gone
 
 
 # --- output-length predictors for VTC with prediction (PAPER.md §2.6) ------------------------
@@ -234,6 +218,10 @@ class VTC(Scheduler):
     returns from idle waits at most 2(n-1)U / (slowest service rate) to be dispatched
     (Theorem 4.11). `lift=False` is LCF, the paper's broken baseline.
 
+    Ties between equal counters go to the client seen first (as the artifact's dict order
+    does). A server may forget an idle client (`forget`) without changing a decision; only its
+    place in that order (`first_seen`, one int) is kept.
+
     Selecting the minimum is a heap with lazy deletion: O(log n) per decision, not the
     artifact's O(n) scan over clients. A heap entry (counter, first_seen, version, client) is
     live while the client waits and `version` is its latest. A live entry's counter may lag
@@ -244,7 +232,7 @@ class VTC(Scheduler):
 
     def __init__(
         self,
-        cost: Cost = LinearCost(),
+        cost: Cost = PAPER_COST,
         weights: dict[str, float] | None = None,
         lift: bool = True,
         predictor: MeanOfLast | MovingAverage | Oracle | None = None,
@@ -266,7 +254,8 @@ class VTC(Scheduler):
         self.name = name
         self.counters: dict[str, float] = {}
         self.queues: dict[str, deque[Request]] = {}  # waiting requests per client
-        self.first_seen: dict[str, int] = {}  # ties go to the client seen first
+        self.first_seen: dict[str, int] = {}  # ties go to the client seen first (kept forever)
+        self.num_entries = 0  # heap entries made so far: each is a client's latest version
         self.versions: dict[str, int] = {}
         self.heap: list[tuple[float, int, int, str]] = []
         self.last_left: str | None = None  # the last client whose queue emptied
@@ -279,9 +268,9 @@ class VTC(Scheduler):
 
     def add(self, request: Request, now: float) -> str | None:
         client = request.client_id
-        if client not in self.counters:
+        if client not in self.counters:  # new, or forgotten: a forgotten counter was <= floor
             self.counters[client] = 0.0
-            self.first_seen[client] = len(self.first_seen)
+            self.first_seen.setdefault(client, len(self.first_seen))
             self.queues[client] = deque()
         if self.lift and not self.queues[client]:
             self.lift_counter(client)
@@ -368,10 +357,37 @@ class VTC(Scheduler):
     def waiting(self) -> Iterator[Request]:
         return (r for q in self.queues.values() for r in q)
 
+    def accounts(self) -> dict[str, tuple[float | None, float]]:
+        return {c: (n, self.weights.get(c, 1.0)) for c, n in self.counters.items()}
+
+    def forget(self, idle: list[str], now: float) -> list[str]:
+        """Forget idle clients whose counter is at or below the lift floor F (the smallest
+        waiting counter, or the last client to leave Q's): that changes no decision.
+
+        Why: kept, such a client rejoins at max(counter, F') where F' >= F is the floor then
+        (F never falls: charges raise counters, a joining client is lifted to F, a leaving
+        one leaves a larger minimum); forgotten, it rejoins at max(0, F') = F' -- the same
+        counter, and its place among ties (`first_seen`) is kept. This needs the lift to the last
+        client that left (else an empty Q has no floor) and no refunds (Algorithm 3's refund
+        lowers counters, so F could fall): with a predictor nothing is forgotten."""
+        if not (self.lift and self.lift_last_left) or self.predictor is not None:
+            return []
+        floor = self.min_waiting_counter()
+        if floor is None and self.last_left is not None:
+            floor = self.counters[self.last_left]
+        if floor is None:
+            return []
+        gone = [c for c in idle if c in self.counters and not self.queues[c]
+                and c != self.last_left and self.counters[c] <= floor]  # fmt: skip
+        for c in gone:
+            del self.counters[c], self.queues[c]
+            self.versions.pop(c, None)  # its heap entries are dead: versions.get gives None
+        return gone
+
     def check_invariants(self) -> None:
         """Lemma 4.3, when the engine set `bound` (check_fairness=True): spread <= U."""
         waiting = [self.counters[c] for c, q in self.queues.items() if q]
-        live = {c: k for k, _, v, c in self.heap if v == self.versions[c] and self.queues[c]}
+        live = {c: k for k, _, v, c in self.heap if self.is_live(v, c)}
         assert live.keys() == {c for c, q in self.queues.items() if q}, "heap lost a client"
         assert all(k <= self.counters[c] for c, k in live.items()), "a key is above its counter"
         if self.bound is not None and waiting:
@@ -407,13 +423,14 @@ class VTC(Scheduler):
     def entry(self, client: str) -> tuple[float, int, int, str]:
         """A new heap entry for `client`: its counter now, and a new version (older entries
         of the client are dead)."""
-        self.versions[client] = self.versions.get(client, 0) + 1
+        self.num_entries += 1  # never reused, even for a client forgotten and seen again
+        self.versions[client] = self.num_entries
         return (self.counters[client], self.first_seen[client], self.versions[client], client)
 
     def min_waiting_client(self) -> str | None:
         while self.heap:
             counter, _, version, client = self.heap[0]
-            if version != self.versions[client] or not self.queues[client]:
+            if not self.is_live(version, client):
                 heapq.heappop(self.heap)  # dead: superseded by a newer entry, or left Q
             elif counter != self.counters[client]:  # charged since: re-key, look again
                 heapq.heapreplace(self.heap, self.entry(client))
@@ -425,8 +442,12 @@ class VTC(Scheduler):
         client = self.min_waiting_client()
         return None if client is None else self.counters[client]
 
+    def is_live(self, version: int, client: str) -> bool:
+        """A heap entry is live if it is its client's latest and the client waits."""
+        return version == self.versions.get(client) and bool(self.queues[client])
+
     def compact(self) -> None:
-        self.heap = [e for e in self.heap if e[2] == self.versions[e[3]] and self.queues[e[3]]]
+        self.heap = [e for e in self.heap if self.is_live(e[2], e[3])]
         heapq.heapify(self.heap)
 
     def set_bound(self, max_input: int, pool_tokens: int) -> None:
@@ -434,11 +455,6 @@ class VTC(Scheduler):
         w_p, w_q = getattr(self.cost, "w_p", 1.0), getattr(self.cost, "w_q", 2.0)
         min_weight = min(self.weights.values(), default=1.0)
         self.bound = fairness_bound(max_input, pool_tokens, w_p, w_q) / min(min_weight, 1.0)
-
-
-def fairness_bound(max_input: int, pool_tokens: int, w_p: float = 1.0, w_q: float = 2.0) -> float:
-    """U = max(w_p * L_input, w_q * M): Lemma 4.3's counter spread; 2U bounds Theorem 4.4's gap."""
-    return max(w_p * max_input, w_q * pool_tokens)
 
 
 SCHEDULERS = (

@@ -1,19 +1,24 @@
 """The local server: an OpenAI-compatible HTTP API over the engine, with a fairness view.
 
-Owns: the FastAPI app (`make_app`) — request schemas, error bodies, SSE streaming, `/health`,
-`/metrics` (Prometheus text), `/fairness` (JSON) — and `serve` / `BackgroundServer` to run it
-with uvicorn. Everything it knows about scheduling it reads from the engine; the engine runs in
-`engine_loop.EngineLoop`'s thread, and this file never calls it directly. Lesson 8 uses it.
+Owns: the FastAPI app (`make_app`) and its routes, the door every request passes first (body
+size, API key), SSE streaming, and running it (`serve` in the foreground with a shutdown time
+limit, `BackgroundServer` on a thread). The bodies and error shape are `openai_api.py`'s, who
+the caller is `api_keys.py`'s, the reports `observability.py`'s. The engine runs on
+`engine_loop.EngineLoop`'s thread, and nothing here touches it: handlers send the loop
+commands, and read engine state only through a snapshot taken there. Lesson 8 uses it.
 
-Follow one request: `completions()` validates the body (pydantic; a bad field is a 400 with an
-OpenAI error body), encodes the prompt, names the client (`X-Client-Id` header, else the body's
-`user`, else "default"), and `EngineLoop.add` queues it; the scheduler decides when it runs;
-each step's `StepOutput` arrives on the request's queue and becomes an SSE chunk (or, when not
-streaming, is collected into one response). A client that goes away is aborted at once and its
-KV blocks return to the pool.
+Follow one request: the door refuses a body over `max_body_bytes` (413) or a missing key (401)
+before anything is parsed; `completions()` validates the body (a bad field is a 400 with an
+OpenAI error body), names the client (`api_keys.Gate`), tokenizes the prompt on a worker thread
+(a long prompt must not stall other streams), and `EngineLoop.add` queues it; the scheduler
+decides when it runs; each step's `StepOutput` arrives on the request's queue and becomes an
+SSE chunk (or, when not streaming, is collected into one response). A client that goes away is
+aborted at once and its KV blocks return to the pool. A fault in one request's own work ends
+that request alone (an error event, or a 500); one that leaves the engine unsound ends the
+loop, `/health` answers 503, and `minivtc serve` exits non-zero for a supervisor to restart it.
 
-Client weights come from the server's configuration (`--client-weights`), never from requests:
-a client cannot raise its own share.
+Client weights come from the server's configuration (the keys file or `--client-weights`),
+never from requests: a client cannot raise its own share.
 """
 
 from __future__ import annotations
@@ -21,101 +26,39 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Annotated, Literal
 
-from fastapi import FastAPI, Header, Request
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from starlette.exceptions import HTTPException
 
+from minivtc.api_keys import Caller, Gate
 from minivtc.engine import Engine, RequestRejected, StepOutput
 from minivtc.engine_loop import EngineLoop, Stream
-from minivtc.sampler import MAX_SEED, SamplingParams
+from minivtc.observability import fairness_view, prometheus_text
+from minivtc.openai_api import (
+    FINISH_REASONS,
+    APIError,
+    ChatBody,
+    ChunkShape,
+    CompletionBody,
+    Sampling,
+    check_unsupported,
+    usage,
+    validation_error,
+)
+from minivtc.sampler import SamplingParams
 from minivtc.tokenizer import Tokenizer
 
-W_P, W_Q = 1.0, 2.0  # service is priced as the paper's cost: w_p * input + w_q * output
-FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort"}
-
-
-# --- request bodies (OpenAI's names; unknown fields are rejected, as OpenAI does) --------------
-
-
-class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    include_usage: bool = False
-
-
-class Sampling(BaseModel):
-    """Fields shared by both endpoints. `top_k` and `ignore_eos` are vLLM's extensions."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-    model: str | None = None
-    max_tokens: int | None = Field(default=None, ge=1)
-    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
-    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
-    stop: str | Annotated[list[Annotated[str, Field(min_length=1)]], Field(max_length=4)] | None = (
-        None
-    )
-    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)  # 64-bit, as vLLM checks
-    n: int = Field(default=1, ge=1)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
-    user: str | None = None
-    ignore_eos: bool = False
-    # Accepted at their defaults only (a non-default value is a clear 400, not silently ignored).
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logprobs: bool | int | None = None
-    logit_bias: dict[str, float] | None = None
-
-
-class CompletionBody(Sampling):
-    prompt: str | list[int] | list[str]
-    echo: bool = False
-    best_of: int | None = None
-    suffix: str | None = None
-
-
-class Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    role: Literal["system", "user", "assistant"]
-    content: str
-    name: str | None = None
-
-
-class ChatBody(Sampling):
-    messages: list[Message] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-
-
-class APIError(Exception):
-    """An error answered as OpenAI does: `{"error": {"message", "type", "param", "code"}}`."""
-
-    def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None,
-        kind: str = "invalid_request_error",
-    ) -> None:  # fmt: skip
-        super().__init__(message)
-        self.status, self.message, self.param, self.code, self.kind = (
-            status, message, param, code, kind,
-        )  # fmt: skip
-
-    def body(self) -> dict:
-        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
-        return {"error": error}
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status)
-
-
-# --- the app -----------------------------------------------------------------------------------
+MAX_BODY_BYTES = 4 * 1024 * 1024  # a 2048-token prompt is ~10 kB of text: 4 MB is generous
+CHARS_PER_TOKEN_BOUND = 4  # NFKC may compose up to ~3 code points into one; 4 is a safe margin
 
 
 @dataclass
@@ -124,79 +67,40 @@ class ServerState:
     tokenizer: Tokenizer
     model_name: str
     created: int
+    gate: Gate
+    context_room: int  # the most tokens one request may hold: min(context, pool)
+    max_prompt_chars: int  # a longer text can never fit the context, whatever it tokenizes to
 
 
-def make_app(engine: Engine, tokenizer: Tokenizer, model_name: str = "minivtc-tiny") -> FastAPI:
-    """The app over `engine` (which it starts on a thread at startup and stops at shutdown)."""
-    state = ServerState(EngineLoop(engine), tokenizer, model_name, int(time.time()))
+def make_app(
+    engine: Engine, tokenizer: Tokenizer, model_name: str = "minivtc-tiny", *,
+    gate: Gate | None = None, max_body_bytes: int = MAX_BODY_BYTES,
+    on_fatal=None, forget_every_s: float = 10.0,
+) -> FastAPI:  # fmt: skip
+    """The app over `engine` (which it starts on a thread at startup and stops at shutdown).
+
+    `gate`: API keys (default: none, every caller names itself: local use). `on_fatal(error)`:
+    called if the engine fails beyond one request (`serve` uses it to exit non-zero)."""
+    room = min(engine.max_positions, engine.allocator.num_tokens)
+    longest_piece = max(len(tokenizer.sp.id_to_piece(i)) for i in range(tokenizer.vocab_size))
+    state = ServerState(
+        EngineLoop(engine, on_fatal=on_fatal, forget_every_s=forget_every_s), tokenizer,
+        model_name, int(time.time()), gate or Gate(), room,
+        max_prompt_chars=room * longest_piece * CHARS_PER_TOKEN_BOUND,
+    )  # fmt: skip
     app = FastAPI(
         title="minivtc", lifespan=lifespan(state),
         description="OpenAI-compatible completions over minivtc's engine, scheduled fairly.",
     )  # fmt: skip
     app.state.minivtc = state
     add_error_handlers(app)
-
-    @app.post("/v1/completions")
-    async def completions(
-        body: CompletionBody, request: Request, x_client_id: str | None = Header(None)
-    ):
-        prompt = body.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-            if len(prompt) != 1:
-                raise APIError(400, "one prompt per request is supported", "prompt")
-            prompt = prompt[0]
-        if isinstance(prompt, list):
-            vocab = tokenizer.vocab_size
-            if any(not 0 <= t < vocab for t in prompt):
-                raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
-            prompt_ids = prompt
-        else:
-            prompt_ids = tokenizer.encode(prompt)
-        check_unsupported(body, state)
-        params = sampling_params(body, body.max_tokens or 16)
-        return await respond(state, request, body, prompt_ids, params, x_client_id, chat=False)
-
-    @app.post("/v1/chat/completions")
-    async def chat_completions(
-        body: ChatBody, request: Request, x_client_id: str | None = Header(None)
-    ):
-        try:
-            messages = [m.model_dump(exclude_none=True) for m in body.messages]
-            prompt_ids = tokenizer.chat_ids(messages)
-        except ValueError as e:
-            raise APIError(400, str(e), "messages") from None
-        check_unsupported(body, state)
-        room = min(engine.max_positions, engine.allocator.num_tokens) - len(prompt_ids)
-        max_tokens = body.max_completion_tokens or body.max_tokens or max(room, 1)
-        params = sampling_params(body, max_tokens)
-        return await respond(state, request, body, prompt_ids, params, x_client_id, chat=True)
-
-    @app.get("/v1/models")
-    async def models():
-        card = {
-            "id": model_name,
-            "object": "model",
-            "created": state.created,
-            "owned_by": "minivtc",
-        }
-        return {"object": "list", "data": [card]}
-
-    @app.get("/health")
-    async def health():
-        if not state.loop.alive:
-            error = {"message": f"the engine loop is not running: {state.loop.error!r}"}
-            return JSONResponse({"status": "dead", **error}, status_code=503)
-        return {"status": "ok"}
-
-    @app.get("/fairness")
-    async def fairness():
-        """Per client: counter, weight, waiting, running, tokens and service so far."""
-        return await read_between_steps(state, fairness_view)
-
-    @app.get("/metrics", response_class=PlainTextResponse)
-    async def metrics():
-        return await read_between_steps(state, prometheus_text)
-
+    app.add_middleware(Door, gate=state.gate, max_body_bytes=max_body_bytes)
+    app.post("/v1/completions")(completions)
+    app.post("/v1/chat/completions")(chat_completions)
+    app.get("/v1/models")(models)
+    app.get("/health")(health)
+    app.get("/fairness")(fairness)
+    app.get("/metrics", response_class=Response)(metrics)
     return app
 
 
@@ -214,58 +118,103 @@ def lifespan(state: ServerState):
     return run
 
 
-async def read_between_steps(state: ServerState, view):
-    """`view(loop)`, run on the engine thread between two steps (so it sees one state)."""
+# --- routes --------------------------------------------------------------------------------------
+
+
+async def completions(body: CompletionBody, http: Request):
+    state: ServerState = http.app.state.minivtc
+    caller = identify(state, http, body.user)
+    check_unsupported(body, state.model_name)
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise APIError(400, "one prompt per request is supported", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        vocab = state.tokenizer.vocab_size
+        if any(not 0 <= t < vocab for t in prompt):
+            raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
+        prompt_ids = prompt
+    else:
+        check_length(state, len(prompt), "prompt")
+        prompt_ids = await asyncio.to_thread(state.tokenizer.encode, prompt)  # off the event loop
+    params = sampling_params(body, body.max_tokens or 16)
+    return await respond(state, http, body, prompt_ids, params, caller, chat=False)
+
+
+async def chat_completions(body: ChatBody, http: Request):
+    state: ServerState = http.app.state.minivtc
+    caller = identify(state, http, body.user)
+    check_unsupported(body, state.model_name)
+    check_length(state, sum(len(m.content) for m in body.messages), "messages")
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
     try:
-        return await state.loop.call(lambda: view(state.loop))
+        prompt_ids = await asyncio.to_thread(state.tokenizer.chat_ids, messages)
+    except ValueError as e:
+        raise APIError(400, str(e), "messages") from None
+    room = state.context_room - len(prompt_ids)
+    max_tokens = body.max_completion_tokens or body.max_tokens or max(room, 1)
+    params = sampling_params(body, max_tokens)
+    return await respond(state, http, body, prompt_ids, params, caller, chat=True)
+
+
+async def models(http: Request):
+    state: ServerState = http.app.state.minivtc
+    card = {"id": state.model_name, "object": "model", "created": state.created,
+            "owned_by": "minivtc"}  # fmt: skip
+    return {"object": "list", "data": [card]}
+
+
+async def health(http: Request):
+    state: ServerState = http.app.state.minivtc
+    if not state.loop.alive:
+        error = {"message": f"the engine loop is not running: {state.loop.error!r}"}
+        return JSONResponse({"status": "dead", **error}, status_code=503)
+    return {"status": "ok"}
+
+
+async def fairness(http: Request):
+    """Per client: counter, weight, waiting, running, tokens and service so far. With API keys,
+    an admin key sees every client, any other key only its own client's row."""
+    state: ServerState = http.app.state.minivtc
+    caller = identify(state, http, None)
+    snap = await snapshot(state)
+    return await asyncio.to_thread(fairness_view, snap, None if caller.admin else caller.client)
+
+
+async def metrics(http: Request):
+    """Prometheus text. With API keys, for admin keys only."""
+    state: ServerState = http.app.state.minivtc
+    if not identify(state, http, None).admin:
+        raise APIError(403, "/metrics needs an admin key", kind="permission_error")
+    text = await asyncio.to_thread(prometheus_text, await snapshot(state))
+    return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def identify(state: ServerState, http: Request, user: str | None) -> Caller:
+    return state.gate.caller(http.headers.get("authorization"), http.headers.get("x-client-id"),
+                             user)  # fmt: skip
+
+
+def check_length(state: ServerState, num_chars: int, param: str) -> None:
+    """Refuse, before tokenizing it, a text too long to fit whatever it tokenizes to: one token
+    covers at most `longest_piece` characters (after normalization)."""
+    if num_chars > state.max_prompt_chars:
+        raise APIError(
+            400, f"the text is {num_chars} characters: it cannot fit the {state.context_room} "
+            "tokens one request may hold", param, "context_length_exceeded",
+        )  # fmt: skip
+
+
+async def snapshot(state: ServerState):
+    """The engine's state for a report, copied on the loop thread between two steps."""
+    try:
+        return await state.loop.call(state.loop.snapshot)
     except RuntimeError as e:  # the engine loop is dead
         raise APIError(503, str(e), kind="server_error") from None
-
-
-def add_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, e: APIError):
-        return e.response()
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(request: Request, e: RequestValidationError):
-        return validation_error(e.errors()).response()
-
-
-def validation_error(errors) -> APIError:
-    """pydantic's first complaint as one sentence naming the field (OpenAI answers 400)."""
-    if not errors:
-        return APIError(400, "invalid request body")
-    first = errors[0]
-    if first["type"] == "json_invalid":
-        return APIError(400, f"the body is not valid JSON: {first.get('msg', '')}")
-    loc = [str(x) for x in first["loc"] if x != "body"]
-    # A union (str | list[int] | ...) reports one error per member: name the field, not them.
-    loc = [x for x in loc if x not in ("str", "int", "float", "bool") and "[" not in x]
-    param = ".".join(loc) or None
-    if first["type"] == "extra_forbidden":
-        return APIError(400, f"Unrecognized request argument supplied: {param}", param)
-    if first["type"] == "missing":
-        return APIError(400, f"you must provide '{param}'", param)
-    return APIError(400, f"invalid value for '{param}': {first['msg']}", param)
-
-
-def check_unsupported(body: Sampling, state: ServerState) -> None:
-    if body.model is not None and body.model != state.model_name:
-        raise APIError(
-            404, f"the model '{body.model}' does not exist; this server serves "
-            f"'{state.model_name}'", "model", "model_not_found",
-        )  # fmt: skip
-    if body.n != 1:
-        raise APIError(400, "n > 1 is not supported: send one request per completion", "n")
-    # Accepted only at a value that changes nothing: anything else is refused, never ignored.
-    harmless = {
-        "presence_penalty": (0.0,), "frequency_penalty": (0.0,), "logprobs": (None, False, 0),
-        "logit_bias": (None, {}), "echo": (False,), "best_of": (None, 1), "suffix": (None, ""),
-    }  # fmt: skip
-    for name, allowed in harmless.items():
-        if getattr(body, name, allowed[0]) not in allowed:
-            raise APIError(400, f"'{name}' is not supported by this server", name)
 
 
 def sampling_params(body: Sampling, max_tokens: int) -> SamplingParams:
@@ -280,12 +229,11 @@ def sampling_params(body: Sampling, max_tokens: int) -> SamplingParams:
 
 async def respond(
     state: ServerState, http: Request, body: Sampling, prompt_ids: list[int],
-    params: SamplingParams, x_client_id: str | None, chat: bool,
+    params: SamplingParams, caller: Caller, chat: bool,
 ):  # fmt: skip
-    client_id = x_client_id or body.user or "default"
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     try:
-        stream = await state.loop.add(prompt_ids, params, client_id, request_id)
+        stream = await state.loop.add(prompt_ids, params, caller.client, request_id)
     except RequestRejected as e:
         if e.kind == "rate_limited":
             raise APIError(429, e.reason, None, "rate_limit_exceeded", "requests") from None
@@ -294,46 +242,15 @@ async def respond(
         raise APIError(503, str(e), kind="server_error") from None
     shape = ChunkShape(request_id, state.model_name, int(time.time()), chat)
     if body.stream:
-        usage = body.stream_options is not None and body.stream_options.include_usage
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
         return StreamingResponse(
-            sse(state.loop, stream, shape, usage), media_type="text/event-stream"
+            sse(state.loop, stream, shape, include_usage), media_type="text/event-stream"
         )
     return await collect(state.loop, http, stream, shape)
 
 
-@dataclass(frozen=True)
-class ChunkShape:
-    """What every response object of one request shares."""
-
-    request_id: str
-    model: str
-    created: int
-    chat: bool
-
-    def head(self, streaming: bool) -> dict:
-        kind = "chat.completion" if self.chat else "text_completion"
-        if self.chat and streaming:
-            kind = "chat.completion.chunk"
-        return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model}
-
-    def choice(self, text: str, finish_reason: str | None, streaming: bool, first: bool) -> dict:
-        choice: dict = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
-        if not self.chat:
-            choice["text"] = text
-        elif streaming:
-            delta = {"role": "assistant", "content": text} if first else {"content": text}
-            choice["delta"] = delta if (text or first or finish_reason is None) else {}
-        else:
-            choice["message"] = {"role": "assistant", "content": text}
-        return choice
-
-
-def usage(stream: Stream) -> dict:
-    r = stream.request
-    return {
-        "prompt_tokens": r.num_prompt, "completion_tokens": r.num_output,
-        "total_tokens": r.num_tokens,
-    }  # fmt: skip
+def usage_of(stream: Stream) -> dict:
+    return usage(stream.request.num_prompt, stream.request.num_output)
 
 
 async def next_output(stream: Stream) -> StepOutput:
@@ -367,7 +284,7 @@ async def sse(loop: EngineLoop, stream: Stream, shape: ChunkShape, include_usage
             first = False
             yield event(chunk)
         if include_usage:
-            yield event({**shape.head(streaming=True), "choices": [], "usage": usage(stream)})
+            yield event({**shape.head(streaming=True), "choices": [], "usage": usage_of(stream)})
         yield "data: [DONE]\n\n"
     finally:
         if not finished:  # the client went away (or the loop died): free its blocks now
@@ -397,105 +314,122 @@ async def collect(loop: EngineLoop, http: Request, stream: Stream, shape: ChunkS
         return {
             **shape.head(streaming=False),
             "choices": [shape.choice(text, reason, streaming=False, first=True)],
-            "usage": usage(stream),
+            "usage": usage_of(stream),
         }
     finally:
         if not finished:
             loop.abort(stream.request.request_id)
 
 
-# --- what the server reports -------------------------------------------------------------------
+# --- the door and the error handlers -------------------------------------------------------------
 
 
-def fairness_view(loop: EngineLoop) -> dict:
-    """The scheduler's state per client, read between two steps (so it is consistent)."""
-    engine = loop.engine
-    scheduler = engine.scheduler
-    counters = getattr(scheduler, "counters", {})
-    weights = getattr(scheduler, "weights", {})
-    waiting: dict[str, int] = {}
-    for r in scheduler.waiting():
-        waiting[r.client_id] = waiting.get(r.client_id, 0) + 1
-    running: dict[str, int] = {}
-    for r in engine.running:
-        running[r.client_id] = running.get(r.client_id, 0) + 1
-    clients = sorted(set(engine.client_tokens) | set(waiting) | set(counters))
-    view = {}
-    for c in clients:
-        tokens = engine.client_tokens.get(c)
-        n_in, n_out = (tokens.num_input, tokens.num_output) if tokens else (0, 0)
-        view[c] = {
-            "counter": counters.get(c), "weight": weights.get(c, 1.0),
-            "waiting": waiting.get(c, 0), "running": running.get(c, 0),
-            "input_tokens": n_in, "output_tokens": n_out, "service": W_P * n_in + W_Q * n_out,
-        }  # fmt: skip
-    a = engine.allocator
-    return {
-        "scheduler": scheduler.name,
-        "kv": {
-            "used_blocks": a.num_used_blocks,
-            "total_blocks": a.num_blocks,
-            "block_size": a.block_size,
-        },  # fmt: skip
-        "clients": view,
-    }
+class Door:
+    """ASGI middleware, before any parsing: with API keys, a request without a valid key gets
+    401 (everything but /health); a body over `max_body_bytes` gets 413 -- at once when
+    Content-Length says so, else as soon as the bytes read pass the limit."""
+
+    def __init__(self, app, gate: Gate, max_body_bytes: int) -> None:
+        self.app, self.gate, self.max_body_bytes = app, gate, max_body_bytes
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        try:
+            if self.gate.keys is not None and scope["path"] != "/health":
+                self.gate.key(headers.get("authorization"))
+            length = headers.get("content-length", "")
+            if length.isdigit() and int(length) > self.max_body_bytes:
+                raise self.too_large()
+        except APIError as e:
+            return await e.response({"connection": "close"})(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_body_bytes:
+                raise self.too_large()
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except APIError as e:  # raised by counted() while the app read the body
+            await e.response({"connection": "close"})(scope, receive, send)
+
+    def too_large(self) -> APIError:
+        return APIError(413, f"the request body is over {self.max_body_bytes} bytes "
+                        "(--max-body-bytes)", code="request_too_large")  # fmt: skip
 
 
-def prometheus_text(loop: EngineLoop) -> str:
-    view = fairness_view(loop)
-    lines: list[str] = []
+def add_error_handlers(app: FastAPI) -> None:
+    """Every error in OpenAI's body, whatever raised it: ours, pydantic's, routing's (404,
+    405), the body parser's (a 5000-digit integer, JSON nested 100k deep), or a bug (500)."""
 
-    def family(name: str, kind: str, help_text: str, samples: list[tuple[dict, float]]) -> None:
-        lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
-        for labels, value in samples:
-            lines.append(f"{name}{label_text(labels)} {value}")
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, e: APIError):
+        return e.response()
 
-    clients = view["clients"]
+    @app.exception_handler(RequestValidationError)
+    async def invalid_body(request: Request, e: RequestValidationError):
+        return validation_error(e.errors()).response()
 
-    def per_client(key: str) -> list[tuple[dict, float]]:
-        return [({"client": c}, v[key]) for c, v in clients.items() if v[key] is not None]
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, e: HTTPException):
+        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
+        message = e.detail if isinstance(e.detail, str) else "invalid request"
+        if e.status_code == 400:
+            message = "the body could not be parsed as JSON (too deep, or a number too long?)"
+        return APIError(e.status_code, message, kind=kind).response(e.headers)
 
-    family("minivtc_client_input_tokens_total", "counter", "Prompt tokens processed.",
-           per_client("input_tokens"))  # fmt: skip
-    family("minivtc_client_output_tokens_total", "counter", "Tokens generated.",
-           per_client("output_tokens"))  # fmt: skip
-    family(
-        "minivtc_client_service_total",
-        "counter",
-        "Service delivered: w_p*input + w_q*output (w_p=1, w_q=2).",
-        per_client("service"),
-    )
-    family("minivtc_client_counter", "gauge", "VTC's virtual token counter.",
-           per_client("counter"))  # fmt: skip
-    family("minivtc_requests_waiting", "gauge", "Requests waiting to be admitted.",
-           per_client("waiting"))  # fmt: skip
-    family("minivtc_requests_running", "gauge", "Requests in the running batch.",
-           per_client("running"))  # fmt: skip
-    finished = [({"client": c, "reason": r}, n) for (c, r), n in sorted(loop.finished.items())]
-    family("minivtc_requests_finished_total", "counter", "Requests finished, by reason.", finished)
-    for name, hist, what in (
-        ("minivtc_time_to_first_token_seconds", loop.ttft, "Arrival to first token."),
-        ("minivtc_request_latency_seconds", loop.latency, "Arrival to last token."),
-    ):
-        lines.extend([f"# HELP {name} {what}", f"# TYPE {name} histogram"])
-        for le, count in hist.cumulative():
-            lines.append(f'{name}_bucket{{le="{le}"}} {count}')
-        lines.extend([f"{name}_sum {hist.total}", f"{name}_count {hist.count}"])
-    kv = view["kv"]
-    family("minivtc_kv_blocks_used", "gauge", "KV blocks held by requests.",
-           [({}, kv["used_blocks"])])  # fmt: skip
-    family("minivtc_kv_blocks_total", "gauge", "KV blocks in the pool.", [({}, kv["total_blocks"])])
-    return "\n".join(lines) + "\n"
-
-
-def label_text(labels: dict) -> str:
-    if not labels:
-        return ""
-    escape = lambda v: str(v).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-    return "{" + ",".join(f'{k}="{escape(v)}"' for k, v in labels.items()) + "}"
+    @app.exception_handler(Exception)
+    async def bug(request: Request, e: Exception):
+        return APIError(500, f"internal error: {e!r}", kind="server_error").response()
 
 
 # --- running it ----------------------------------------------------------------------------------
+
+
+class Server:
+    """`minivtc serve`: uvicorn in the foreground. On SIGINT/SIGTERM it stops accepting and lets
+    in-flight requests finish; after `shutdown_timeout` seconds the rest end with an error event
+    (or a 500) and the process exits. `run()` returns the exit code: 1 if the engine failed."""
+
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, model_name: str, host: str,
+                 port: int, shutdown_timeout: float = 30.0, **app_options) -> None:  # fmt: skip
+        import uvicorn
+
+        self.app = make_app(engine, tokenizer, model_name, on_fatal=self.fatal, **app_options)
+        self.loop: EngineLoop = self.app.state.minivtc.loop
+        self.shutdown_timeout = shutdown_timeout
+        config = uvicorn.Config(self.app, host=host, port=port,
+                                timeout_graceful_shutdown=shutdown_timeout + 5)  # fmt: skip
+        self.server = uvicorn.Server(config)
+        self.server.handle_exit = self.handle_exit  # type: ignore[method-assign]
+
+    def run(self) -> int:
+        self.server.run()
+        return 1 if self.loop.error is not None else 0
+
+    def handle_exit(self, sig: int, frame) -> None:
+        if not self.server.should_exit:  # the first signal: start the clock
+            print(f"shutting down: in-flight requests have {self.shutdown_timeout:g} s",
+                  file=sys.stderr)  # fmt: skip
+            timer = threading.Timer(self.shutdown_timeout, self.give_up)
+            timer.daemon = True  # the process may end before it fires
+            timer.start()
+        uvicorn_handle_exit = type(self.server).handle_exit
+        uvicorn_handle_exit(self.server, sig, frame)
+
+    def give_up(self) -> None:
+        self.loop.fail_all(f"the server shut down ({self.shutdown_timeout:g} s limit)")
+
+    def fatal(self, error: BaseException) -> None:
+        """The engine loop died: stop serving, so the process exits non-zero."""
+        print(f"the engine failed beyond one request ({error!r}): exiting", file=sys.stderr)
+        self.server.should_exit = True
 
 
 class BackgroundServer:

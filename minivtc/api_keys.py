@@ -1,0 +1,122 @@
+"""Who is calling: API keys, and the client each request is charged to.
+
+Owns: reading the keys file (`minivtc serve --api-keys FILE`) and `Gate`, which turns a request's
+`Authorization`, `X-Client-Id` and `user` into a `Caller` (the client its service counts
+against, and whether it may see every tenant's usage). Does not own: HTTP routes (`server.py`).
+
+Fair scheduling is only as good as the identities it schedules. Without keys a client is
+whatever the caller says (`X-Client-Id`, else the body's `user`, else "default"): fine on a
+laptop, but a caller who sends a fresh id per request looks like many light clients and takes
+their shares (a Sybil attack), and one who names another tenant spends that tenant's counter.
+With keys the client is the key's, and what a request says about itself is ignored — unless
+`trust_client_header` is set because a trusted proxy in front of the server authenticates end
+users and names them in `X-Client-Id`.
+
+The keys file is a JSON object from key to its client:
+
+    {"sk-alice": {"client": "alice", "weight": 2}, "sk-ops": {"client": "ops", "admin": true}}
+
+`weight` (default 1) is the client's share under the VTC family; `admin` keys may read
+`/metrics` and every client's row of `/fairness` (any other key sees only its own row).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from minivtc.openai_api import MAX_CLIENT_ID_CHARS, APIError
+
+
+@dataclass(frozen=True)
+class Caller:
+    client: str
+    admin: bool  # may read every client's usage (always so without keys: local use)
+
+
+@dataclass(frozen=True)
+class Key:
+    client: str
+    weight: float = 1.0
+    admin: bool = False
+
+
+def read_keys(path: str | Path) -> dict[str, Key]:
+    """The keys file, checked: a ValueError naming the file and the entry at fault."""
+    try:
+        raw = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: cannot read the API keys ({e})") from None
+    if not isinstance(raw, dict) or not raw:
+        raise ValueError(f"{path}: want a JSON object of key -> {{'client': ..., ...}}")
+    keys = {}
+    for key, entry in raw.items():
+        where = f"{path}: key {key[:6]!r}..."
+        if len(key) < 8:
+            raise ValueError(f"{where} is shorter than 8 characters: too easy to guess")
+        if not isinstance(entry, dict) or not set(entry) <= {"client", "weight", "admin"}:
+            raise ValueError(f"{where}: want {{'client': str, 'weight': number, 'admin': bool}}")
+        client, weight = entry.get("client"), entry.get("weight", 1.0)
+        if not isinstance(client, str) or not 0 < len(client) <= MAX_CLIENT_ID_CHARS:
+            raise ValueError(f"{where}: 'client' must be 1 to {MAX_CLIENT_ID_CHARS} characters")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
+            raise ValueError(f"{where}: 'weight' must be a number > 0")
+        if not isinstance(entry.get("admin", False), bool):
+            raise ValueError(f"{where}: 'admin' must be true or false")
+        keys[key] = Key(client, float(weight), entry.get("admin", False))
+    weights = {}
+    for k in keys.values():
+        if weights.setdefault(k.client, k.weight) != k.weight:
+            raise ValueError(f"{path}: client {k.client!r} has keys with different weights")
+    return keys
+
+
+def weights_of(keys: dict[str, Key]) -> dict[str, float]:
+    """Each client's weight, for the scheduler."""
+    return {k.client: k.weight for k in keys.values()}
+
+
+class Gate:
+    """Names the caller of each request. `keys=None`: no authentication (local use)."""
+
+    def __init__(self, keys: dict[str, Key] | None = None, trust_client_header: bool = False):
+        # Keys are looked up by their SHA-256, so a lookup's timing says nothing about the keys.
+        self.keys = None if keys is None else {digest(k): v for k, v in keys.items()}
+        self.trust_client_header = trust_client_header
+
+    def caller(self, authorization: str | None, client_header: str | None = None,
+               user: str | None = None) -> Caller:  # fmt: skip
+        """Who sent a request; raises APIError 401 for a missing or unknown key (with keys),
+        400 for a client id that is too long."""
+        if self.keys is None:
+            return Caller(named(client_header, user) or "default", admin=True)
+        key = self.key(authorization)
+        claimed = named(client_header, user) if self.trust_client_header else None
+        return Caller(claimed or key.client, key.admin)
+
+    def key(self, authorization: str | None) -> Key:
+        scheme, _, token = (authorization or "").partition(" ")
+        if scheme.lower() != "bearer" or not token.strip():
+            raise APIError(401, "You didn't provide an API key: send 'Authorization: Bearer "
+                           "YOUR_KEY'.", code="missing_api_key")  # fmt: skip
+        key = self.keys.get(digest(token.strip()))
+        if key is None:
+            raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
+        return key
+
+
+def named(client_header: str | None, user: str | None) -> str | None:
+    """The client a request names itself (header first), checked for length."""
+    for value, param in ((client_header, "X-Client-Id"), (user, "user")):
+        if value:
+            if len(value) > MAX_CLIENT_ID_CHARS:
+                raise APIError(400, f"a client id is at most {MAX_CLIENT_ID_CHARS} characters; "
+                               f"this one has {len(value)}", param)  # fmt: skip
+            return value
+    return None
+
+
+def digest(key: str) -> bytes:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).digest()

@@ -1,0 +1,62 @@
+"""What serving a client costs, in the paper's units: the cost function h and the bound U.
+
+Owns: the paper's weights (w_p = 1 per prompt token, w_q = 2 per output token, Section 4.1),
+written here once; `LinearCost` (h(n_p, n_q) = w_p n_p + w_q n_q), `ProfiledCost` (the
+artifact's h fitted to A10G step times, Section 4.2 and Appendix B.2), and `fairness_bound`,
+Lemma 4.3's U. A leaf module: it imports nothing of the package, so the scheduler, the
+metrics, the server's reports and the report generator all price service the same way.
+
+Not to be confused with the simulator's step-time models (`sim.py`): those say how long a step
+takes on a GPU; this says how much service a client received.
+
+A request with n_p prompt tokens that has generated n_q tokens has received h(n_p, n_q). VTC
+charges it in pieces as it grows: h(n_p, 0) when it is dispatched (the prompt), then
+h(n_p, n_q) - h(n_p, n_q - 1) for its n_q-th output token (Section 4.2); with the linear h
+that is w_p n_p, then w_q per token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+W_P, W_Q = 1.0, 2.0  # the paper's weights: an output token costs twice a prompt token
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """h(n_p, n_q) = w_p * n_p + w_q * n_q: the paper's main cost."""
+
+    w_p: float = W_P
+    w_q: float = W_Q
+
+    def __call__(self, n_p: float, n_q: float) -> float:
+        return self.w_p * n_p + self.w_q * n_q
+
+
+@dataclass(frozen=True)
+class ProfiledCost:
+    """The artifact's h fitted to A10G step times, in ms per request (Appendix B.2)."""
+
+    w_p: float = 0.21001891  # the linear input term, so U stays meaningful
+    w_q: float = 0.10075395
+
+    def __call__(self, n_p: float, n_q: float) -> float:
+        return (
+            0.21001891 * n_p
+            + 0.10075395 * n_q
+            + 0.0039868 * n_p * n_q
+            + 0.00324733 * n_q**2
+            + 1.14601454
+        )
+
+
+Cost = Callable[[float, float], float]
+PAPER_COST = LinearCost()  # h with the paper's weights: the default everywhere
+
+
+def fairness_bound(max_input: int, pool_tokens: int, w_p: float = W_P, w_q: float = W_Q) -> float:
+    """U = max(w_p * L_input, w_q * M): Lemma 4.3's counter spread; 2U bounds Theorem 4.4's gap.
+
+    L_input is the longest prompt that can be admitted, M the most tokens the pool holds."""
+    return max(w_p * max_input, w_q * pool_tokens)

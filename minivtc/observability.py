@@ -1,0 +1,155 @@
+"""What the server reports: the fairness view (`/fairness`) and Prometheus metrics (`/metrics`).
+
+Owns: `Snapshot`, a copy of what the reports need, taken on the engine thread between two
+steps (plain dict copies: the engine waits only for those), and the two views built from it
+afterwards, away from the engine thread. Does not own: routes (`server.py`) or the numbers'
+meaning (the scheduler's counters, the engine's token counts). Lesson 8 reads both views.
+
+The Prometheus text is made by `prometheus_client`, which owns the format and its escaping.
+Per-client series are capped: the `top` clients by service get their own label, the rest
+(and clients the server has forgotten, see `EngineLoop.forget_idle_clients`) are summed under
+`client="(other)"`, so a scrape stays small however many client ids the server has seen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+
+from minivtc.cost import W_P, W_Q
+
+OTHER = "(other)"  # the label of every client outside the top N, and of forgotten ones
+TOP_CLIENTS = 50
+
+
+@dataclass
+class ClientRow:
+    counter: float | None = None  # VTC's counter (None under a policy without one)
+    weight: float = 1.0
+    waiting: int = 0
+    running: int = 0
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    @property
+    def service(self) -> float:
+        return W_P * self.input_tokens + W_Q * self.output_tokens
+
+    def as_dict(self) -> dict:
+        return {
+            "counter": self.counter, "weight": self.weight, "waiting": self.waiting,
+            "running": self.running, "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens, "service": self.service,
+        }  # fmt: skip
+
+
+@dataclass
+class Snapshot:
+    scheduler: str
+    clients: dict[str, ClientRow]
+    used_blocks: int
+    total_blocks: int
+    block_size: int
+    finished: dict[tuple[str, str], int]  # (client, finish reason) -> requests
+    ttft: list[tuple[str, int]] = field(default_factory=list)  # histogram: (le, cumulative)
+    ttft_sum: float = 0.0
+    latency: list[tuple[str, int]] = field(default_factory=list)
+    latency_sum: float = 0.0
+    forgotten: ClientRow = field(default_factory=ClientRow)  # summed over forgotten clients
+
+
+def fairness_view(snap: Snapshot, only: str | None = None) -> dict:
+    """`/fairness`: per client, counter, weight, waiting, running, tokens and service so far.
+    `only`: show just that client's row (a tenant's key sees only its own usage)."""
+    clients = {c: row.as_dict() for c, row in sorted(snap.clients.items())
+               if only is None or c == only}  # fmt: skip
+    kv = {"used_blocks": snap.used_blocks, "total_blocks": snap.total_blocks,
+          "block_size": snap.block_size}  # fmt: skip
+    return {"scheduler": snap.scheduler, "kv": kv, "clients": clients}
+
+
+def prometheus_text(snap: Snapshot, top: int = TOP_CLIENTS) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Families(list(families(snap, top))))
+    return generate_latest(registry)
+
+
+class Families:
+    """A prometheus_client collector that yields metric families made beforehand."""
+
+    def __init__(self, made: list[Metric]) -> None:
+        self.made = made
+
+    def collect(self) -> Iterable[Metric]:
+        return self.made
+
+
+def families(snap: Snapshot, top: int) -> Iterable[Metric]:
+    rows = labelled_rows(snap, top)
+
+    def per_client(kind, name: str, help_text: str, value) -> Metric:
+        family = kind(name, help_text, labels=["client"])
+        for client, row in rows.items():
+            family.add_metric([client], value(row))
+        return family
+
+    yield per_client(CounterMetricFamily, "minivtc_client_input_tokens", "Prompt tokens processed.",
+                     lambda r: r.input_tokens)  # fmt: skip
+    yield per_client(CounterMetricFamily, "minivtc_client_output_tokens", "Tokens generated.",
+                     lambda r: r.output_tokens)  # fmt: skip
+    yield per_client(CounterMetricFamily, "minivtc_client_service",
+                     f"Service delivered: w_p*input + w_q*output (w_p={W_P:g}, w_q={W_Q:g}).",
+                     lambda r: r.service)  # fmt: skip
+    counters = GaugeMetricFamily("minivtc_client_counter", "VTC's virtual token counter.",
+                                 labels=["client"])  # fmt: skip
+    for client, row in rows.items():
+        if row.counter is not None and client != OTHER:  # a sum of counters means nothing
+            counters.add_metric([client], row.counter)
+    yield counters
+    yield per_client(GaugeMetricFamily, "minivtc_requests_waiting",
+                     "Requests waiting to be admitted.", lambda r: r.waiting)  # fmt: skip
+    yield per_client(GaugeMetricFamily, "minivtc_requests_running",
+                     "Requests in the running batch.", lambda r: r.running)  # fmt: skip
+    finished = CounterMetricFamily("minivtc_requests_finished", "Requests finished, by reason.",
+                                   labels=["client", "reason"])  # fmt: skip
+    by_label: dict[tuple[str, str], int] = {}
+    for (client, reason), n in snap.finished.items():
+        key = (client if client in rows else OTHER, reason)
+        by_label[key] = by_label.get(key, 0) + n
+    for (client, reason), n in sorted(by_label.items()):
+        finished.add_metric([client, reason], n)
+    yield finished
+    histograms = (
+        ("minivtc_time_to_first_token_seconds", snap.ttft, snap.ttft_sum, "Arrival to 1st token."),
+        ("minivtc_request_latency_seconds", snap.latency, snap.latency_sum, "Arrival to last."),
+    )  # fmt: skip
+    for name, buckets, total, what in histograms:
+        yield HistogramMetricFamily(name, what, buckets=buckets, sum_value=total)
+    yield GaugeMetricFamily("minivtc_kv_blocks_used", "KV blocks held by requests.",
+                            value=snap.used_blocks)  # fmt: skip
+    yield GaugeMetricFamily("minivtc_kv_blocks_total", "KV blocks in the pool.",
+                            value=snap.total_blocks)  # fmt: skip
+
+
+def labelled_rows(snap: Snapshot, top: int) -> dict[str, ClientRow]:
+    """The `top` clients by service under their own names; everyone else summed as OTHER."""
+    ranked = sorted(snap.clients.items(), key=lambda kv: (-kv[1].service, kv[0]))
+    rows = dict(ranked[:top])
+    rest = [row for _, row in ranked[top:]] + [snap.forgotten]
+    other = ClientRow(counter=None)
+    for row in rest:
+        other.waiting += row.waiting
+        other.running += row.running
+        other.input_tokens += row.input_tokens
+        other.output_tokens += row.output_tokens
+    if len(rest) > 1 or other.input_tokens or other.output_tokens:
+        rows[OTHER] = other
+    return rows

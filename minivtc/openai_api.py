@@ -1,0 +1,191 @@
+"""OpenAI's API as this server speaks it: request bodies, the error body, response objects.
+
+Owns: the pydantic bodies of `/v1/completions` and `/v1/chat/completions` (OpenAI's field names,
+unknown fields refused as OpenAI does), `APIError` (every error the server answers, in OpenAI's
+shape `{"error": {"message", "type", "param", "code"}}`), the translation of a validation failure
+into one sentence that names the field, and the shape of the response objects and stream chunks.
+Does not own: routes, the engine, who the caller is (`server.py`, `api_keys.py`). Lesson 8.
+
+Every string a caller sends must be text that UTF-8 can carry: JSON may spell a lone surrogate
+(`"\\ud800"`), which Python keeps in a `str` and which then fails to encode much later, inside
+the tokenizer or the metrics. `Text` refuses it here, at the door, with a 400.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Literal
+
+from fastapi.responses import JSONResponse
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from minivtc.sampler import MAX_SEED
+
+MAX_CLIENT_ID_CHARS = 128  # a client id is a name, not a payload: longer ones are refused
+FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort"}
+
+
+def valid_unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"not valid Unicode text ({e.reason} at character {e.start})") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(valid_unicode)]
+
+
+# --- request bodies ------------------------------------------------------------------------------
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: bool = False
+
+
+class Sampling(BaseModel):
+    """Fields shared by both endpoints. `top_k` and `ignore_eos` are vLLM's extensions."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    model: Text | None = None
+    max_tokens: int | None = Field(default=None, ge=1)
+    temperature: float = Field(default=1.0, ge=0.0, le=2.0)
+    top_p: float = Field(default=1.0, gt=0.0, le=1.0)
+    top_k: int = Field(default=0, ge=0)
+    stop: (
+        Text | Annotated[list[Annotated[Text, Field(min_length=1)]], Field(max_length=4)] | None
+    ) = None
+    seed: int | None = Field(default=None, ge=0, le=MAX_SEED)  # 64-bit, as vLLM checks
+    n: int = Field(default=1, ge=1)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: Text | None = None
+    ignore_eos: bool = False
+    # Accepted at their defaults only (a non-default value is a clear 400, not silently ignored).
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logprobs: bool | int | None = None
+    logit_bias: dict[str, float] | None = None
+
+
+class CompletionBody(Sampling):
+    prompt: Text | list[int] | list[Text]
+    echo: bool = False
+    best_of: int | None = None
+    suffix: Text | None = None
+
+
+class Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["system", "user", "assistant"]
+    content: Text
+    name: Text | None = None
+
+
+class ChatBody(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+
+class APIError(Exception):
+    """An error answered as OpenAI does: `{"error": {"message", "type", "param", "code"}}`."""
+
+    def __init__(
+        self, status: int, message: str, param: str | None = None, code: str | None = None,
+        kind: str = "invalid_request_error",
+    ) -> None:  # fmt: skip
+        super().__init__(message)
+        self.status, self.message, self.param, self.code, self.kind = (
+            status, message, param, code, kind,
+        )  # fmt: skip
+
+    def body(self) -> dict:
+        error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
+        return {"error": error}
+
+    def response(self, headers: dict[str, str] | None = None) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=headers)
+
+
+def validation_error(errors) -> APIError:
+    """pydantic's first complaint as one sentence naming the field (OpenAI answers 400)."""
+    if not errors:
+        return APIError(400, "invalid request body")
+    first = errors[0]
+    if first["type"] == "json_invalid":
+        return APIError(400, f"the body is not valid JSON: {first.get('msg', '')}")
+    loc = [str(x) for x in first["loc"] if x != "body"]
+    if not loc and first["type"] in ("model_attributes_type", "dict_type", "model_type"):
+        return APIError(400, "the body must be a JSON object")
+    # A union (str | list[int] | ...) reports one error per member: name the field, not them.
+    loc = [x for x in loc if x not in ("str", "int", "float", "bool") and "[" not in x]
+    loc = [x for x in loc if not x.startswith("function-after")]  # the Text validator's name
+    param = ".".join(loc) or None
+    if first["type"] == "extra_forbidden":
+        return APIError(400, f"Unrecognized request argument supplied: {param}", param)
+    if first["type"] == "missing":
+        return APIError(400, f"you must provide '{param}'", param)
+    message = str(first["msg"]).removeprefix("Value error, ")
+    return APIError(400, f"invalid value for '{param}': {message}", param)
+
+
+def check_unsupported(body: Sampling, model_name: str) -> None:
+    """Refuse what this server does not do, rather than silently ignoring it."""
+    if body.model is not None and body.model != model_name:
+        raise APIError(
+            404, f"the model '{body.model}' does not exist; this server serves '{model_name}'",
+            "model", "model_not_found",
+        )  # fmt: skip
+    if body.n != 1:
+        raise APIError(400, "n > 1 is not supported: send one request per completion", "n")
+    if body.stream_options is not None and not body.stream:
+        raise APIError(400, "stream_options is only allowed with stream: true", "stream_options")
+    # Accepted only at a value that changes nothing: anything else is refused, never ignored.
+    harmless = {
+        "presence_penalty": (0.0,), "frequency_penalty": (0.0,), "logprobs": (None, False, 0),
+        "logit_bias": (None, {}), "echo": (False,), "best_of": (None, 1), "suffix": (None, ""),
+    }  # fmt: skip
+    for name, allowed in harmless.items():
+        if getattr(body, name, allowed[0]) not in allowed:
+            raise APIError(400, f"'{name}' is not supported by this server", name)
+
+
+# --- responses -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChunkShape:
+    """What every response object of one request shares."""
+
+    request_id: str
+    model: str
+    created: int
+    chat: bool
+
+    def head(self, streaming: bool) -> dict:
+        kind = "chat.completion" if self.chat else "text_completion"
+        if self.chat and streaming:
+            kind = "chat.completion.chunk"
+        return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model}
+
+    def choice(self, text: str, finish_reason: str | None, streaming: bool, first: bool) -> dict:
+        choice: dict = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+        if not self.chat:
+            choice["text"] = text
+        elif streaming:
+            delta = {"role": "assistant", "content": text} if first else {"content": text}
+            choice["delta"] = delta if (text or first or finish_reason is None) else {}
+        else:
+            choice["message"] = {"role": "assistant", "content": text}
+        return choice
+
+
+def usage(num_prompt: int, num_output: int) -> dict:
+    return {
+        "prompt_tokens": num_prompt, "completion_tokens": num_output,
+        "total_tokens": num_prompt + num_output,
+    }  # fmt: skip
