@@ -2,26 +2,29 @@
 
 Owns: `build_engine` (model + pool + runner + scheduler wired together with sensible defaults)
 and `LLM`, which feeds a list of prompts through the engine's continuous batching and returns
-the results in prompt order. Streaming users (the server) call the engine directly:
-`add_request` / `step` / `abort`. Lesson 3 teaches it.
+the results in prompt order, shaped like vLLM's (`RequestOutput` holding `CompletionOutput`s).
+Streaming users (the server) call the engine directly: `add_request` / `step` / `abort`.
+Lesson 3 teaches it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from minivtc.engine import Engine
 from minivtc.kv_pool import KVPool
 from minivtc.model import Llama
+from minivtc.request import Request
 from minivtc.runner import ModelRunner
 from minivtc.sampler import SamplingParams
 from minivtc.scheduler import Scheduler, make_scheduler
 from minivtc.tokenizer import Tokenizer
 from minivtc.weights import load_model
 
-DEFAULT_KV_TOKENS = 10000  # the paper's pool (PAPER.md §3.1)
+DEFAULT_KV_TOKENS = 10000  # the pool of the paper's A10G experiments (Section 5)
 
 
 def build_engine(
@@ -68,30 +71,63 @@ def build_engine(
 
 @dataclass(frozen=True)
 class CompletionOutput:
-    prompt_token_ids: list[int]
-    token_ids: list[int]
+    """One completion of a prompt, as in vLLM. `finish_reason` is the engine's word: "eos",
+    "stop" (a stop string), "length" or "error"; vLLM says "stop" for both of the first two."""
+
+    index: int
     text: str
+    token_ids: list[int]
     finish_reason: str
 
 
+@dataclass(frozen=True)
+class RequestOutput:
+    """A prompt and its completions, as vLLM's `RequestOutput`. minivtc makes one completion per
+    prompt, so `text`, `token_ids` and `finish_reason` are shorthand for `outputs[0]`'s."""
+
+    request_id: str
+    prompt: str | None  # None when the prompt was given as token ids, as in vLLM
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+
+    @property
+    def text(self) -> str:
+        return self.outputs[0].text
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.outputs[0].token_ids
+
+    @property
+    def finish_reason(self) -> str:
+        return self.outputs[0].finish_reason
+
+
 class LLM:
-    """Load a model once, then `generate` batches of prompts with continuous batching."""
+    """Load a model once, then `generate` batches of prompts with continuous batching.
+
+    `model` is the checkpoint directory (vLLM's name); `weights_dir` is minivtc's older name for
+    it and still works. Neither means the bundled model. After loading, `self.model` is the
+    `Llama` module itself.
+    """
 
     def __init__(
-        self, weights_dir: str | None = None, dtype: str = "fp32", device: str = "cpu",
-        **engine_options,
+        self, model: str | Path | None = None, dtype: str = "fp32", device: str = "cpu",
+        weights_dir: str | Path | None = None, **engine_options,
     ) -> None:  # fmt: skip
-        model, tokenizer = load_model(weights_dir, dtype, device)
-        self.model, self.tokenizer = model, tokenizer
-        self.engine = build_engine(model, tokenizer, **engine_options)
+        checkpoint = checkpoint_dir(model, weights_dir)
+        llama, tokenizer = load_model(checkpoint, dtype, device)
+        self.model, self.tokenizer = llama, tokenizer
+        self.engine = build_engine(llama, tokenizer, **engine_options)
 
     @torch.inference_mode()
     def generate(
         self, prompts: str | list[str] | list[list[int]], params: SamplingParams | None = None
-    ) -> list[CompletionOutput]:
+    ) -> list[RequestOutput]:
         """Every prompt (text or token ids) to completion; outputs in prompt order."""
         params = params or SamplingParams()
-        prompts = [prompts] if isinstance(prompts, str) else prompts
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)  # zipped again below
         requests = []
         try:
             for p in prompts:
@@ -102,7 +138,30 @@ class LLM:
             raise
         while self.engine.has_unfinished():
             self.engine.step()
-        return [
-            CompletionOutput(r.prompt_ids, r.output_ids, r.text, r.finish_reason or "")
-            for r in requests
-        ]
+        return [request_output(p, r) for p, r in zip(prompts, requests, strict=True)]
+
+
+def checkpoint_dir(model: str | Path | None, weights_dir: str | Path | None) -> str | Path | None:
+    """The one checkpoint directory named by `model` and/or `weights_dir` (None: the bundled)."""
+    if model is None or weights_dir is None:
+        return model if model is not None else weights_dir
+    if Path(model).resolve() != Path(weights_dir).resolve():
+        raise ValueError(
+            f"LLM got model={str(model)!r} and weights_dir={str(weights_dir)!r}; "
+            "they name the same thing (the checkpoint directory), so give one"
+        )
+    return model
+
+
+def request_output(prompt: str | list[int], request: Request) -> RequestOutput:
+    # copies: the outputs must not change if the engine ever touches the request again
+    completion = CompletionOutput(
+        0, request.text, list(request.output_ids), request.finish_reason or ""
+    )
+    return RequestOutput(
+        request_id=request.request_id,
+        prompt=prompt if isinstance(prompt, str) else None,
+        prompt_token_ids=list(request.prompt_ids),
+        outputs=[completion],
+        finished=request.is_finished,
+    )
