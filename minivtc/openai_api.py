@@ -115,7 +115,9 @@ def validation_error(errors) -> APIError:
     """pydantic's first complaint as one sentence naming the field (OpenAI answers 400)."""
     if not errors:
         return APIError(400, "invalid request body")
-    first = errors[0]
+    # A union (str | list[int] | list[str]) reports one error per member: our own check
+    # (not valid Unicode) says more than "Input should be a valid string".
+    first = next((e for e in errors if e["type"] == "value_error"), errors[0])
     if first["type"] == "json_invalid":
         return APIError(400, f"the body is not valid JSON: {first.get('msg', '')}")
     loc = [str(x) for x in first["loc"] if x != "body"]

@@ -327,7 +327,8 @@ async def collect(loop: EngineLoop, http: Request, stream: Stream, shape: ChunkS
 class Door:
     """ASGI middleware, before any parsing: with API keys, a request without a valid key gets
     401 (everything but /health); a body over `max_body_bytes` gets 413 -- at once when
-    Content-Length says so, else as soon as the bytes read pass the limit."""
+    Content-Length says so, else as soon as the bytes read pass the limit. The body is read
+    here (at most the limit) and handed to the app whole."""
 
     def __init__(self, app, gate: Gate, max_body_bytes: int) -> None:
         self.app, self.gate, self.max_body_bytes = app, gate, max_body_bytes
@@ -342,22 +343,34 @@ class Door:
             length = headers.get("content-length", "")
             if length.isdigit() and int(length) > self.max_body_bytes:
                 raise self.too_large()
+            body = await self.read_body(receive)
         except APIError as e:
             return await e.response({"connection": "close"})(scope, receive, send)
-        seen = 0
+        if body is None:
+            return  # the client went away while sending
+        sent = False
 
-        async def counted():
-            nonlocal seen
+        async def replay():
+            nonlocal sent
+            if not sent:
+                sent = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # after the body: a disconnect, when it comes
+
+        await self.app(scope, replay, send)
+
+    async def read_body(self, receive) -> bytes | None:
+        parts, size, more = [], 0, True
+        while more:
             message = await receive()
-            seen += len(message.get("body", b""))
-            if seen > self.max_body_bytes:
+            if message["type"] == "http.disconnect":
+                return None
+            parts.append(message.get("body", b""))
+            size += len(parts[-1])
+            if size > self.max_body_bytes:
                 raise self.too_large()
-            return message
-
-        try:
-            await self.app(scope, counted, send)
-        except APIError as e:  # raised by counted() while the app read the body
-            await e.response({"connection": "close"})(scope, receive, send)
+            more = message.get("more_body", False)
+        return b"".join(parts)
 
     def too_large(self) -> APIError:
         return APIError(413, f"the request body is over {self.max_body_bytes} bytes "

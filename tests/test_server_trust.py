@@ -7,8 +7,10 @@ pool returns to fully free.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -106,3 +108,260 @@ def test_a_fault_in_one_request_fails_it_alone(poisoned):
     assert len(tokens) == 48 and done["events"][-1] == "[DONE]"
     view = wait_until_idle(poisoned)
     assert view["kv"]["used_blocks"] == 0
+
+
+# --- the audit: every other item, each a test --------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def plain(bundled):
+    """An open server (no keys), a small body limit so the tests send little."""
+    model, tokenizer = bundled
+    engine = build_engine(model, tokenizer, "vtc", kv_tokens=1024, check_invariants=True)
+    app = make_app(engine, tokenizer, max_body_bytes=256 * 1024, forget_every_s=0.2)
+    with BackgroundServer(app) as url:
+        yield url, app.state.minivtc.loop
+        assert httpx.get(url + "/health").status_code == 200, "the engine loop died"
+
+
+def openai_error(r: httpx.Response, status: int) -> dict:
+    assert r.status_code == status, f"{r.status_code} {r.text[:300]}"
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and error["message"], error
+    return error
+
+
+def test_a_body_over_the_limit_is_413_before_parsing_and_health_stays_fast(plain):
+    """Three 10 MB bodies at once: each a 413 (by Content-Length, and by counting when the
+    client streams the body without one), and /health answers in under 100 ms meanwhile."""
+    url, _ = plain
+    big = b'{"prompt": "' + b"x" * 10_000_000 + b'"}'
+    answers, slowest = [], []
+
+    def send(chunked: bool) -> None:
+        content = iter([big[i : i + 65536] for i in range(0, len(big), 65536)]) if chunked else big
+        r = httpx.post(url + "/v1/completions", content=content, timeout=60,
+                       headers={"content-type": "application/json"})  # fmt: skip
+        answers.append(r)
+
+    threads = [threading.Thread(target=send, args=(i == 2,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    while any(t.is_alive() for t in threads):
+        r = httpx.get(url + "/health", timeout=5)
+        slowest.append(r.elapsed.total_seconds())
+        assert r.status_code == 200
+    for t in threads:
+        t.join()
+    for r in answers:
+        openai_error(r, 413)
+    assert max(slowest) < 0.1, f"/health took {max(slowest):.3f} s"
+
+
+def test_a_text_that_cannot_fit_is_refused_before_tokenizing(plain):
+    url, _ = plain  # 1024 tokens of at most 16 characters each, 4x over for normalization
+    r = httpx.post(url + "/v1/completions", json={"prompt": "ab" * 40_000, "max_tokens": 2})
+    error = openai_error(r, 400)
+    assert error["param"] == "prompt" and "80000 characters" in error["message"], error
+    r = httpx.post(url + "/v1/chat/completions",
+                   json={"messages": [{"role": "user", "content": "ab" * 40_000}]})  # fmt: skip
+    assert openai_error(r, 400)["param"] == "messages"
+
+
+LONE_SURROGATE = [  # (what, path, body with "\ud800" spelled in JSON, param)
+    ("user", "/v1/completions", '{"prompt": "x", "max_tokens": 2, "user": "\\ud800"}', "user"),
+    ("prompt", "/v1/completions", '{"prompt": "a\\ud800b", "max_tokens": 2}', "prompt"),
+    ("prompt list", "/v1/completions", '{"prompt": ["\\ud800"], "max_tokens": 2}', "prompt.0"),
+    ("model", "/v1/completions", '{"prompt": "x", "model": "\\ud800"}', "model"),
+    ("stop", "/v1/completions", '{"prompt": "x", "stop": ["\\udfff"]}', "stop.0"),
+    ("chat content", "/v1/chat/completions",
+     '{"messages": [{"role": "user", "content": "\\ud800"}]}', "messages.0.content"),
+]  # fmt: skip
+
+
+def test_invalid_unicode_in_any_field_is_a_400_and_the_views_stay_up(plain):
+    url, _ = plain
+    for what, path, body, param in LONE_SURROGATE:
+        r = httpx.post(url + path, content=body.encode(),
+                       headers={"content-type": "application/json"})  # fmt: skip
+        error = openai_error(r, 400)
+        assert error["param"] == param and "Unicode" in error["message"], (what, error)
+    assert httpx.get(url + "/fairness").status_code == 200
+    assert httpx.get(url + "/metrics").status_code == 200
+
+
+MALFORMED = [  # (what, method, path, raw body, status)
+    ("a 5000-digit integer", "POST", "/v1/completions", b'{"prompt": "x", "max_tokens": '
+     + b"9" * 5000 + b"}", 400),
+    ("JSON nested 100k deep", "POST", "/v1/completions", b"[" * 100_000 + b"]" * 100_000, 400),
+    ("a body that is not an object", "POST", "/v1/completions", b"[1, 2]", 400),
+    ("a body that is a string", "POST", "/v1/completions", b'"hello"', 400),
+    ("stream_options without stream", "POST", "/v1/completions",
+     b'{"prompt": "x", "stream_options": {"include_usage": true}}', 400),
+    ("an unknown route", "POST", "/v1/nothing", b"{}", 404),
+    ("the wrong method", "GET", "/v1/completions", b"", 405),
+]  # fmt: skip
+
+
+def test_every_error_uses_openais_body(plain):
+    url, _ = plain
+    for what, method, path, body, status in MALFORMED:
+        r = httpx.request(method, url + path, content=body or None,
+                          headers={"content-type": "application/json"})  # fmt: skip
+        error = openai_error(r, status)
+        assert "None" not in error["message"], (what, error)
+
+
+def test_client_ids_are_capped_and_idle_clients_forgotten(plain):
+    """An id over 128 characters is a 400. 300 distinct ids come and go: the engine forgets
+    the idle ones (their totals stay in the metrics under "(other)"), and a scrape stays small."""
+    url, loop = plain
+    r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1},
+                   headers={"X-Client-Id": "c" * 129})  # fmt: skip
+    assert openai_error(r, 400)["param"] == "X-Client-Id"
+
+    async def many() -> None:
+        async with httpx.AsyncClient(timeout=60) as http:
+            for chunk in range(0, 300, 50):
+                await asyncio.gather(*(http.post(
+                    url + "/v1/completions", json={"prompt": "x", "max_tokens": 1},
+                    headers={"X-Client-Id": f"visitor-{i}"}) for i in range(chunk, chunk + 50)))
+
+    asyncio.run(many())
+    wait_until_idle(url)
+    deadline = time.monotonic() + 10
+    while len(httpx.get(url + "/fairness").json()["clients"]) > 5:
+        assert time.monotonic() < deadline, "idle clients were not forgotten"
+        time.sleep(0.2)
+    text = httpx.get(url + "/metrics").text
+    assert 'minivtc_client_output_tokens_total{client="(other)"}' in text
+    totals = {ln.split('"')[1]: float(ln.split()[-1]) for ln in text.splitlines()
+              if ln.startswith("minivtc_client_output_tokens_total{")}  # fmt: skip
+    assert totals["(other)"] >= 290 and sum(totals.values()) >= 300, totals  # none lost
+    assert len(text) < 20_000, f"a scrape of {len(text)} bytes"
+
+
+KEYS = {
+    "sk-victim-0001": {"client": "victim"},
+    "sk-attacker-01": {"client": "attacker"},
+    "sk-operator-01": {"client": "ops", "admin": True},
+}
+
+
+def sybil_share(bundled, keys: dict | None) -> int:
+    """The Sybil attack: an attacker sends 24 requests, each under a fresh X-Client-Id; a
+    victim sends 24. Of the first 24 to be admitted, how many are the victim's?"""
+    from minivtc.api_keys import Gate, Key
+
+    model, tokenizer = bundled
+    gate = Gate({k: Key(**v) for k, v in keys.items()} if keys else None)
+    engine = build_engine(model, tokenizer, "vtc", kv_tokens=1024, max_running=4)
+    admitted: list[str] = []
+    admit = engine.admit
+
+    def recording_admit(request) -> bool:  # the engine thread's record of dispatch order
+        ok = admit(request)
+        if ok:
+            admitted.append(request.client_id)
+        return ok
+
+    engine.admit = recording_admit
+    with BackgroundServer(make_app(engine, tokenizer, gate=gate)) as url:
+
+        async def flood() -> None:
+            async with httpx.AsyncClient(timeout=120) as http:
+                def send(who: str, i: int):
+                    headers = {"X-Client-Id": f"{who}-{i}" if who == "attacker" else who}
+                    if keys:
+                        headers["Authorization"] = f"Bearer sk-{who}-0{'001' if who == 'victim' else '1'}"
+                    body = {"prompt": "x", "max_tokens": 16, "ignore_eos": True}
+                    return http.post(url + "/v1/completions", json=body, headers=headers)
+
+                sends = [send(w, i) for i in range(24) for w in ("attacker", "victim")]
+                answers = await asyncio.gather(*sends)
+                assert all(a.status_code == 200 for a in answers), [a.text for a in answers][:3]
+
+        asyncio.run(flood())
+    return sum(1 for c in admitted[:24] if c == "victim")
+
+
+def test_api_keys_stop_a_sybil_attack(bundled):
+    open_share = sybil_share(bundled, None)
+    keyed_share = sybil_share(bundled, KEYS)
+    print(f"\nvictim's share of the first 24 dispatches: open {open_share}, with keys "
+          f"{keyed_share}")  # fmt: skip
+    assert open_share <= 6, "without keys the attacker's fresh ids should win most dispatches"
+    assert 10 <= keyed_share <= 14
+
+
+def test_api_keys_authenticate_and_scope_the_views(bundled, tmp_path):
+    from minivtc.api_keys import Gate, read_keys
+
+    path = tmp_path / "keys.json"
+    path.write_text(json.dumps(KEYS))
+    model, tokenizer = bundled
+    engine = build_engine(model, tokenizer, "vtc", kv_tokens=1024)
+    gate = Gate(read_keys(path))
+    with BackgroundServer(make_app(engine, tokenizer, gate=gate)) as url:
+        body = {"prompt": "x", "max_tokens": 2}
+        assert openai_error(httpx.post(url + "/v1/completions", json=body), 401)
+        bad = {"Authorization": "Bearer sk-not-a-key"}
+        error = openai_error(httpx.post(url + "/v1/completions", json=body, headers=bad), 401)
+        assert error["code"] == "invalid_api_key"
+        victim = {"Authorization": "Bearer sk-victim-0001", "X-Client-Id": "attacker"}
+        r = httpx.post(url + "/v1/completions", json={**body, "user": "ops"}, headers=victim)
+        assert r.status_code == 200  # charged to the key's client, not to what it claims
+        rows = httpx.get(url + "/fairness", headers=victim).json()["clients"]
+        assert list(rows) == ["victim"] and rows["victim"]["output_tokens"] >= 1
+        openai_error(httpx.get(url + "/metrics", headers=victim), 403)
+        ops = {"Authorization": "Bearer sk-operator-01"}
+        assert httpx.get(url + "/metrics", headers=ops).status_code == 200
+        assert "victim" in httpx.get(url + "/fairness", headers=ops).json()["clients"]
+        assert httpx.get(url + "/health").status_code == 200  # no key needed
+    for broken, why in (({"sk-x": {"client": "a"}}, "shorter than 8"),
+                        ({"sk-long-key-1": {"client": "a", "weight": 0}}, "weight")):  # fmt: skip
+        path.write_text(json.dumps(broken))
+        with pytest.raises(ValueError, match=why):
+            read_keys(path)
+
+
+def test_the_engine_loop_answers_every_command_even_as_it_dies():
+    """EngineLoop.call used to check `alive`, then queue: a loop dying in between left the
+    handler waiting forever. Now every command is answered or refused."""
+    from minivtc.engine_loop import EngineLoop
+
+    class Dying:
+        steps = 0
+
+        def has_unfinished(self) -> bool:
+            return True
+
+        def step(self):
+            self.steps += 1
+            time.sleep(0.001)
+            if self.steps == 50:
+                raise RuntimeError("boom")
+            return []
+
+    fatal = []
+    loop = EngineLoop(Dying(), on_fatal=fatal.append).start()
+
+    async def hammer() -> tuple[int, int]:
+        results = await asyncio.wait_for(
+            asyncio.gather(*(loop.call(lambda: 1) for _ in range(2000)), return_exceptions=True),
+            timeout=10,
+        )
+        return sum(r == 1 for r in results), sum(isinstance(r, RuntimeError) for r in results)
+
+    async def waves() -> tuple[int, int]:
+        done = refused = 0
+        for _ in range(20):
+            d, r = await hammer()
+            done, refused = done + d, refused + r
+            await asyncio.sleep(0.01)
+        return done, refused
+
+    done, refused = asyncio.run(waves())
+    assert done + refused == 40_000 and refused > 0
+    loop.thread.join(timeout=5)
+    assert len(fatal) == 1 and "boom" in repr(fatal[0])
