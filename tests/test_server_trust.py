@@ -273,7 +273,8 @@ def sybil_share(bundled, keys: dict | None) -> int:
                 def send(who: str, i: int):
                     headers = {"X-Client-Id": f"{who}-{i}" if who == "attacker" else who}
                     if keys:
-                        headers["Authorization"] = f"Bearer sk-{who}-0{'001' if who == 'victim' else '1'}"
+                        key = next(k for k, v in keys.items() if v["client"] == who)
+                        headers["Authorization"] = f"Bearer {key}"
                     body = {"prompt": "x", "max_tokens": 16, "ignore_eos": True}
                     return http.post(url + "/v1/completions", json=body, headers=headers)
 
@@ -365,3 +366,131 @@ def test_the_engine_loop_answers_every_command_even_as_it_dies():
     assert done + refused == 40_000 and refused > 0
     loop.thread.join(timeout=5)
     assert len(fatal) == 1 and "boom" in repr(fatal[0])
+
+
+def test_forgetting_idle_clients_changes_no_decision():
+    """The real trace under VTC (and under FCFS and RPM), once as it is and once with the
+    engine forgetting every idle client it may after every step: the same requests, served at
+    the same times (the argument is in `VTC.forget`'s docstring)."""
+    from minivtc.engine import Engine
+    from minivtc.sim import simulate
+    from minivtc.workloads import workload
+
+    trace = workload("real").make()[:600]
+    forgets = []
+
+    class Forgetful(Engine):
+        def step(self):
+            forgets.append(len(self.forget_idle_clients()))
+            return super().step()
+
+        def advance(self):
+            forgets.append(len(self.forget_idle_clients()))
+            return super().advance()
+
+    for policy in ("vtc", "fcfs", "rpm:5", "vtc-predict"):
+        kept = simulate(trace, policy)
+        import minivtc.sim as sim
+
+        original, sim.Engine = sim.Engine, Forgetful
+        try:
+            forgetful = simulate(trace, policy)
+        finally:
+            sim.Engine = original
+        assert forgetful.served == kept.served, policy
+        assert forgetful.steps == kept.steps, policy
+        for client, counter in forgetful.counters.items():  # the survivors' counters agree
+            assert counter == kept.counters[client], (policy, client)
+    assert sum(forgets) > 100, "the test must actually forget clients"
+
+
+def test_soak_mixed_load_with_disconnects_and_bad_input(plain):
+    """Bounded: 4 clients x 15 requests (streaming and not), a third of the streams cut after
+    two chunks, a bad request between every few good ones. Every good request completes
+    exactly once, every bad one gets its 4xx, the pool ends fully free."""
+    url, _ = plain
+    bad_bodies = [({"prompt": "x", "seed": -5}, 400), ({"prompt": 5}, 400),
+                  ({"prompt": "x", "user": "u" * 200}, 400), ({"prompt": "x", "n": 3}, 400)]
+
+    async def client(http: httpx.AsyncClient, c: int) -> tuple[int, int, int]:
+        good = cut = bad = 0
+        for i in range(15):
+            body = {"prompt": f"Request {i} of", "max_tokens": 12, "ignore_eos": True}
+            headers = {"X-Client-Id": f"soak-{c}"}
+            if i % 4 == 3:
+                wrong, status = bad_bodies[(i + c) % len(bad_bodies)]
+                r = await http.post(url + "/v1/completions", json=wrong)  # (user: its id)
+                assert r.status_code == status and r.json()["error"]["message"], r.text
+                bad += 1
+            elif i % 3 == 0:
+                async with http.stream("POST", url + "/v1/completions", headers=headers,
+                                       json={**body, "stream": True}) as r:  # fmt: skip
+                    chunks = 0
+                    async for line in r.aiter_lines():
+                        chunks += line.startswith("data: {")
+                        if chunks == 2 and i % 2 == 0:
+                            cut += 1
+                            break  # hang up mid-stream
+                    else:
+                        assert chunks == 12, chunks
+                        good += 1
+            else:
+                r = await http.post(url + "/v1/completions", json=body, headers=headers)
+                assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 12
+                good += 1
+        return good, cut, bad
+
+    async def run() -> list[tuple[int, int, int]]:
+        async with httpx.AsyncClient(timeout=120) as http:
+            return await asyncio.gather(*(client(http, c) for c in range(4)))
+
+    results = asyncio.run(run())
+    assert sum(g + cut + b for g, cut, b in results) == 60
+    assert all(cut > 0 and b > 0 for _, cut, b in results)
+    view = wait_until_idle(url)
+    assert view["kv"]["used_blocks"] == 0
+
+
+def test_serve_shutdown_timeout_ends_in_flight_streams_with_an_error(tmp_path):
+    """`minivtc serve --shutdown-timeout 1`: SIGTERM during a long stream; about a second later
+    the stream ends with an error event and the process exits."""
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "minivtc.cli", "serve", "--port", str(port),
+               "--kv-tokens", "2048", "--shutdown-timeout", "1"]  # fmt: skip
+    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert server.poll() is None, server.stderr.read()
+            try:
+                if httpx.get(url + "/health").status_code == 200:
+                    break
+            except httpx.ConnectError:
+                pass
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+        body = {"prompt": "x", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        events, started = [], None
+        with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line)
+                    if len(events) == 3:
+                        server.send_signal(signal.SIGTERM)
+                        started = time.monotonic()
+        took = time.monotonic() - started
+        assert '"error"' in events[-1] and "shut down" in events[-1], events[-1]
+        assert 0.8 < took < 10, took
+        # uvicorn re-raises the signal it caught once it has shut down: death by SIGTERM
+        assert server.wait(timeout=30) in (0, -signal.SIGTERM)
+    finally:
+        if server.poll() is None:
+            server.kill()
