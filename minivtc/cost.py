@@ -1,6 +1,6 @@
 """What serving a client costs, in the paper's units: the cost function h and the bound U.
 
-Owns: the paper's weights (w_p = 1 per prompt token, w_q = 2 per output token, Section 4.1),
+Owns: the paper's weights (w_p = 1 per prompt token, w_q = 2 per output token, Section 3.1),
 written here once; `LinearCost` (h(n_p, n_q) = w_p n_p + w_q n_q), `ProfiledCost` (the
 artifact's h fitted to A10G step times, Section 4.2 and Appendix B.2), and `fairness_bound`,
 Lemma 4.3's U. A leaf module: it imports nothing of the package, so the scheduler, the

@@ -7,7 +7,7 @@ join (admission) and leave (finish, abort) the running batch. One step:
 
 - schedule: the scheduler offers waiting requests in its order; each is admitted if its whole
   length (prompt + max_tokens) fits in the free blocks — reserved up front, so the pool never
-  runs out mid-decode (the paper's model; its bound's M is this reservation, PAPER.md §3.2).
+  runs out mid-decode (the paper's model; the M of Lemma 4.3 and Theorem 4.4 is this reservation).
   `reservation="peak"` is the artifact's finer check: admit if the pool's peak, with every
   running request going to its max_tokens in order of what it has left, still fits; blocks
   are then allocated as requests grow, and the check guarantees they always can be;
@@ -96,7 +96,7 @@ class Engine:
     check_invariants: bool = False  # run every check_invariants() after every step (tests)
     check_fairness: bool = False  # assert Lemma 4.3 (VTC's counter spread <= U) after every step
     reservation: str = "full"  # "full": reserve prompt + max_tokens; "peak": the artifact's check
-    admit_every: int = 1  # the artifact: 10 steps between admissions after a success (D7)
+    admit_every: int = 1  # the artifact admits only every 10 steps (lessons/artifact_deviations.md)
     steps_since_admission: int = 0
     final_blocks: int = 0  # "peak": blocks the running requests will hold at their last step
     num_steps: int = 0  # steps that ran a batch: step T is the T-th
@@ -298,12 +298,13 @@ class Engine:
             self.spans[request.request_id] = self.span(request)
         request.status, request.admitted_time = Status.RUNNING, self.clock()
         self.running.append(request)
-        # The prompt is charged at dispatch, before the next pick (PAPER.md §2.2, Footnote 5).
+        # The prompt is charged at dispatch, before the next pick (Algorithm 2, Footnote 5).
         self.charge_prompt(request, request.num_prompt - request.num_computed)
         return True
 
     def peak_blocks(self, candidate: Request) -> int:
-        """Most blocks the running batch plus `candidate` will ever hold (PAPER.md §3.2).
+        """Most blocks the running batch plus `candidate` will ever hold (the official artifact's
+        admission check; lessons/artifact_deviations.md).
 
         During step T a request holds base + T - 1 positions, up to its last step (`span`).
         Usage only grows between finishes, so the peak is at some request's last step: with

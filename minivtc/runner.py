@@ -9,8 +9,8 @@ A step's batch lists prefilling requests first, then decoding ones. Both are one
 over the flat token batch: the matrix products (most of the work) see every token at once, and
 only attention splits into the two groups (`attention.PagedAttention`). The paper's artifact
 instead runs prefill and decode as separate passes, stalling the running requests for a step
-(PAPER.md §2.3 D8); a fused step keeps them moving and the fairness analysis does not depend on
-it. Lesson 3 teaches it.
+(lessons/artifact_deviations.md); a fused step keeps them moving and the fairness analysis
+does not depend on it. Lesson 3 teaches it.
 
 Shape legend: T tokens in the step, R requests in a group, Q padded new tokens per request,
 NB blocks per block-table row, H query heads, D head dim.

@@ -1,7 +1,7 @@
 """Who runs next: the scheduler interface the engine calls, and the policies side by side.
 
 Owns the waiting queue and every policy's state. The engine calls a scheduler at four moments
-(PAPER.md §9, Appendix C.1's "three hooks" plus finish):
+(Appendix C.1's "three hooks" of Algorithm 4, plus finish):
 
 1. `add(request, now)`       a request arrives; may reject it (a reason string, e.g. RPM);
 2. `schedule(admit)`         pick waiting requests in policy order, calling `admit(request)`
@@ -112,9 +112,9 @@ class FCFS(Scheduler):
 class RPM(FCFS):
     """FCFS plus a rate limit: at most `limit` accepted requests per client in any 60 s window.
 
-    The paper's RPM baseline rejects, it does not delay (PAPER.md §2.9): a request over the
-    limit never enters the queue, and the engine turns the reason into an error (HTTP 429).
-    Only accepted requests count toward the window.
+    The paper's RPM baseline rejects, it does not delay (Section 5.3, Figures 13-14): a
+    request over the limit never enters the queue, and the engine turns the reason into an
+    error (HTTP 429). Only accepted requests count toward the window.
     """
 
     window_s = 60.0
@@ -148,7 +148,7 @@ class RPM(FCFS):
         return gone
 
 
-# --- output-length predictors for VTC with prediction (PAPER.md §2.6) ------------------------
+# --- output-length predictors for VTC with prediction (Section 4.4, Algorithm 3) -------------
 
 
 class MeanOfLast:
@@ -169,7 +169,8 @@ class MeanOfLast:
 
 
 class MovingAverage:
-    """The artifact's predictor (D9): P <- (4P + actual) / 5, starting from the first length."""
+    """The official artifact's predictor (not the paper's mean of the last 5):
+    P <- (4P + actual) / 5, starting from the first length."""
 
     def __init__(self) -> None:
         self.estimate: dict[str, float] = {}
@@ -205,7 +206,7 @@ class Oracle:
 
 
 class VTC(Scheduler):
-    """The Virtual Token Counter, Algorithm 2 of the paper (PAPER.md §2.2).
+    """The Virtual Token Counter, Algorithm 2 of the paper (Section 4.1).
 
     Every client has a counter: the service it has received, in cost units, divided by its
     weight. Dispatch picks the waiting client with the smallest counter, and that client's
@@ -245,9 +246,9 @@ class VTC(Scheduler):
         self.weights = dict(weights or {})
         self.lift = lift
         self.predictor = predictor
-        self.lift_last_left = lift_last_left  # False = the artifact (PAPER.md §10.1, D1)
-        self.charge_first_token = charge_first_token  # False = the artifact (D6)
-        self.finish_charge = finish_charge  # True = the artifact (D5)
+        self.lift_last_left = lift_last_left  # False = the artifact: no lift to the last to leave
+        self.charge_first_token = charge_first_token  # False = the artifact: 1st token free
+        self.finish_charge = finish_charge  # True = the artifact: a charge per finish
         self.running: dict[str, Request] = {}  # admitted, not finished (for finish_charge)
         self.tokens_charged = 0  # output tokens charged so far: tells steps apart
         self.finish_charged_at = -1
@@ -326,7 +327,7 @@ class VTC(Scheduler):
             now = cost(len(request.prompt_ids), n_q)
             charged[request.request_id] = (n_q, now)
             if n_q == 1 and not self.charge_first_token:
-                continue  # the artifact leaves each first token uncharged (D6)
+                continue  # the artifact leaves each first token uncharged (artifact_deviations.md)
             # charge(), inlined: h grows with n_q, so this raises the counter, and a raise
             # needs no heap push (the heap's keys are lower bounds).
             client = request.client_id
@@ -334,9 +335,10 @@ class VTC(Scheduler):
 
     def on_finish(self, request: Request) -> None:
         if self.finish_charge and self.tokens_charged != self.finish_charged_at:
-            # The artifact (D5): when any request of a step finishes, every request in the
-            # batch, the finishing ones included, is charged one more w_q -- once per step
-            # (no token is charged between two finishes of the same step).
+            # The official artifact (lessons/artifact_deviations.md): when any request of a
+            # step finishes, every request in the batch, the finishing ones included, is
+            # charged one more w_q -- once per step (no token is charged between two finishes
+            # of the same step).
             self.finish_charged_at = self.tokens_charged
             for r in self.running.values():
                 self.charge(r.client_id, self.cost(r.num_prompt, 1) - self.cost(r.num_prompt, 0))
@@ -467,8 +469,9 @@ def make_scheduler(
     name: str, weights: dict[str, float] | None = None, seed: int = 0, artifact: bool = False
 ) -> Scheduler:
     """A scheduler from its command-line name. `weights` (operator-set) apply to the VTC family;
-    `artifact=True` reproduces the official artifact's counter quirks (PAPER.md §10: no lift to
-    the last client to leave, an uncharged first token, an extra charge on finish events).
+    `artifact=True` reproduces the official artifact's counter quirks (no lift to the last
+    client to leave, an uncharged first token, an extra charge on finish events; see
+    lessons/artifact_deviations.md).
     A VTC-family name ending in "-profile" charges the profiled h instead of w_p n_p + w_q n_q."""
     if name == "fcfs":
         return FCFS()
@@ -486,7 +489,7 @@ def make_scheduler(
         return VTC(lift=False, **options)
     if base == "vtc":
         return VTC(**options)
-    if base == "vtc-artifact":  # VTC as the official artifact charges (PAPER.md §2.3, §10)
+    if base == "vtc-artifact":  # VTC as the official artifact charges (artifact_deviations.md)
         quirks = {"lift_last_left": False, "charge_first_token": False, "finish_charge": True}
         return VTC(**{**options, **quirks})
     if base == "vtc-predict":

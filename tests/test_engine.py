@@ -333,7 +333,7 @@ def test_peak_blocks_is_the_most_the_batch_then_holds(specs, block_size):
 
 def test_admission_cadence_of_the_artifact():
     """admit_every=3: after a successful admission, the next try is 3 steps later; while a
-    try admits nothing, it is retried every step (PAPER.md §3.3, D7)."""
+    try admits nothing, it is retried every step (the official artifact admits every 10 steps)."""
     engine = scripted_engine(lambda r: 7, admit_every=3)
     first = engine.add_request([5], SamplingParams(max_tokens=20))
     engine.step()  # admits `first`
