@@ -1,8 +1,30 @@
 """The server under attack and abuse: one bad request never takes it down.
 
 Each test starts a real uvicorn server on the bundled model (the engine with
-`check_invariants=True`) and checks that a bystander is served exactly as before and that the
-pool returns to fully free.
+`check_invariants=True`) and checks that bystanders are served as before and that the pool
+returns to fully free. The audit (with `tests/test_server.py`'s BAD_INPUT for the ordinary
+mistakes), every input tried and what the server answers:
+
+| input | answer |
+| --- | --- |
+| `seed` of 2**64, -1 or 2**63 | 400, param `seed`; 2**63 - 1 is served |
+| a fault in one request's sampling, seed or text (injected) | that stream: one error event (an OpenAI error object), no [DONE]; not streaming: 500; everyone else served |
+| a forward pass that fails (not one request's fault) | 500 for those in flight; `minivtc serve` exits with 1 |
+| a 10 MB body, with Content-Length or streamed without | 413 before parsing; `/health` < 100 ms meanwhile |
+| a prompt or chat text too long to ever fit | 400 before tokenizing (param `prompt` / `messages`) |
+| a lone surrogate in `user`, `prompt` (text or list), `model`, `stop`, a message's `content` | 400 naming the field; `/fairness` and `/metrics` stay up |
+| a 5000-digit integer; JSON nested 100k deep; a list or a string as the body | 400, OpenAI's error body |
+| `stream_options` without `stream: true` | 400 |
+| an unknown route; the wrong method | 404; 405; OpenAI's error body |
+| a client id over 128 characters (header or `user`) | 400 |
+| 300 client ids, each used once | idle ones forgotten; `/metrics` sums them under `(other)`, no token lost |
+| with keys: no key, an unknown key | 401 (`missing_api_key`, `invalid_api_key`) |
+| with keys: a tenant claiming another client (header, `user`) | charged to its own key's client |
+| with keys: a tenant reading `/metrics`, `/fairness` | 403; only its own row |
+| a fresh `X-Client-Id` per request (Sybil) against a victim | open: the attacker takes most dispatches; with keys: 10-14 of 24 for the victim |
+| 40,000 commands to an engine loop as it dies | every one answered or refused, none hangs |
+| SIGTERM with a stream in flight, `--shutdown-timeout 1` | the stream ends with an error event about 1 s later; the process exits |
+| 4 clients x 15 requests, streams cut mid-way, bad input interleaved | every good request once, every bad one its 4xx, the pool free |
 """
 
 from __future__ import annotations
@@ -494,3 +516,39 @@ def test_serve_shutdown_timeout_ends_in_flight_streams_with_an_error(tmp_path):
     finally:
         if server.poll() is None:
             server.kill()
+
+
+def test_a_fault_beyond_one_request_stops_the_server_with_exit_code_1(bundled):
+    """A forward pass that fails (not one request's fault) leaves the engine untrustworthy:
+    the request in flight gets a 500, and `Server.run()` -- what `minivtc serve` returns --
+    ends with 1 instead of answering 503 forever."""
+    import socket
+
+    from minivtc.server import Server
+
+    class Broken:
+        def run(self, requests, allocator):
+            raise RuntimeError("boom: the forward pass failed")
+
+        def release(self, request):
+            pass
+
+    model, tokenizer = bundled
+    engine = build_engine(model, tokenizer, "fcfs", kv_tokens=1024)
+    engine.runner = Broken()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = Server(engine, tokenizer, "minivtc-tiny", "127.0.0.1", port, shutdown_timeout=1)
+    code = []
+    thread = threading.Thread(target=lambda: code.append(server.run()))
+    thread.start()
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while not server.server.started:
+        assert time.monotonic() < deadline and thread.is_alive()
+        time.sleep(0.05)
+    r = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 4}, timeout=30)
+    assert r.status_code == 500 and "boom" in r.json()["error"]["message"]
+    thread.join(timeout=30)
+    assert code == [1]
