@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from minivtc.sim import StepShape
+from minivtc.sim import StepShape, progress_bar
 
 DEFAULT_PATH = Path.home() / ".cache" / "minivtc" / "measured_cost.json"
 
@@ -75,16 +74,20 @@ class TimedRunner:
 
 
 @torch.inference_mode()
-def measure_steps(model, tokenizer, quick: bool = False) -> list[tuple[StepShape, float]]:
+def measure_steps(
+    model, tokenizer, quick: bool = False, progress: bool = True
+) -> list[tuple[StepShape, float]]:
     """Every step's shape and time over a grid of batch sizes and prompt lengths."""
     from minivtc.llm import build_engine
     from minivtc.sampler import SamplingParams
 
     batches, prompts = ((1, 8), (16,)) if quick else ((1, 4, 16, 48), (16, 128, 512))
+    grid = [(batch, n_prompt) for batch in batches for n_prompt in prompts]
     new_tokens = 8 if quick else 24
     samples = []
-    for batch in batches:
-        for n_prompt in prompts:
+    with progress_bar(len(grid), "timing steps", "grid point", progress) as bar:
+        for batch, n_prompt in grid:
+            bar.set_postfix_str(f"batch {batch}, prompt {n_prompt}")
             engine = build_engine(model, tokenizer, "fcfs", kv_tokens=batch * (n_prompt + 64))
             engine.runner = TimedRunner(engine.runner)
             params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
@@ -93,7 +96,7 @@ def measure_steps(model, tokenizer, quick: bool = False) -> list[tuple[StepShape
             while engine.has_unfinished():
                 engine.step()
             samples += engine.runner.samples
-            print(f"  measured batch {batch:3d}, prompt {n_prompt:4d}", file=sys.stderr)
+            bar.update()
     return samples
 
 
@@ -148,7 +151,6 @@ def main(out: str | Path = DEFAULT_PATH, quick: bool = False) -> MeasuredCost:
     from minivtc.weights import load_model
 
     model, tokenizer = load_model()
-    print("timing the engine's steps on the bundled model ...", file=sys.stderr)
     samples = measure_steps(model, tokenizer, quick)
     cost = fit(samples)
     errors = [abs(cost.step_time(s) - t) / t for s, t in samples]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import json
+import math
 import random
 import sys
 import time
@@ -25,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from tqdm import tqdm
 
 from minivtc import metrics
 from minivtc.metrics import Served
@@ -71,27 +73,38 @@ async def replay(
               for t in trace]  # fmt: skip
     result = ReplayResult(served=[])
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-    async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as http:
-        start = time.monotonic()
-        tasks = [
-            asyncio.create_task(one(http, t, b, start + t.arrival_s / speedup, start, result))
-            for t, b in zip(trace, bodies, strict=True)
-        ]
-        reporter = asyncio.create_task(report(tasks, result, start)) if progress else None
-        last = start + trace[-1].arrival_s / speedup
-        timeout = None if drain_s is None else max(0.0, last - time.monotonic()) + drain_s
-        _, pending = await asyncio.wait(tasks, timeout=timeout)
-        for task in pending:  # closing the stream makes the server abort the request
-            task.cancel()
-        await asyncio.gather(*pending, return_exceptions=True)
-        result.unfinished = len(pending)
-        if reporter:
+    with trace_bar(math.ceil(trace[-1].arrival_s), progress) as bar:
+        async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as http:
+            start = time.monotonic()
+            tasks = [
+                asyncio.create_task(one(http, t, b, start + t.arrival_s / speedup, start, result))
+                for t, b in zip(trace, bodies, strict=True)
+            ]
+            reporter = asyncio.create_task(report(tasks, result, start, speedup, bar))
+            last = start + trace[-1].arrival_s / speedup
+            timeout = None if drain_s is None else max(0.0, last - time.monotonic()) + drain_s
+            _, pending = await asyncio.wait(tasks, timeout=timeout)
+            for task in pending:  # closing the stream makes the server abort the request
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+            result.unfinished = len(pending)
             reporter.cancel()
-        result.wall_s = time.monotonic() - start
+            result.wall_s = time.monotonic() - start
+        bar.set_postfix_str(counts(tasks, result, done=True), refresh=False)
+        bar.update(bar.total - bar.n)
     result.served.sort(key=lambda r: r.arrival_s)
-    if progress:
-        print(f"  done: {summary_line(tasks, result, result.wall_s)}", file=sys.stderr)
     return result
+
+
+def trace_bar(trace_s: int, enabled: bool) -> tqdm:
+    """A bar of the trace's seconds sent so far, on stderr (silent if not `enabled`). On a
+    terminal it redraws in place; in a log or CI, where every redraw lengthens one line, every
+    30 s. miniters=0: a redraw may show new counts while the trace time stands still (drain)."""
+    interval = 0.1 if sys.stderr.isatty() else 30.0
+    look = "{desc}: {percentage:3.0f}%|{bar}| {n}/{total} s of the trace [{elapsed}{postfix}]"
+    return tqdm(total=max(trace_s, 1), desc="replaying", bar_format=look, file=sys.stderr,
+                disable=not enabled, mininterval=interval, miniters=0,
+                dynamic_ncols=True)  # fmt: skip
 
 
 def body(t: TraceRequest, ids: list[int], model: str | None, ignore_eos: bool, temperature: float
@@ -156,20 +169,25 @@ def error_message(text: str) -> str:
         return text[:200]
 
 
-async def report(tasks: list[asyncio.Task], result: ReplayResult, start: float) -> None:
+async def report(
+    tasks: list[asyncio.Task], result: ReplayResult, start: float, speedup: float, bar: tqdm
+) -> None:
+    """Once a second: the trace time reached (the bar), and what became of the requests."""
+    if bar.disable:
+        return
     while True:
-        await asyncio.sleep(5.0)
-        print(f"  {summary_line(tasks, result, time.monotonic() - start)}", file=sys.stderr)
+        await asyncio.sleep(1.0)
+        sent_s = min(int((time.monotonic() - start) * speedup), bar.total)
+        bar.set_postfix_str(counts(tasks, result), refresh=False)
+        bar.update(sent_s - bar.n)
 
 
-def summary_line(tasks: list[asyncio.Task], result: ReplayResult, elapsed: float) -> str:
+def counts(tasks: list[asyncio.Task], result: ReplayResult, done: bool = False) -> str:
     failed = sum(result.failed.values())
-    rest = f"{result.unfinished} cancelled" if elapsed >= result.wall_s > 0 else (
+    rest = f"{result.unfinished} cancelled" if done else (
         f"{sum(not t.done() for t in tasks)} in flight or not sent yet"
     )  # fmt: skip
-    return (
-        f"{elapsed:5.1f} s: {len(result.served)} finished, {failed} failed, {rest}, of {len(tasks)}"
-    )
+    return f"{len(result.served)} finished, {failed} failed, {rest}, of {len(tasks)}"
 
 
 def write_run(result: ReplayResult, out: str | Path) -> dict:

@@ -6,6 +6,7 @@ Owns the glue between a simulation (`sim.py`), the metrics (`metrics.py`) and th
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import sys
@@ -14,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minivtc import metrics, plots
-from minivtc.scheduler import fairness_bound
-from minivtc.sim import SimResult, simulate
+from minivtc.cost import fairness_bound
+from minivtc.sim import SimResult, progress_bar, simulate
 from minivtc.workloads import TraceRequest, read_trace, workload
 
 
@@ -233,7 +234,7 @@ def fig12(out: Path) -> list[str]:
              "| scheduler | " + " | ".join(shown) + " |", "| --- |" + " --- |" * len(shown)]  # fmt: skip
     ttfts = {}
     for name in ("fcfs", "vtc"):
-        served = simulate(trace, name, progress=True).served
+        served = simulate(trace, name, progress=show_simulations()).served
         ttfts[name] = metrics.mean_ttft(served)
         lines.append(f"| {name} | " + " | ".join(f"{ttfts[name][c]:.1f} s" for c in shown) + " |")
         mine = [r for r in served if r.client in shown]
@@ -263,12 +264,12 @@ def fig13_14(out: Path) -> list[str]:
              "| --- | --- | --- | --- | --- |"]  # fmt: skip
     thr = {}
     for limit, (p_ttft, p_thr, p_served) in RPM_PAPER.items():
-        r = simulate(trace, f"rpm:{limit}", progress=True)
+        r = simulate(trace, f"rpm:{limit}", progress=show_simulations())
         ttft = mean_of(r.served)
         thr[limit] = metrics.table_metrics(r.served, r.total_time).throughput
         lines.append(f"| rpm:{limit} | {ttft:.1f} s | {thr[limit]:.0f} | {len(r.served)} | "
                      f"{p_ttft} s / {p_thr} / {p_served} |")  # fmt: skip
-    r = simulate(trace, "vtc", progress=True)
+    r = simulate(trace, "vtc", progress=show_simulations())
     vtc = metrics.table_metrics(r.served, r.total_time).throughput
     lines.append(
         f"| vtc | {mean_of(r.served):.1f} s | {vtc:.0f} | {len(r.served)} | - / 779 / 1500 |"
@@ -315,7 +316,9 @@ def fig15(out: Path) -> list[str]:
     gaps, served_by = {}, {}
     for name, (pool, rates, n) in ABLATION.items():
         trace = uniform(rates, 600, lengths=(n, n))
-        served = simulate(trace, "vtc", "a100-llama13b", kv_tokens=pool, progress=True).served
+        served = simulate(
+            trace, "vtc", "a100-llama13b", kv_tokens=pool, progress=show_simulations()
+        ).served
         num_x = 50 if n == 512 else 20
         _, g = metrics.accumulated_service_diff(served, 600, num_x=num_x, skip_before=120)
         gaps[name] = (max(g), sum(g) / len(g))
@@ -359,7 +362,7 @@ def validate(out: Path) -> list[str]:
         scheduler = {"VTC": "vtc-artifact", "FCFS": "fcfs"}[name.split("__")[0]]
         measured = metrics.read_requests(runs_dir / f"{name}.csv")
         result = simulate(measured_trace(run["config"]), scheduler, admit_every=10,
-                          progress=True)  # fmt: skip
+                          progress=show_simulations())  # fmt: skip
         want = metrics.table_metrics(measured, run["total_time_s"]).throughput
         got = metrics.table_metrics(result.served, result.total_time).throughput
         served_m = metrics.service(measured, 0, 600)
@@ -400,16 +403,23 @@ def reproduce(out: str | Path, only: list[str] | None = None) -> Path:
              "Simulated with the `a10g-llama7b` cost model (Llama-2-7B on an A10G, 10000-token "
              "pool, w_p = 1, w_q = 2), the same engine and scheduler code that serves real tokens. "
              "Metrics as in the paper's Table 2: columns Max Diff / Avg Diff / Diff Var / tokens/s.", ""]  # fmt: skip
-    for e in chosen:
-        print(f"{e.key}: {e.title}", file=sys.stderr)
-        lines += run_experiment(e, out)
-    for key in special:
-        title, run = SPECIAL[key]
-        print(f"{key}: {title}", file=sys.stderr)
-        lines += run(out)
+    steps = [(e.key, e.title, functools.partial(run_experiment, e)) for e in chosen]
+    steps += [(key, *SPECIAL[key]) for key in special]
+    with progress_bar(len(steps), "reproducing", "experiment") as bar:
+        for key, title, run in steps:
+            bar.write(f"{key}: {title}", file=sys.stderr)  # above the bar, which stays last
+            bar.set_postfix_str(key)
+            lines += run(out)
+            bar.update()
     report = out / "REPORT.md"
     report.write_text("\n".join(lines) + "\n")
     return report
+
+
+def show_simulations() -> bool:
+    """Whether `reproduce` shows each simulation's bar under its own: on a terminal, yes; in a
+    log, where a bar inside a bar prints cursor moves and blank lines, only its own."""
+    return sys.stderr.isatty()
 
 
 def run_experiment(e: Experiment, out: Path) -> list[str]:
@@ -418,7 +428,7 @@ def run_experiment(e: Experiment, out: Path) -> list[str]:
     runs, served = {}, {}
     for name in e.schedulers:
         weights = w.weights if name == "vtc" and w.weights else None
-        result = simulate(trace, name, weights=weights, progress=True)
+        result = simulate(trace, name, weights=weights, progress=show_simulations())
         served[name] = result.served
         runs[name] = summarize(
             result, w.duration, 10000, max(t.input_tokens for t in trace), e.cost

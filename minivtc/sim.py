@@ -5,7 +5,8 @@ did this step take?" from the step's shape instead of running a forward pass), t
 and `simulate()`, which replays a trace. The scheduler, admission, KV accounting and request
 lifecycle are `engine.Engine`'s own code, unchanged: a simulation exercises exactly the policy
 that serves real tokens. Arrivals are events; each engine step advances the clock by the cost
-model's time for that step's batch. Lessons 4-7 use it.
+model's time for that step's batch. `progress_bar` is the bar long runs show on stderr (here,
+in `report.py` and `calibrate.py`). Lessons 4-7 use it.
 
 Cost models (`COST_MODELS`):
 - `Roofline`: a step reads every weight once and each running request's K/V (memory time)
@@ -17,7 +18,9 @@ Cost models (`COST_MODELS`):
 - `a10g-llama7b`: the roofline form for Llama-2-7B fp16 on an A10G, its efficiencies and
   per-step overhead calibrated so the simulation reproduces the artifact's measured A10G runs
   (`data/a10g_runs`); `simulate(..., admit_every=10)` with `vtc-artifact` reproduces how the
-  artifact admitted and charged (PAPER.md §2.3 D1, D5-D7). The artifact's own profile
+  artifact admitted and charged (its deviations from Algorithm 2: no lift to the last client
+  to leave, an uncharged first token, an extra charge at each finish, admission only every 10
+  decode steps; lessons/artifact_deviations.md). The artifact's own profile
   (`data/a10g_cost_profile.json`) gives the relative cost h the paper charges with, but its
   absolute step times are far below what the measured runs achieved (29 ms vs ~570 ms per
   256/256 request), so it cannot time a step.
@@ -33,6 +36,8 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Protocol
+
+from tqdm import tqdm
 
 from minivtc.engine import Engine
 from minivtc.kv_pool import BlockAllocator
@@ -208,7 +213,8 @@ def replay(
     prompt_of = functools.cache(lambda n: [1] * n)
     params_of = functools.cache(lambda n: SamplingParams(max_tokens=n, ignore_eos=True))
     live: dict[str, tuple[Request, TraceRequest]] = {}
-    served, rejected, steps, i, shown = [], [], 0, 0, -1
+    served, rejected, steps, i, shown = [], [], 0, 0, 0
+    bar = progress_bar(len(trace), "simulating", "req", progress)
     while i < len(trace) or engine.has_unfinished():
         while i < len(trace) and trace[i].arrival_s <= clock.now:
             t = trace[i]
@@ -228,14 +234,25 @@ def replay(
         for r in finished:
             served.append(record(*live.pop(r.request_id)))
         steps += 1
-        # Progress by requests done (an overloaded trace drains long after its last arrival).
-        if progress and (pct := 100 * (len(served) + len(rejected)) // len(trace)) > shown:
-            shown = pct
-            print(f"\r  simulating: {pct:3d}% done ({i} arrived, {len(served)} served), "
-                  f"t = {clock.now:7.1f} s", end="", file=sys.stderr)  # fmt: skip
+        # Progress by requests done, not arrived (an overloaded trace drains long after its last
+        # arrival). The bar is touched only when the percentage moves: the loop runs millions
+        # of steps.
+        if progress and (done := len(served) + len(rejected)) * 100 // len(trace) > shown:
+            shown = done * 100 // len(trace)
+            bar.set_postfix_str(f"{i} arrived, t = {clock.now:.0f} s", refresh=False)
+            bar.update(done - bar.n)
     if progress:
-        print(file=sys.stderr)
+        bar.update(len(served) + len(rejected) - bar.n)
+        bar.close()
     return served, rejected, steps
+
+
+def progress_bar(total: float, desc: str, unit: str, enabled: bool = True) -> tqdm:
+    """A tqdm bar on stderr, or a silent one when not `enabled`. On a terminal it redraws in
+    place; in a log or CI, where every redraw lengthens one line, it redraws every 30 s."""
+    interval = 0.1 if sys.stderr.isatty() else 30.0
+    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not enabled,
+                mininterval=interval, leave=None, dynamic_ncols=True)  # fmt: skip
 
 
 @contextmanager
