@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from minivtc.scheduler import ProfiledCost
+from minivtc.cost import ProfiledCost
 
 COLUMNS = [
     "client", "arrival_s", "input_tokens", "output_tokens", "first_token_latency_s",
@@ -57,7 +57,7 @@ def linear_cost(r: Served, w_p: float = 1.0, w_q: float = 2.0) -> float:
 
 def profiled_cost(r: Served) -> float:
     """The artifact's fitted h in ms (Appendix B.2), for the "profile" tables: the same h
-    the scheduler charges with (`scheduler.ProfiledCost`)."""
+    the scheduler charges with (`cost.ProfiledCost`)."""
     return ProfiledCost()(r.input_tokens, r.output_tokens)
 
 
