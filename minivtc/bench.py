@@ -43,8 +43,8 @@ from minivtc.llm import build_engine
 from minivtc.model import Llama
 from minivtc.request import Request
 from minivtc.sampler import SamplingParams, sample
-from minivtc.scheduler import VTC
 from minivtc.sim import gc_paused
+from minivtc.vtc import VTC, LinearScan
 
 PROMPT_LEN = 32
 
@@ -155,14 +155,9 @@ def run_transformers(hf, prompts: torch.Tensor, new_tokens: int) -> None:
 
 
 class ScanVTC(VTC):
-    """The official artifact's selection: scan every client for the smallest counter."""
+    """VTC with the official artifact's selection: scan every client for the smallest counter."""
 
-    def push(self, client: str) -> None:
-        pass
-
-    def min_waiting_client(self) -> str | None:
-        waiting = [c for c, q in self.queues.items() if q]
-        return min(waiting, key=lambda c: (self.counters[c], self.first_seen[c]), default=None)
+    Least = LinearScan
 
 
 def bench_scheduler(quick: bool) -> int:
@@ -190,8 +185,8 @@ def populate(vtc: VTC, n_clients: int) -> list[Request]:
             vtc.add(r, 0.0)
             requests.append(r)
         vtc.counters[f"client-{i}"] = float((i * 7919) % n_clients)
-        vtc.push(f"client-{i}")
-    vtc.compact()  # the pushes above left a stale entry per client
+        vtc.least.push(f"client-{i}")
+    vtc.least.compact()  # the pushes above left a stale entry per client
     vtc.lift = lift
     return requests
 

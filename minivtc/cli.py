@@ -66,7 +66,7 @@ def run_demo(args) -> int:
 
 
 def add_serve(sub) -> None:
-    from minivtc.scheduler import SCHEDULERS
+    from minivtc.policies import SCHEDULERS
 
     p = sub.add_parser(
         "serve",
@@ -116,7 +116,7 @@ def run_serve(args) -> int:
 
     from minivtc.api_keys import Gate, read_keys, weights_of
     from minivtc.llm import build_engine
-    from minivtc.scheduler import make_scheduler
+    from minivtc.policies import make_scheduler
     from minivtc.server import Server
     from minivtc.weights import load_model
 
@@ -234,7 +234,8 @@ def add_generate(sub) -> None:
 
 
 def run_generate(args) -> int:
-    from minivtc.generate import generate_plain, releasable, stop_reason, trim_stop
+    from minivtc.generate import generate_plain
+    from minivtc.params import releasable, stop_reason, trim_stop
     from minivtc.sampler import SamplingParams
     from minivtc.weights import load_model
 
@@ -270,7 +271,7 @@ def run_generate(args) -> int:
 
 
 def add_simulate(sub) -> None:
-    from minivtc.scheduler import SCHEDULERS
+    from minivtc.policies import SCHEDULERS
     from minivtc.sim import COST_MODELS
 
     p = sub.add_parser(

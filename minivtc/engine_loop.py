@@ -201,16 +201,18 @@ class EngineLoop:
             except Exception as e:  # RequestRejected and the like go back to the handler
                 future.set_exception(e)
 
-    def deliver(self, outputs: list[StepOutput]) -> None:
+    def deliver(self, ran: list[Request]) -> None:
+        """Each request that ran gets its StepOutput on its stream's queue."""
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue, StepOutput]]] = {}
-        for out in outputs:
-            stream = self.streams.get(out.request_id)
+        for request in ran:
+            stream = self.streams.get(request.request_id)
             if stream is None:
                 continue
+            out = self.engine.output(request)  # its text so far (or its own failure)
             by_loop.setdefault(stream.event_loop, []).append((stream.outputs, out))
             if out.finished:
-                self.record(stream.request)
-                self.forget(out.request_id, abort=False)
+                self.record(request)
+                self.forget(request.request_id, abort=False)
         for event_loop, items in by_loop.items():  # one wake-up per event loop per step
             event_loop.call_soon_threadsafe(put_all, items)
 

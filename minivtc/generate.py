@@ -1,7 +1,7 @@
 """The plain generation loop: one prompt, a contiguous KV cache, one token at a time.
 
 Owns the simplest correct way to generate — prefill the prompt, then feed back one token per
-step — and the stop rules every generation path shares (`stop_reason`). The engine
+step; the stop rules every generation path shares are `params.py`'s. The engine
 (`engine.py`) does the same for many requests at once over a paged pool; the tests check the two
 give the same greedy tokens. Lesson 1 teaches it.
 """
@@ -14,7 +14,8 @@ import torch
 
 from minivtc.attention import ContiguousAttention
 from minivtc.model import Llama
-from minivtc.sampler import SamplingParams, sample
+from minivtc.params import SamplingParams, context_error
+from minivtc.sampler import sample
 
 
 @torch.inference_mode()
@@ -45,46 +46,3 @@ def generate_plain(model: Llama, prompt_ids: list[int], params: SamplingParams) 
             return
         tokens = torch.tensor([token], device=device)  # (1,)
         positions = positions[-1:] + 1  # (1,)
-
-
-def context_error(num_prompt: int, max_tokens: int, max_positions: int) -> str | None:
-    """Why a request cannot fit the model's context window (None if it can)."""
-    total = num_prompt + max_tokens
-    if total <= max_positions:
-        return None
-    return (
-        f"prompt ({num_prompt} tokens) + max_tokens ({max_tokens}) = {total} "
-        f"exceeds the model's context of {max_positions} positions"
-    )
-
-
-def stop_reason(
-    token: int, num_generated: int, text: str, params: SamplingParams, eos_id: int
-) -> str | None:
-    """Why generation ends after this token: "eos", "length", "stop", or None to go on.
-
-    `text` is everything generated so far; a stop sequence ends generation as soon as it appears
-    (the caller trims it from the text it returns, as OpenAI's API does).
-    """
-    if token == eos_id and not params.ignore_eos:
-        return "eos"
-    if params.stop and any(s in text for s in params.stop):
-        return "stop"
-    if num_generated >= params.max_tokens:
-        return "length"
-    return None
-
-
-def trim_stop(text: str, stop: tuple[str, ...]) -> str:
-    """The text up to (not including) the earliest stop sequence in it."""
-    cut = min((text.find(s) for s in stop if s in text), default=len(text))
-    return text[:cut]
-
-
-def releasable(text: str, stop: tuple[str, ...], finished: bool) -> int:
-    """How much of `text` may be shown: all of it once finished, else all but a tail that
-    could still grow into a stop sequence (so text that a stop sequence will cut is never
-    streamed first)."""
-    if finished:
-        return len(text)
-    return len(text) - max((len(s) - 1 for s in stop), default=0)

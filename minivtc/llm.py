@@ -17,10 +17,11 @@ import torch
 from minivtc.engine import Engine
 from minivtc.kv_pool import KVPool
 from minivtc.model import Llama
+from minivtc.policies import make_scheduler
 from minivtc.request import Request
 from minivtc.runner import ModelRunner
 from minivtc.sampler import SamplingParams
-from minivtc.scheduler import Scheduler, make_scheduler
+from minivtc.scheduler import Scheduler
 from minivtc.tokenizer import Tokenizer
 from minivtc.weights import load_model
 

@@ -10,7 +10,7 @@ Lifecycle::
        ^                  |
        +----preempt-------+          (any state) --abort--> ABORTED
                           |
-                          +--a fault of its own (RequestFailed)--> ABORTED, reason "error"
+                          +--a fault in its own work--> ABORTED, finish_reason "error"
 
 `num_computed` counts the tokens whose keys and values are in the pool. A step computes
 `all_ids[num_computed:]`: the whole prompt after admission (prefill), one token afterwards
@@ -23,16 +23,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from minivtc.sampler import SamplingParams
-
-
-class RequestFailed(Exception):
-    """Serving one request failed in work that is its alone (its sampler, its text): that
-    request ends with finish_reason "error" and the engine goes on serving everyone else."""
-
-    def __init__(self, request: Request, cause: BaseException) -> None:
-        super().__init__(f"request {request.request_id!r} failed: {cause!r}")
-        self.request, self.cause = request, cause
+from minivtc.params import SamplingParams
 
 
 class Status(enum.Enum):

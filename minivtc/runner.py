@@ -23,8 +23,8 @@ import torch
 from minivtc.attention import AttentionGroup, PagedAttention, attend_group
 from minivtc.kv_pool import BlockAllocator, KVPool
 from minivtc.model import Llama
-from minivtc.request import Request, RequestFailed
-from minivtc.sampler import SamplingFailed, sample
+from minivtc.request import Request
+from minivtc.sampler import sample_each
 
 
 class ModelRunner:
@@ -37,15 +37,31 @@ class ModelRunner:
         self.generators: dict[str, torch.Generator | None] = {}
 
     @torch.inference_mode()
-    def run(self, requests: list[Request], allocator: BlockAllocator) -> list[int]:
+    def run(self, requests: list[Request], allocator: BlockAllocator) -> list[int | Exception]:
         """Compute every request's uncomputed tokens; return one sampled token per request.
 
-        Raises `RequestFailed` for a request whose own part (its random generator, its sampling)
-        fails; a failure in the shared forward pass propagates as it is."""
+        A request whose own part fails (its random generator, its sampling) gets the exception
+        in place of a token, and the others are served as if it were not there; a failure of
+        the shared forward pass propagates."""
+        failed: dict[str, Exception] = {}
+        for r in requests:  # before any compute: a request that cannot sample is left out
+            try:
+                self.generator(r)
+            except Exception as e:
+                failed[r.request_id] = e
+        live = [r for r in requests if r.request_id not in failed]
+        ids = [r.request_id for r in live]
+        sampled = dict(zip(ids, self.forward(live, allocator), strict=True))
+        return [failed[r.request_id] if r.request_id in failed else sampled[r.request_id]
+                for r in requests]  # fmt: skip
+
+    def forward(self, requests: list[Request], allocator: BlockAllocator) -> list[int | Exception]:
+        """One forward pass over `requests`, one sampled token (or sampling failure) each."""
+        if not requests:
+            return []
         prefill = [r for r in requests if r.num_tokens - r.num_computed > 1]
         decode = [r for r in requests if r.num_tokens - r.num_computed == 1]
         ordered = prefill + decode
-        generators = [self.generator(r) for r in ordered]  # before any compute: nothing to undo
         tokens, positions, slots, last_rows, groups = [], [], [], [], []
         for group in (prefill, decode):
             if group:
@@ -62,10 +78,8 @@ class ModelRunner:
         logits = self.model(
             as_tensor(tokens), as_tensor(positions), attention, as_tensor(last_rows)
         )
-        try:
-            sampled = sample(logits, [r.params for r in ordered], generators)
-        except SamplingFailed as e:
-            raise RequestFailed(ordered[e.row], e.cause) from e
+        generators = [self.generators[r.request_id] for r in ordered]
+        sampled = sample_each(logits, [r.params for r in ordered], generators)
         by_id = {r.request_id: t for r, t in zip(ordered, sampled, strict=True)}
         return [by_id[r.request_id] for r in requests]
 
@@ -75,10 +89,7 @@ class ModelRunner:
 
     def generator(self, request: Request) -> torch.Generator | None:
         if request.request_id not in self.generators:
-            try:
-                self.generators[request.request_id] = request.params.generator()
-            except Exception as e:
-                raise RequestFailed(request, e) from e
+            self.generators[request.request_id] = request.params.generator()
         return self.generators[request.request_id]
 
 

@@ -1,6 +1,6 @@
 """Next-token choice from logits: greedy, temperature, top-k, top-p, each request seeded.
 
-Owns: `SamplingParams` (what a caller may ask for, validated) and `sample()`. Greedy rows are
+Owns: `sample()` (what a caller may ask for, `SamplingParams`, is `params.py`'s). Greedy rows are
 one batched argmax; sampled rows each draw from their own `torch.Generator`, so a request's
 tokens depend on its seed alone, never on which other requests share its batch. Does not own:
 stop conditions (the engine) or the model. Lesson 1 teaches it.
@@ -10,64 +10,18 @@ Shape legend: N rows (one per request that needs a token), V vocabulary.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 from torch import Tensor
 
-MAX_SEED = 2**63 - 1
+from minivtc.params import MAX_SEED, SamplingParams  # noqa: F401 (re-exported: vLLM's home)
 
 
 class SamplingFailed(RuntimeError):
-    """Sampling one row failed (`row` of the logits); the other rows are not at fault."""
+    """Sampling row `row` of the logits failed; `tokens` holds the rows sampled before it."""
 
-    def __init__(self, row: int, cause: BaseException) -> None:
+    def __init__(self, row: int, cause: Exception, tokens: list[int]) -> None:
         super().__init__(f"sampling row {row} failed: {cause!r}")
-        self.row, self.cause = row, cause
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """vLLM's names. temperature 0 is greedy; max_tokens counts generated tokens."""
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0 = no top-k cut
-    max_tokens: int = 16
-    stop: tuple[str, ...] = field(default_factory=tuple)
-    seed: int | None = None
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            object.__setattr__(self, "stop", (self.stop,))
-        else:
-            object.__setattr__(self, "stop", tuple(self.stop))
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if any(not s for s in self.stop):
-            raise ValueError("stop sequences must be non-empty strings")
-        if self.seed is not None and not 0 <= self.seed <= MAX_SEED:
-            # torch.Generator.manual_seed takes 64 bits; vLLM asks for the same range.
-            raise ValueError(f"seed must be in [0, 2**63 - 1], got {self.seed}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    def generator(self) -> torch.Generator | None:
-        """A fresh generator for one request (None for greedy: nothing random happens)."""
-        if self.greedy:
-            return None
-        gen = torch.Generator()
-        gen.manual_seed(self.seed if self.seed is not None else torch.seed())
-        return gen
+        self.row, self.cause, self.tokens = row, cause, tokens
 
 
 def sample(
@@ -82,8 +36,25 @@ def sample(
             try:
                 tokens[row] = sample_row(logits[row], p, gen)
             except Exception as e:
-                raise SamplingFailed(row, e) from e
+                raise SamplingFailed(row, e, tokens[:row]) from e
     return tokens
+
+
+def sample_each(
+    logits: Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
+) -> list[int | Exception]:
+    """`sample`, except that a row whose sampling fails gets its exception in place of a token
+    and the rows after it are still sampled (each request's draws stay its own)."""
+    out: list[int | Exception] = []
+    start = 0
+    while start < len(params):
+        try:
+            out += sample(logits[start:], params[start:], generators[start:])
+            break
+        except SamplingFailed as e:
+            out += [*e.tokens, e.cause]
+            start += e.row + 1
+    return out
 
 
 def sample_row(logits: Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:

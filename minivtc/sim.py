@@ -42,9 +42,10 @@ from tqdm import tqdm
 from minivtc.engine import Engine
 from minivtc.kv_pool import BlockAllocator
 from minivtc.metrics import Served
+from minivtc.policies import make_scheduler
 from minivtc.request import Request
 from minivtc.sampler import SamplingParams
-from minivtc.scheduler import Scheduler, make_scheduler
+from minivtc.scheduler import Scheduler
 from minivtc.workloads import TraceRequest
 
 SIM_TOKEN = 3  # the token every simulated step "generates"; EOS is ignored, as in the paper
@@ -199,7 +200,7 @@ def simulate(
         served, rejected, steps = replay(engine, clock, trace, progress)
     first = trace[0].arrival_s if trace else 0.0
     total = max((s.end_s for s in served), default=first) - first
-    counters = dict(getattr(policy, "counters", {}))
+    counters = {c: n for c, (n, _) in policy.accounts().items() if n is not None}
     return SimResult(served, rejected, total, time.perf_counter() - start, steps, counters)
 
 
@@ -230,9 +231,9 @@ def replay(
                 break  # the last arrivals were all rejected
             clock.now = max(clock.now, trace[i].arrival_s)
             continue
-        _, finished = engine.advance()  # (not step(): the simulator reads no tokens or text)
-        for r in finished:
-            served.append(record(*live.pop(r.request_id)))
+        for r in engine.step():
+            if r.finish_reason is not None:
+                served.append(record(*live.pop(r.request_id)))
         steps += 1
         # Progress by requests done, not arrived (an overloaded trace drains long after its last
         # arrival). The bar is touched only when the percentage moves: the loop runs millions

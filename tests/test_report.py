@@ -15,6 +15,7 @@ import pytest
 
 from minivtc import metrics
 from minivtc.metrics import Served
+from minivtc.policies import make_scheduler
 from minivtc.report import (
     EXPERIMENTS,
     SPECIAL,
@@ -29,7 +30,6 @@ from minivtc.report import (
     table2_verdict,
     ttft_verdict,
 )
-from minivtc.scheduler import make_scheduler
 from minivtc.sim import SimResult
 from minivtc.workloads import TraceRequest, read_trace, uniform, workload, write_trace
 

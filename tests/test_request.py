@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from minivtc.request import Request, RequestFailed, Status
+from minivtc.request import Request, Status
 from minivtc.sampler import SamplingParams
 
 
@@ -119,15 +119,3 @@ def test_requests_are_plain_python_with_slots():
     a, b = (Request(i, "c", [1], SamplingParams(), 0.0) for i in ("a", "b"))
     a.output_ids.append(2)
     assert b.output_ids == []  # each request has its own output list
-
-
-def test_request_failed_carries_its_request_and_cause():
-    r = make()
-    cause = ValueError("bad seed")
-    try:
-        raise RequestFailed(r, cause) from cause
-    except RequestFailed as e:
-        failed = e
-    assert failed.request is r and failed.cause is cause
-    assert "'r1'" in str(failed) and "ValueError('bad seed')" in str(failed)
-    assert isinstance(failed, Exception) and failed.__cause__ is cause

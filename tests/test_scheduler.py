@@ -16,21 +16,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from minivtc.cost import LinearCost, ProfiledCost
 from minivtc.engine import Engine, RequestRejected
 from minivtc.kv_pool import BlockAllocator
+from minivtc.policies import make_scheduler
+from minivtc.predictors import MeanOfLast, MovingAverage, Oracle
 from minivtc.request import Request
 from minivtc.sampler import SamplingParams
-from minivtc.scheduler import (
-    FCFS,
-    RPM,
-    VTC,
-    LinearCost,
-    MeanOfLast,
-    MovingAverage,
-    Oracle,
-    ProfiledCost,
-    make_scheduler,
-)
+from minivtc.scheduler import FCFS, RPM
+from minivtc.vtc import VTC, ArtifactVTC
 
 W_P, W_Q = 1.0, 2.0
 
@@ -274,7 +268,7 @@ def test_heap_selection_equals_brute_force_scan():
                 vtc.schedule(admit)
             waiting = [c for c, q in vtc.queues.items() if q]
             brute = min(waiting, key=lambda c: (vtc.counters[c], vtc.first_seen[c]), default=None)
-            assert vtc.min_waiting_client() == brute
+            assert vtc.least.least() == brute
             vtc.check_invariants()
 
 
@@ -375,10 +369,10 @@ def test_lift_rules():
     c = Request("c1", "c", [1], SamplingParams(), 0.0)
     vtc.add(c, 0.0)  # Q = {b}: c is lifted to the minimum waiting counter
     assert vtc.counters["c"] == 30
-    artifact = VTC(lift_last_left=False)
+    artifact = ArtifactVTC()
     finished(artifact, "a", 10, 10)
     artifact.add(Request("b1", "b", [1], SamplingParams(), 0.0), 0.0)
-    assert artifact.counters["b"] == 0  # the artifact only lifts against waiting clients (D1)
+    assert artifact.counters["b"] == 0  # the artifact only lifts against waiting clients
     lcf = VTC(lift=False)
     finished(lcf, "a", 10, 10)
     lcf.add(Request("b1", "b", [1], SamplingParams(), 0.0), 0.0)
@@ -388,18 +382,19 @@ def test_lift_rules():
 def test_artifact_leaves_the_first_token_uncharged_and_charges_finish_events():
     vtc = make_scheduler("vtc", artifact=True)
     finished(vtc, "a", 10, 10)
-    assert vtc.counters["a"] == W_P * 10 + W_Q * 9 + W_Q  # D6: no first token; D5: +1 at finish
+    assert vtc.counters["a"] == W_P * 10 + W_Q * 9 + W_Q  # no first token; +1 at finish
 
 
 def test_finish_events_charge_the_whole_batch_once_per_step():
-    """D5 through the real engine: two requests finish in one step, a third runs on."""
-    vtc = VTC(finish_charge=True)
+    """The artifact's finish charge through the real engine: two requests finish in one step,
+    a third runs on (and each request's first token is free)."""
+    vtc = ArtifactVTC()
     arrivals = [Arrival(0.0, "a", 5, 4), Arrival(0.0, "b", 5, 4), Arrival(0.0, "c", 5, 8)]
     engine, _, _ = drive(vtc, arrivals, kv_tokens=100)
     # Finish events at step 4 (a and b together: one event) and step 8 (c): a and b get one
     # extra w_q, c two.
-    assert vtc.counters["a"] == W_P * 5 + W_Q * 4 + W_Q
-    assert vtc.counters["c"] == W_P * 5 + W_Q * 8 + 2 * W_Q
+    assert vtc.counters["a"] == W_P * 5 + W_Q * 3 + W_Q
+    assert vtc.counters["c"] == W_P * 5 + W_Q * 7 + 2 * W_Q
 
 
 def test_make_scheduler_names():

@@ -10,11 +10,9 @@ import pytest
 from minivtc import metrics
 from minivtc.bench import ScanVTC
 from minivtc.cli import main
-from minivtc.engine import Engine
-from minivtc.kv_pool import BlockAllocator
-from minivtc.sampler import SamplingParams
-from minivtc.scheduler import VTC, MeanOfLast, make_scheduler
-from minivtc.sim import COST_MODELS, CostModelRunner, VirtualClock, simulate
+from minivtc.predictors import MeanOfLast
+from minivtc.sim import simulate
+from minivtc.vtc import VTC
 from minivtc.workloads import WORKLOADS, TraceRequest, read_trace, uniform, workload, write_trace
 
 
@@ -65,37 +63,6 @@ def test_vtc_heap_simulates_exactly_as_the_artifacts_scan(predictor):
     scan = simulate(trace, ScanVTC(predictor=MeanOfLast() if predictor else None))
     assert heap.steps == scan.steps and heap.served == scan.served
     assert heap.counters == scan.counters
-
-
-def test_advance_is_step_without_the_outputs():
-    """The simulator steps with `Engine.advance()`, a server with `step()`: a simulation must
-    see what a server would. Two engines fed the same requests, one stepped each way: each
-    step's outputs name the requests that ran, their new tokens and the finishes, and both end
-    with the same timestamps and counters."""
-
-    def engine():
-        clock = VirtualClock()
-        e = Engine(CostModelRunner(COST_MODELS["a10g-llama7b"], clock), BlockAllocator(400, 1),
-                   make_scheduler("vtc-predict"), max_positions=1 << 30, eos_id=-1, clock=clock,
-                   reservation="peak", check_invariants=True)  # fmt: skip
-        trace = [t for t in workload("real").make() if t.arrival_s < 120]
-        params = [SamplingParams(max_tokens=min(t.output_tokens, 100)) for t in trace]
-        return e, [e.add_request([1] * min(t.input_tokens, 200), p, client_id=t.client)
-                   for t, p in zip(trace, params, strict=True)]  # fmt: skip
-
-    (stepped, requests), (advanced, twins) = engine(), engine()
-    finishes = 0
-    while stepped.has_unfinished():
-        outputs = stepped.step()
-        ran, finished = advanced.advance()
-        assert [o.request_id for o in outputs] == [r.request_id for r in ran]
-        assert [o.token_id for o in outputs] == [r.output_ids[-1] for r in ran]
-        assert [o.request_id for o in outputs if o.finished] == [r.request_id for r in finished]
-        finishes += len(finished)
-    assert not advanced.has_unfinished() and finishes == len(requests) > 50
-    times = [(r.first_token_time, r.finish_time, r.finish_reason) for r in requests]
-    assert times == [(r.first_token_time, r.finish_time, r.finish_reason) for r in twins]
-    assert stepped.scheduler.counters == advanced.scheduler.counters
 
 
 def test_rpm_rejects_in_simulation():

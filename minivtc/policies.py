@@ -1,0 +1,52 @@
+"""Every policy by the name the command line and the APIs use: `make_scheduler("vtc")`.
+
+Owns: `SCHEDULERS` (the names, for help texts) and `make_scheduler`. The policies themselves
+are `scheduler.py`'s (FCFS, RPM) and `vtc.py`'s (VTC, LCF, the artifact's VTC); their predictors
+`predictors.py`'s and costs `cost.py`'s.
+"""
+
+from __future__ import annotations
+
+from minivtc.cost import LinearCost, ProfiledCost
+from minivtc.predictors import MeanOfLast, MovingAverage, Oracle
+from minivtc.scheduler import FCFS, RPM, Scheduler
+from minivtc.vtc import VTC, ArtifactVTC
+
+SCHEDULERS = (
+    "fcfs, rpm:N, lcf, vtc, vtc-artifact, vtc-predict, vtc-predict-ema, vtc-oracle, "
+    "vtc-oracle:P, and any of the VTC family with -profile (e.g. vtc-profile)"
+)
+
+
+def make_scheduler(
+    name: str, weights: dict[str, float] | None = None, seed: int = 0, artifact: bool = False
+) -> Scheduler:
+    """A scheduler from its command-line name. `weights` (operator-set) apply to the VTC family;
+    `artifact=True` reproduces the official artifact's counter quirks (no lift to the last
+    client to leave, an uncharged first token, an extra charge on finish events; see
+    lessons/artifact_deviations.md).
+    A VTC-family name ending in "-profile" charges the profiled h instead of w_p n_p + w_q n_q."""
+    if name == "fcfs":
+        return FCFS()
+    if name.startswith("rpm:"):
+        return RPM(int(name.split(":", 1)[1]))
+    base, profiled = (
+        (name[: -len("-profile")], True) if name.endswith("-profile") else (name, False)
+    )
+    options = {"weights": weights, "name": name,
+               "cost": ProfiledCost() if profiled else LinearCost()}  # fmt: skip
+    if base == "vtc-artifact":  # VTC as the official artifact charges (artifact_deviations.md)
+        base, artifact = "vtc", True
+    kind = ArtifactVTC if artifact else VTC
+    if base == "lcf":
+        return kind(lift=False, **options)
+    if base == "vtc":
+        return kind(**options)
+    if base == "vtc-predict":
+        return kind(predictor=MeanOfLast(), **options)
+    if base == "vtc-predict-ema":
+        return kind(predictor=MovingAverage(), **options)
+    if base == "vtc-oracle" or base.startswith("vtc-oracle:"):
+        spread = float(base.split(":", 1)[1]) if ":" in base else 0.0
+        return kind(predictor=Oracle(spread, seed), **options)
+    raise ValueError(f"unknown scheduler {name!r}; choose one of: {SCHEDULERS}")

@@ -1,0 +1,333 @@
+"""The Virtual Token Counter: Algorithm 2 of the paper, and the official artifact's variant.
+
+Owns: `VTC` (Algorithm 2, weighted (Section 4.3), with length prediction (Algorithm 3), any
+cost h (Section 4.2)), `ArtifactVTC` (the official artifact's counting, to reproduce its
+numbers), and `LeastCounter`, the structure that finds the waiting client with the smallest
+counter, with `LinearScan`, the obvious version it is checked against. Lessons 5 and 7.
+
+Algorithm 2, line by line, and the method that does it:
+
+    on arrival of request r from client u:                                  add()
+        if Q holds no request of u:                    (u joins the queue)
+            c_u <- max(c_u, min over clients i in Q of c_i)                 lift()
+            (Q empty: c_u <- max(c_u, c_l), l the last client to leave Q)   lift_floor()
+        Q <- Q + r                                                          add()
+    each step, while requests may be admitted:                              schedule()
+        k <- the client in Q with the smallest c_k                          LeastCounter.least()
+        r <- the earliest request of k in Q                                 schedule()
+        if r does not fit in memory: stop admitting (never skip to another) schedule()
+        c_k <- c_k + h(n_p(r), 0): the prompt, charged at dispatch          on_tokens(r, n_p, 0)
+    after the forward pass: c_i <- c_i + the cost of i's new tokens         on_decode()
+    requests that finished leave the batch                                  on_finish()
+
+The counter is the service a client has received (divided by its weight) *plus its lifts*: a
+client back from idle is raised to the others' level, so it cannot bank idle time. With
+U = max(w_p L_input, w_q M) (`cost.fairness_bound`), the waiting clients' counters stay within
+U of each other (Lemma 4.3), so two clients backlogged over an interval receive service within
+2U of each other (Theorem 4.4); `check_invariants` asserts Lemma 4.3 after every step when the
+engine's `check_fairness` is on. `VTC(lift=False)` is LCF, the paper's broken baseline.
+
+The general cost's rule: a request with n_p prompt tokens that has n_q output tokens has
+received h(n_p, n_q), so its n_q-th token is charged h(n_p, n_q) - h(n_p, n_q - 1) (w_q for the
+linear h). With a predictor, h(n_p, predicted) is charged at dispatch, nothing more until n_q
+passes the prediction, and the over-prediction is refunded at the end (Algorithm 3).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterator
+
+from minivtc.cost import PAPER_COST, Cost, fairness_bound
+from minivtc.predictors import Predictor
+from minivtc.request import Request
+from minivtc.scheduler import Admit, Scheduler
+
+
+class LeastCounter:
+    """The waiting client with the smallest counter (ties: the client seen first), in
+    O(log n) per decision, where the artifact scans every client (O(n)).
+
+    A heap with lazy deletion: an entry (counter, rank, version, client) is live while its
+    client waits and `version` is the client's latest. A live entry's counter may lag behind
+    the client's: a charge only raises a counter, so the old key is a lower bound, and the
+    entry is re-keyed only when it reaches the top (one heap operation per dispatch instead of
+    one per token charged). A counter that falls (a refund) needs a new entry: `push`.
+    """
+
+    def __init__(self, counters: dict[str, float], rank: dict[str, int],
+                 queues: dict[str, deque[Request]]) -> None:  # fmt: skip
+        self.counters, self.rank, self.queues = counters, rank, queues
+        self.heap: list[tuple[float, int, int, str]] = []
+        self.versions: dict[str, int] = {}
+        self.num_entries = 0  # entries made so far: a version is never reused
+
+    def push(self, client: str) -> None:
+        """`client` joined the queue, or its counter fell."""
+        heapq.heappush(self.heap, self.entry(client))
+        if len(self.heap) > 64 and len(self.heap) > 4 * len(self.queues):
+            self.compact()
+
+    def compact(self) -> None:
+        """Drop the dead entries (the heap stays within a few times the clients)."""
+        self.heap = [e for e in self.heap if self.is_live(e[2], e[3])]
+        heapq.heapify(self.heap)
+
+    def least(self) -> str | None:
+        while self.heap:
+            counter, _, version, client = self.heap[0]
+            if not self.is_live(version, client):
+                heapq.heappop(self.heap)  # superseded by a newer entry, or left the queue
+            elif counter != self.counters[client]:  # charged since: re-key, look again
+                heapq.heappop(self.heap)
+                heapq.heappush(self.heap, self.entry(client))
+            else:
+                return client  # every other key is a lower bound of its counter
+        return None
+
+    def forget(self, client: str) -> None:
+        self.versions.pop(client, None)  # its entries are dead
+
+    def check(self) -> None:
+        live = {c: k for k, _, v, c in self.heap if self.is_live(v, c)}
+        assert live.keys() == {c for c, q in self.queues.items() if q}, "heap lost a client"
+        assert all(k <= self.counters[c] for c, k in live.items()), "a key is above its counter"
+
+    def entry(self, client: str) -> tuple[float, int, int, str]:
+        self.num_entries += 1
+        self.versions[client] = self.num_entries
+        return (self.counters[client], self.rank[client], self.num_entries, client)
+
+    def is_live(self, version: int, client: str) -> bool:
+        return version == self.versions.get(client) and bool(self.queues[client])
+
+
+class LinearScan(LeastCounter):
+    """The reference: scan every waiting client (what the artifact does). Tests check that
+    `LeastCounter` picks exactly as this does; `minivtc bench scheduler` times both."""
+
+    def push(self, client: str) -> None:
+        pass
+
+    def least(self) -> str | None:
+        waiting = [c for c, q in self.queues.items() if q]
+        return min(waiting, key=lambda c: (self.counters[c], self.rank[c]), default=None)
+
+    def check(self) -> None:
+        pass
+
+
+class VTC(Scheduler):
+    """The Virtual Token Counter (Algorithm 2; the module docstring maps its lines here).
+
+    `weights`: operator-set shares (every charge is divided by the client's weight);
+    `predictor`: charge a predicted output length at dispatch (Algorithm 3); `cost`: h;
+    `lift=False`: LCF. Ties between equal counters go to the client seen first.
+    """
+
+    Least = LeastCounter  # the selection structure (`LinearScan` in the reference tests)
+
+    def __init__(
+        self, cost: Cost = PAPER_COST, weights: dict[str, float] | None = None,
+        lift: bool = True, predictor: Predictor | None = None, name: str = "vtc",
+    ) -> None:  # fmt: skip
+        self.cost, self.weights = cost, dict(weights or {})
+        self.lift, self.predictor = lift, predictor
+        self.name = name
+        self.counters: dict[str, float] = {}
+        self.queues: dict[str, deque[Request]] = {}  # Q, per client: its waiting requests
+        self.first_seen: dict[str, int] = {}  # tie order (kept for forgotten clients too)
+        self.least = self.Least(self.counters, self.first_seen, self.queues)
+        self.last_left: str | None = None  # the last client whose queue emptied
+        # request id -> (q, h(n_p, q)): the output tokens charged for so far (at dispatch, the
+        # predicted length) and the service that came to; each new token charges the difference.
+        self.charged: dict[str, tuple[float, float]] = {}
+        self.bound: float | None = None  # U, set by the engine's check_fairness
+
+    # --- the hooks the engine calls ------------------------------------------------------------
+
+    def add(self, request: Request, now: float) -> str | None:
+        client = request.client_id
+        if client not in self.counters:  # new, or forgotten (a forgotten counter was <= floor)
+            self.counters[client] = 0.0
+            self.first_seen.setdefault(client, len(self.first_seen))
+            self.queues[client] = deque()
+        if not self.queues[client]:  # u joins Q
+            if self.lift:
+                self.lift_counter(client)
+            self.queues[client].append(request)
+            self.least.push(client)
+        else:
+            self.queues[client].append(request)
+        return None
+
+    def schedule(self, admit: Admit) -> None:
+        while (client := self.least.least()) is not None:
+            request = self.queues[client][0]
+            # Stop the round at the first misfit; never skip to another client. Skipping
+            # would let small requests of a high-counter client jump ahead, and the bound's
+            # "one dispatch raises the minimum by at most w_p * L_input" would break.
+            if not admit(request):  # admit() charges the prompt through on_tokens
+                return
+            self.queues[client].popleft()
+            if not self.queues[client]:
+                self.last_left = client
+
+    def on_tokens(self, request: Request, num_prompt: int, num_output: int) -> None:
+        if num_prompt:
+            # Charged at dispatch, before the next pick (Footnote 5): otherwise the same
+            # client would stay the minimum and take the whole admission round.
+            predicted = self.predictor.predict(request) if self.predictor else 0.0
+            service = self.cost(request.num_prompt, predicted)
+            self.charged[request.request_id] = (predicted, service)
+            self.charge(request.client_id, service)
+        if num_output:
+            self.charge_outputs([request], num_output)
+
+    def on_decode(self, requests: list[Request]) -> None:
+        self.charge_outputs(requests, 1)
+
+    def on_finish(self, request: Request) -> None:
+        q, service = self.charged.pop(request.request_id, (0.0, 0.0))
+        if q > request.num_output:  # refund the over-prediction (Algorithm 3)
+            refund = service - self.cost(request.num_prompt, request.num_output)
+            self.charge(request.client_id, -refund)
+        if self.predictor is not None and request.finish_reason != "abort":
+            self.predictor.observe(request)
+
+    def remove(self, request: Request) -> None:
+        queue = self.queues[request.client_id]
+        queue.remove(request)
+        if not queue:
+            self.last_left = request.client_id
+
+    def waiting(self) -> Iterator[Request]:
+        return (r for q in self.queues.values() for r in q)
+
+    def accounts(self) -> dict[str, tuple[float | None, float]]:
+        return {c: (n, self.weights.get(c, 1.0)) for c, n in self.counters.items()}
+
+    def set_bound(self, max_input: int, pool_tokens: int) -> None:
+        """Check Lemma 4.3 after every step: U in counter units (divided by the smallest
+        weight below 1)."""
+        w_p, w_q = getattr(self.cost, "w_p", 1.0), getattr(self.cost, "w_q", 2.0)
+        min_weight = min(self.weights.values(), default=1.0)
+        self.bound = fairness_bound(max_input, pool_tokens, w_p, w_q) / min(min_weight, 1.0)
+
+    def check_invariants(self) -> None:
+        """Lemma 4.3, when the engine set `bound` (check_fairness=True): spread <= U."""
+        self.least.check()
+        waiting = [self.counters[c] for c, q in self.queues.items() if q]
+        if self.bound is not None and waiting:
+            spread = max(waiting) - min(waiting)
+            assert spread <= self.bound + 1e-6, (
+                f"Lemma 4.3 violated: waiting counters spread {spread:.1f} > U = {self.bound:.1f}"
+            )
+
+    def forget(self, idle: list[str], now: float) -> list[str]:
+        """Forget idle clients whose counter is at or below the lift floor F: no decision
+        changes. Kept, such a client rejoins at max(counter, F') where F' >= F is the floor
+        then (F never falls: charges raise counters, a joining client is lifted to F, a leaving
+        one leaves a larger minimum); forgotten, it rejoins at max(0, F') = F' -- the same
+        counter, and its place among ties (`first_seen`) is kept. Needs the lift (LCF has no
+        floor) and no refunds (Algorithm 3's refund lowers counters, so F could fall)."""
+        floor = self.lift_floor()
+        if not self.lift or self.predictor is not None or floor is None:
+            return []
+        gone = [c for c in idle if c in self.counters and not self.queues[c]
+                and c != self.last_left and self.counters[c] <= floor]  # fmt: skip
+        for c in gone:
+            del self.counters[c], self.queues[c]
+            self.least.forget(c)
+        return gone
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def lift_counter(self, client: str) -> None:
+        """A client joining the queue is lifted so it cannot bank idle time (Lemma 4.3).
+
+        Without the lift (LCF) a client back from idle holds a stale low counter and takes
+        every dispatch until it catches up: the 2U bound fails for the others.
+        """
+        floor = self.lift_floor()
+        if floor is not None and floor > self.counters[client]:
+            self.counters[client] = floor
+
+    def lift_floor(self) -> float | None:
+        """The smallest waiting counter; Q empty: the counter of the last client to leave Q."""
+        client = self.least.least()
+        if client is None:
+            client = self.last_left
+        return None if client is None else self.counters[client]
+
+    def charge(self, client: str, amount: float) -> None:
+        self.counters[client] += amount / self.weights.get(client, 1.0)
+        if amount < 0 and self.queues[client]:
+            self.least.push(client)  # the live entry's key is now too high to be a lower bound
+
+    def charge_outputs(self, requests: list[Request], num_output: int) -> None:
+        """Each of `requests` just got `num_output` tokens, n_q in all: charge its client
+        h(n_p, n_q) - h(n_p, q), q being the output tokens already charged for (at first the
+        length predicted at dispatch: nothing more is charged until n_q passes it)."""
+        # PERF: this loop runs once per generated token, the simulator's hottest code. One cost
+        # call per token (h(n_p, q) is remembered in `charged`), charge() inlined (a charge only
+        # raises a counter: no heap push), len() rather than properties: -8% instructions in
+        # `minivtc bench sim`. `cost.__call__`: Python 3.11 runs a bound method's call inline
+        # but calls an instance through C: -2%.
+        charged, counters, weights = self.charged, self.counters, self.weights
+        cost = self.cost.__call__
+        for request in requests:
+            n_q = len(request.output_ids)
+            q, service = charged[request.request_id]  # made at dispatch (on_tokens)
+            if n_q <= q:
+                continue  # still within the prediction charged at dispatch
+            now = cost(len(request.prompt_ids), n_q)
+            charged[request.request_id] = (n_q, now)
+            client = request.client_id
+            counters[client] += (now - service) / weights.get(client, 1.0)
+
+
+class ArtifactVTC(VTC):
+    """VTC as the official artifact counts (to reproduce its measured numbers), three ways
+    apart from Algorithm 2 (lessons/artifact_deviations.md):
+
+    - no lift to the last client to leave: a client joining an empty queue keeps its counter;
+    - each request's first output token is not charged;
+    - whenever a request finishes, every request in that step's batch, the finishing ones
+      included, is charged one more output token (once per step).
+    """
+
+    def __init__(self, *args, name: str = "vtc-artifact", **kwargs) -> None:
+        super().__init__(*args, name=name, **kwargs)
+        self.running: dict[str, Request] = {}  # admitted, not finished: the finish charge
+        self.tokens_charged = 0  # output tokens charged so far: tells steps apart
+        self.finish_charged_at = -1
+
+    def lift_floor(self) -> float | None:
+        client = self.least.least()  # no floor when Q is empty
+        return None if client is None else self.counters[client]
+
+    def on_tokens(self, request: Request, num_prompt: int, num_output: int) -> None:
+        if num_prompt:
+            self.running[request.request_id] = request
+        super().on_tokens(request, num_prompt, num_output)
+
+    def charge_outputs(self, requests: list[Request], num_output: int) -> None:
+        self.tokens_charged += num_output * len(requests)
+        for r in requests:  # a first token: mark it charged for without charging the client
+            q, _ = self.charged[r.request_id]
+            if len(r.output_ids) == 1 and q < 1:
+                self.charged[r.request_id] = (1, self.cost(len(r.prompt_ids), 1))
+        super().charge_outputs(requests, num_output)
+
+    def on_finish(self, request: Request) -> None:
+        if self.tokens_charged != self.finish_charged_at:  # once per step
+            self.finish_charged_at = self.tokens_charged
+            for r in self.running.values():
+                self.charge(r.client_id, self.cost(r.num_prompt, 1) - self.cost(r.num_prompt, 0))
+        self.running.pop(request.request_id, None)
+        super().on_finish(request)
+
+    def forget(self, idle: list[str], now: float) -> list[str]:
+        return []  # without the last-left lift an empty queue has no floor
