@@ -13,7 +13,7 @@ generated tokens per second of wall time for the whole run, prefill included.
 admit its oldest request, charge the prompt) and per token charge, with 10 to 100,000 waiting
 clients, for minivtc's heap and for the artifact's linear scan over clients, in one run.
 
-`sim`: simulated seconds per wall second of `minivtc simulate` (the a10g-llama7b cost model)
+`sim`: simulated seconds per wall second of `minivtc simulate` (the a10g-llama7b step-time model)
 on the real trace and on the overload workload, under VTC and FCFS. `sim --million`: a
 synthetic trace of 1,000,000 short requests (64/16 tokens) from 1000 clients instead.
 `--repeat N` runs each case N times, VTC and FCFS alternating, and reports the min and median.

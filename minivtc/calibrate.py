@@ -1,59 +1,24 @@
-"""`minivtc calibrate`: a cost model measured on this machine, from the real engine.
+"""`minivtc calibrate`: a step-time model measured on this machine, from the real engine.
 
-Owns: `MeasuredCost` (a step takes overhead + a * prefill tokens + b * requests + c * context
-tokens, the linear form of `sim.Roofline` before its max()), `measure_steps` (time every step of
-the real engine on the bundled model over a grid of batch sizes and prompt lengths), `fit`
-(least squares, coefficients kept >= 0), and `check` (one held-out workload run for real and in
-simulation with the fitted model, side by side). The result is a JSON file; `simulate
---cost-model measured` (or a path to the file) uses it, so a simulation of the tiny model can be
-compared with a real run of it. Does not own the simulator (`sim.py`).
+Owns `measure_steps` (time every step of the real engine on the bundled model over a grid of
+batch sizes and prompt lengths), `fit` (least squares, coefficients kept >= 0, into
+`step_time.MeasuredStepTime`: a step takes overhead + a * prefill tokens + b * requests + c *
+context tokens, the linear form of `Roofline` before its max()), and `check` (one held-out
+workload run for real and in simulation with the fitted model, side by side). The result is a
+JSON file; `simulate --step-time measured` (or a path to the file) uses it, so a simulation of
+the tiny model can be compared with a real run of it. Does not own the simulator (`sim.py`).
 """
 
 from __future__ import annotations
 
-import json
 import random
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
 
-from minivtc.sim import StepShape, progress_bar
-
-DEFAULT_PATH = Path.home() / ".cache" / "minivtc" / "measured_cost.json"
-
-
-@dataclass(frozen=True)
-class MeasuredCost:
-    name: str
-    overhead_s: float  # per step: Python, scheduling, sampling, the weights read once
-    per_prefill_token_s: float
-    per_request_s: float  # each request's one new token (decode)
-    per_context_token_s: float  # attention over the K/V the batch holds
-    machine: str = ""
-
-    def step_time(self, step: StepShape) -> float:
-        return (
-            self.overhead_s + self.per_prefill_token_s * step.prefill_tokens
-            + self.per_request_s * step.num_requests
-            + self.per_context_token_s * step.context_tokens
-        )  # fmt: skip
-
-    def save(self, path: str | Path) -> Path:
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(asdict(self), indent=1) + "\n")
-        return path
-
-    @classmethod
-    def load(cls, path: str | Path) -> MeasuredCost:
-        path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(
-                f"no measured cost model at {path}: run `minivtc calibrate` first"
-            )
-        return cls(**json.loads(path.read_text()))
+from minivtc.sim import progress_bar
+from minivtc.step_time import DEFAULT_PATH, MeasuredStepTime, StepShape
 
 
 class TimedRunner:
@@ -100,7 +65,7 @@ def measure_steps(
     return samples
 
 
-def fit(samples: list[tuple[StepShape, float]], name: str = "measured") -> MeasuredCost:
+def fit(samples: list[tuple[StepShape, float]], name: str = "measured") -> MeasuredStepTime:
     """Least squares for (overhead, per prefill token, per request, per context token) >= 0.
 
     Errors are relative (each row divided by its time): steps range from a millisecond (one
@@ -120,10 +85,10 @@ def fit(samples: list[tuple[StepShape, float]], name: str = "measured") -> Measu
     for i, c in zip(keep, coef.tolist(), strict=True):
         full[i] = c
     machine = f"{torch.get_num_threads()} threads, torch {torch.__version__}"
-    return MeasuredCost(name, *full, machine=machine)
+    return MeasuredStepTime(name, *full, machine=machine)
 
 
-def check(model, tokenizer, cost: MeasuredCost, seed: int = 1) -> tuple[float, float]:
+def check(model, tokenizer, cost: MeasuredStepTime, seed: int = 1) -> tuple[float, float]:
     """A held-out workload (24 requests, mixed lengths, all at t = 0), real vs simulated s."""
     from minivtc.llm import build_engine
     from minivtc.sampler import SamplingParams
@@ -147,7 +112,7 @@ def check(model, tokenizer, cost: MeasuredCost, seed: int = 1) -> tuple[float, f
     return real, sim.total_time
 
 
-def main(out: str | Path = DEFAULT_PATH, quick: bool = False) -> MeasuredCost:
+def main(out: str | Path = DEFAULT_PATH, quick: bool = False) -> MeasuredStepTime:
     from minivtc.weights import load_model
 
     model, tokenizer = load_model()
@@ -163,5 +128,5 @@ def main(out: str | Path = DEFAULT_PATH, quick: bool = False) -> MeasuredCost:
     real, simulated = check(model, tokenizer, cost)
     print(f"held-out workload (24 requests): real {real:.2f} s, simulated {simulated:.2f} s "
           f"({100 * (simulated / real - 1):+.0f}%)")  # fmt: skip
-    print(f"wrote {cost.save(out)}; use it with `minivtc simulate --cost-model measured`")
+    print(f"wrote {cost.save(out)}; use it with `minivtc simulate --step-time measured`")
     return cost

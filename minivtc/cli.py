@@ -272,20 +272,20 @@ def run_generate(args) -> int:
 
 def add_simulate(sub) -> None:
     from minivtc.policies import SCHEDULERS
-    from minivtc.sim import COST_MODELS
+    from minivtc.step_time import STEP_TIME_MODELS
 
     p = sub.add_parser(
         "simulate",
         help="replay a workload through the engine on a virtual clock (no model needed)",
-        description="Run the real engine and scheduler on a virtual clock, with a cost model "
+        description="Run the real engine and scheduler on a virtual clock, with a step-time model "
         "timing each step instead of a forward pass. Writes requests.csv, metrics.json and "
         "PNG plots (service, response time, service gap) to --out.",
     )
     add_trace_source(p)
     p.add_argument("--scheduler", default="vtc", help=f"policy: {SCHEDULERS} (default vtc)")
     p.add_argument(
-        "--cost-model", default="a10g-llama7b",
-        help=f"{', '.join(COST_MODELS)}, 'measured' (this machine: run `minivtc calibrate` "
+        "--step-time", "--cost-model", default="a10g-llama7b", dest="step_time",
+        help=f"{', '.join(STEP_TIME_MODELS)}, 'measured' (this machine: run `minivtc calibrate` "
         "first) or a .json file from calibrate (default a10g-llama7b)",
     )  # fmt: skip
     p.add_argument("--kv-tokens", type=int, default=10000, help="KV pool in tokens (default 10000)")
@@ -299,7 +299,7 @@ def add_simulate(sub) -> None:
 def run_simulate(args) -> int:
     from minivtc.report import simulate_to_dir
 
-    summary = simulate_to_dir(args.workload, args.trace, args.scheduler, args.cost_model,
+    summary = simulate_to_dir(args.workload, args.trace, args.scheduler, args.step_time,
                               args.kv_tokens, args.seed, args.out)  # fmt: skip
     print_summary(summary)
     print(f"wrote {args.out}/requests.csv, metrics.json, service.png, response.png, gap.png")
@@ -329,7 +329,7 @@ def add_reproduce(sub) -> None:
         "reproduce",
         help="run the paper's experiments in simulation and write REPORT.md",
         description="Simulate the paper's experiments (Figures 3-10, 12-16, 19; Tables 2-6) on "
-        "the calibrated A10G cost model (the 13B ablation on an A100 roofline) and write "
+        "the calibrated A10G step-time model (the 13B ablation on an A100 roofline) and write "
         "REPORT.md: each table beside the paper's numbers, a one-line verdict per claim, and the "
         "figures as PNGs. About 2 minutes on a 2-core laptop; --only picks some.",
     )
@@ -356,7 +356,7 @@ def add_calibrate(sub) -> None:
 
     p = sub.add_parser(
         "calibrate",
-        help="measure this machine's step times: the 'measured' cost model for simulate",
+        help="measure this machine's step times: the 'measured' step-time model for simulate",
         description="Time every step of the real engine on the bundled model over a grid of "
         "batch sizes and prompt lengths, fit step time = overhead + a * prefill tokens + "
         "b * requests + c * context tokens, check the fit on a held-out workload (real vs "

@@ -21,7 +21,7 @@ from minivtc.workloads import TraceRequest, read_trace, workload
 
 
 def simulate_to_dir(
-    workload_name: str | None, trace_path: str | None, scheduler: str, cost_model: str,
+    workload_name: str | None, trace_path: str | None, scheduler: str, step_time: str,
     kv_tokens: int, seed: int, out: str | Path,
 ) -> dict:  # fmt: skip
     out = Path(out)
@@ -33,11 +33,11 @@ def simulate_to_dir(
         trace = read_trace(trace_path)
         horizon, weights = float(int(trace[-1].arrival_s)), None
     result = simulate(
-        trace, scheduler, cost_model, kv_tokens, weights=weights, seed=seed, progress=True
+        trace, scheduler, step_time, kv_tokens, weights=weights, seed=seed, progress=True
     )
     metrics.write_requests(out / "requests.csv", result.served)
     summary = summarize(result, horizon, kv_tokens, max(t.input_tokens for t in trace))
-    summary.update(workload=workload_name or trace_path, scheduler=scheduler, cost_model=cost_model,
+    summary.update(workload=workload_name or trace_path, scheduler=scheduler, step_time=step_time,
                    kv_tokens=kv_tokens)  # fmt: skip
     (out / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n")
     title = f"{scheduler} on {workload_name or Path(trace_path).name}"
@@ -400,7 +400,7 @@ def reproduce(out: str | Path, only: list[str] | None = None) -> Path:
     chosen = [e for e in EXPERIMENTS if not only or e.key in only]
     special = [k for k in SPECIAL if not only or k in only]
     lines = ["# minivtc reproduces the paper", "",
-             "Simulated with the `a10g-llama7b` cost model (Llama-2-7B on an A10G, 10000-token "
+             "Simulated with the `a10g-llama7b` step-time model (Llama-2-7B on an A10G, 10000-token "
              "pool, w_p = 1, w_q = 2), the same engine and scheduler code that serves real tokens. "
              "Metrics as in the paper's Table 2: columns Max Diff / Avg Diff / Diff Var / tokens/s.", ""]  # fmt: skip
     steps = [(e.key, e.title, functools.partial(run_experiment, e)) for e in chosen]

@@ -2,7 +2,7 @@
 
 Owns: the flat batch (tokens, positions, slot mapping, per-group block tables), the KV tensors'
 use, `torch.compile` of the attention arithmetic, and each request's random generator. It is
-the only part of the engine that touches tensors; the simulator replaces it with a cost model
+the only part of the engine that touches tensors; the simulator replaces it with a step-time model
 (same `run` signature) and the engine cannot tell.
 
 A step's batch lists prefilling requests first, then decoding ones. Both are one forward pass

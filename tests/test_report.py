@@ -41,7 +41,7 @@ SUMMARY_KEYS = {
     "max_accumulated_gap", "max_gap_first_half", "last_gap", "two_u", "simulated_s", "wall_s",
     "steps", "service_per_client", "service_rate_60_300", "mean_ttft_per_client",
 }  # fmt: skip
-RUN_KEYS = {"workload", "scheduler", "cost_model", "kv_tokens"}
+RUN_KEYS = {"workload", "scheduler", "step_time", "kv_tokens"}
 
 
 def said(text: str) -> str:
@@ -212,7 +212,7 @@ def test_simulate_to_dir_writes_its_files_and_numbers_from_its_requests(tmp_path
     assert all((out / name).stat().st_size > 0 for name in ("gap.png", "service.png"))
     saved = json.loads((out / "metrics.json").read_text())
     assert saved == got and set(saved) == SUMMARY_KEYS | RUN_KEYS
-    assert (saved["scheduler"], saved["cost_model"], saved["kv_tokens"]) == (
+    assert (saved["scheduler"], saved["step_time"], saved["kv_tokens"]) == (
         "vtc", "a10g-llama7b", 4000
     )  # fmt: skip
     assert saved["workload"] == str(tmp_path / "t.csv")

@@ -84,7 +84,7 @@ def test_fcfs_gap_grows_vtc_gap_stays_under_2u():
 @pytest.mark.slow
 @pytest.mark.parametrize("run,policy", [("VTC__real", "vtc-artifact"), ("FCFS__real", "fcfs")])
 def test_simulated_real_trace_matches_the_measured_a10g_run(run, policy):
-    """The calibrated A10G cost model, with the scheduler and admission cadence the artifact
+    """The calibrated A10G step-time model, with the scheduler and admission cadence the artifact
     ran (its counter quirks, admission every 10 decode steps): throughput within 3% and each
     big client's service within 10%. (Paper-faithful `vtc` gives one client +11%.)"""
     runs = metrics.__file__.rsplit("/", 1)[0] + "/data/a10g_runs"
@@ -150,18 +150,18 @@ def test_reproduce_validates_against_every_measured_a10g_run(tmp_path):
 
 
 def test_calibrate_fit_recovers_a_known_step_cost_and_round_trips(tmp_path):
-    from minivtc.calibrate import MeasuredCost, fit
-    from minivtc.sim import StepShape, cost_model_named
+    from minivtc.calibrate import MeasuredStepTime, fit
+    from minivtc.step_time import StepShape, step_time_model
 
-    truth = MeasuredCost("truth", 0.002, 3e-5, 4e-4, 1e-6)
+    truth = MeasuredStepTime("truth", 0.002, 3e-5, 4e-4, 1e-6)
     shapes = [StepShape(p, n, c) for p in (0, 64, 512) for n in (1, 8, 32) for c in (100, 5000)]
     fitted = fit([(s, truth.step_time(s)) for s in shapes])
     for field in ("overhead_s", "per_prefill_token_s", "per_request_s", "per_context_token_s"):
         assert getattr(fitted, field) == pytest.approx(getattr(truth, field), rel=1e-6), field
     path = fitted.save(tmp_path / "m.json")
-    assert cost_model_named(str(path)) == fitted
-    with pytest.raises(ValueError, match="unknown cost model"):
-        cost_model_named("a10g")
+    assert step_time_model(str(path)) == fitted
+    with pytest.raises(ValueError, match="unknown step-time model"):
+        step_time_model("a10g")
 
 
 def test_calibrate_measures_the_real_engine_and_simulate_uses_it(bundled, tmp_path):
