@@ -21,13 +21,13 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # type checkers and editors see the real names
+    from minivtc.core.sampler import SamplingParams
     from minivtc.llm import LLM
-    from minivtc.sampler import SamplingParams
 
 __all__ = ["LLM", "SamplingParams"]
 
 # exported name: the module that defines it
-EXPORTS = {"LLM": "minivtc.llm", "SamplingParams": "minivtc.sampler"}
+EXPORTS = {"LLM": "minivtc.llm", "SamplingParams": "minivtc.core.sampler"}
 
 
 def __getattr__(name: str) -> object:

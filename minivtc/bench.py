@@ -37,14 +37,14 @@ from dataclasses import dataclass
 
 import torch
 
-from minivtc.attention import ContiguousAttention
-from minivtc.config import preset
+from minivtc.core.attention import ContiguousAttention
+from minivtc.core.config import preset
+from minivtc.core.model import Llama
+from minivtc.core.request import Request
+from minivtc.core.sampler import SamplingParams, sample
+from minivtc.core.vtc import VTC, LinearScan
+from minivtc.harness.sim import gc_paused
 from minivtc.llm import build_engine
-from minivtc.model import Llama
-from minivtc.request import Request
-from minivtc.sampler import SamplingParams, sample
-from minivtc.sim import gc_paused
-from minivtc.vtc import VTC, LinearScan
 
 PROMPT_LEN = 32
 
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def bench_engine(quick: bool) -> int:
-    from minivtc.weights import bundled_weights_dir, load_model
+    from minivtc.core.weights import bundled_weights_dir, load_model
 
     model, _ = load_model()
     batches, new_tokens = ([1, 4], 8) if quick else ([1, 16, 64], 128)
@@ -235,7 +235,7 @@ def million_trace(n: int = 1_000_000, clients: int = 1000, rate: float = 200.0, 
     """n requests of 64 prompt / 16 output tokens from `clients` clients, Poisson at `rate`
     per second: about 4x what the a10g-llama7b model serves (~52 requests/s), so the waiting
     queue grows to hundreds of thousands and every admission meets a full pool."""
-    from minivtc.workloads import TraceRequest
+    from minivtc.harness.workloads import TraceRequest
 
     rng = random.Random(seed)
     trace, t = [], 0.0
@@ -248,8 +248,8 @@ def million_trace(n: int = 1_000_000, clients: int = 1000, rate: float = 200.0, 
 def bench_sim(quick: bool, million: bool = False, repeat: int = 1) -> int:
     """Each case `repeat` times, the schedulers alternating (a VM's speed drifts from minute to
     minute: alternation gives both the same spells); rates use the median wall time."""
-    from minivtc.sim import simulate
-    from minivtc.workloads import workload
+    from minivtc.harness.sim import simulate
+    from minivtc.harness.workloads import workload
 
     names = ["1M"] if million else ["overload"] if quick else ["real", "overload"]
     print(f"{'workload':>10} {'scheduler':>9} {'requests':>8} {'tokens':>9} {'steps':>7} "

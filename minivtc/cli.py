@@ -57,7 +57,7 @@ def add_demo(sub) -> None:
 
 
 def run_demo(args) -> int:
-    from minivtc import demo
+    from minivtc.serving import demo
 
     if args.duration <= 0 or args.drain < 0:
         raise ValueError("--duration must be > 0 and --drain >= 0")
@@ -66,7 +66,7 @@ def run_demo(args) -> int:
 
 
 def add_serve(sub) -> None:
-    from minivtc.policies import SCHEDULERS
+    from minivtc.core.policies import SCHEDULERS
 
     p = sub.add_parser(
         "serve",
@@ -114,11 +114,11 @@ def run_serve(args) -> int:
     import json
     from pathlib import Path
 
-    from minivtc.api_keys import Gate, read_keys, weights_of
+    from minivtc.core.policies import make_scheduler
+    from minivtc.core.weights import load_model
     from minivtc.llm import build_engine
-    from minivtc.policies import make_scheduler
-    from minivtc.server import Server
-    from minivtc.weights import load_model
+    from minivtc.serving.api_keys import Gate, read_keys, weights_of
+    from minivtc.serving.server import Server
 
     if args.max_body_bytes < 1024 or args.shutdown_timeout < 0:
         raise ValueError("--max-body-bytes must be >= 1024 and --shutdown-timeout >= 0")
@@ -185,8 +185,8 @@ def add_loadgen(sub) -> None:
 def run_loadgen(args) -> int:
     import asyncio
 
-    from minivtc.loadgen import replay, write_run
-    from minivtc.workloads import read_trace, workload
+    from minivtc.harness.workloads import read_trace, workload
+    from minivtc.serving.loadgen import replay, write_run
 
     trace = workload(args.workload).make() if args.workload else read_trace(args.trace)
     result = asyncio.run(
@@ -234,10 +234,10 @@ def add_generate(sub) -> None:
 
 
 def run_generate(args) -> int:
-    from minivtc.generate import generate_plain
-    from minivtc.params import releasable, stop_reason, trim_stop
-    from minivtc.sampler import SamplingParams
-    from minivtc.weights import load_model
+    from minivtc.core.generate import generate_plain
+    from minivtc.core.params import releasable, stop_reason, trim_stop
+    from minivtc.core.sampler import SamplingParams
+    from minivtc.core.weights import load_model
 
     params = SamplingParams(
         temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
@@ -271,8 +271,8 @@ def run_generate(args) -> int:
 
 
 def add_simulate(sub) -> None:
-    from minivtc.policies import SCHEDULERS
-    from minivtc.step_time import STEP_TIME_MODELS
+    from minivtc.core.policies import SCHEDULERS
+    from minivtc.harness.step_time import STEP_TIME_MODELS
 
     p = sub.add_parser(
         "simulate",
@@ -297,7 +297,7 @@ def add_simulate(sub) -> None:
 
 
 def run_simulate(args) -> int:
-    from minivtc.report import simulate_to_dir
+    from minivtc.harness.report import simulate_to_dir
 
     summary = simulate_to_dir(args.workload, args.trace, args.scheduler, args.step_time,
                               args.kv_tokens, args.seed, args.out)  # fmt: skip
@@ -308,7 +308,7 @@ def run_simulate(args) -> int:
 
 def add_trace_source(p) -> None:
     """--workload NAME or --trace FILE.csv, exactly one (simulate and loadgen)."""
-    from minivtc.workloads import WORKLOADS
+    from minivtc.harness.workloads import WORKLOADS
 
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", choices=list(WORKLOADS), help="one of the paper's workloads")
@@ -344,7 +344,7 @@ def add_reproduce(sub) -> None:
 
 
 def run_reproduce(args) -> int:
-    from minivtc.report import reproduce
+    from minivtc.harness.report import reproduce
 
     only = [k.strip() for k in args.only.split(",")] if args.only else None
     print(f"wrote {reproduce(args.out, only)}")
@@ -352,7 +352,7 @@ def run_reproduce(args) -> int:
 
 
 def add_calibrate(sub) -> None:
-    from minivtc.calibrate import DEFAULT_PATH
+    from minivtc.harness.calibrate import DEFAULT_PATH
 
     p = sub.add_parser(
         "calibrate",
@@ -370,7 +370,7 @@ def add_calibrate(sub) -> None:
 
 
 def run_calibrate(args) -> int:
-    from minivtc import calibrate
+    from minivtc.harness import calibrate
 
     calibrate.main(args.out, args.quick)
     return 0

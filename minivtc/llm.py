@@ -14,16 +14,16 @@ from pathlib import Path
 
 import torch
 
-from minivtc.engine import Engine
-from minivtc.kv_pool import KVPool
-from minivtc.model import Llama
-from minivtc.policies import make_scheduler
-from minivtc.request import Request
-from minivtc.runner import ModelRunner
-from minivtc.sampler import SamplingParams
-from minivtc.scheduler import Scheduler
-from minivtc.tokenizer import Tokenizer
-from minivtc.weights import load_model
+from minivtc.core.engine import Engine
+from minivtc.core.kv_pool import KVPool
+from minivtc.core.model import Llama
+from minivtc.core.policies import make_scheduler
+from minivtc.core.request import Request
+from minivtc.core.runner import ModelRunner
+from minivtc.core.sampler import SamplingParams
+from minivtc.core.scheduler import Scheduler
+from minivtc.core.tokenizer import Tokenizer
+from minivtc.core.weights import load_model
 
 DEFAULT_KV_TOKENS = 10000  # the pool of the paper's A10G experiments (Section 5)
 

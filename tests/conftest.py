@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from minivtc.config import LlamaConfig
-from minivtc.weights import BUNDLED_WEIGHTS
+from minivtc.core.config import LlamaConfig
+from minivtc.core.weights import BUNDLED_WEIGHTS
 
 # Two tiny shapes: multi-head attention, and grouped-query attention (2 query heads per KV head).
 TINY_MHA = LlamaConfig(vocab_size=4096, dim=64, n_layers=2, n_heads=4, n_kv_heads=4, ffn_dim=96,
@@ -39,6 +39,6 @@ def hf_checkpoint(request, tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def bundled():
     """The bundled model (fp32) and its tokenizer, loaded once per test session."""
-    from minivtc.weights import load_model
+    from minivtc.core.weights import load_model
 
     return load_model()

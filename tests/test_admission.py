@@ -6,12 +6,12 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minivtc.admission import FullReservation, PeakReservation
-from minivtc.engine import Engine
-from minivtc.kv_pool import BlockAllocator
-from minivtc.params import SamplingParams
-from minivtc.request import Request
-from minivtc.scheduler import FCFS
+from minivtc.core.admission import FullReservation, PeakReservation
+from minivtc.core.engine import Engine
+from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.params import SamplingParams
+from minivtc.core.request import Request
+from minivtc.core.scheduler import FCFS
 from tests.test_engine import ScriptedRunner
 
 

@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minivtc.attention import ContiguousAttention, PagedAttention
-from minivtc.kv_pool import BlockAllocator
-from minivtc.request import Request
-from minivtc.runner import build_group
-from minivtc.sampler import SamplingParams
+from minivtc.core.attention import ContiguousAttention, PagedAttention
+from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.request import Request
+from minivtc.core.runner import build_group
+from minivtc.core.sampler import SamplingParams
 
 H, K, D = 4, 2, 8  # grouped-query: 2 query heads per KV head
 

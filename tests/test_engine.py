@@ -7,15 +7,15 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minivtc.config import LlamaConfig
-from minivtc.engine import RequestRejected
-from minivtc.generate import generate_plain
+from minivtc.core.config import LlamaConfig
+from minivtc.core.engine import RequestRejected
+from minivtc.core.generate import generate_plain
+from minivtc.core.model import Llama
+from minivtc.core.request import Status
+from minivtc.core.sampler import SamplingParams
+from minivtc.core.tokenizer import Tokenizer
+from minivtc.core.weights import BUNDLED_WEIGHTS
 from minivtc.llm import build_engine
-from minivtc.model import Llama
-from minivtc.request import Status
-from minivtc.sampler import SamplingParams
-from minivtc.tokenizer import Tokenizer
-from minivtc.weights import BUNDLED_WEIGHTS
 from tests.conftest import TINY_GQA
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -123,9 +123,9 @@ class ScriptedRunner:
 
 
 def scripted_engine(script, tokenizer=None, **kw):
-    from minivtc.engine import Engine
-    from minivtc.kv_pool import BlockAllocator
-    from minivtc.scheduler import FCFS
+    from minivtc.core.engine import Engine
+    from minivtc.core.kv_pool import BlockAllocator
+    from minivtc.core.scheduler import FCFS
 
     return Engine(ScriptedRunner(script), BlockAllocator(100, 4), FCFS(), max_positions=400,
                   eos_id=2, tokenizer=tokenizer, check_invariants=True, **kw)  # fmt: skip
@@ -246,7 +246,7 @@ def test_peak_reservation_admits_more_and_gives_the_same_tokens(tiny):
 def test_batched_engine_matches_transformers_greedy_on_the_bundled_model(bundled):
     """Staggered continuous batching == `transformers` generating each prompt alone (32 tokens)."""
     transformers = pytest.importorskip("transformers")
-    from minivtc.weights import bundled_weights_dir
+    from minivtc.core.weights import bundled_weights_dir
 
     model, tok = bundled
     hf = transformers.LlamaForCausalLM.from_pretrained(bundled_weights_dir(), dtype=torch.float32)

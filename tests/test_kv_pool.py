@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivtc.config import preset
-from minivtc.kv_pool import BlockAllocator, KVPool
+from minivtc.core.config import preset
+from minivtc.core.kv_pool import BlockAllocator, KVPool
 
 
 def test_blocks_needed_and_slots():

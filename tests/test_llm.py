@@ -9,10 +9,10 @@ import textwrap
 
 import pytest
 
-from minivtc.generate import generate_plain
+from minivtc.core.generate import generate_plain
+from minivtc.core.sampler import SamplingParams
+from minivtc.core.weights import BUNDLED_WEIGHTS
 from minivtc.llm import LLM, CompletionOutput, RequestOutput
-from minivtc.sampler import SamplingParams
-from minivtc.weights import BUNDLED_WEIGHTS
 
 PROMPTS = ["The list", "A module is"]
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -32,16 +32,16 @@ def test_import_minivtc_leaves_torch_out_and_exports_vllm_names():
         assert "torch" not in sys.modules, "import minivtc imported torch"
         assert {"LLM", "SamplingParams"} <= set(dir(minivtc)), dir(minivtc)
         from minivtc import LLM, SamplingParams
-        import minivtc.llm, minivtc.sampler
-        assert LLM is minivtc.llm.LLM and SamplingParams is minivtc.sampler.SamplingParams
+        import minivtc.llm, minivtc.core.sampler
+        assert LLM is minivtc.llm.LLM and SamplingParams is minivtc.core.sampler.SamplingParams
         try:
             minivtc.NoSuchThing
         except AttributeError as e:
             assert "NoSuchThing" in str(e), e
         else:
             raise AssertionError("minivtc.NoSuchThing did not raise AttributeError")
-        from minivtc import scheduler  # submodules still import by name
-        assert scheduler is sys.modules["minivtc.scheduler"]
+        from minivtc.core import scheduler  # submodules still import by name
+        assert scheduler is sys.modules["minivtc.core.scheduler"]
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
-from minivtc import metrics
-from minivtc.metrics import Served
+from minivtc.harness import metrics
+from minivtc.harness.metrics import Served
+from minivtc.harness.workloads import A10G_RUNS
 
-RUNS = Path(metrics.__file__).parent / "data" / "a10g_runs"
+RUNS = A10G_RUNS
 
 
 def run(name: str) -> tuple[list[Served], float]:

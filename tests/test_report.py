@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import json
 from collections import Counter
-from pathlib import Path
 
 import pytest
 
-from minivtc import metrics
-from minivtc.metrics import Served
-from minivtc.policies import make_scheduler
-from minivtc.report import (
+from minivtc.core.policies import make_scheduler
+from minivtc.harness import metrics
+from minivtc.harness.metrics import Served
+from minivtc.harness.report import (
     EXPERIMENTS,
     SPECIAL,
     gap_verdict,
@@ -30,10 +29,17 @@ from minivtc.report import (
     table2_verdict,
     ttft_verdict,
 )
-from minivtc.sim import SimResult
-from minivtc.workloads import TraceRequest, read_trace, uniform, workload, write_trace
+from minivtc.harness.sim import SimResult
+from minivtc.harness.workloads import (
+    A10G_RUNS,
+    TraceRequest,
+    read_trace,
+    uniform,
+    workload,
+    write_trace,
+)
 
-RUNS = Path(metrics.__file__).parent / "data" / "a10g_runs"
+RUNS = A10G_RUNS
 
 # metrics.json: what summarize returns, then what simulate_to_dir adds
 SUMMARY_KEYS = {
@@ -201,7 +207,7 @@ def test_jain_index_falls_when_one_client_is_starved():
 
 
 def test_simulate_to_dir_writes_its_files_and_numbers_from_its_requests(tmp_path):
-    """metrics.json holds what minivtc.metrics computes from the requests.csv beside it."""
+    """metrics.json holds what minivtc.harness.metrics computes from the requests.csv beside it."""
     trace = uniform([1.0, 2.0], 120, lengths=(200, 100))  # both clients above their share
     write_trace(tmp_path / "t.csv", trace)
     out = tmp_path / "out"

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from minivtc.request import Request, Status
-from minivtc.sampler import SamplingParams
+from minivtc.core.request import Request, Status
+from minivtc.core.sampler import SamplingParams
 
 
 def make(prompt=(11, 12, 13), output=(), max_tokens=5, **kw) -> Request:

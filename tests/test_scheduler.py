@@ -16,15 +16,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minivtc.cost import LinearCost, ProfiledCost
-from minivtc.engine import Engine, RequestRejected
-from minivtc.kv_pool import BlockAllocator
-from minivtc.policies import make_scheduler
-from minivtc.predictors import MeanOfLast, MovingAverage, Oracle
-from minivtc.request import Request
-from minivtc.sampler import SamplingParams
-from minivtc.scheduler import FCFS, RPM
-from minivtc.vtc import VTC, ArtifactVTC
+from minivtc.core.cost import LinearCost, ProfiledCost
+from minivtc.core.engine import Engine, RequestRejected
+from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.policies import make_scheduler
+from minivtc.core.predictors import MeanOfLast, MovingAverage, Oracle
+from minivtc.core.request import Request
+from minivtc.core.sampler import SamplingParams
+from minivtc.core.scheduler import FCFS, RPM
+from minivtc.core.vtc import VTC, ArtifactVTC
 
 W_P, W_Q = 1.0, 2.0
 

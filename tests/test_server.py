@@ -16,12 +16,12 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from minivtc.engine import Engine
+from minivtc.core.engine import Engine
+from minivtc.core.sampler import SamplingParams
+from minivtc.harness.workloads import TraceRequest
 from minivtc.llm import LLM, build_engine
-from minivtc.loadgen import replay
-from minivtc.sampler import SamplingParams
-from minivtc.server import BackgroundServer, make_app
-from minivtc.workloads import TraceRequest
+from minivtc.serving.loadgen import replay
+from minivtc.serving.server import BackgroundServer, make_app
 
 openai = pytest.importorskip("openai")
 
@@ -362,8 +362,8 @@ def test_a_dead_engine_loop_answers_500_then_503(bundled):
 
 def test_loadgen_command_records_every_request(bundled, tmp_path, capsys):
     from minivtc.cli import main
-    from minivtc.metrics import read_requests
-    from minivtc.workloads import write_trace
+    from minivtc.harness.metrics import read_requests
+    from minivtc.harness.workloads import write_trace
 
     trace = [TraceRequest(f"c{i % 3}", 0.1 * i, 8, 6) for i in range(12)]
     write_trace(tmp_path / "trace.csv", trace)

@@ -37,9 +37,9 @@ import time
 import httpx
 import pytest
 
+from minivtc.core.tokenizer import Tokenizer
 from minivtc.llm import build_engine
-from minivtc.server import BackgroundServer, make_app
-from minivtc.tokenizer import Tokenizer
+from minivtc.serving.server import BackgroundServer, make_app
 from tests.test_server import wait_until_idle
 
 POISON = 4000  # a token id that the test tokenizer below fails to detokenize
@@ -79,7 +79,7 @@ def poisoned(bundled):
 
 
 def _model_file(tokenizer):
-    from minivtc.weights import BUNDLED_WEIGHTS
+    from minivtc.core.weights import BUNDLED_WEIGHTS
 
     return BUNDLED_WEIGHTS / "tokenizer.model"
 
@@ -273,7 +273,7 @@ KEYS = {
 def sybil_share(bundled, keys: dict | None) -> int:
     """The Sybil attack: an attacker sends 24 requests, each under a fresh X-Client-Id; a
     victim sends 24. Of the first 24 to be admitted, how many are the victim's?"""
-    from minivtc.api_keys import Gate, Key
+    from minivtc.serving.api_keys import Gate, Key
 
     model, tokenizer = bundled
     gate = Gate({k: Key(**v) for k, v in keys.items()} if keys else None)
@@ -318,7 +318,7 @@ def test_api_keys_stop_a_sybil_attack(bundled):
 
 
 def test_api_keys_authenticate_and_scope_the_views(bundled, tmp_path):
-    from minivtc.api_keys import Gate, read_keys
+    from minivtc.serving.api_keys import Gate, read_keys
 
     path = tmp_path / "keys.json"
     path.write_text(json.dumps(KEYS))
@@ -351,7 +351,7 @@ def test_api_keys_authenticate_and_scope_the_views(bundled, tmp_path):
 def test_the_engine_loop_answers_every_command_even_as_it_dies():
     """EngineLoop.call used to check `alive`, then queue: a loop dying in between left the
     handler waiting forever. Now every command is answered or refused."""
-    from minivtc.engine_loop import EngineLoop
+    from minivtc.serving.engine_loop import EngineLoop
 
     class Dying:
         steps = 0
@@ -394,9 +394,9 @@ def test_forgetting_idle_clients_changes_no_decision():
     """The real trace under VTC (and under FCFS and RPM), once as it is and once with the
     engine forgetting every idle client it may after every step: the same requests, served at
     the same times (the argument is in `VTC.forget`'s docstring)."""
-    from minivtc.engine import Engine
-    from minivtc.sim import simulate
-    from minivtc.workloads import workload
+    from minivtc.core.engine import Engine
+    from minivtc.harness.sim import simulate
+    from minivtc.harness.workloads import workload
 
     trace = workload("real").make()[:600]
     forgets = []
@@ -412,7 +412,7 @@ def test_forgetting_idle_clients_changes_no_decision():
 
     for policy in ("vtc", "fcfs", "rpm:5", "vtc-predict"):
         kept = simulate(trace, policy)
-        import minivtc.sim as sim
+        import minivtc.harness.sim as sim
 
         original, sim.Engine = sim.Engine, Forgetful
         try:
@@ -524,7 +524,7 @@ def test_a_fault_beyond_one_request_stops_the_server_with_exit_code_1(bundled):
     ends with 1 instead of answering 503 forever."""
     import socket
 
-    from minivtc.server import Server
+    from minivtc.serving.server import Server
 
     class Broken:
         def run(self, requests, allocator):

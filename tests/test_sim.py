@@ -7,13 +7,21 @@ from collections import Counter
 
 import pytest
 
-from minivtc import metrics
 from minivtc.bench import ScanVTC
 from minivtc.cli import main
-from minivtc.predictors import MeanOfLast
-from minivtc.sim import simulate
-from minivtc.vtc import VTC
-from minivtc.workloads import WORKLOADS, TraceRequest, read_trace, uniform, workload, write_trace
+from minivtc.core.predictors import MeanOfLast
+from minivtc.core.vtc import VTC
+from minivtc.harness import metrics
+from minivtc.harness.sim import simulate
+from minivtc.harness.workloads import (
+    A10G_RUNS,
+    WORKLOADS,
+    TraceRequest,
+    read_trace,
+    uniform,
+    workload,
+    write_trace,
+)
 
 
 def test_workload_sizes_follow_the_paper():
@@ -87,7 +95,7 @@ def test_simulated_real_trace_matches_the_measured_a10g_run(run, policy):
     """The calibrated A10G step-time model, with the scheduler and admission cadence the artifact
     ran (its counter quirks, admission every 10 decode steps): throughput within 3% and each
     big client's service within 10%. (Paper-faithful `vtc` gives one client +11%.)"""
-    runs = metrics.__file__.rsplit("/", 1)[0] + "/data/a10g_runs"
+    runs = str(A10G_RUNS)
     measured = metrics.read_requests(f"{runs}/{run}.csv")
     total = {r["run"]: r["total_time_s"] for r in json.load(open(f"{runs}/index.json"))}[run]
     result = simulate(workload("real").make(), policy, admit_every=10)
@@ -114,7 +122,7 @@ def test_simulate_command_writes_its_files(tmp_path):
 
 @pytest.mark.slow
 def test_rpm_thresholds_waste_capacity_as_in_figures_13_and_14(tmp_path):
-    from minivtc.report import reproduce
+    from minivtc.harness.report import reproduce
 
     report = reproduce(tmp_path, only=["fig13"]).read_text()
     assert "stays below VTC's): yes" in report
@@ -125,7 +133,7 @@ def test_rpm_thresholds_waste_capacity_as_in_figures_13_and_14(tmp_path):
 
 
 def test_reproduce_writes_a_report_with_verdicts(tmp_path):
-    from minivtc.report import reproduce
+    from minivtc.harness.report import reproduce
 
     report = reproduce(tmp_path, only=["fig3"]).read_text()
     assert "## Figure 3: VTC vs FCFS under overload" in report
@@ -140,7 +148,7 @@ def test_reproduce_writes_a_report_with_verdicts(tmp_path):
 def test_reproduce_validates_against_every_measured_a10g_run(tmp_path):
     """`reproduce --only validate`: all seven measured A10G runs, simulated with the scheduler
     and cadence they ran under, within 10% in throughput and in each client's service."""
-    from minivtc.report import reproduce
+    from minivtc.harness.report import reproduce
 
     report = reproduce(tmp_path, only=["validate"]).read_text()
     rows = [line for line in report.splitlines() if line.startswith("| ") and "__" in line]
@@ -150,8 +158,8 @@ def test_reproduce_validates_against_every_measured_a10g_run(tmp_path):
 
 
 def test_calibrate_fit_recovers_a_known_step_cost_and_round_trips(tmp_path):
-    from minivtc.calibrate import MeasuredStepTime, fit
-    from minivtc.step_time import StepShape, step_time_model
+    from minivtc.harness.calibrate import MeasuredStepTime, fit
+    from minivtc.harness.step_time import StepShape, step_time_model
 
     truth = MeasuredStepTime("truth", 0.002, 3e-5, 4e-4, 1e-6)
     shapes = [StepShape(p, n, c) for p in (0, 64, 512) for n in (1, 8, 32) for c in (100, 5000)]
@@ -165,7 +173,7 @@ def test_calibrate_fit_recovers_a_known_step_cost_and_round_trips(tmp_path):
 
 
 def test_calibrate_measures_the_real_engine_and_simulate_uses_it(bundled, tmp_path):
-    from minivtc.calibrate import fit, measure_steps
+    from minivtc.harness.calibrate import fit, measure_steps
 
     model, tokenizer = bundled
     samples = measure_steps(model, tokenizer, quick=True)

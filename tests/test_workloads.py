@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from minivtc.workloads import (
+from minivtc.harness.workloads import (
     REAL_TRACE,
     WORKLOADS,
     TraceRequest,

@@ -18,7 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-REAL_TRACE = Path(__file__).parent / "data" / "lmsys_arena_27clients_10min.csv"
+DATA_DIR = Path(__file__).resolve().parents[1] / "data"  # minivtc/data: the paper's data
+A10G_RUNS = DATA_DIR / "a10g_runs"  # the artifact's measured A10G runs
+REAL_TRACE = DATA_DIR / "lmsys_arena_27clients_10min.csv"
 SEED = 42  # every artifact generator seeds 42 first
 
 

@@ -27,10 +27,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minivtc.engine import Engine, StepOutput
-from minivtc.observability import OTHER, ClientRow, Snapshot
-from minivtc.request import Request
-from minivtc.sampler import SamplingParams
+from minivtc.core.engine import Engine, StepOutput
+from minivtc.core.request import Request
+from minivtc.core.sampler import SamplingParams
+from minivtc.serving.observability import OTHER, ClientRow, Snapshot
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # seconds
 

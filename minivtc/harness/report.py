@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from minivtc import metrics, plots
-from minivtc.cost import fairness_bound
-from minivtc.sim import SimResult, progress_bar, simulate
-from minivtc.workloads import TraceRequest, read_trace, workload
+from minivtc.core.cost import fairness_bound
+from minivtc.harness import metrics, plots
+from minivtc.harness.sim import SimResult, progress_bar, simulate
+from minivtc.harness.workloads import A10G_RUNS, TraceRequest, read_trace, workload
 
 
 def simulate_to_dir(
@@ -256,7 +256,7 @@ RPM_PAPER = {5: (0.2, 340, 581), 10: (0.5, 532, 900), 15: (1.7, 626, 1053), 20: 
 
 def fig13_14(out: Path) -> list[str]:
     """RPM thresholds on the real trace: response time (Fig. 13) and throughput (Fig. 14)."""
-    from minivtc.plots import plt, save
+    from minivtc.harness.plots import plt, save
 
     trace = workload("real").make()
     lines = ["## Figures 13-14: RPM thresholds on the real trace", "",
@@ -306,7 +306,7 @@ ABLATION_PAPER = {"pool 35000, 512/512": (50.5, 22.1), "pool 65000, 512/512": (8
 def fig15(out: Path) -> list[str]:
     """The ablation: the gap grows with the pool M and the request length (Llama-2-13B, A100;
     the `a100-llama13b` roofline is not calibrated, so compare shapes, not numbers)."""
-    from minivtc.workloads import uniform
+    from minivtc.harness.workloads import uniform
 
     lines = ["## Figure 15: ablation on the pool size and the request length", "",
              "Llama-2-13B on an A100-80G (`a100-llama13b` roofline, uncalibrated), VTC, 600 s; "
@@ -337,7 +337,7 @@ def fig15(out: Path) -> list[str]:
 
 def measured_trace(config: dict) -> list[TraceRequest]:
     """The trace the artifact generated for a measured run, from its config (index.json)."""
-    from minivtc.workloads import uniform
+    from minivtc.harness.workloads import uniform
 
     if config["num_adapters"] == -1:
         return workload("real").make()
@@ -351,7 +351,7 @@ def validate(out: Path) -> list[str]:
     steps, as the artifact's router does; lessons/artifact_deviations.md). Compared: throughput, and each client's service over the trace's
     600 s (clients with at least 5% of the largest one's; afterwards a backlog drains, and over
     all time every client's total is the same in both)."""
-    runs_dir = Path(metrics.__file__).parent / "data" / "a10g_runs"
+    runs_dir = A10G_RUNS
     index = json.loads((runs_dir / "index.json").read_text())
     lines = ["## Validation: the simulator against the measured A10G runs", "",
              "| run | measured tokens/s | simulated | error | clients compared | worst client's "

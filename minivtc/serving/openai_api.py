@@ -19,7 +19,7 @@ from typing import Annotated, Literal
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from minivtc.params import MAX_SEED
+from minivtc.core.params import MAX_SEED
 
 MAX_CLIENT_ID_CHARS = 128  # a client id is a name, not a payload: longer ones are refused
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort"}

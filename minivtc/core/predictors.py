@@ -12,7 +12,7 @@ import random
 from collections import deque
 from typing import Protocol
 
-from minivtc.request import Request
+from minivtc.core.request import Request
 
 
 class Predictor(Protocol):

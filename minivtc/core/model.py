@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from minivtc.config import LlamaConfig
+from minivtc.core.config import LlamaConfig
 
 
 class Attention(Protocol):

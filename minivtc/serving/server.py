@@ -39,11 +39,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from minivtc.api_keys import Caller, Gate
-from minivtc.engine import Engine, RequestRejected, StepOutput
-from minivtc.engine_loop import EngineLoop, Stream
-from minivtc.observability import fairness_view, prometheus_text
-from minivtc.openai_api import (
+from minivtc.core.engine import Engine, RequestRejected, StepOutput
+from minivtc.core.sampler import SamplingParams
+from minivtc.core.tokenizer import Tokenizer
+from minivtc.serving.api_keys import Caller, Gate
+from minivtc.serving.engine_loop import EngineLoop, Stream
+from minivtc.serving.observability import fairness_view, prometheus_text
+from minivtc.serving.openai_api import (
     FINISH_REASONS,
     APIError,
     ChatBody,
@@ -54,8 +56,6 @@ from minivtc.openai_api import (
     usage,
     validation_error,
 )
-from minivtc.sampler import SamplingParams
-from minivtc.tokenizer import Tokenizer
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a 2048-token prompt is ~10 kB of text: 4 MB is generous
 CHARS_PER_TOKEN_BOUND = 4  # NFKC may compose up to ~3 code points into one; 4 is a safe margin

@@ -21,11 +21,11 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from minivtc.config import LlamaConfig
-from minivtc.model import Llama
-from minivtc.tokenizer import Tokenizer
+from minivtc.core.config import LlamaConfig
+from minivtc.core.model import Llama
+from minivtc.core.tokenizer import Tokenizer
 
-BUNDLED_WEIGHTS = Path(__file__).resolve().parent.parent / "weights"
+BUNDLED_WEIGHTS = Path(__file__).resolve().parents[2] / "weights"  # the repository's weights/
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 # Rotary frequencies are recomputed from the config; some exports store them anyway.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import torch
 
-from minivtc.sim import progress_bar
-from minivtc.step_time import DEFAULT_PATH, MeasuredStepTime, StepShape
+from minivtc.harness.sim import progress_bar
+from minivtc.harness.step_time import DEFAULT_PATH, MeasuredStepTime, StepShape
 
 
 class TimedRunner:
@@ -43,8 +43,8 @@ def measure_steps(
     model, tokenizer, quick: bool = False, progress: bool = True
 ) -> list[tuple[StepShape, float]]:
     """Every step's shape and time over a grid of batch sizes and prompt lengths."""
+    from minivtc.core.sampler import SamplingParams
     from minivtc.llm import build_engine
-    from minivtc.sampler import SamplingParams
 
     batches, prompts = ((1, 8), (16,)) if quick else ((1, 4, 16, 48), (16, 128, 512))
     grid = [(batch, n_prompt) for batch in batches for n_prompt in prompts]
@@ -90,10 +90,10 @@ def fit(samples: list[tuple[StepShape, float]], name: str = "measured") -> Measu
 
 def check(model, tokenizer, cost: MeasuredStepTime, seed: int = 1) -> tuple[float, float]:
     """A held-out workload (24 requests, mixed lengths, all at t = 0), real vs simulated s."""
+    from minivtc.core.sampler import SamplingParams
+    from minivtc.harness.sim import simulate
+    from minivtc.harness.workloads import TraceRequest
     from minivtc.llm import build_engine
-    from minivtc.sampler import SamplingParams
-    from minivtc.sim import simulate
-    from minivtc.workloads import TraceRequest
 
     rng = random.Random(seed)
     trace = [TraceRequest(f"c{i % 3}", 0.0, rng.randint(8, 200), rng.randint(8, 64))
@@ -113,7 +113,7 @@ def check(model, tokenizer, cost: MeasuredStepTime, seed: int = 1) -> tuple[floa
 
 
 def main(out: str | Path = DEFAULT_PATH, quick: bool = False) -> MeasuredStepTime:
-    from minivtc.weights import load_model
+    from minivtc.core.weights import load_model
 
     model, tokenizer = load_model()
     samples = measure_steps(model, tokenizer, quick)

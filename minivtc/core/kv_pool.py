@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-from minivtc.config import LlamaConfig
+from minivtc.core.config import LlamaConfig
 
 
 class BlockAllocator:

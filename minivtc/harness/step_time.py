@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from minivtc.request import Request
+from minivtc.core.request import Request
 
 DEFAULT_PATH = Path.home() / ".cache" / "minivtc" / "measured_cost.json"
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from minivtc.params import SamplingParams
+from minivtc.core.params import SamplingParams
 
 
 class Status(enum.Enum):

@@ -12,10 +12,10 @@ from collections.abc import Iterator
 
 import torch
 
-from minivtc.attention import ContiguousAttention
-from minivtc.model import Llama
-from minivtc.params import SamplingParams, context_error
-from minivtc.sampler import sample
+from minivtc.core.attention import ContiguousAttention
+from minivtc.core.model import Llama
+from minivtc.core.params import SamplingParams, context_error
+from minivtc.core.sampler import sample
 
 
 @torch.inference_mode()

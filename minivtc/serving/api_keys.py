@@ -27,7 +27,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from minivtc.openai_api import MAX_CLIENT_ID_CHARS, APIError
+from minivtc.serving.openai_api import MAX_CLIENT_ID_CHARS, APIError
 
 
 @dataclass(frozen=True)

@@ -16,8 +16,8 @@ blocks (`kv_pool.py`) or who is running (`engine.py`). Plain Python: no tensors.
 
 from __future__ import annotations
 
-from minivtc.kv_pool import BlockAllocator
-from minivtc.request import Request
+from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.request import Request
 
 
 class FullReservation:

@@ -24,7 +24,7 @@ from prometheus_client.core import (
     Metric,
 )
 
-from minivtc.cost import W_P, W_Q
+from minivtc.core.cost import W_P, W_Q
 
 OTHER = "(other)"  # the label of every client outside the top N, and of forgotten ones
 TOP_CLIENTS = 50

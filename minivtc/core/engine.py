@@ -30,12 +30,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple, Protocol
 
-from minivtc.admission import ADMISSIONS
-from minivtc.kv_pool import BlockAllocator
-from minivtc.params import SamplingParams, context_error, releasable, stop_reason, trim_stop
-from minivtc.request import Request, Status
-from minivtc.scheduler import Scheduler
-from minivtc.tokenizer import Tokenizer
+from minivtc.core.admission import ADMISSIONS
+from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.params import SamplingParams, context_error, releasable, stop_reason, trim_stop
+from minivtc.core.request import Request, Status
+from minivtc.core.scheduler import Scheduler
+from minivtc.core.tokenizer import Tokenizer
 
 
 class RequestRejected(ValueError):

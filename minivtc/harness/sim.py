@@ -24,15 +24,15 @@ from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
-from minivtc.engine import Engine
-from minivtc.kv_pool import BlockAllocator
-from minivtc.metrics import Served
-from minivtc.params import SamplingParams
-from minivtc.policies import make_scheduler
-from minivtc.request import Request
-from minivtc.scheduler import Scheduler
-from minivtc.step_time import StepShape, StepTimeModel, step_time_model
-from minivtc.workloads import TraceRequest
+from minivtc.core.engine import Engine
+from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.params import SamplingParams
+from minivtc.core.policies import make_scheduler
+from minivtc.core.request import Request
+from minivtc.core.scheduler import Scheduler
+from minivtc.harness.metrics import Served
+from minivtc.harness.step_time import StepShape, StepTimeModel, step_time_model
+from minivtc.harness.workloads import TraceRequest
 
 SIM_TOKEN = 3  # the token every simulated step "generates"; EOS is ignored, as in the paper
 

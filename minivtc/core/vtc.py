@@ -39,10 +39,10 @@ import heapq
 from collections import deque
 from collections.abc import Iterator
 
-from minivtc.cost import PAPER_COST, Cost, fairness_bound
-from minivtc.predictors import Predictor
-from minivtc.request import Request
-from minivtc.scheduler import Admit, Scheduler
+from minivtc.core.cost import PAPER_COST, Cost, fairness_bound
+from minivtc.core.predictors import Predictor
+from minivtc.core.request import Request
+from minivtc.core.scheduler import Admit, Scheduler
 
 
 class LeastCounter:

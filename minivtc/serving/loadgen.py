@@ -28,9 +28,9 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
-from minivtc import metrics
-from minivtc.metrics import Served
-from minivtc.workloads import TraceRequest
+from minivtc.harness import metrics
+from minivtc.harness.metrics import Served
+from minivtc.harness.workloads import TraceRequest
 
 
 @dataclass
@@ -192,7 +192,7 @@ def counts(tasks: list[asyncio.Task], result: ReplayResult, done: bool = False) 
 
 def write_run(result: ReplayResult, out: str | Path) -> dict:
     """requests.csv, metrics.json and the plots of a real run, as `minivtc simulate` writes."""
-    from minivtc import plots
+    from minivtc.harness import plots
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterator
 
-from minivtc.request import Request
+from minivtc.core.request import Request
 
 Admit = Callable[[Request], bool]
 

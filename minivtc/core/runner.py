@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import torch
 
-from minivtc.attention import AttentionGroup, PagedAttention, attend_group
-from minivtc.kv_pool import BlockAllocator, KVPool
-from minivtc.model import Llama
-from minivtc.request import Request
-from minivtc.sampler import sample_each
+from minivtc.core.attention import AttentionGroup, PagedAttention, attend_group
+from minivtc.core.kv_pool import BlockAllocator, KVPool
+from minivtc.core.model import Llama
+from minivtc.core.request import Request
+from minivtc.core.sampler import sample_each
 
 
 class ModelRunner:

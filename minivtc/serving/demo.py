@@ -19,12 +19,12 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from minivtc import metrics
+from minivtc.core.weights import load_model
+from minivtc.harness import metrics
+from minivtc.harness.workloads import TraceRequest
 from minivtc.llm import build_engine
-from minivtc.loadgen import ReplayResult, run_replay
-from minivtc.server import BackgroundServer, make_app
-from minivtc.weights import load_model
-from minivtc.workloads import TraceRequest
+from minivtc.serving.loadgen import ReplayResult, run_replay
+from minivtc.serving.server import BackgroundServer, make_app
 
 INPUT_TOKENS, OUTPUT_TOKENS = 32, 96  # per request: the demo's cost is 32 + 2 * 96 = 224
 BATCH = 16  # the KV pool holds this many requests: the server's capacity is small and clear
@@ -146,7 +146,7 @@ def format_table(rows: dict[str, dict[str, str]]) -> str:
 def plot(runs: dict[str, ReplayResult], plan: Plan, path: Path) -> Path:
     """Top: service rate per client (10 s windows), offered rate dotted. Bottom: each request's
     time to first token at its arrival time."""
-    from minivtc.plots import plt, save
+    from minivtc.harness.plots import plt, save
 
     fig, axes = plt.subplots(2, len(runs), figsize=(11, 6.5), sharex=True, sharey="row")
     offered = {"heavy": plan.heavy_rate, "light": plan.light_rate}

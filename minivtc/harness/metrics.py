@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from minivtc.cost import ProfiledCost
+from minivtc.core.cost import ProfiledCost
 
 COLUMNS = [
     "client", "arrival_s", "input_tokens", "output_tokens", "first_token_latency_s",

@@ -1,0 +1,3 @@
+"""Serving: the engine on its own thread (`engine_loop`), the OpenAI-compatible server
+(`server`, with `openai_api`, `api_keys`, `observability`), a load generator (`loadgen`) and
+the demo (`demo`). A thin layer: nothing here decides who runs next."""
