@@ -352,7 +352,7 @@ def run_reproduce(args) -> int:
 
 
 def add_calibrate(sub) -> None:
-    from minivtc.harness.calibrate import DEFAULT_PATH
+    from minivtc.harness.step_time import DEFAULT_PATH
 
     p = sub.add_parser(
         "calibrate",

@@ -28,14 +28,16 @@ import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from minivtc.core.admission import ADMISSIONS
 from minivtc.core.kv_pool import BlockAllocator
 from minivtc.core.params import SamplingParams, context_error, releasable, stop_reason, trim_stop
 from minivtc.core.request import Request, Status
 from minivtc.core.scheduler import Scheduler
-from minivtc.core.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # the engine only calls it: the simulator runs without a tokenizer
+    from minivtc.core.tokenizer import Tokenizer
 
 
 class RequestRejected(ValueError):

@@ -1,8 +1,9 @@
 """The KV pool: key/value tensors cut into fixed-size blocks, and who owns which block.
 
 Owns: `BlockAllocator` (a free list and one block table per request: pure Python, no tensors,
-so the simulator uses it as is) and `KVPool` (the K/V tensors plus an allocator, sized from a
-token capacity — "a pool of 10000 tokens", the paper's unit — or from a byte budget).
+so the simulator and the admission policies use it as is, without importing torch) and
+`KVPool` (the K/V tensors plus an allocator, sized from a token capacity — "a pool of 10000
+tokens", the paper's unit — or from a byte budget).
 
 A request's position p lives in block `block_table[p // block_size]` at offset
 `p % block_size`; that cell's index in the flattened pool is its *slot*. `block_size=1` is
@@ -17,9 +18,12 @@ Shape legend: NL layers, NB blocks, BS block size, K key/value heads, D head dim
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
 
 from minivtc.core.config import LlamaConfig
+
+if TYPE_CHECKING:  # KVPool imports torch when it is built: BlockAllocator needs none
+    import torch
 
 
 class BlockAllocator:
@@ -110,9 +114,13 @@ class KVPool:
 
     def __init__(
         self, config: LlamaConfig, num_blocks: int, block_size: int,
-        dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+        dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
     ) -> None:  # fmt: skip
+        """`dtype` None: float32."""
+        import torch
+
         self.allocator = BlockAllocator(num_blocks, block_size)
+        dtype = dtype or torch.float32
         shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (NL, NB, BS, K, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)  # (NL, NB, BS, K, D)
@@ -127,7 +135,9 @@ class KVPool:
     @classmethod
     def from_bytes(cls, config: LlamaConfig, num_bytes: int, block_size: int = 16, **kw) -> KVPool:
         """As many whole blocks as fit in `num_bytes` of K and V."""
-        dtype = kw.get("dtype", torch.float32)
+        import torch
+
+        dtype = kw.get("dtype") or torch.float32
         per_block = config.kv_bytes_per_token(dtype.itemsize) * block_size
         if num_bytes < per_block:
             raise ValueError(f"{num_bytes} bytes do not hold one block ({per_block} bytes)")
