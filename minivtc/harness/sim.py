@@ -97,7 +97,7 @@ def simulate(
                     check_fairness=check_fairness, reservation=reservation,
                     admit_every=admit_every)  # fmt: skip
     start = time.perf_counter()
-    with gc_paused():
+    with gc_paused():  # PERF: 15-20% of a long simulation went to full collections
         served, rejected, steps = replay(engine, clock, trace, progress)
     first = trace[0].arrival_s if trace else 0.0
     total = max((s.end_s for s in served), default=first) - first

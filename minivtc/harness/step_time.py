@@ -76,7 +76,7 @@ class StepShape:
         """The shape of the step that runs `requests` (newly admitted ones prefill)."""
         prefill = context = 0
         for r in requests:  # one pass: this runs every simulated step
-            n = len(r.prompt_ids) + len(r.output_ids)  # (not num_tokens: see Engine.append)
+            n = len(r.prompt_ids) + len(r.output_ids)  # PERF: len(), see Engine.append
             context += n
             if r.num_computed == 0:  # newly admitted: its whole prompt is computed now
                 prefill += n
