@@ -14,21 +14,18 @@ import pytest
 
 from minivtc.core.policies import make_scheduler
 from minivtc.harness import metrics
-from minivtc.harness.metrics import Served
-from minivtc.harness.report import (
+from minivtc.harness.experiments import (
     EXPERIMENTS,
-    SPECIAL,
     gap_verdict,
     lcf_verdict,
-    measured_trace,
     prediction_verdict,
     profile_verdict,
     share_verdict,
-    simulate_to_dir,
-    summarize,
     table2_verdict,
     ttft_verdict,
 )
+from minivtc.harness.metrics import Served
+from minivtc.harness.report import SPECIAL, measured_trace, simulate_to_dir, summarize
 from minivtc.harness.sim import SimResult
 from minivtc.harness.workloads import (
     A10G_RUNS,

@@ -1,9 +1,10 @@
 """The local server: an OpenAI-compatible HTTP API over the engine, with a fairness view.
 
-Owns: the FastAPI app (`make_app`) and its routes, the door every request passes first (body
-size, API key), SSE streaming, and running it (`serve` in the foreground with a shutdown time
-limit, `BackgroundServer` on a thread). The bodies and error shape are `openai_api.py`'s, who
-the caller is `api_keys.py`'s, the reports `observability.py`'s. The engine runs on
+Owns: the FastAPI app (`make_app`), its thin routes, and running it (`Server` in the foreground
+with a shutdown time limit, `BackgroundServer` on a thread). The door every request passes
+first (body size, API key) and the error answers are `door.py`'s; streaming or collecting a
+request's outputs is `streaming.py`'s; the bodies and error shape `openai_api.py`'s; who the
+caller is `api_keys.py`'s; the reports `observability.py`'s. The engine runs on
 `engine_loop.EngineLoop`'s thread, and nothing here touches it: handlers send the loop
 commands, and read engine state only through a snapshot taken there. Lesson 8 uses it.
 
@@ -24,38 +25,31 @@ never from requests: a client cannot raise its own share.
 from __future__ import annotations
 
 import asyncio
-import json
 import socket
 import sys
 import threading
 import time
-import uuid
-from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
-from starlette.exceptions import HTTPException
+from fastapi.responses import JSONResponse, Response
 
-from minivtc.core.engine import Engine, RequestRejected, StepOutput
-from minivtc.core.sampler import SamplingParams
+from minivtc.core.engine import Engine
+from minivtc.core.params import SamplingParams
 from minivtc.core.tokenizer import Tokenizer
 from minivtc.serving.api_keys import Caller, Gate
-from minivtc.serving.engine_loop import EngineLoop, Stream
+from minivtc.serving.door import Door, add_error_handlers
+from minivtc.serving.engine_loop import EngineLoop
 from minivtc.serving.observability import fairness_view, prometheus_text
 from minivtc.serving.openai_api import (
-    FINISH_REASONS,
     APIError,
     ChatBody,
-    ChunkShape,
     CompletionBody,
     Sampling,
     check_unsupported,
-    usage,
-    validation_error,
 )
+from minivtc.serving.streaming import respond
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a 2048-token prompt is ~10 kB of text: 4 MB is generous
 CHARS_PER_TOKEN_BOUND = 4  # NFKC may compose up to ~3 code points into one; 4 is a safe margin
@@ -139,7 +133,8 @@ async def completions(body: CompletionBody, http: Request):
         check_length(state, len(prompt), "prompt")
         prompt_ids = await asyncio.to_thread(state.tokenizer.encode, prompt)  # off the event loop
     params = sampling_params(body, body.max_tokens or 16)
-    return await respond(state, http, body, prompt_ids, params, caller, chat=False)
+    return await respond(state.loop, state.model_name, http, body, prompt_ids, params, caller,
+                         chat=False)  # fmt: skip
 
 
 async def chat_completions(body: ChatBody, http: Request):
@@ -155,7 +150,8 @@ async def chat_completions(body: ChatBody, http: Request):
     room = state.context_room - len(prompt_ids)
     max_tokens = body.max_completion_tokens or body.max_tokens or max(room, 1)
     params = sampling_params(body, max_tokens)
-    return await respond(state, http, body, prompt_ids, params, caller, chat=True)
+    return await respond(state.loop, state.model_name, http, body, prompt_ids, params, caller,
+                         chat=True)  # fmt: skip
 
 
 async def models(http: Request):
@@ -225,181 +221,6 @@ def sampling_params(body: Sampling, max_tokens: int) -> SamplingParams:
         temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, max_tokens=max_tokens,
         stop=stop, seed=body.seed, ignore_eos=body.ignore_eos,
     )  # fmt: skip
-
-
-async def respond(
-    state: ServerState, http: Request, body: Sampling, prompt_ids: list[int],
-    params: SamplingParams, caller: Caller, chat: bool,
-):  # fmt: skip
-    request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    try:
-        stream = await state.loop.add(prompt_ids, params, caller.client, request_id)
-    except RequestRejected as e:
-        if e.kind == "rate_limited":
-            raise APIError(429, e.reason, None, "rate_limit_exceeded", "requests") from None
-        raise APIError(400, e.reason, e.param, "context_length_exceeded") from None
-    except RuntimeError as e:  # the engine loop is dead
-        raise APIError(503, str(e), kind="server_error") from None
-    shape = ChunkShape(request_id, state.model_name, int(time.time()), chat)
-    if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return StreamingResponse(
-            sse(state.loop, stream, shape, include_usage), media_type="text/event-stream"
-        )
-    return await collect(state.loop, http, stream, shape)
-
-
-def usage_of(stream: Stream) -> dict:
-    return usage(stream.request.num_prompt, stream.request.num_output)
-
-
-async def next_output(stream: Stream) -> StepOutput:
-    item = await stream.outputs.get()
-    if isinstance(item, BaseException):  # the engine loop died under this request
-        raise APIError(500, f"the engine failed: {item!r}", kind="server_error")
-    if item.finish_reason == "error":  # this request alone failed; the engine serves on
-        raise APIError(500, f"serving this request failed: {item.error}", kind="server_error")
-    return item
-
-
-async def sse(loop: EngineLoop, stream: Stream, shape: ChunkShape, include_usage: bool
-              ) -> AsyncIterator[str]:  # fmt: skip
-    """One `data:` event per generated token (text may be empty while a character is
-    incomplete or a stop sequence might be starting), then usage if asked, then [DONE]."""
-    finished, first = False, True
-    try:
-        while not finished:
-            try:
-                out = await next_output(stream)
-            except APIError as e:
-                finished = True  # the engine has already let it go
-                yield event(e.body())
-                return
-            finished = out.finished
-            reason = FINISH_REASONS.get(out.finish_reason or "") if finished else None
-            chunk = shape.head(streaming=True)
-            chunk["choices"] = [shape.choice(out.text_delta, reason, True, first)]
-            if include_usage:
-                chunk["usage"] = None
-            first = False
-            yield event(chunk)
-        if include_usage:
-            yield event({**shape.head(streaming=True), "choices": [], "usage": usage_of(stream)})
-        yield "data: [DONE]\n\n"
-    finally:
-        if not finished:  # the client went away (or the loop died): free its blocks now
-            loop.abort(stream.request.request_id)
-
-
-def event(payload: dict) -> str:
-    return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
-
-
-async def collect(loop: EngineLoop, http: Request, stream: Stream, shape: ChunkShape):
-    """Wait for the whole completion, aborting if the client disconnects meanwhile (checked
-    twice a second: outputs arrive every step, so waiting for a quiet moment would not do)."""
-    finished, next_check = False, time.monotonic() + 0.5
-    try:
-        while not finished:
-            try:
-                finished = (await asyncio.wait_for(next_output(stream), timeout=0.5)).finished
-            except TimeoutError:
-                pass
-            if not finished and time.monotonic() >= next_check:
-                if await http.is_disconnected():
-                    return JSONResponse({}, status_code=499)  # nobody will read it
-                next_check = time.monotonic() + 0.5
-        reason = FINISH_REASONS.get(stream.request.finish_reason or "", "stop")
-        text = stream.request.text
-        return {
-            **shape.head(streaming=False),
-            "choices": [shape.choice(text, reason, streaming=False, first=True)],
-            "usage": usage_of(stream),
-        }
-    finally:
-        if not finished:
-            loop.abort(stream.request.request_id)
-
-
-# --- the door and the error handlers -------------------------------------------------------------
-
-
-class Door:
-    """ASGI middleware, before any parsing: with API keys, a request without a valid key gets
-    401 (everything but /health); a body over `max_body_bytes` gets 413 -- at once when
-    Content-Length says so, else as soon as the bytes read pass the limit. The body is read
-    here (at most the limit) and handed to the app whole."""
-
-    def __init__(self, app, gate: Gate, max_body_bytes: int) -> None:
-        self.app, self.gate, self.max_body_bytes = app, gate, max_body_bytes
-
-    async def __call__(self, scope, receive, send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        try:
-            if self.gate.keys is not None and scope["path"] != "/health":
-                self.gate.key(headers.get("authorization"))
-            length = headers.get("content-length", "")
-            if length.isdigit() and int(length) > self.max_body_bytes:
-                raise self.too_large()
-            body = await self.read_body(receive)
-        except APIError as e:
-            return await e.response({"connection": "close"})(scope, receive, send)
-        if body is None:
-            return  # the client went away while sending
-        sent = False
-
-        async def replay():
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()  # after the body: a disconnect, when it comes
-
-        await self.app(scope, replay, send)
-
-    async def read_body(self, receive) -> bytes | None:
-        parts, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                return None
-            parts.append(message.get("body", b""))
-            size += len(parts[-1])
-            if size > self.max_body_bytes:
-                raise self.too_large()
-            more = message.get("more_body", False)
-        return b"".join(parts)
-
-    def too_large(self) -> APIError:
-        return APIError(413, f"the request body is over {self.max_body_bytes} bytes "
-                        "(--max-body-bytes)", code="request_too_large")  # fmt: skip
-
-
-def add_error_handlers(app: FastAPI) -> None:
-    """Every error in OpenAI's body, whatever raised it: ours, pydantic's, routing's (404,
-    405), the body parser's (a 5000-digit integer, JSON nested 100k deep), or a bug (500)."""
-
-    @app.exception_handler(APIError)
-    async def api_error(request: Request, e: APIError):
-        return e.response()
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid_body(request: Request, e: RequestValidationError):
-        return validation_error(e.errors()).response()
-
-    @app.exception_handler(HTTPException)
-    async def http_error(request: Request, e: HTTPException):
-        kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
-        message = e.detail if isinstance(e.detail, str) else "invalid request"
-        if e.status_code == 400:
-            message = "the body could not be parsed as JSON (too deep, or a number too long?)"
-        return APIError(e.status_code, message, kind=kind).response(e.headers)
-
-    @app.exception_handler(Exception)
-    async def bug(request: Request, e: Exception):
-        return APIError(500, f"internal error: {e!r}", kind="server_error").response()
 
 
 # --- running it ----------------------------------------------------------------------------------
