@@ -1,0 +1,147 @@
+"""What a caller may ask (`SamplingParams`) and the stop rules every generation path shares
+(`params.py`): validation with messages, when a generation ends, what text may be shown before
+it does. Plain Python: the module imports no torch, which a fresh interpreter checks."""
+
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+import textwrap
+
+import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
+
+from minivtc.core.params import (
+    MAX_SEED,
+    SamplingParams,
+    context_error,
+    releasable,
+    stop_reason,
+    trim_stop,
+)
+
+EOS = 2
+
+
+def test_defaults_are_valid_and_sample():
+    params = SamplingParams()
+    assert not params.greedy and params.max_tokens == 16 and params.stop == ()
+    assert SamplingParams(temperature=0).greedy
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("temperature", -0.1, "temperature must be >= 0"),
+        ("top_p", 0.0, r"top_p must be in \(0, 1\]"),
+        ("top_p", 1.5, r"top_p must be in \(0, 1\]"),
+        ("top_k", -1, "top_k must be >= 0"),
+        ("max_tokens", 0, "max_tokens must be >= 1"),
+        ("stop", ["ok", ""], "stop sequences must be non-empty"),
+        ("stop", "", "stop sequences must be non-empty"),
+        ("seed", -1, r"seed must be in \[0, 2\*\*63 - 1\], got -1"),
+        ("seed", 2**63, r"seed must be in \[0, 2\*\*63 - 1\]"),
+    ],
+)
+def test_each_invalid_field_is_refused_by_name(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**{field: value})
+
+
+@pytest.mark.xfail(strict=True, reason="NaN < 0 is False: a NaN temperature passes validation")
+def test_a_nan_temperature_is_refused():
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingParams(temperature=float("nan"))
+
+
+def test_the_whole_seed_range_is_accepted_and_seeds_a_generator():
+    """vLLM's range, 0 .. 2**63 - 1: what torch.Generator.manual_seed takes."""
+    for seed in (0, 1, MAX_SEED):
+        gen = SamplingParams(seed=seed).generator()
+        again = SamplingParams(seed=seed).generator()
+        assert gen.initial_seed() == seed and gen.get_state().equal(again.get_state())
+    assert MAX_SEED == 2**63 - 1
+    assert SamplingParams(temperature=0, seed=5).generator() is None  # greedy: nothing random
+
+
+def test_stop_is_a_tuple_whatever_it_was_given_as_and_params_are_frozen():
+    assert SamplingParams(stop="\n").stop == ("\n",)
+    assert SamplingParams(stop=["a", "b"]) == SamplingParams(stop=("a", "b"))
+    params = SamplingParams(stop=["a"])
+    hash(params)  # frozen with tuple fields: usable as a key
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        params.max_tokens = 3
+
+
+@pytest.mark.parametrize(
+    "token, n, text, params, expect",
+    [
+        (EOS, 1, "", SamplingParams(), "eos"),
+        (EOS, 1, "", SamplingParams(ignore_eos=True), None),
+        (EOS, 4, "", SamplingParams(ignore_eos=True, max_tokens=4), "length"),
+        (7, 3, "a.b", SamplingParams(stop="."), "stop"),
+        (7, 3, "a.b", SamplingParams(stop=["x", "."]), "stop"),
+        (7, 3, "a,b", SamplingParams(stop="."), None),
+        (7, 4, "abcd", SamplingParams(max_tokens=4), "length"),
+        (7, 3, "abc", SamplingParams(max_tokens=4), None),
+        # More than one reason: EOS first, then a stop sequence, then the length.
+        (EOS, 4, "a.", SamplingParams(stop=".", max_tokens=4), "eos"),
+        (7, 4, "a.", SamplingParams(stop=".", max_tokens=4), "stop"),
+    ],
+)
+def test_stop_reason(token, n, text, params, expect):
+    assert stop_reason(token, n, text, params, EOS) == expect
+
+
+@pytest.mark.parametrize(
+    "text, stop, expect",
+    [
+        ("hello. world\n", (".", "\n"), "hello"),  # the earliest, not the first listed
+        ("hello world\n.", (".", "\n"), "hello world"),
+        ("no stop here", (".",), "no stop here"),
+        (".starts", (".",), ""),
+        ("a##b", ("##", "#"), "a"),
+        ("anything", (), "anything"),
+    ],
+)
+def test_trim_stop_cuts_at_the_earliest_stop_sequence(text, stop, expect):
+    assert trim_stop(text, stop) == expect
+
+
+alphabet = st.text("ab.\n", max_size=12)
+
+
+@given(alphabet, alphabet, st.lists(st.text("ab.\n", min_size=1, max_size=4), max_size=3))
+def test_released_text_is_never_taken_back(text, more, stop):
+    """What `releasable` lets a stream show of an unfinished text is a prefix of the final text,
+    however the generation goes on and wherever a stop sequence then cuts it."""
+    stop = tuple(stop)
+    assume(not any(s in text for s in stop))  # else the generation would have stopped already
+    shown = text[: max(releasable(text, stop, finished=False), 0)]
+    final = trim_stop(text + more, stop)
+    assert final.startswith(shown)
+    assert releasable(text, stop, finished=True) == len(text)
+    assert releasable(text, (), finished=False) == len(text)  # no stop: nothing held back
+
+
+def test_context_error_only_when_prompt_and_max_tokens_overflow():
+    assert context_error(100, 28, 128) is None  # fits exactly
+    assert context_error(100, 29, 128) == (
+        "prompt (100 tokens) + max_tokens (29) = 129 exceeds the model's context of 128 positions"
+    )
+
+
+def test_importing_params_imports_no_torch():
+    """The scheduler, the simulator and the server's schemas import this module: it must stay
+    torch-free, greedy params included."""
+    script = textwrap.dedent("""
+        import sys
+        from minivtc.core.params import SamplingParams, stop_reason
+        params = SamplingParams(temperature=0, stop=".", max_tokens=3)
+        assert params.generator() is None and stop_reason(5, 3, "ab", params, 2) == "length"
+        assert "torch" not in sys.modules, "importing minivtc.core.params imported torch"
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
