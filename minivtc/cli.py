@@ -142,9 +142,11 @@ def run_serve(args) -> int:
         except json.JSONDecodeError as e:
             raise ValueError(f"{args.client_weights}: not valid JSON ({e})") from None
         if not isinstance(weights, dict) or not all(
-            isinstance(v, (int, float)) and v > 0 for v in weights.values()
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
+            for v in weights.values()
         ):
-            raise ValueError(f"{args.client_weights}: want an object of client -> weight > 0")
+            raise ValueError(f"{args.client_weights}: want an object of client -> weight > 0 "
+                             "(finite)")  # fmt: skip
     scheduler = make_scheduler(args.scheduler, weights=weights)
     model, tokenizer = load_model(args.weights, args.dtype, args.device)
     engine = build_engine(model, tokenizer, scheduler, kv_tokens=args.kv_tokens)

@@ -252,7 +252,6 @@ def test_histogram_buckets_are_cumulative_and_inclusive(values):
     assert histogram.count == len(values) and histogram.total == pytest.approx(sum(values))
 
 
-@pytest.mark.xfail(strict=True, reason="counts' default is sized for LATENCY_BUCKETS, not bounds")
 def test_a_histogram_with_its_own_bounds():
     histogram = Histogram(bounds=(1.0, 2.0))
     histogram.observe(1.5)
@@ -293,9 +292,6 @@ def test_a_loop_that_died_refuses_every_later_command(make_loop):
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-@pytest.mark.xfail(
-    strict=True, reason="deliver() raises on a closed event loop, and the engine loop dies"
-)
 def test_a_closed_event_loop_ends_its_own_streams_not_the_engine(make_loop):
     """A caller's event loop closes while its request still runs (asyncio.run returned)."""
     loop = make_loop().start()

@@ -3,7 +3,6 @@ back by Prometheus' own parser. Snapshots are made by hand: no engine, no server
 
 from __future__ import annotations
 
-import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -122,8 +121,6 @@ def test_any_client_id_survives_the_exposition_format():
     assert series == {(n,): float(i + 1) for i, n in enumerate(weird)}
 
 
-@pytest.mark.xfail(strict=True, reason="a client that calls itself '(other)' is overwritten by the "
-                   "sum of the rest: its tokens vanish from /metrics")  # fmt: skip
 def test_a_client_named_other_loses_no_tokens():
     clients = {OTHER: ClientRow(input_tokens=100), "a": ClientRow(input_tokens=5)}
     snap = snapshot(clients, forgotten=ClientRow(input_tokens=1))

@@ -90,15 +90,10 @@ def test_weights_and_seed_reach_the_policy():
     assert draws(3) == draws(3) != draws(4)
 
 
-NUMBER_NOT_CHECKED = pytest.mark.xfail(
-    strict=True, reason="the number after ':' reaches int()/float() unchecked: Python's message"
-)
-
-
 @pytest.mark.parametrize(
     "name",
-    ["vtc2", "VTC", "", "rpm", "fcfs-profile", "vtc-profile-profile"]
-    + [pytest.param(n, marks=NUMBER_NOT_CHECKED) for n in ("rpm:x", "vtc-oracle:x")],
+    ["vtc2", "VTC", "", "rpm", "fcfs-profile", "vtc-profile-profile", "rpm:x", "vtc-oracle:x",
+     "rpm:5-profile"],
 )
 def test_an_unknown_name_is_refused_with_the_choices(name):
     with pytest.raises(ValueError, match=re.escape(f"choose one of: {SCHEDULERS}")):
@@ -125,3 +120,10 @@ def test_profile_suffix_charges_the_profiled_cost():
     assert isinstance(vtc.cost, ProfiledCost) and isinstance(vtc.predictor, MeanOfLast)
     finished(vtc, "a", 100, 50)
     assert vtc.counters["a"] == pytest.approx(ProfiledCost()(100, 50))
+
+
+@pytest.mark.parametrize("name", ["vtc-oracle:-1", "vtc-oracle:1.5"])
+def test_an_oracle_spread_outside_0_1_is_refused(name):
+    """A spread over 1 could predict a negative length."""
+    with pytest.raises(ValueError, match="spread 0 <= P <= 1"):
+        make_scheduler(name)

@@ -410,10 +410,6 @@ def test_forgetting_idle_clients_changes_no_decision():
             forgets.append(len(self.forget_idle_clients()))
             return super().step()
 
-        def advance(self):
-            forgets.append(len(self.forget_idle_clients()))
-            return super().advance()
-
     for policy in ("vtc", "fcfs", "rpm:5", "vtc-predict"):
         kept = simulate(trace, policy)
         import minivtc.harness.sim as sim

@@ -457,15 +457,7 @@ def algorithm_2_methods() -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def mapped(name: str):
-    """`lift()` is a known mismatch: a strict xfail, so fixing the docstring flags this mark."""
-    if name != "lift":
-        return name
-    why = "the docstring names lift(); the method is lift_counter() (VTC.lift is the LCF switch)"
-    return pytest.param(name, marks=pytest.mark.xfail(strict=True, reason=why))
-
-
-@pytest.mark.parametrize("name", [mapped(n) for n in algorithm_2_methods()])
+@pytest.mark.parametrize("name", algorithm_2_methods())
 def test_the_docstring_maps_algorithm_2_to_methods_that_exist(name):
     owner, _, attr = name.rpartition(".")
     cls = {"": VTC, "LeastCounter": LeastCounter}[owner]

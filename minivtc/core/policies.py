@@ -29,7 +29,7 @@ def make_scheduler(
     if name == "fcfs":
         return FCFS()
     if name.startswith("rpm:"):
-        return RPM(int(name.split(":", 1)[1]))
+        return RPM(number(name, int))
     base, profiled = (
         (name[: -len("-profile")], True) if name.endswith("-profile") else (name, False)
     )
@@ -47,6 +47,16 @@ def make_scheduler(
     if base == "vtc-predict-ema":
         return kind(predictor=MovingAverage(), **options)
     if base == "vtc-oracle" or base.startswith("vtc-oracle:"):
-        spread = float(base.split(":", 1)[1]) if ":" in base else 0.0
+        spread = number(base, float) if ":" in base else 0.0
+        if not 0 <= spread <= 1:  # predictions in [(1-P)L, (1+P)L]: never negative
+            raise ValueError(f"vtc-oracle:P wants a spread 0 <= P <= 1, got {spread}")
         return kind(predictor=Oracle(spread, seed), **options)
     raise ValueError(f"unknown scheduler {name!r}; choose one of: {SCHEDULERS}")
+
+
+def number(name: str, kind: type) -> int | float:
+    """The number after the ':' of `name` (rpm:5, vtc-oracle:0.5)."""
+    try:
+        return kind(name.split(":", 1)[1])
+    except ValueError:
+        raise ValueError(f"unknown scheduler {name!r}; choose one of: {SCHEDULERS}") from None

@@ -21,7 +21,6 @@ class Predictor(Protocol):
     def observe(self, request: Request) -> None: ...
 
 
-
 class MeanOfLast:
     """The paper's predictor: the mean output length of the client's last `window` requests."""
 

@@ -9,7 +9,7 @@ Algorithm 2, line by line, and the method that does it:
 
     on arrival of request r from client u:                                  add()
         if Q holds no request of u:                    (u joins the queue)
-            c_u <- max(c_u, min over clients i in Q of c_i)                 lift()
+            c_u <- max(c_u, min over clients i in Q of c_i)                 lift_counter()
             (Q empty: c_u <- max(c_u, c_l), l the last client to leave Q)   lift_floor()
         Q <- Q + r                                                          add()
     each step, while requests may be admitted:                              schedule()

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +54,7 @@ def read_keys(path: str | Path) -> dict[str, Key]:
         raise ValueError(f"{path}: want a JSON object of key -> {{'client': ..., ...}}")
     keys = {}
     for key, entry in raw.items():
-        where = f"{path}: key {key[:6]!r}..."
+        where = f"{path}: key {key[:3]!r}..."  # (no more: the message may reach a log)
         if len(key) < 8:
             raise ValueError(f"{where} is shorter than 8 characters: too easy to guess")
         if not isinstance(entry, dict) or not set(entry) <= {"client", "weight", "admin"}:
@@ -61,8 +62,10 @@ def read_keys(path: str | Path) -> dict[str, Key]:
         client, weight = entry.get("client"), entry.get("weight", 1.0)
         if not isinstance(client, str) or not 0 < len(client) <= MAX_CLIENT_ID_CHARS:
             raise ValueError(f"{where}: 'client' must be 1 to {MAX_CLIENT_ID_CHARS} characters")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight > 0:
-            raise ValueError(f"{where}: 'weight' must be a number > 0")
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (
+            0 < weight < math.inf  # (json reads Infinity and NaN: neither is a share)
+        ):
+            raise ValueError(f"{where}: 'weight' must be a number > 0 and finite")
         if not isinstance(entry.get("admin", False), bool):
             raise ValueError(f"{where}: 'admin' must be true or false")
         keys[key] = Key(client, float(weight), entry.get("admin", False))

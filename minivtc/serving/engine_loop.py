@@ -40,9 +40,12 @@ class Histogram:
     """A Prometheus histogram: counts per upper bound (`le`), plus the sum and count."""
 
     bounds: tuple[float, ...] = LATENCY_BUCKETS
-    counts: list[int] = field(default_factory=lambda: [0] * (len(LATENCY_BUCKETS) + 1))
+    counts: list[int] = field(init=False)  # one per bound, and one for +Inf
     total: float = 0.0
     count: int = 0
+
+    def __post_init__(self) -> None:
+        self.counts = [0] * (len(self.bounds) + 1)
 
     def observe(self, value: float) -> None:
         self.counts[bisect.bisect_left(self.bounds, value)] += 1  # le is inclusive
@@ -152,7 +155,7 @@ class EngineLoop:
             for request_id, stream in list(self.streams.items()):
                 self.forget(request_id, abort=True)
                 out = StepOutput(request_id, -1, "", True, "error", reason)
-                stream.event_loop.call_soon_threadsafe(stream.outputs.put_nowait, out)
+                post(stream.event_loop, stream.outputs.put_nowait, out)
 
         self.send(fail)
 
@@ -178,7 +181,7 @@ class EngineLoop:
             # the pool or the scheduler failed, and the engine can no longer be trusted.
             self.error = e
             for stream in self.streams.values():
-                stream.event_loop.call_soon_threadsafe(stream.outputs.put_nowait, e)
+                post(stream.event_loop, stream.outputs.put_nowait, e)
             traceback.print_exc()  # the server's log says why
         finally:
             with self.closing:
@@ -214,7 +217,10 @@ class EngineLoop:
                 self.record(request)
                 self.forget(request.request_id, abort=False)
         for event_loop, items in by_loop.items():  # one wake-up per event loop per step
-            event_loop.call_soon_threadsafe(put_all, items)
+            if not post(event_loop, put_all, items):  # its caller's event loop has closed:
+                for request_id, stream in list(self.streams.items()):  # nobody will read
+                    if stream.event_loop is event_loop:
+                        self.forget(request_id, abort=True)
 
     def forget_idle_clients(self) -> list[str]:
         """Between steps: forget idle clients; their totals move to `forgotten`."""
@@ -262,6 +268,16 @@ class EngineLoop:
         if abort and stream is not None and not stream.request.is_finished:
             self.engine.abort(request_id)
             self.record(stream.request)
+
+
+def post(event_loop: asyncio.AbstractEventLoop, fn, *args) -> bool:
+    """Run `fn(*args)` on `event_loop` soon; False if that loop has closed (its caller left
+    without a goodbye, e.g. `asyncio.run` returned): that is the caller's end, not the engine's."""
+    try:
+        event_loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:
+        return False
+    return True
 
 
 def put_all(items: list[tuple[asyncio.Queue, StepOutput]]) -> None:

@@ -140,10 +140,14 @@ def families(snap: Snapshot, top: int) -> Iterable[Metric]:
 
 
 def labelled_rows(snap: Snapshot, top: int) -> dict[str, ClientRow]:
-    """The `top` clients by service under their own names; everyone else summed as OTHER."""
-    ranked = sorted(snap.clients.items(), key=lambda kv: (-kv[1].service, kv[0]))
+    """The `top` clients by service under their own names; everyone else summed as OTHER (a
+    client that calls itself OTHER too: its own label would be taken by the sum)."""
+    named = [kv for kv in snap.clients.items() if kv[0] != OTHER]
+    ranked = sorted(named, key=lambda kv: (-kv[1].service, kv[0]))
     rows = dict(ranked[:top])
     rest = [row for _, row in ranked[top:]] + [snap.forgotten]
+    if OTHER in snap.clients:
+        rest.append(snap.clients[OTHER])
     other = ClientRow(counter=None)
     for row in rest:
         other.waiting += row.waiting

@@ -115,9 +115,10 @@ def validation_error(errors) -> APIError:
     """pydantic's first complaint as one sentence naming the field (OpenAI answers 400)."""
     if not errors:
         return APIError(400, "invalid request body")
-    # A union (str | list[int] | list[str]) reports one error per member: our own check
-    # (not valid Unicode) says more than "Input should be a valid string".
-    first = next((e for e in errors if e["type"] == "value_error"), errors[0])
+    # A union (str | list[int] | list[str]) reports one error per member, a type mismatch for
+    # each member the value is not: the first complaint that is not one says what is wrong
+    # (not valid Unicode; more than 4 stop sequences).
+    first = next((e for e in errors if not e["type"].endswith("_type")), errors[0])
     if first["type"] == "json_invalid":
         return APIError(400, f"the body is not valid JSON: {first.get('msg', '')}")
     loc = [str(x) for x in first["loc"] if x != "body"]
