@@ -13,6 +13,7 @@ NumPy's, so individual draws differ from the artifact's while the processes are 
 from __future__ import annotations
 
 import csv
+import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ def client_name(i: int) -> str:
 
 
 def read_trace(path: str | Path) -> list[TraceRequest]:
+    """A trace CSV, sorted by arrival; a bad row is a ValueError naming the file and line."""
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
         missing = {"client", "arrival_s", "input_tokens", "output_tokens"} - set(
@@ -44,13 +46,21 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
         )
         if missing:
             raise ValueError(f"{path}: missing columns {sorted(missing)}")
-        trace = [
-            TraceRequest(
-                r["client"], float(r["arrival_s"]), int(r["input_tokens"]), int(r["output_tokens"])
-            )
-            for r in reader
-        ]
+        trace = []
+        for row in reader:
+            try:
+                trace.append(trace_request(row))
+            except (ValueError, TypeError) as e:
+                raise ValueError(f"{path}, line {reader.line_num}: {e}") from None
     return sorted(trace, key=lambda r: r.arrival_s)
+
+
+def trace_request(row: dict[str, str]) -> TraceRequest:
+    arrival = float(row["arrival_s"])
+    n_in, n_out = int(row["input_tokens"]), int(row["output_tokens"])
+    if not math.isfinite(arrival) or n_in < 1 or n_out < 1:
+        raise ValueError(f"want a finite arrival_s and token counts >= 1, got {row}")
+    return TraceRequest(row["client"], arrival, n_in, n_out)
 
 
 def write_trace(path: str | Path, trace: list[TraceRequest]) -> None:
