@@ -42,3 +42,31 @@ def bundled():
     from minivtc.core.weights import load_model
 
     return load_model()
+
+
+def start_serve(*options: str):
+    """`minivtc serve` as a user starts it, on a free port, once /health answers: (the process,
+    its URL). The caller ends the process."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    import httpx
+
+    with socket.socket() as s:  # a free port
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    command = [sys.executable, "-m", "minivtc.cli", "serve", "--port", str(port), *options]
+    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        assert server.poll() is None, server.stderr.read()
+        try:
+            if httpx.get(url + "/health").status_code == 200:
+                return server, url
+        except httpx.ConnectError:
+            pass
+        assert time.monotonic() < deadline, "the server did not come up in 60 s"
+        time.sleep(0.2)

@@ -9,6 +9,7 @@ import pytest
 
 from minivtc import bench
 from minivtc.cli import main
+from tests.conftest import start_serve
 
 
 def test_generate_streams_text(capsys):
@@ -105,31 +106,13 @@ def test_serve_command_answers_over_http(tmp_path):
     """`minivtc serve` in the foreground, as a user starts it: health, one completion, the
     operator's weights in the fairness view, then a clean shutdown."""
     import json
-    import socket
-    import time
 
     import httpx
 
-    with socket.socket() as s:  # a free port
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     weights = tmp_path / "weights.json"
     weights.write_text(json.dumps({"alice": 2.0}))
-    command = [sys.executable, "-m", "minivtc.cli", "serve", "--port", str(port),
-               "--kv-tokens", "512", "--client-weights", str(weights)]  # fmt: skip
-    server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
+    server, url = start_serve("--kv-tokens", "512", "--client-weights", str(weights))
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, server.stderr.read()
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.ConnectError:
-                pass
-            assert time.monotonic() < deadline, "the server did not come up in 60 s"
-            time.sleep(0.2)
         body = {"prompt": "A tuple is", "max_tokens": 5, "ignore_eos": True}
         reply = httpx.post(url + "/v1/completions", json=body, headers={"X-Client-Id": "alice"})
         assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 5

@@ -40,6 +40,7 @@ import pytest
 from minivtc.core.tokenizer import Tokenizer
 from minivtc.llm import build_engine
 from minivtc.serving.server import BackgroundServer, make_app
+from tests.conftest import start_serve
 from tests.test_server import wait_until_idle
 
 POISON = 4000  # a token id that the test tokenizer below fails to detokenize
@@ -477,28 +478,9 @@ def test_serve_shutdown_timeout_ends_in_flight_streams_with_an_error(tmp_path):
     """`minivtc serve --shutdown-timeout 1`: SIGTERM during a long stream; about a second later
     the stream ends with an error event and the process exits."""
     import signal
-    import socket
-    import subprocess
-    import sys
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    command = [sys.executable, "-m", "minivtc.cli", "serve", "--port", str(port),
-               "--kv-tokens", "2048", "--shutdown-timeout", "1"]  # fmt: skip
-    server = subprocess.Popen(command, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
+    server, url = start_serve("--kv-tokens", "2048", "--shutdown-timeout", "1")
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert server.poll() is None, server.stderr.read()
-            try:
-                if httpx.get(url + "/health").status_code == 200:
-                    break
-            except httpx.ConnectError:
-                pass
-            assert time.monotonic() < deadline
-            time.sleep(0.2)
         body = {"prompt": "x", "max_tokens": 2000, "ignore_eos": True, "stream": True}
         events, started = [], None
         with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
