@@ -10,6 +10,7 @@ import sys
 
 from minivtc.harness.cli import (
     add_calibrate,
+    add_memory_options,
     add_reproduce,
     add_simulate,
     add_trace_source,
@@ -112,6 +113,7 @@ def add_serve(sub) -> None:
     )  # fmt: skip
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
                    help="larger request bodies get 413 before parsing (default 4 MiB)")  # fmt: skip
+    add_memory_options(p, default="full")
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM/SIGINT; then they "
                    "end with an error and the server exits (default 30)")  # fmt: skip
@@ -149,7 +151,8 @@ def run_serve(args) -> int:
                              "(finite)")  # fmt: skip
     scheduler = make_scheduler(args.scheduler, weights=weights)
     model, tokenizer = load_model(args.weights, args.dtype, args.device)
-    engine = build_engine(model, tokenizer, scheduler, kv_tokens=args.kv_tokens)
+    engine = build_engine(model, tokenizer, scheduler, kv_tokens=args.kv_tokens,
+                          reservation=args.reservation, victim=args.victim)  # fmt: skip
     name = Path(args.weights).name if args.weights else "minivtc-tiny"
     print(f"serving {name} with {args.scheduler} on http://{args.host}:{args.port}/v1",
           file=sys.stderr)  # fmt: skip

@@ -197,14 +197,16 @@ def test_llm_generate_offline_api():
     ),
     kv_tokens=st.integers(32, 200),
     block_size=st.sampled_from([1, 3, 16]),
-    reservation=st.sampled_from(["full", "peak"]),
+    reservation=st.sampled_from(["full", "peak", "none"]),
+    victim=st.sampled_from(["latest", "fair"]),
 )
-def test_random_add_step_abort_keeps_invariants(ops, kv_tokens, block_size, reservation):
+def test_random_add_step_abort_keeps_invariants(ops, kv_tokens, block_size, reservation, victim):
     torch.manual_seed(0)
     model = Llama(LlamaConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, n_kv_heads=1,
                               ffn_dim=16, max_positions=64))  # fmt: skip
-    engine = build_engine(model, None, kv_tokens=kv_tokens, block_size=block_size, max_running=4,
-                          check_invariants=True, reservation=reservation)  # fmt: skip
+    engine = build_engine(model, None, "vtc", kv_tokens=kv_tokens, block_size=block_size,
+                          max_running=4, check_invariants=True, reservation=reservation,
+                          victim=victim)  # fmt: skip
     added = []
     for op, a, b in ops:
         if op == "add":
@@ -243,8 +245,10 @@ def test_peak_reservation_admits_more_and_gives_the_same_tokens(tiny):
     assert concurrency == {"full": 1, "peak": 2}
 
 
-def test_batched_engine_matches_transformers_greedy_on_the_bundled_model(bundled):
-    """Staggered continuous batching == `transformers` generating each prompt alone (32 tokens)."""
+@pytest.mark.parametrize("pool", ["reserved", "preempting"])
+def test_batched_engine_matches_transformers_greedy_on_the_bundled_model(bundled, pool):
+    """Staggered continuous batching == `transformers` generating each prompt alone (32 tokens),
+    also with a pool so small that requests are preempted and recomputed on the way."""
     transformers = pytest.importorskip("transformers")
     from minivtc.core.weights import bundled_weights_dir
 
@@ -252,7 +256,10 @@ def test_batched_engine_matches_transformers_greedy_on_the_bundled_model(bundled
     hf = transformers.LlamaForCausalLM.from_pretrained(bundled_weights_dir(), dtype=torch.float32)
     texts = ["The garbage collector", "A list is a", "To open a file, call", "Exceptions are"]
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-    engine = build_engine(model, tok, kv_tokens=1000, block_size=16, check_invariants=True)
+    options = {"kv_tokens": 1000}
+    if pool == "preempting":
+        options = {"kv_tokens": 96, "reservation": "none"}
+    engine = build_engine(model, tok, block_size=16, check_invariants=True, **options)
     reqs = [engine.add_request(t, params) for t in texts[:2]]
     engine.step()
     reqs += [engine.add_request(t, params) for t in texts[2:]]  # join mid-flight: mixed steps
@@ -263,6 +270,58 @@ def test_batched_engine_matches_transformers_greedy_on_the_bundled_model(bundled
             out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32,
                               min_new_tokens=32, do_sample=False, pad_token_id=0)  # fmt: skip
         assert r.output_ids == out[0, ids.shape[1] :].tolist(), r
+    assert (engine.num_preemptions > 0) == (pool == "preempting")
+
+
+@pytest.mark.parametrize("victim", ["latest", "fair"])
+def test_preempted_requests_give_the_tokens_of_an_unpreempted_run(tiny, victim):
+    """Blocks on demand in a pool too small for everyone: requests are preempted (their blocks
+    freed) and later prefilled again with the tokens they had; each still gets exactly the
+    greedy tokens of generating it alone, and its prompt is charged once."""
+    params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
+    engine = build_engine(tiny, None, "vtc", kv_tokens=64, block_size=4, check_invariants=True,
+                          check_fairness=True, reservation="none", victim=victim)  # fmt: skip
+    ps = [prompts(6, seed=3)[i][:12] for i in range(6)]
+    reqs = [engine.add_request(p, params, client_id=f"c{i % 3}") for i, p in enumerate(ps)]
+    run_to_end(engine)
+    assert engine.num_preemptions > 0 and engine.recomputed_tokens > 0
+    for p, r in zip(ps, reqs, strict=True):
+        assert r.output_ids == list(generate_plain(tiny, p, params)), r
+    assert sum(t.num_input for t in engine.client_tokens.values()) == sum(map(len, ps))
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+
+
+def test_aborting_a_preempted_request_frees_everything(tiny):
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    engine = build_engine(tiny, None, "vtc", kv_tokens=64, block_size=4, check_invariants=True,
+                          reservation="none")  # fmt: skip
+    a = engine.add_request([5] * 8, params, client_id="a")
+    b = engine.add_request([6] * 8, params, client_id="b")
+    while b.num_preemptions == 0:  # b, admitted last, is vLLM's victim
+        engine.step()
+    assert b.status is Status.WAITING and b.request_id not in engine.allocator.block_tables
+    engine.abort(b.request_id)
+    assert b.finish_reason == "abort" and not list(engine.scheduler.waiting())
+    run_to_end(engine)
+    assert a.finish_reason == "length"
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks and not engine.requests
+
+
+def test_the_fair_victim_is_the_youngest_request_of_the_highest_counter_client(tiny):
+    """Two clients share the pool; "b" has received more (a long prompt), so when blocks run
+    out its youngest request is preempted, not the most recently admitted one ("a"'s)."""
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for victim, loser in (("fair", "b-young"), ("latest", "a")):
+        engine = build_engine(tiny, None, "vtc", kv_tokens=64, block_size=4, reservation="none",
+                              victim=victim, check_invariants=True)  # fmt: skip
+        engine.add_request([5] * 16, params, client_id="b", request_id="b-old")
+        engine.add_request([6] * 8, params, client_id="b", request_id="b-young")
+        engine.step()
+        engine.add_request([7] * 4, params, client_id="a", request_id="a")  # admitted last
+        while engine.num_preemptions == 0:
+            engine.step()
+        preempted = [r.request_id for r in engine.requests.values() if r.num_preemptions]
+        assert preempted == [loser], (victim, preempted)
 
 
 def test_admission_cadence_of_the_artifact():

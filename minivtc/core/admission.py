@@ -1,6 +1,6 @@
 """Admission: may a request join the running batch, given the KV blocks it will need?
 
-Owns the two checks the engine can make, each a small policy object over the block allocator:
+Owns the checks the engine can make, each a small policy object over the block allocator:
 
 - `FullReservation` (the paper's model): reserve a request's whole length, prompt +
   max_tokens, when it is admitted. Decode can then never run out of blocks, and the M of
@@ -9,15 +9,29 @@ Owns the two checks the engine can make, each a small policy object over the blo
   the pool's *peak* fits, with every running request growing to its max_tokens in order of
   what it has left; blocks are allocated as requests grow, and the check guarantees they can be.
 
-Both answer three calls: `try_admit(request)` (reserve its blocks if they fit), `grow(batch)`
-(before a step: blocks for the positions it writes) and `release(request)`. Does not own the
-blocks (`kv_pool.py`) or who is running (`engine.py`). Plain Python: no tensors. Lesson 3.
+- `OnDemand` (vLLM's and SGLang's way; the paper's Appendix C.3 asks for it): admit when the
+  request's tokens plus one block of headroom fit; allocate blocks as requests grow; when a
+  step's growth does not fit, preempt running requests, chosen by a victim policy, until it
+  does. A preempted request is recomputed: its blocks are freed, it waits at the head of its
+  client's queue keeping the tokens it generated, and on re-admission its prompt and those
+  tokens are prefilled again. Victims: `Latest` (vLLM's: the most recently admitted) or
+  `Fair` (a request of the running client with the highest counter, its youngest).
+
+Each answers three calls: `try_admit(request)` (reserve its blocks if they fit),
+`grow(batch, preempt)` (before a step: blocks for the positions it writes, preempting through
+the engine's `preempt` if they do not fit) and `release(request)`. Does not own the blocks
+(`kv_pool.py`) or who is running (`engine.py`). Plain Python: no tensors. Lesson 3.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from minivtc.core.kv_pool import BlockAllocator
 from minivtc.core.request import Request
+from minivtc.core.scheduler import Scheduler
+
+Preempt = Callable[[Request], None]
 
 
 class FullReservation:
@@ -34,7 +48,7 @@ class FullReservation:
         self.allocator.allocate(request.request_id, request.max_num_tokens)
         return True
 
-    def grow(self, batch: list[Request]) -> None:
+    def grow(self, batch: list[Request], preempt: Preempt) -> None:
         pass  # everything was reserved at admission
 
     def release(self, request: Request) -> None:
@@ -72,7 +86,9 @@ class PeakReservation:
         self.spans[request.request_id] = self.span(request)
         return True
 
-    def grow(self, batch: list[Request]) -> None:
+    def grow(self, batch: list[Request], preempt: Preempt) -> None:
+        if not batch:
+            return  # no step runs: no step is counted
         self.num_steps += 1
         for r in batch:  # this step writes K/V for positions < num_tokens
             self.allocator.grow(r.request_id, len(r.prompt_ids) + len(r.output_ids))
@@ -119,4 +135,81 @@ class PeakReservation:
         return self.num_steps + left, tokens - self.num_steps
 
 
-ADMISSIONS = {"full": FullReservation, "peak": PeakReservation}
+class OnDemand:
+    """Blocks as requests grow; when a step's growth does not fit, preempt by recompute."""
+
+    name = "none"  # reserve nothing ahead
+
+    def __init__(self, allocator: BlockAllocator, victim: Latest | Fair) -> None:
+        self.allocator, self.victim = allocator, victim
+
+    def try_admit(self, request: Request) -> bool:
+        # One block of headroom: a request admitted into the last free block would be the
+        # next step's victim.
+        if not self.allocator.can_allocate(request.num_tokens + self.allocator.block_size):
+            return False
+        self.allocator.allocate(request.request_id, request.num_tokens)
+        return True
+
+    def grow(self, batch: list[Request], preempt: Preempt) -> None:
+        """`batch` is the engine's running list: `preempt` takes a victim out of it."""
+        while self.blocks_short(batch) > 0:
+            preempt(self.victim.choose(batch))
+        for r in batch:  # this step writes K/V for positions < num_tokens
+            self.allocator.grow(r.request_id, len(r.prompt_ids) + len(r.output_ids))
+
+    def release(self, request: Request) -> None:
+        self.allocator.free(request.request_id)
+
+    def check(self, running: list[Request]) -> None:
+        for r in running:
+            held = len(self.allocator.block_tables[r.request_id]) * self.allocator.block_size
+            assert held >= r.num_computed, f"{r} holds {held} positions, fewer than it computed"
+
+    def blocks_short(self, batch: list[Request]) -> int:
+        tables, blocks = self.allocator.block_tables, self.allocator.blocks_needed
+        wanted = sum(blocks(r.num_tokens) - len(tables[r.request_id]) for r in batch)
+        return wanted - self.allocator.num_free_blocks
+
+
+class Latest:
+    """vLLM's victim: the most recently admitted request (the last of the running list)."""
+
+    name = "latest"
+
+    def choose(self, running: list[Request]) -> Request:
+        return running[-1]
+
+
+class Fair:
+    """The fair victim: a request of the running client whose counter is highest (it has
+    received the most), the youngest of that client's requests."""
+
+    name = "fair"
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+
+    def choose(self, running: list[Request]) -> Request:
+        accounts = self.scheduler.accounts()
+        counter = {c: n or 0.0 for c, (n, _) in accounts.items()}
+        # max() keeps the first of equals: scan youngest first, so ties go to the youngest.
+        return max(reversed(running), key=lambda r: counter.get(r.client_id, 0.0))
+
+
+VICTIMS = ("latest", "fair")
+
+
+def make_admission(
+    reservation: str, allocator: BlockAllocator, scheduler: Scheduler, victim: str = "latest"
+) -> FullReservation | PeakReservation | OnDemand:
+    """The admission policy by name: "full", "peak" or "none" (on demand, with a victim)."""
+    if reservation == "full":
+        return FullReservation(allocator)
+    if reservation == "peak":
+        return PeakReservation(allocator)
+    if reservation != "none":
+        raise ValueError(f"reservation must be 'full', 'peak' or 'none', got {reservation!r}")
+    if victim not in VICTIMS:
+        raise ValueError(f"victim must be 'latest' or 'fair', got {victim!r}")
+    return OnDemand(allocator, Latest() if victim == "latest" else Fair(scheduler))

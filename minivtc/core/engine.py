@@ -30,7 +30,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
-from minivtc.core.admission import ADMISSIONS
+from minivtc.core.admission import make_admission
 from minivtc.core.kv_pool import BlockAllocator
 from minivtc.core.params import SamplingParams, context_error, releasable, stop_reason, trim_stop
 from minivtc.core.request import Request, Status
@@ -85,9 +85,10 @@ class Engine:
     """Continuous batching: `add_request`, `step`, `abort`.
 
     Collaborators: `runner` (a forward pass, or the simulator's step-time model), `allocator`
-    (the KV blocks), `scheduler` (the policy). Options: `reservation` "full" (the paper's) or
-    "peak" (the artifact's check); `admit_every` (the artifact admits every 10 steps);
-    `check_invariants` (every invariant after every step, for tests); `check_fairness`
+    (the KV blocks), `scheduler` (the policy). Options: `reservation` "full" (the paper's),
+    "peak" (the artifact's check) or "none" (blocks on demand, preempting a `victim`, "latest"
+    or "fair", when they run out; `admission.py`); `admit_every` (the artifact admits every 10
+    steps); `check_invariants` (every invariant after every step, for tests); `check_fairness`
     (Lemma 4.3 after every step; a VTC-family scheduler).
     """
 
@@ -95,13 +96,11 @@ class Engine:
         self, runner: Runner, allocator: BlockAllocator, scheduler: Scheduler,
         max_positions: int, eos_id: int, tokenizer: Tokenizer | None = None,
         clock: Callable[[], float] = time.monotonic, max_running: int = 256,
-        reservation: str = "full", admit_every: int = 1, check_invariants: bool = False,
-        check_fairness: bool = False,
+        reservation: str = "full", victim: str = "latest", admit_every: int = 1,
+        check_invariants: bool = False, check_fairness: bool = False,
     ) -> None:  # fmt: skip
-        if reservation not in ADMISSIONS:
-            raise ValueError(f"reservation must be 'full' or 'peak', got {reservation!r}")
         self.runner, self.allocator, self.scheduler = runner, allocator, scheduler
-        self.admission = ADMISSIONS[reservation](allocator)
+        self.admission = make_admission(reservation, allocator, scheduler, victim)
         self.max_positions, self.eos_id, self.tokenizer, self.clock = (
             max_positions, eos_id, tokenizer, clock,
         )  # fmt: skip
@@ -115,6 +114,8 @@ class Engine:
         self.client_tokens: dict[str, ClientTokens] = {}
         self.detokenizers: dict = {}  # request id -> Detokenizer (none without a tokenizer)
         self.steps_since_admission = 0
+        self.num_preemptions = 0  # requests preempted (reservation "none")
+        self.recomputed_tokens = 0  # tokens prefilled again after a preemption: waste
         self.ids = itertools.count()
 
     def add_request(
@@ -145,10 +146,10 @@ class Engine:
         that ran, each with its new token (`output_ids[-1]`); finished ones have their
         `finish_reason`. A server streams `output(request)` for each."""
         self.schedule()  # admit waiting requests while they fit
+        self.admission.grow(self.running, self.preempt)  # blocks for the positions it writes
         batch = list(self.running)
         if not batch:
             return []
-        self.admission.grow(batch)  # blocks for the positions this step writes
         tokens = self.runner.run(batch, self.allocator)  # one forward pass, a token each
         for request, token in zip(batch, tokens, strict=True):
             self.append(request, token)  # detokenize; the stop rules
@@ -243,10 +244,26 @@ class Engine:
             return False
         request.status, request.admitted_time = Status.RUNNING, self.clock()
         self.running.append(request)
-        num_prompt = request.num_prompt - request.num_computed
-        self.client_tokens.setdefault(request.client_id, ClientTokens()).num_input += num_prompt
-        self.scheduler.on_tokens(request, num_prompt, 0)
+        if request.num_preemptions:  # back after a preemption: its prompt was charged once
+            self.recomputed_tokens += request.num_tokens
+            return True
+        self.client_tokens.setdefault(request.client_id, ClientTokens()).num_input += (
+            request.num_prompt
+        )  # fmt: skip
+        self.scheduler.on_tokens(request, request.num_prompt, 0)
         return True
+
+    def preempt(self, request: Request) -> None:
+        """Make room (reservation "none"): `request` leaves the batch, its blocks are freed,
+        and it waits at the head of its client's queue, keeping the tokens it generated; when
+        it is admitted again they are prefilled again (recompute). Its client is not charged
+        again: the recomputation is the server's waste (`recomputed_tokens`), not service."""
+        self.running.remove(request)
+        self.admission.release(request)
+        request.status, request.num_computed = Status.WAITING, 0
+        request.num_preemptions += 1
+        self.num_preemptions += 1
+        self.scheduler.requeue(request)
 
     def append(self, request: Request, token: int | Exception) -> None:
         """Give `request` its new token; finish it if that token ends it. A fault in the

@@ -14,8 +14,8 @@ Lifecycle::
 
 `num_computed` counts the tokens whose keys and values are in the pool. A step computes
 `all_ids[num_computed:]`: the whole prompt after admission (prefill), one token afterwards
-(decode). Preemption would free the blocks and set `num_computed = 0`, and the next admission
-recomputes prompt + output so far; nothing else in the engine would change.
+(decode). Preemption (`Engine.preempt`) frees the blocks and sets `num_computed = 0`, and the
+next admission recomputes prompt + output so far.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ class Request:
     num_text_sent: int = 0  # characters of `text` already handed out in StepOutputs
     status: Status = Status.WAITING
     num_computed: int = 0
+    num_preemptions: int = 0  # times it was preempted (its blocks freed, recomputed later)
     admitted_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None

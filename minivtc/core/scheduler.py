@@ -44,6 +44,11 @@ class Scheduler:
         """A waiting request was aborted: forget it."""
         raise NotImplementedError
 
+    def requeue(self, request: Request) -> None:
+        """A running request was preempted: it waits again, at the head of its client's queue
+        (it arrived before anything its client sent since)."""
+        raise NotImplementedError
+
     def waiting(self) -> Iterator[Request]:
         raise NotImplementedError
 
@@ -100,6 +105,9 @@ class FCFS(Scheduler):
 
     def remove(self, request: Request) -> None:
         self.queue.remove(request)
+
+    def requeue(self, request: Request) -> None:
+        self.queue.appendleft(request)  # it arrived before every request still waiting
 
     def waiting(self) -> Iterator[Request]:
         return iter(self.queue)

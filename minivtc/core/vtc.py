@@ -196,6 +196,19 @@ class VTC(Scheduler):
         if self.predictor is not None and request.finish_reason != "abort":
             self.predictor.observe(request)
 
+    def requeue(self, request: Request) -> None:
+        """Preempted: back to the head of its client's queue. A client that had nothing
+        waiting joins Q, and is lifted like any client joining Q (Lemma 4.3 holds as before);
+        nothing is charged or refunded (its tokens stay charged, the recompute is not its)."""
+        client = request.client_id
+        if not self.queues[client]:
+            if self.lift:
+                self.lift_counter(client)
+            self.queues[client].append(request)
+            self.least.push(client)
+        else:
+            self.queues[client].appendleft(request)
+
     def remove(self, request: Request) -> None:
         queue = self.queues[request.client_id]
         queue.remove(request)

@@ -30,15 +30,32 @@ def add_simulate(sub) -> None:
     p.add_argument(
         "--seed", type=int, default=0, help="seed for randomised policies (vtc-oracle:p)"
     )
+    add_memory_options(p, default="peak")
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(run=run_simulate)
+
+
+def add_memory_options(p, default: str) -> None:
+    """--reservation and --victim (the simulator's and the server's)."""
+    p.add_argument(
+        "--reservation", choices=["full", "peak", "none"], default=default,
+        help="KV admission: 'full' reserves prompt + max_tokens (the paper's model), 'peak' "
+        "the artifact's peak check, 'none' allocates blocks on demand and preempts a --victim "
+        f"when they run out (default {default})",
+    )  # fmt: skip
+    p.add_argument(
+        "--victim", choices=["latest", "fair"], default="latest",
+        help="with --reservation none, whom to preempt: 'latest' (vLLM's: the most recently "
+        "admitted) or 'fair' (the running client with the highest counter) (default latest)",
+    )  # fmt: skip
 
 
 def run_simulate(args) -> int:
     from minivtc.harness.report import simulate_to_dir
 
     summary = simulate_to_dir(args.workload, args.trace, args.scheduler, args.step_time,
-                              args.kv_tokens, args.seed, args.out)  # fmt: skip
+                              args.kv_tokens, args.seed, args.out, args.reservation,
+                              args.victim)  # fmt: skip
     print_summary(summary)
     print(f"wrote {args.out}/requests.csv, metrics.json, service.png, response.png, gap.png")
     return 0

@@ -25,7 +25,7 @@ from minivtc.harness.workloads import A10G_RUNS, TraceRequest, read_trace, workl
 
 def simulate_to_dir(
     workload_name: str | None, trace_path: str | None, scheduler: str, step_time: str,
-    kv_tokens: int, seed: int, out: str | Path,
+    kv_tokens: int, seed: int, out: str | Path, reservation: str = "peak", victim: str = "latest",
 ) -> dict:  # fmt: skip
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -35,13 +35,12 @@ def simulate_to_dir(
     else:
         trace = read_trace(trace_path)
         horizon, weights = float(int(trace[-1].arrival_s)), None
-    result = simulate(
-        trace, scheduler, step_time, kv_tokens, weights=weights, seed=seed, progress=True
-    )
+    result = simulate(trace, scheduler, step_time, kv_tokens, weights=weights, seed=seed,
+                      reservation=reservation, victim=victim, progress=True)  # fmt: skip
     metrics.write_requests(out / "requests.csv", result.served)
     summary = summarize(result, horizon, kv_tokens, max(t.input_tokens for t in trace))
     summary.update(workload=workload_name or trace_path, scheduler=scheduler, step_time=step_time,
-                   kv_tokens=kv_tokens)  # fmt: skip
+                   kv_tokens=kv_tokens, reservation=reservation, victim=victim)  # fmt: skip
     (out / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n")
     title = f"{scheduler} on {workload_name or Path(trace_path).name}"
     plots.service_plot(result.served, horizon, out / "service.png", f"{title}: service rate")
@@ -79,6 +78,8 @@ def summarize(
         "simulated_s": round(result.total_time, 1),
         "wall_s": round(result.wall_s, 2),
         "steps": result.steps,
+        "preemptions": result.preemptions,
+        "recomputed_tokens": result.recomputed_tokens,
         "service_per_client": {c: round(v, 1) for c, v in totals.items()},
         # the paper's comparison window for shares (e.g. Fig. 16, Table 6: 60-300 s), tokens/s
         "service_rate_60_300": {

@@ -67,6 +67,8 @@ class SimResult:
     wall_s: float  # real seconds the simulation took
     steps: int
     counters: dict[str, float] = field(default_factory=dict)  # final VTC counters, if any
+    preemptions: int = 0  # reservation "none": requests preempted to make room
+    recomputed_tokens: int = 0  # and the tokens prefilled again when they came back
 
 
 def simulate(
@@ -79,6 +81,7 @@ def simulate(
     seed: int = 0,
     check_fairness: bool = False,
     reservation: str = "peak",
+    victim: str = "latest",
     admit_every: int = 1,
     progress: bool = False,
 ) -> SimResult:
@@ -94,7 +97,7 @@ def simulate(
     runner = StepTimeRunner(model, clock)
     engine = Engine(runner, BlockAllocator(-(-kv_tokens // block_size), block_size), policy,
                     max_positions=1 << 30, eos_id=-1, clock=clock, max_running=1 << 30,
-                    check_fairness=check_fairness, reservation=reservation,
+                    check_fairness=check_fairness, reservation=reservation, victim=victim,
                     admit_every=admit_every)  # fmt: skip
     start = time.perf_counter()
     with gc_paused():  # PERF: 15-20% of a long simulation went to full collections
@@ -102,7 +105,9 @@ def simulate(
     first = trace[0].arrival_s if trace else 0.0
     total = max((s.end_s for s in served), default=first) - first
     counters = {c: n for c, (n, _) in policy.accounts().items() if n is not None}
-    return SimResult(served, rejected, total, time.perf_counter() - start, steps, counters)
+    wall = time.perf_counter() - start
+    return SimResult(served, rejected, total, wall, steps, counters, engine.num_preemptions,
+                     engine.recomputed_tokens)  # fmt: skip
 
 
 def replay(

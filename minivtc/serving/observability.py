@@ -64,6 +64,8 @@ class Snapshot:
     latency: list[tuple[str, int]] = field(default_factory=list)
     latency_sum: float = 0.0
     forgotten: ClientRow = field(default_factory=ClientRow)  # summed over forgotten clients
+    preemptions: int = 0  # requests preempted to make room (reservation "none")
+    recomputed_tokens: int = 0  # tokens prefilled again after a preemption
 
 
 def fairness_view(snap: Snapshot, only: str | None = None) -> dict:
@@ -137,6 +139,11 @@ def families(snap: Snapshot, top: int) -> Iterable[Metric]:
                             value=snap.used_blocks)  # fmt: skip
     yield GaugeMetricFamily("minivtc_kv_blocks_total", "KV blocks in the pool.",
                             value=snap.total_blocks)  # fmt: skip
+    yield CounterMetricFamily("minivtc_preemptions", "Requests preempted to free KV blocks.",
+                              value=snap.preemptions)  # fmt: skip
+    yield CounterMetricFamily("minivtc_recomputed_tokens",
+                              "Tokens prefilled again after a preemption.",
+                              value=snap.recomputed_tokens)  # fmt: skip
 
 
 def labelled_rows(snap: Snapshot, top: int) -> dict[str, ClientRow]:
