@@ -53,9 +53,8 @@ class Sampling(BaseModel):
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=0, ge=0)
-    stop: (
-        Text | Annotated[list[Annotated[Text, Field(min_length=1)]], Field(max_length=4)] | None
-    ) = None
+    # (an empty stop sequence is refused by name when the params are built: `sampling_params`)
+    stop: Text | Annotated[list[Text], Field(max_length=4)] | None = None
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)  # 64-bit, as vLLM checks
     n: int = Field(default=1, ge=1)
     stream: bool = False
