@@ -92,3 +92,16 @@ def test_greedy_generate_equals_the_plain_loop(llm, bundled):
     params = SamplingParams(temperature=0, max_tokens=16)
     for prompt, out in zip(PROMPTS, llm.generate(PROMPTS, params), strict=True):
         assert out.token_ids == list(generate_plain(model, tokenizer.encode(prompt), params))
+
+
+def test_llm_with_blocks_on_demand_and_fair_preemption_gives_the_same_tokens(llm):
+    """`LLM(..., reservation="none", victim="fair")` in a pool too small for its prompts: they
+    are preempted on the way and still get the tokens of a roomy pool."""
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    prompts = ["A tuple is", "The for statement", "Exceptions are", "A module is"]
+    tight = LLM(reservation="none", victim="fair", scheduler="vtc", kv_tokens=96, block_size=16)
+    got = tight.generate(prompts, params)
+    assert tight.engine.num_preemptions > 0
+    assert [o.outputs[0].token_ids for o in got] == [
+        o.outputs[0].token_ids for o in llm.generate(prompts, params)
+    ]
