@@ -42,9 +42,10 @@ RUNS = A10G_RUNS
 SUMMARY_KEYS = {
     "served", "rejected", "max_diff", "avg_diff", "diff_var", "throughput_tok_s", "jain_index",
     "max_accumulated_gap", "max_gap_first_half", "last_gap", "two_u", "simulated_s", "wall_s",
-    "steps", "service_per_client", "service_rate_60_300", "mean_ttft_per_client",
+    "steps", "preemptions", "recomputed_tokens", "service_per_client", "service_rate_60_300",
+    "mean_ttft_per_client",
 }  # fmt: skip
-RUN_KEYS = {"workload", "scheduler", "step_time", "kv_tokens"}
+RUN_KEYS = {"workload", "scheduler", "step_time", "kv_tokens", "reservation", "victim"}
 
 
 def said(text: str) -> str:
