@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from minivtc.course.cli import add_course
 from minivtc.harness.cli import (
     add_calibrate,
     add_memory_options,
@@ -34,6 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     add_reproduce(sub)
     add_calibrate(sub)
     add_bench(sub)
+    add_course(sub)
     args = parser.parse_args(argv)
     try:
         return args.run(args)

@@ -43,6 +43,7 @@ class FullReservation:
         self.allocator = allocator
 
     def try_admit(self, request: Request) -> bool:
+        """Reserve blocks for prompt + max_tokens if they are free; else take nothing."""
         if not self.allocator.can_allocate(request.max_num_tokens):
             return False
         self.allocator.allocate(request.request_id, request.max_num_tokens)

@@ -83,6 +83,7 @@ class BlockAllocator:
             table.append(self.free_blocks.pop())
 
     def free(self, request_id: str) -> None:
+        """Give all of a request's blocks back (the most recently taken reused first)."""
         assert request_id in self.block_tables, (
             f"double free or unknown request: {request_id!r} holds no blocks"
         )

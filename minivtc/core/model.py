@@ -117,6 +117,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
+        """x / sqrt(mean(x^2) + eps) * weight, over the last dimension."""
         # Normalise in fp32 even for a bf16/fp16 model: the mean of squares overflows in fp16.
         x32 = x.float()  # (T, E)
         x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)  # (T, E)
@@ -139,6 +140,7 @@ def rotary_cos_sin(positions: Tensor, config: LlamaConfig) -> tuple[Tensor, Tens
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate each head of x (T, heads, D) by its position's angles (`rotary_cos_sin`)."""
     cos, sin = cos[:, None, :].to(x.dtype), sin[:, None, :].to(x.dtype)  # (T, 1, D)
     return x * cos + rotate_half(x) * sin  # (T, heads, D)
 

@@ -163,6 +163,8 @@ class VTC(Scheduler):
         return None
 
     def schedule(self, admit: Admit) -> None:
+        """One admission round (Algorithm 2): offer the earliest request of the waiting client
+        with the smallest counter to `admit`, until Q is empty or a request does not fit."""
         while (client := self.least.least()) is not None:
             request = self.queues[client][0]
             # Stop the round at the first misfit; never skip to another client. Skipping
@@ -175,6 +177,8 @@ class VTC(Scheduler):
                 self.last_left = client
 
     def on_tokens(self, request: Request, num_prompt: int, num_output: int) -> None:
+        """Tokens were processed for a running request: its prompt at dispatch (charge
+        h(n_p, predicted), predicted 0 without a predictor), then output tokens."""
         if num_prompt:
             # Charged at dispatch, before the next pick (Footnote 5): otherwise the same
             # client would stay the minimum and take the whole admission round.
@@ -189,6 +193,8 @@ class VTC(Scheduler):
         self.charge_outputs(requests, 1)
 
     def on_finish(self, request: Request) -> None:
+        """A request ended: refund what was charged for output it never generated (Algorithm
+        3), and tell the predictor how long it really was."""
         q, service = self.charged.pop(request.request_id, (0.0, 0.0))
         if q > request.num_output:  # refund the over-prediction (Algorithm 3)
             refund = service - self.cost(request.num_prompt, request.num_output)
@@ -322,6 +328,8 @@ class ArtifactVTC(VTC):
         return None if client is None else self.counters[client]
 
     def on_tokens(self, request: Request, num_prompt: int, num_output: int) -> None:
+        """Tokens were processed for a running request: its prompt at dispatch (charge
+        h(n_p, predicted), predicted 0 without a predictor), then output tokens."""
         if num_prompt:
             self.running[request.request_id] = request
         super().on_tokens(request, num_prompt, num_output)

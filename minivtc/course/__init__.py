@@ -1,0 +1,8 @@
+"""Coursework: assignments in which students write the engine's mechanisms themselves.
+
+`assignments.py` lists them (which functions of the package each one asks for, and its graded
+tests in `graded/`); `edition.py` writes the student edition (the package with those functions'
+bodies replaced by `raise NotImplementedError`); `grade.py` grades an edition, one assignment at
+a time, against the reference for everything else. The reference solutions are the package's
+own code: one source of truth. `minivtc course release OUT` and `minivtc course grade OUT`.
+"""

@@ -1,0 +1,55 @@
+"""The assignments: what each asks a student to write, and the tests that grade it.
+
+Each names functions of the package by file and qualified name. The student edition replaces
+their bodies with `raise NotImplementedError`; grading an assignment runs its graded tests
+(`graded/test_<key>.py`) on the reference package with just those functions taken from the
+student's edition, so an assignment is graded on its own, whatever the student did elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Assignment:
+    key: str  # graded/test_<key>.py holds its tests
+    title: str
+    functions: tuple[tuple[str, str], ...]  # (file under minivtc/, qualified name)
+    max_points: int
+    hours: str  # how long it takes a student, roughly
+    teaches: str
+
+
+ASSIGNMENTS = (
+    Assignment(
+        "a1_llama", "The Llama-2 pieces: RMSNorm, rotary positions, grouped-query attention",
+        (("core/model.py", "RMSNorm.forward"), ("core/model.py", "rotary_cos_sin"),
+         ("core/model.py", "apply_rotary"), ("core/model.py", "causal_attention")),
+        20, "2-3", "Lesson 1; graded against transformers' Llama, piece by piece and whole",
+    ),
+    Assignment(
+        "a2_blocks", "The block allocator and the slot mapping",
+        (("core/kv_pool.py", "BlockAllocator.allocate"), ("core/kv_pool.py", "BlockAllocator.grow"),
+         ("core/kv_pool.py", "BlockAllocator.free"), ("core/kv_pool.py", "BlockAllocator.slots")),
+        15, "1-2", "Lesson 2; graded by the allocator's invariants and paged == dense attention",
+    ),
+    Assignment(
+        "a3_batching", "Admission and one continuous-batching step",
+        (("core/admission.py", "FullReservation.try_admit"), ("core/engine.py", "Engine.step")),
+        15, "2", "Lesson 3; graded through the engine with a stand-in runner and a real model",
+    ),
+    Assignment(
+        "a4_vtc", "The Virtual Token Counter: pick, lift, charge, refund",
+        (("core/vtc.py", "VTC.schedule"), ("core/vtc.py", "VTC.lift_counter"),
+         ("core/vtc.py", "VTC.on_tokens"), ("core/vtc.py", "VTC.charge_outputs"),
+         ("core/vtc.py", "VTC.on_finish")),
+        30, "3-4", "Lesson 5; graded by Lemma 4.3, Theorem 4.4, the LCF counterexample and "
+        "Theorem 4.8's construction",
+    ),
+    Assignment(
+        "a5_metric", "The paper's metric: Table 2's Max / Avg / Var Diff",
+        (("harness/metrics.py", "table_metrics"),),
+        20, "1-2", "Lessons 4 and 6; graded against the artifact's measured A10G runs",
+    ),
+)  # fmt: skip

@@ -1,0 +1,55 @@
+"""`minivtc course release OUT` and `minivtc course grade`: the instructor's commands."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_course(sub) -> None:
+    p = sub.add_parser(
+        "course", help="coursework: write the student edition, grade it",
+        description="Assignments in which students write the engine's mechanisms themselves "
+        "(the Llama pieces, the block allocator, admission and one batching step, VTC, the "
+        "paper's metric). `release OUT` writes the student edition; `grade OUT` grades it "
+        "(each assignment alone, with a time limit) and writes OUT/grades.json.",
+    )  # fmt: skip
+    verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
+    release = verbs.add_parser("release", help="write the student edition to OUT (a new dir)")
+    release.add_argument("out", help="directory to create")
+    release.set_defaults(run=run_release)
+    grade = verbs.add_parser(
+        "grade", help="grade an edition (or --reference), print points, write grades.json",
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
+    )  # fmt: skip
+    grade.add_argument("edition", nargs="?", help="a student edition made by `course release`")
+    grade.add_argument("--reference", action="store_true",
+                       help="grade the package's own code (the reference solutions)")  # fmt: skip
+    grade.add_argument("--out", help="where grades.json goes (default: the edition)")
+    grade.add_argument("--time-limit", type=float, default=240.0,
+                       help="seconds per assignment before it scores 0")  # fmt: skip
+    grade.add_argument("--only", action="append", help="grade only this assignment (repeat)")
+    grade.set_defaults(run=run_grade)
+
+
+def run_release(args) -> int:
+    from minivtc.course.edition import release
+
+    out = release(args.out)
+    print(f"wrote the student edition to {out}: see {out / 'README.md'}")
+    return 0
+
+
+def run_grade(args) -> int:
+    from minivtc.course.grade import grade, table
+
+    if args.reference == bool(args.edition):
+        raise ValueError("grade an EDITION, or the reference with --reference --out DIR")
+    out = args.out or args.edition
+    if out is None:
+        raise ValueError("--reference needs --out DIR for grades.json")
+    print("grading (each assignment in a fresh process)...", file=sys.stderr)
+    result = grade(None if args.reference else args.edition, out, args.time_limit, args.only)
+    print(table(result))
+    print(f"wrote {out}/grades.json")
+    return 0

@@ -1,0 +1,110 @@
+"""The student edition: the package with the assignments' functions left for the student.
+
+Owns `release(out)` (the edition: the package, its bundled model, the lessons and a README,
+every assignment's function kept up to its docstring and then `raise NotImplementedError`) and
+the source surgery it and the grader share: `stub` (empty one function) and `splice` (put one
+function of another copy of the file in place of this one's). Functions are found by their
+qualified name with `ast`, so a student's helper functions and comments elsewhere in the file
+are never touched. Does not own grading (`grade.py`).
+"""
+
+from __future__ import annotations
+
+import ast
+import shutil
+from pathlib import Path
+
+from minivtc.course.assignments import ASSIGNMENTS
+
+PACKAGE = Path(__file__).resolve().parents[1]  # minivtc/
+REPOSITORY = PACKAGE.parent  # where weights/ and lessons/ are, in a checkout
+
+
+def release(out: str | Path) -> Path:
+    """Write the student edition to `out` (which must not exist yet); return its path."""
+    out = Path(out)
+    if out.exists():
+        raise ValueError(f"{out} exists: the edition goes to a new directory")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    shutil.copytree(PACKAGE, out / "minivtc", ignore=ignore)
+    for folder in ("weights", "lessons"):
+        if (REPOSITORY / folder).is_dir():
+            shutil.copytree(REPOSITORY / folder, out / folder, ignore=ignore)
+    for a in ASSIGNMENTS:
+        for file, qualname in a.functions:
+            path = out / "minivtc" / file
+            message = f"Assignment {a.key}: write {qualname} ({a.title})"
+            path.write_text(stub(path.read_text(), qualname, message))
+    (out / "README.md").write_text(readme())
+    return out
+
+
+def stub(source: str, qualname: str, message: str) -> str:
+    """`source` with the function `qualname`'s body replaced by its docstring (if any) and
+    `raise NotImplementedError(message)`."""
+    node = find(ast.parse(source), qualname)
+    lines = source.splitlines(keepends=True)
+    body = node.body
+    keep_to = body[0].end_lineno if is_docstring(body[0]) else body[0].lineno - 1
+    indent = " " * body[0].col_offset
+    raising = f"{indent}raise NotImplementedError({message!r})\n"
+    return "".join(lines[:keep_to] + [raising] + lines[node.end_lineno :])
+
+
+def splice(target: str, donor: str, qualname: str) -> str:
+    """`target` with the function `qualname` replaced by `donor`'s (decorators included).
+    Raises ValueError if either file does not parse or lacks the function."""
+    old, new = find(ast.parse(target), qualname), find(ast.parse(donor), qualname)
+    lines, donor_lines = target.splitlines(keepends=True), donor.splitlines(keepends=True)
+    start, donor_start = first_line(old), first_line(new)
+    return "".join(
+        lines[: start - 1] + donor_lines[donor_start - 1 : new.end_lineno] + lines[old.end_lineno :]
+    )
+
+
+def find(tree: ast.Module, qualname: str) -> ast.FunctionDef:
+    scope: list[ast.stmt] = tree.body
+    node = None
+    for part in qualname.split("."):
+        found = [n for n in scope if isinstance(n, (ast.ClassDef, ast.FunctionDef))
+                 and n.name == part]  # fmt: skip
+        if not found:
+            raise ValueError(f"no {qualname} here")
+        node = found[0]
+        scope = node.body
+    if not isinstance(node, ast.FunctionDef):
+        raise ValueError(f"{qualname} is not a function")
+    return node
+
+
+def first_line(node: ast.FunctionDef) -> int:
+    return min([node.lineno] + [d.lineno for d in node.decorator_list])
+
+
+def is_docstring(statement: ast.stmt) -> bool:
+    return isinstance(statement, ast.Expr) and isinstance(getattr(statement, "value", None),
+                                                          ast.Constant) and isinstance(
+        statement.value.value, str)  # fmt: skip
+
+
+def readme() -> str:
+    rows = "\n".join(
+        f"| {a.key} | {a.title} | {a.max_points} | {a.hours} h | "
+        + ", ".join(f"`minivtc/{f}`: `{q}`" for f, q in a.functions) + " |"
+        for a in ASSIGNMENTS
+    )
+    return f"""# minivtc: the student edition
+
+Each assignment is a handful of functions of the package whose bodies say
+`raise NotImplementedError`. Write them (their docstrings, the lessons and the paper say what
+they must do), then grade yourself from this directory:
+
+    minivtc course grade .
+
+An assignment is graded on its own: its tests run on the reference package with just your
+functions for it, so an unfinished assignment never costs points in another.
+
+| assignment | what you write | points | time | functions |
+| --- | --- | --- | --- | --- |
+{rows}
+"""

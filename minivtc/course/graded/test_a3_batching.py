@@ -1,0 +1,84 @@
+"""Assignment a3: admission and one continuous-batching step (Lesson 3).
+
+Graded through the engine: with the course harness's stand-in runner (one token per running
+request per step) for admission, head-of-line blocking and freeing; with a small real model
+for the tokens (continuous batching gives each request the tokens of generating it alone)."""
+
+from __future__ import annotations
+
+import torch
+
+from minivtc.core.admission import FullReservation
+from minivtc.core.config import LlamaConfig
+from minivtc.core.engine import Engine
+from minivtc.core.generate import generate_plain
+from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.model import Llama
+from minivtc.core.params import SamplingParams
+from minivtc.core.request import Request, Status
+from minivtc.core.scheduler import FCFS
+from minivtc.course.graded.harness import UnitRunner
+from minivtc.llm import build_engine
+
+
+def test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing():
+    allocator = BlockAllocator(10, 4)  # 40 tokens
+    full = FullReservation(allocator)
+    a = Request("a", "c", [1] * 10, SamplingParams(max_tokens=14), 0.0)  # 24 tokens: 6 blocks
+    b = Request("b", "c", [1] * 10, SamplingParams(max_tokens=10), 0.0)  # 20 tokens: 5 blocks
+    assert full.try_admit(a) and allocator.num_used_blocks == 6
+    assert not full.try_admit(b) and allocator.num_used_blocks == 6  # nothing taken
+    allocator.check_invariants()
+
+
+def unit_engine(kv_tokens: int) -> Engine:
+    clock = [0.0]
+    return Engine(UnitRunner(clock), BlockAllocator(kv_tokens, 1), FCFS(), 10**6, eos_id=-1,
+                  clock=lambda: clock[0], check_invariants=True)  # fmt: skip
+
+
+def test_one_step_admits_runs_appends_and_retires():
+    engine = unit_engine(kv_tokens=30)
+    a = engine.add_request([5] * 4, SamplingParams(max_tokens=2, ignore_eos=True))
+    b = engine.add_request([5] * 4, SamplingParams(max_tokens=3, ignore_eos=True))
+    ran = engine.step()  # both admitted (6 + 7 <= 30), both prefill and get a token
+    assert ran == [a, b] and [len(r.output_ids) for r in ran] == [1, 1]
+    assert a.num_computed == 4 and a.status is Status.RUNNING
+    engine.step()  # a's second token: a is done and gives its blocks back
+    assert a.finish_reason == "length" and a not in engine.running
+    assert engine.allocator.num_used_blocks == 7  # b's reservation only
+    engine.step()
+    assert b.finish_reason == "length" and engine.step() == []
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+
+
+def test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it():
+    """Head of line: FCFS stops at the first misfit, even if a later request would fit."""
+    engine = unit_engine(kv_tokens=20)
+    a = engine.add_request([5] * 4, SamplingParams(max_tokens=8, ignore_eos=True))  # 12
+    big = engine.add_request([5] * 4, SamplingParams(max_tokens=6, ignore_eos=True))  # 10
+    small = engine.add_request([5] * 1, SamplingParams(max_tokens=1, ignore_eos=True))  # 2
+    engine.step()
+    assert engine.running == [a] and big.status is small.status is Status.WAITING
+    while a.finish_reason is None:
+        engine.step()
+    engine.step()  # a's blocks are free: big and small both fit now
+    assert big.status is Status.RUNNING and small.output_ids
+
+
+def test_continuous_batching_gives_each_request_its_tokens_alone():
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                              ffn_dim=48, max_positions=128)).eval()  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    engine = build_engine(model, None, kv_tokens=200, block_size=4, check_invariants=True)
+    prompts = [[3, 9, 27], [50, 60], [7, 8, 9, 10, 11], [100], [42, 43]]
+    requests = [engine.add_request(p, params) for p in prompts[:2]]
+    for p in prompts[2:]:  # arrivals between steps join the running batch
+        engine.step()
+        requests.append(engine.add_request(p, params))
+    while engine.has_unfinished():
+        engine.step()
+    for p, r in zip(prompts, requests, strict=True):
+        assert r.output_ids == list(generate_plain(model, p, params)), r
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks

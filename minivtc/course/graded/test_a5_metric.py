@@ -1,0 +1,51 @@
+"""Assignment a5: the paper's metric, Table 2's Max / Avg / Var Diff (Lessons 4 and 6).
+
+Graded against the artifact's measured A10G runs: the paper's Table 2 rows for FCFS and VTC,
+to two decimals, and properties any correct implementation has."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from minivtc.harness import metrics
+from minivtc.harness.metrics import Served
+from minivtc.harness.workloads import A10G_RUNS
+
+
+def run(name: str) -> tuple[list[Served], float]:
+    index = {r["run"]: r for r in json.loads((A10G_RUNS / "index.json").read_text())}
+    return metrics.read_requests(A10G_RUNS / f"{name}.csv"), index[name]["total_time_s"]
+
+
+@pytest.mark.parametrize(
+    "name,expected",
+    [
+        ("FCFS__real", (759.97, 433.53, 32112.00, 777)),  # Table 2
+        ("VTC__real", (368.40, 251.66, 6549.16, 779)),
+    ],
+)
+def test_table_2_rows(name, expected):
+    served, total = run(name)
+    m = metrics.table_metrics(served, total)
+    assert (round(m.max_diff, 2), round(m.avg_diff, 2), round(m.diff_var, 2)) == expected[:3]
+    assert round(m.throughput) == expected[3]
+
+
+def test_clients_served_alike_and_as_demanded_have_no_difference():
+    """Two clients with identical requests side by side: each gets what it asks for, and
+    the same as the other: every tick's difference is 0."""
+    served = [Served(c, float(t), 10, 10, 1.0, 5.0) for t in range(600) for c in "ab"]
+    m = metrics.table_metrics(served, 605.0)
+    assert m.max_diff == pytest.approx(0.0, abs=1e-9) and m.diff_var == pytest.approx(0.0)
+    assert m.throughput == pytest.approx(2 * 600 * 20 / 605.0)
+
+
+def test_a_starved_client_counts_up_to_its_demand():
+    """b is served nothing while asking for half of a's service: its shortfall against the
+    best served client is capped by how far it is from its own demand."""
+    a = [Served("a", float(t), 10, 20, 1.0, 2.0) for t in range(600)]  # 50 a second
+    b = [Served("b", float(t), 10, 5, 1000.0, 1001.0) for t in range(0, 600, 2)]  # 10 a second
+    m = metrics.table_metrics(a + b, 1601.0)
+    assert m.max_diff == pytest.approx(10.0, rel=0.05)  # b's whole demand, not a's 50

@@ -1,0 +1,94 @@
+"""Coursework: the student edition, the source surgery behind it, and the grader.
+
+Both directions the course relies on: the reference scores full marks, and a fresh student
+edition scores 0 on every assignment (the graded tests can fail). A submission that does not
+parse or hangs scores 0 for that assignment alone."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+
+from minivtc.course.assignments import ASSIGNMENTS
+from minivtc.course.edition import release, splice, stub
+from minivtc.course.grade import grade
+
+SOURCE = textwrap.dedent('''
+    class A:
+        @staticmethod
+        def f(x):
+            """Doubles x."""
+            y = x * 2
+            return y
+
+    def g():
+        return 1
+''')
+
+
+def test_stub_keeps_the_signature_and_docstring_and_nothing_else():
+    out = stub(SOURCE, "A.f", "write A.f")
+    assert '"""Doubles x."""' in out and "raise NotImplementedError('write A.f')" in out
+    assert "x * 2" not in out and "def g():\n    return 1" in out
+    namespace: dict = {}
+    exec(out, namespace)
+    with pytest.raises(NotImplementedError, match="write A.f"):
+        namespace["A"].f(3)
+
+
+def test_splice_takes_one_function_from_the_donor():
+    donor = SOURCE.replace("x * 2", "x * 3").replace("return 1", "return 99")
+    out = splice(SOURCE, donor, "A.f")
+    namespace: dict = {}
+    exec(out, namespace)
+    assert namespace["A"].f(2) == 6 and namespace["g"]() == 1  # g stays the target's
+    with pytest.raises(ValueError, match="no A.h"):
+        splice(SOURCE, donor, "A.h")
+
+
+def test_every_assignment_names_functions_that_exist():
+    import ast
+
+    from minivtc.course.edition import PACKAGE, find
+
+    for a in ASSIGNMENTS:
+        for file, qualname in a.functions:
+            find(ast.parse((PACKAGE / file).read_text()), qualname)
+
+
+@pytest.mark.slow
+def test_the_reference_gets_full_marks_and_a_fresh_edition_none(tmp_path):
+    reference = grade(None, tmp_path / "reference")
+    assert reference["total"] == reference["max_total"] == 100, reference
+    edition = release(tmp_path / "edition")
+    fresh = grade(edition, edition)
+    assert fresh["total"] == 0 and all(g["tests"] > 0 for g in fresh["assignments"]), fresh
+    saved = json.loads((edition / "grades.json").read_text())
+    assert saved == fresh and set(saved) == {"assignments", "total", "max_total"}
+    assert {"name", "points", "max_points"} <= set(saved["assignments"][0])
+
+
+@pytest.mark.slow
+def test_each_assignment_is_graded_alone_and_a_bad_one_never_breaks_the_grader(tmp_path):
+    """A student who solved a4 (the reference's functions), whose a2 file does not parse and
+    whose a3 step hangs: a4 full marks, a2 and a3 zero with a reason, the grader goes on."""
+    from minivtc.course.edition import PACKAGE
+
+    edition = release(tmp_path / "edition")
+    mine = edition / "minivtc"
+    (mine / "core/vtc.py").write_text((PACKAGE / "core/vtc.py").read_text())
+    kv = mine / "core/kv_pool.py"
+    kv.write_text(kv.read_text() + "\ndef broken(:\n")
+    engine = mine / "core/engine.py"
+    engine.write_text(engine.read_text().replace(
+        "raise NotImplementedError('Assignment a3_batching: write Engine.step",
+        "while True:\n            pass\n        raise NotImplementedError('",
+    ))  # fmt: skip
+    result = grade(edition, tmp_path / "grades", time_limit_s=20,
+                   only=["a2_blocks", "a3_batching", "a4_vtc"])  # fmt: skip
+    by_name = {g["name"]: g for g in result["assignments"]}
+    assert by_name["a4_vtc"]["points"] == by_name["a4_vtc"]["max_points"]
+    assert by_name["a2_blocks"]["points"] == 0 and "could not take" in by_name["a2_blocks"]["note"]
+    assert by_name["a3_batching"]["points"] == 0 and "timed out" in by_name["a3_batching"]["note"]
