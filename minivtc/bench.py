@@ -30,15 +30,12 @@ from __future__ import annotations
 import argparse
 import random
 import statistics
-import subprocess
 import sys
 import time
-from dataclasses import dataclass
 
 import torch
 
 from minivtc.core.attention import ContiguousAttention
-from minivtc.core.config import preset
 from minivtc.core.model import Llama
 from minivtc.core.request import Request
 from minivtc.core.sampler import SamplingParams, sample
@@ -72,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
         return bench_scheduler(args.quick)
     if args.what == "sim":
         return bench_sim(args.quick, args.million, args.repeat)
+    from minivtc.bench_gpu import bench_gpu  # the GPU check: its own module
+
     return bench_gpu(args)
 
 
@@ -273,96 +272,6 @@ def bench_sim(quick: bool, million: bool = False, repeat: int = 1) -> int:
                   f"{min(times):>7.2f} {wall:>8.2f} {r.total_time:>7.0f} "
                   f"{r.total_time / wall:>12.0f} {1e6 * wall / tokens:>9.1f}")  # fmt: skip
     return 0
-
-
-# --- GPU check -------------------------------------------------------------------------------
-
-
-@dataclass
-class GpuRow:
-    batch: int
-    tokens_per_s: float
-    step_ms: float
-    roofline: float
-
-
-def bench_gpu(args) -> int:
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: the GPU check needs one")
-        return 1
-    config = preset(args.preset)
-    dtype = torch.float16 if device.type == "cuda" else torch.float32
-    model = random_model(config, dtype, device)
-    bandwidth = copy_bandwidth(device)
-    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
-    print(
-        f"{args.preset} shape, random weights, {dtype}, {device}: {weight_bytes / 1e9:.2f} GB "
-        f"of weights; copy bandwidth {bandwidth / 1e9:.0f} GB/s"
-    )
-    new_tokens = 16 if args.quick else 256
-    rows = [gpu_row(model, b, new_tokens, weight_bytes, bandwidth, device) for b in (1, 16, 64)]
-    print(f"{'batch':>5} {'tok/s':>9} {'step ms':>8} {'roofline':>9}")
-    for r in rows:
-        print(f"{r.batch:>5} {r.tokens_per_s:>9.0f} {r.step_ms:>8.2f} {r.roofline:>8.0%}")
-    if args.no_tests:
-        return 0
-    return subprocess.call([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "tests"])
-
-
-def random_model(config, dtype: torch.dtype, device: torch.device) -> Llama:
-    """A model of `config`'s shape with small random weights, made directly on the device in
-    `dtype` (shapes on "meta" first: a 7B model never exists in fp32, so it fits an A10G)."""
-    torch.manual_seed(0)
-    with torch.device("meta"):
-        model = Llama(config)
-    model = model.to(dtype).to_empty(device=device)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02) if p.dim() > 1 else p.fill_(1.0)  # norms start at 1
-    return model.eval()
-
-
-def copy_bandwidth(device: torch.device) -> float:
-    """Bytes read + written per second by a large device-to-device copy."""
-    n = (1 << 28) if device.type == "cuda" else (1 << 24)
-    src = torch.randn(n, device=device)
-    dst = torch.empty_like(src)
-    dst.copy_(src)
-    sync(device)
-    start = time.perf_counter()
-    for _ in range(10):
-        dst.copy_(src)
-    sync(device)
-    return 10 * 2 * src.numel() * src.element_size() / (time.perf_counter() - start)
-
-
-def gpu_row(model, batch, new_tokens, weight_bytes, bandwidth, device) -> GpuRow:
-    c = model.config
-    engine = build_engine(model, None, kv_tokens=batch * (PROMPT_LEN + new_tokens) + 64,
-                          max_running=batch, compile_attention=device.type == "cuda")  # fmt: skip
-    params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
-    for _ in range(2):  # the first round compiles every bucketed shape
-        for i in range(batch):
-            engine.add_request([1 + (i + j) % 1000 for j in range(PROMPT_LEN)], params)
-        engine.step()  # prefill
-        sync(device)
-        start, steps = time.perf_counter(), 0
-        while engine.has_unfinished():
-            engine.step()
-            steps += 1
-        sync(device)
-    elapsed = time.perf_counter() - start
-    mean_context = PROMPT_LEN + new_tokens / 2
-    kv_bytes = batch * mean_context * c.kv_bytes_per_token(model.embed_tokens.weight.element_size())
-    step_s = elapsed / steps
-    return GpuRow(batch, batch * steps / elapsed, 1000 * step_s,
-                  (weight_bytes + kv_bytes) / step_s / bandwidth)  # fmt: skip
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,14 @@ import re
 
 import pytest
 
+from minivtc.core.artifact import ArtifactVTC
 from minivtc.core.cost import LinearCost, ProfiledCost
 from minivtc.core.policies import SCHEDULERS, make_scheduler
 from minivtc.core.predictors import MeanOfLast, MovingAverage, Oracle
 from minivtc.core.request import Request
 from minivtc.core.sampler import SamplingParams
 from minivtc.core.scheduler import FCFS, RPM
-from minivtc.core.vtc import VTC, ArtifactVTC
+from minivtc.core.vtc import VTC
 from tests.test_vtc import finished
 
 # name (N and P as SCHEDULERS writes them) -> (class, lift, predictor class, oracle spread)

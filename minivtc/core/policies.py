@@ -7,10 +7,11 @@ are `scheduler.py`'s (FCFS, RPM) and `vtc.py`'s (VTC, LCF, the artifact's VTC); 
 
 from __future__ import annotations
 
+from minivtc.core.artifact import ArtifactVTC
 from minivtc.core.cost import LinearCost, ProfiledCost
 from minivtc.core.predictors import MeanOfLast, MovingAverage, Oracle
 from minivtc.core.scheduler import FCFS, RPM, Scheduler
-from minivtc.core.vtc import VTC, ArtifactVTC
+from minivtc.core.vtc import VTC
 
 SCHEDULERS = (
     "fcfs, rpm:N, lcf, vtc, vtc-artifact, vtc-predict, vtc-predict-ema, vtc-oracle, "

@@ -1,9 +1,9 @@
 """The Virtual Token Counter: Algorithm 2 of the paper, and the official artifact's variant.
 
 Owns: `VTC` (Algorithm 2, weighted (Section 4.3), with length prediction (Algorithm 3), any
-cost h (Section 4.2)), `ArtifactVTC` (the official artifact's counting, to reproduce its
-numbers), and `LeastCounter`, the structure that finds the waiting client with the smallest
-counter, with `LinearScan`, the obvious version it is checked against. Lessons 5 and 7.
+cost h (Section 4.2)) and `LeastCounter`, the structure that finds the waiting client with
+the smallest counter, with `LinearScan`, the obvious version it is checked against. The
+official artifact's counting is `artifact.py`'s. Lessons 5 and 7.
 
 Algorithm 2, line by line, and the method that does it:
 
@@ -153,13 +153,10 @@ class VTC(Scheduler):
             self.counters[client] = 0.0
             self.first_seen.setdefault(client, len(self.first_seen))
             self.queues[client] = deque()
-        if not self.queues[client]:  # u joins Q
-            if self.lift:
-                self.lift_counter(client)
+        if self.queues[client]:
             self.queues[client].append(request)
-            self.least.push(client)
         else:
-            self.queues[client].append(request)
+            self.join(request)
         return None
 
     def schedule(self, admit: Admit) -> None:
@@ -206,14 +203,10 @@ class VTC(Scheduler):
         """Preempted: back to the head of its client's queue. A client that had nothing
         waiting joins Q, and is lifted like any client joining Q (Lemma 4.3 holds as before);
         nothing is charged or refunded (its tokens stay charged, the recompute is not its)."""
-        client = request.client_id
-        if not self.queues[client]:
-            if self.lift:
-                self.lift_counter(client)
-            self.queues[client].append(request)
-            self.least.push(client)
+        if self.queues[request.client_id]:
+            self.queues[request.client_id].appendleft(request)
         else:
-            self.queues[client].appendleft(request)
+            self.join(request)
 
     def remove(self, request: Request) -> None:
         queue = self.queues[request.client_id]
@@ -263,6 +256,13 @@ class VTC(Scheduler):
 
     # --- helpers -------------------------------------------------------------------------------
 
+    def join(self, request: Request) -> None:
+        """`request`'s client, with nothing waiting, joins Q with it: lifted, then selectable."""
+        if self.lift:
+            self.lift_counter(request.client_id)
+        self.queues[request.client_id].append(request)
+        self.least.push(request.client_id)
+
     def lift_counter(self, client: str) -> None:
         """A client joining the queue is lifted so it cannot bank idle time (Lemma 4.3).
 
@@ -305,50 +305,3 @@ class VTC(Scheduler):
             charged[request.request_id] = (n_q, now)
             client = request.client_id
             counters[client] += (now - service) / weights.get(client, 1.0)
-
-
-class ArtifactVTC(VTC):
-    """VTC as the official artifact counts (to reproduce its measured numbers), three ways
-    apart from Algorithm 2 (lessons/artifact_deviations.md):
-
-    - no lift to the last client to leave: a client joining an empty queue keeps its counter;
-    - each request's first output token is not charged;
-    - whenever a request finishes, every request in that step's batch, the finishing ones
-      included, is charged one more output token (once per step).
-    """
-
-    def __init__(self, *args, name: str = "vtc-artifact", **kwargs) -> None:
-        super().__init__(*args, name=name, **kwargs)
-        self.running: dict[str, Request] = {}  # admitted, not finished: the finish charge
-        self.tokens_charged = 0  # output tokens charged so far: tells steps apart
-        self.finish_charged_at = -1
-
-    def lift_floor(self) -> float | None:
-        client = self.least.least()  # no floor when Q is empty
-        return None if client is None else self.counters[client]
-
-    def on_tokens(self, request: Request, num_prompt: int, num_output: int) -> None:
-        """Tokens were processed for a running request: its prompt at dispatch (charge
-        h(n_p, predicted), predicted 0 without a predictor), then output tokens."""
-        if num_prompt:
-            self.running[request.request_id] = request
-        super().on_tokens(request, num_prompt, num_output)
-
-    def charge_outputs(self, requests: list[Request], num_output: int) -> None:
-        self.tokens_charged += num_output * len(requests)
-        for r in requests:  # a first token: mark it charged for without charging the client
-            q, _ = self.charged[r.request_id]
-            if len(r.output_ids) == 1 and q < 1:
-                self.charged[r.request_id] = (1, self.cost(len(r.prompt_ids), 1))
-        super().charge_outputs(requests, num_output)
-
-    def on_finish(self, request: Request) -> None:
-        if self.tokens_charged != self.finish_charged_at:  # once per step
-            self.finish_charged_at = self.tokens_charged
-            for r in self.running.values():
-                self.charge(r.client_id, self.cost(r.num_prompt, 1) - self.cost(r.num_prompt, 0))
-        self.running.pop(request.request_id, None)
-        super().on_finish(request)
-
-    def forget(self, idle: list[str], now: float) -> list[str]:
-        return []  # without the last-left lift an empty queue has no floor
