@@ -82,9 +82,10 @@ def first_line(node: ast.FunctionDef) -> int:
 
 
 def is_docstring(statement: ast.stmt) -> bool:
-    return isinstance(statement, ast.Expr) and isinstance(getattr(statement, "value", None),
-                                                          ast.Constant) and isinstance(
-        statement.value.value, str)  # fmt: skip
+    value = getattr(statement, "value", None)
+    return isinstance(statement, ast.Expr) and isinstance(value, ast.Constant) and isinstance(
+        value.value, str
+    )
 
 
 def readme() -> str:
