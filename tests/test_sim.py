@@ -207,3 +207,21 @@ def test_simulate_command_takes_the_memory_options(tmp_path):
     saved = json.loads((out / "metrics.json").read_text())
     assert (saved["reservation"], saved["victim"]) == ("none", "fair")
     assert saved["preemptions"] > 0 and saved["recomputed_tokens"] > 0
+
+
+def test_a_trace_with_limits_ends_requests_at_their_length_and_reservation_pays_for_the_limit():
+    """max_tokens 1024 on the real trace: every request still ends at its output_tokens (EOS),
+    so the records match; full reservation must hold 1024 tokens per request and serves far
+    fewer tokens per second than blocks on demand, which preempts to make room."""
+    import dataclasses
+
+    trace = [dataclasses.replace(t, max_tokens=1024) for t in workload("real").make()[:500]]
+    full = simulate(trace, "vtc", reservation="full", check_fairness=True)
+    fair = simulate(trace, "vtc", reservation="none", victim="fair", check_fairness=True)
+    for result in (full, fair):
+        assert sorted((s.client, s.arrival_s, s.output_tokens) for s in result.served) == sorted(
+            (t.client, t.arrival_s, t.output_tokens) for t in trace
+        )
+    throughput = [metrics.table_metrics(r.served, r.total_time).throughput for r in (full, fair)]
+    assert throughput[1] > 1.3 * throughput[0], throughput
+    assert full.preemptions == 0 < fair.preemptions

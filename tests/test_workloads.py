@@ -284,3 +284,22 @@ def test_unknown_workload_names_the_choices():
         workload("nope")
     assert all(name in str(e.value) for name in WORKLOADS)
     assert workload("overload") is WORKLOADS["overload"]
+
+
+def test_the_max_tokens_column_is_optional_and_round_trips(tmp_path):
+    plain = [TraceRequest("a", 0.5, 10, 20)]
+    limited = [TraceRequest("a", 0.5, 10, 20, 1024), TraceRequest("b", 1.0, 5, 7)]
+    for trace in (plain, limited):
+        write_trace(tmp_path / "t.csv", trace)
+        assert read_trace(tmp_path / "t.csv") == trace
+    header = (tmp_path / "t.csv").read_text().splitlines()[0]
+    assert header.endswith(",max_tokens")
+    write_trace(tmp_path / "t.csv", plain)
+    assert "max_tokens" not in (tmp_path / "t.csv").read_text()  # the paper's format
+
+
+def test_a_limit_below_the_length_is_refused(tmp_path):
+    path = tmp_path / "bad.csv"
+    path.write_text(HEADER.rstrip("\n") + ",max_tokens\na,0.5,10,20,19\n")
+    with pytest.raises(ValueError, match=r"bad\.csv, line 2: max_tokens 19 < output_tokens 20"):
+        read_trace(path)

@@ -34,7 +34,8 @@ from minivtc.harness.metrics import Served
 from minivtc.harness.step_time import StepShape, StepTimeModel, step_time_model
 from minivtc.harness.workloads import TraceRequest
 
-SIM_TOKEN = 3  # the token every simulated step "generates"; EOS is ignored, as in the paper
+SIM_TOKEN = 3  # the token every simulated step "generates"
+SIM_EOS = 2  # what it generates as a request's last, where the trace says it ends (max_tokens)
 
 
 class VirtualClock:
@@ -50,13 +51,20 @@ class StepTimeRunner:
 
     def __init__(self, step_time: StepTimeModel, clock: VirtualClock) -> None:
         self.step_time, self.clock = step_time, clock
+        # Requests with a limit above their length: request id -> the output length at which
+        # they end (with EOS). Others run to max_tokens with EOS ignored, as in the paper.
+        self.ends: dict[str, int] = {}
 
     def run(self, requests: list[Request], allocator: BlockAllocator) -> list[int]:
         self.clock.now += self.step_time.step_time(StepShape.of(requests))
-        return [SIM_TOKEN] * len(requests)
+        if not self.ends:  # (the paper's traces)
+            return [SIM_TOKEN] * len(requests)
+        ends = self.ends
+        return [SIM_EOS if ends.get(r.request_id) == len(r.output_ids) + 1 else SIM_TOKEN
+                for r in requests]  # fmt: skip
 
     def release(self, request: Request) -> None:
-        pass
+        self.ends.pop(request.request_id, None)
 
 
 @dataclass
@@ -96,7 +104,7 @@ def simulate(
     clock = VirtualClock()
     runner = StepTimeRunner(model, clock)
     engine = Engine(runner, BlockAllocator(-(-kv_tokens // block_size), block_size), policy,
-                    max_positions=1 << 30, eos_id=-1, clock=clock, max_running=1 << 30,
+                    max_positions=1 << 30, eos_id=SIM_EOS, clock=clock, max_running=1 << 30,
                     check_fairness=check_fairness, reservation=reservation, victim=victim,
                     admit_every=admit_every)  # fmt: skip
     start = time.perf_counter()
@@ -118,7 +126,7 @@ def replay(
     Returns the served records, the rejected arrivals and the number of steps."""
     # One prompt list and one SamplingParams per length, shared: 1M requests stay small.
     prompt_of = functools.cache(lambda n: [1] * n)
-    params_of = functools.cache(lambda n: SamplingParams(max_tokens=n, ignore_eos=True))
+    params_of = functools.cache(lambda n, eos: SamplingParams(max_tokens=n, ignore_eos=not eos))
     live: dict[str, tuple[Request, TraceRequest]] = {}
     served, rejected, steps, i, shown = [], [], 0, 0, 0
     bar = progress_bar(len(trace), "simulating", "req", progress)
@@ -127,9 +135,13 @@ def replay(
             t = trace[i]
             i += 1
             try:
-                r = engine.add_request(prompt_of(t.input_tokens), params_of(t.output_tokens),
-                                       client_id=t.client, arrival_time=t.arrival_s)  # fmt: skip
+                limited = t.max_tokens is not None and t.max_tokens > t.output_tokens
+                params = params_of(t.max_tokens if limited else t.output_tokens, limited)
+                r = engine.add_request(prompt_of(t.input_tokens), params, client_id=t.client,
+                                       arrival_time=t.arrival_s)  # fmt: skip
                 live[r.request_id] = (r, t)
+                if limited:  # it ends with EOS after output_tokens, not at max_tokens
+                    engine.runner.ends[r.request_id] = t.output_tokens
             except ValueError:
                 rejected.append(t)
         if not engine.has_unfinished():

@@ -30,7 +30,8 @@ class TraceRequest:
     client: str
     arrival_s: float
     input_tokens: int
-    output_tokens: int
+    output_tokens: int  # where it ends (at EOS, or at max_tokens)
+    max_tokens: int | None = None  # the request's limit, if it asked for more than it got
 
 
 def client_name(i: int) -> str:
@@ -56,19 +57,27 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
 
 
 def trace_request(row: dict[str, str]) -> TraceRequest:
+    """One row; `max_tokens` is optional (a column that may be absent or empty)."""
     arrival = float(row["arrival_s"])
     n_in, n_out = int(row["input_tokens"]), int(row["output_tokens"])
+    limit = int(row["max_tokens"]) if row.get("max_tokens") else None
     if not math.isfinite(arrival) or n_in < 1 or n_out < 1:
         raise ValueError(f"want a finite arrival_s and token counts >= 1, got {row}")
-    return TraceRequest(row["client"], arrival, n_in, n_out)
+    if limit is not None and limit < n_out:
+        raise ValueError(f"max_tokens {limit} < output_tokens {n_out}: it could not end there")
+    return TraceRequest(row["client"], arrival, n_in, n_out, limit)
 
 
 def write_trace(path: str | Path, trace: list[TraceRequest]) -> None:
+    """The trace CSV; the max_tokens column only when a request has a limit."""
+    limits = any(r.max_tokens is not None for r in trace)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["client", "arrival_s", "input_tokens", "output_tokens"])
+        w.writerow(["client", "arrival_s", "input_tokens", "output_tokens"]
+                   + (["max_tokens"] if limits else []))  # fmt: skip
         for r in trace:
-            w.writerow([r.client, f"{r.arrival_s:.6f}", r.input_tokens, r.output_tokens])
+            row = [r.client, f"{r.arrival_s:.6f}", r.input_tokens, r.output_tokens]
+            w.writerow(row + ([r.max_tokens or ""] if limits else []))
 
 
 # --- the generators --------------------------------------------------------------------------
