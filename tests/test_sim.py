@@ -157,6 +157,22 @@ def test_reproduce_validates_against_every_measured_a10g_run(tmp_path):
     assert verdict.endswith(": yes."), verdict
 
 
+def test_reproduce_fair_memory_compares_reservation_with_blocks_on_demand(tmp_path):
+    """`reproduce --only fair_memory`: four runs of the real trace with max_tokens 1024 (each
+    asserting Lemma 4.3 every step); on-demand blocks serve >= 1.3x full reservation's tokens/s
+    and preempt, full reservation never does."""
+    from minivtc.harness.report import reproduce
+
+    report = reproduce(tmp_path, only=["fair_memory"]).read_text()
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line for line in report.splitlines()
+            if line.startswith(("| full", "| peak", "| none"))}  # fmt: skip
+    assert set(rows) == {("full", "-"), ("peak", "-"), ("none", "latest"), ("none", "fair")}
+    assert rows["full", "-"].split("|")[6].strip() == "0"  # no preemption
+    assert int(rows["none", "fair"].split("|")[6]) > 0
+    verdict = next(line for line in report.splitlines() if line.startswith("**Verdict:**"))
+    assert "(goal >= 1.3x): yes" in verdict, verdict
+
+
 def test_calibrate_fit_recovers_a_known_step_cost_and_round_trips(tmp_path):
     from minivtc.harness.calibrate import MeasuredStepTime, fit
     from minivtc.harness.step_time import StepShape, step_time_model

@@ -19,6 +19,7 @@ from pathlib import Path
 from minivtc.core.cost import fairness_bound
 from minivtc.harness import metrics, plots
 from minivtc.harness.experiments import EXPERIMENTS, TWO_U_10K, Experiment
+from minivtc.harness.fair_memory import fair_memory
 from minivtc.harness.sim import SimResult, progress_bar, simulate
 from minivtc.harness.workloads import A10G_RUNS, TraceRequest, read_trace, workload
 
@@ -258,6 +259,8 @@ SPECIAL: dict[str, tuple[str, Callable[[Path], list[str]]]] = {
     "fig13": ("Figures 13-14: RPM thresholds, response time and throughput", fig13_14),
     "fig15": ("Figure 15: ablation, pool size and request length (13B, A100)", fig15),
     "validate": ("Validation against the measured A10G runs", validate),
+    "fair_memory": ("Fair memory: reservation vs blocks on demand with preemption",
+                    lambda out: fair_memory(out, show_simulations())),
 }
 
 
