@@ -68,7 +68,8 @@ def add_trace_source(p) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", choices=list(WORKLOADS), help="one of the paper's workloads")
     src.add_argument(
-        "--trace", help="a CSV with columns client,arrival_s,input_tokens,output_tokens"
+        "--trace", help="a CSV with columns client,arrival_s,input_tokens,output_tokens "
+        "(and optionally max_tokens: the request's limit, when it ends before it)"
     )
 
 
@@ -92,7 +93,8 @@ def add_reproduce(sub) -> None:
         "--only",
         help="comma-separated keys (default: all): fig3 ... fig10, fig12, fig13 (13-14), fig15, "
         "fig16, table2 ... table6 (table5 includes Figure 19), validate (the simulator against "
-        "the artifact's measured A10G runs)",
+        "the artifact's measured A10G runs), fair_memory (reservation vs blocks on demand with "
+        "preemption, max_tokens 1024)",
     )
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(run=run_reproduce)
