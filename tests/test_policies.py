@@ -44,7 +44,19 @@ def concrete(name: str) -> str:
 
 
 def test_the_table_covers_every_listed_name():
-    assert set(listed_names()) == {"fcfs", "rpm:N", *VTC_FAMILY}
+    assert set(listed_names()) == {"fcfs", "rpm:N", "drr", "drr:Q", *VTC_FAMILY}
+
+
+def test_drr_builds_with_its_quantum_and_refuses_a_bad_one():
+    from minivtc.core.drr import DRR
+
+    assert type(make_scheduler("drr")) is DRR and make_scheduler("drr").quantum == 256
+    drr = make_scheduler("drr:32", artifact=True)  # (the artifact's quirks are VTC's only)
+    assert type(drr) is DRR and drr.quantum == 32 and drr.name == "drr:32"
+    with pytest.raises(ValueError, match="quantum must be > 0"):
+        make_scheduler("drr:0")
+    with pytest.raises(ValueError, match="choose one of"):
+        make_scheduler("drr:x")
 
 
 def test_fcfs_and_rpm_build_and_ignore_the_vtc_options():

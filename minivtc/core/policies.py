@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from minivtc.core.artifact import ArtifactVTC
 from minivtc.core.cost import LinearCost, ProfiledCost
+from minivtc.core.drr import DRR
 from minivtc.core.predictors import MeanOfLast, MovingAverage, Oracle
 from minivtc.core.scheduler import FCFS, RPM, Scheduler
 from minivtc.core.vtc import VTC
 
 SCHEDULERS = (
-    "fcfs, rpm:N, lcf, vtc, vtc-artifact, vtc-predict, vtc-predict-ema, vtc-oracle, "
+    "fcfs, rpm:N, drr, drr:Q, lcf, vtc, vtc-artifact, vtc-predict, vtc-predict-ema, vtc-oracle, "
     "vtc-oracle:P, and any of the VTC family with -profile (e.g. vtc-profile)"
 )
 
@@ -31,6 +32,8 @@ def make_scheduler(
         return FCFS()
     if name.startswith("rpm:"):
         return RPM(number(name, int))
+    if name == "drr" or name.startswith("drr:"):  # Deficit Round Robin (Appendix C.2)
+        return DRR(number(name, float)) if ":" in name else DRR()
     base, profiled = (
         (name[: -len("-profile")], True) if name.endswith("-profile") else (name, False)
     )

@@ -52,4 +52,11 @@ ASSIGNMENTS = (
         (("harness/metrics.py", "table_metrics"),),
         20, "1-2", "Lessons 4 and 6; graded against the artifact's measured A10G runs",
     ),
+    Assignment(
+        "a6_drr", "Capstone: a fair policy of your own, Deficit Round Robin (Appendix C.2)",
+        (("core/drr.py", "DRR.add"), ("core/drr.py", "DRR.schedule"),
+         ("core/drr.py", "DRR.on_tokens"), ("core/drr.py", "DRR.on_decode")),
+        30, "4-6", "Lesson 5; graded on its stated bound 2(U + Q) through the engine and on the "
+        "paper's workloads in the simulator against VTC and FCFS",
+    ),
 )  # fmt: skip
