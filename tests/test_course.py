@@ -92,3 +92,21 @@ def test_each_assignment_is_graded_alone_and_a_bad_one_never_breaks_the_grader(t
     assert by_name["a4_vtc"]["points"] == by_name["a4_vtc"]["max_points"]
     assert by_name["a2_blocks"]["points"] == 0 and "could not take" in by_name["a2_blocks"]["note"]
     assert by_name["a3_batching"]["points"] == 0 and "timed out" in by_name["a3_batching"]["note"]
+
+
+def test_the_edition_s_lessons_have_no_solutions_and_their_checks_fail_untouched(tmp_path):
+    """Lesson 5 of the student edition, run top to bottom, stops at its first exercise's
+    self-check (the answer is still None); the repository's copy runs through (its solution
+    cells fill the answers in: tests/test_lessons.py)."""
+    nbclient = pytest.importorskip("nbclient")
+    nbformat = pytest.importorskip("nbformat")
+    edition = release(tmp_path / "edition")
+    for path in (edition / "lessons").glob("*.ipynb"):
+        cells = json.loads(path.read_text())["cells"]
+        assert not any("solution" in c.get("metadata", {}).get("tags", []) for c in cells), path
+    book = nbformat.read(edition / "lessons" / "05_virtual_token_counter.ipynb", as_version=4)
+    client = nbclient.NotebookClient(book, timeout=120, kernel_name="python3",
+                                     resources={"metadata": {"path": str(edition / "lessons")}})
+    with pytest.raises(nbclient.exceptions.CellExecutionError) as failure:
+        client.execute()
+    assert "assert u == fairness_bound(1024, 10000)" in str(failure.value)  # exercise 1

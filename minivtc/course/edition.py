@@ -1,7 +1,8 @@
 """The student edition: the package with the assignments' functions left for the student.
 
-Owns `release(out)` (the edition: the package, its bundled model, the lessons and a README,
-every assignment's function kept up to its docstring and then `raise NotImplementedError`) and
+Owns `release(out)` (the edition: the package, its bundled model, the lessons without their
+solution cells, and a README; every assignment's function kept up to its docstring and then
+`raise NotImplementedError`) and
 the source surgery it and the grader share: `stub` (empty one function) and `splice` (put one
 function of another copy of the file in place of this one's). Functions are found by their
 qualified name with `ast`, so a student's helper functions and comments elsewhere in the file
@@ -11,6 +12,7 @@ are never touched. Does not own grading (`grade.py`).
 from __future__ import annotations
 
 import ast
+import json
 import shutil
 from pathlib import Path
 
@@ -30,6 +32,8 @@ def release(out: str | Path) -> Path:
     for folder in ("weights", "lessons"):
         if (REPOSITORY / folder).is_dir():
             shutil.copytree(REPOSITORY / folder, out / folder, ignore=ignore)
+    for notebook in sorted((out / "lessons").glob("*.ipynb")):
+        without_solutions(notebook)
     for a in ASSIGNMENTS:
         for file, qualname in a.functions:
             path = out / "minivtc" / file
@@ -37,6 +41,16 @@ def release(out: str | Path) -> Path:
             path.write_text(stub(path.read_text(), qualname, message))
     (out / "README.md").write_text(readme())
     return out
+
+
+def without_solutions(notebook: Path) -> None:
+    """Drop the cells tagged "solution": each exercise's self-check then runs on the student's
+    answer alone (an untouched `answer = None` fails it). The repository's lessons keep them,
+    so that they run top to bottom in CI: they are the instructor's edition."""
+    book = json.loads(notebook.read_text())
+    book["cells"] = [c for c in book["cells"]
+                     if "solution" not in c.get("metadata", {}).get("tags", [])]  # fmt: skip
+    notebook.write_text(json.dumps(book, indent=1, ensure_ascii=False) + "\n")
 
 
 def stub(source: str, qualname: str, message: str) -> str:
@@ -95,6 +109,9 @@ def readme() -> str:
         for a in ASSIGNMENTS
     )
     return f"""# minivtc: the student edition
+
+The lessons (`lessons/`) are here without their solutions: each exercise's self-check passes
+once your answer is right, and not before.
 
 Each assignment is a handful of functions of the package whose bodies say
 `raise NotImplementedError`. Write them (their docstrings, the lessons and the paper say what
