@@ -38,6 +38,7 @@ import httpx
 import pytest
 
 from minivtc.core.tokenizer import Tokenizer
+from minivtc.core.weights import BUNDLED_WEIGHTS
 from minivtc.llm import build_engine
 from minivtc.serving.server import BackgroundServer, make_app
 from tests.conftest import start_serve
@@ -71,18 +72,12 @@ class PoisonedTokenizer(Tokenizer):
 
 @pytest.fixture(scope="module")
 def poisoned(bundled):
-    model, tokenizer = bundled
-    tok = PoisonedTokenizer(_model_file(tokenizer))
+    model, _ = bundled
+    tok = PoisonedTokenizer(BUNDLED_WEIGHTS / "tokenizer.model")
     engine = build_engine(model, tok, "vtc", kv_tokens=1024, check_invariants=True)
     with BackgroundServer(make_app(engine, tok)) as url:
         yield url
         assert httpx.get(url + "/health").status_code == 200, "the engine loop died"
-
-
-def _model_file(tokenizer):
-    from minivtc.core.weights import BUNDLED_WEIGHTS
-
-    return BUNDLED_WEIGHTS / "tokenizer.model"
 
 
 def stream_events(url: str, body: dict) -> list[dict | str]:

@@ -55,6 +55,11 @@ Cost = Callable[[float, float], float]
 PAPER_COST = LinearCost()  # h with the paper's weights: the default everywhere
 
 
+def weights_of(cost: Cost) -> tuple[float, float]:
+    """(w_p, w_q): the linear terms of h (the paper's, for a cost that names none)."""
+    return getattr(cost, "w_p", W_P), getattr(cost, "w_q", W_Q)
+
+
 def fairness_bound(max_input: int, pool_tokens: int, w_p: float = W_P, w_q: float = W_Q) -> float:
     """U = max(w_p * L_input, w_q * M): Lemma 4.3's counter spread; 2U bounds Theorem 4.4's gap.
 

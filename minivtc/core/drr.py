@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 
-from minivtc.core.cost import PAPER_COST, Cost, fairness_bound
+from minivtc.core.cost import PAPER_COST, Cost, fairness_bound, weights_of
 from minivtc.core.request import Request
 from minivtc.core.scheduler import Admit, Scheduler
 
@@ -49,11 +49,7 @@ class DRR(Scheduler):
     def add(self, request: Request, now: float) -> str | None:
         """Queue `request`; a client with nothing waiting joins the round, at its back, with
         deficit 0."""
-        queue = self.queues.setdefault(request.client_id, deque())
-        if not queue:  # joins: a fresh deficit, at the back of the round
-            self.deficits[request.client_id] = 0.0
-            self.active.append(request.client_id)
-        queue.append(request)
+        self.join_if_idle(request.client_id).append(request)
         return None
 
     def schedule(self, admit: Admit) -> None:
@@ -103,11 +99,7 @@ class DRR(Scheduler):
             self.leave(request.client_id)
 
     def requeue(self, request: Request) -> None:
-        queue = self.queues.setdefault(request.client_id, deque())
-        if not queue:
-            self.deficits[request.client_id] = 0.0
-            self.active.append(request.client_id)
-        queue.appendleft(request)
+        self.join_if_idle(request.client_id).appendleft(request)
 
     def waiting(self) -> Iterator[Request]:
         return (r for q in self.queues.values() for r in q)
@@ -124,13 +116,22 @@ class DRR(Scheduler):
 
     def set_bound(self, max_input: int, pool_tokens: int) -> None:
         """The service-gap bound 2(U + Q) (see the module docstring)."""
-        w_p, w_q = getattr(self.cost, "w_p", 1.0), getattr(self.cost, "w_q", 2.0)
+        w_p, w_q = weights_of(self.cost)
         self.bound = 2 * (fairness_bound(max_input, pool_tokens, w_p, w_q) + self.quantum)
 
     def check_invariants(self) -> None:
         backlogged = [c for c, q in self.queues.items() if q]
         assert sorted(backlogged) == sorted(self.active), "the round lost a backlogged client"
         assert len(set(self.active)) == len(self.active), "a client is in the round twice"
+
+    def join_if_idle(self, client: str) -> deque[Request]:
+        """`client`'s queue; a client with nothing waiting first joins the round, at its back,
+        with a fresh deficit of 0."""
+        queue = self.queues.setdefault(client, deque())
+        if not queue:
+            self.deficits[client] = 0.0
+            self.active.append(client)
+        return queue
 
     def pass_turn(self) -> None:
         self.active.rotate(-1)

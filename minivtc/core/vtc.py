@@ -39,7 +39,7 @@ import heapq
 from collections import deque
 from collections.abc import Iterator
 
-from minivtc.core.cost import PAPER_COST, Cost, fairness_bound
+from minivtc.core.cost import PAPER_COST, Cost, fairness_bound, weights_of
 from minivtc.core.predictors import Predictor
 from minivtc.core.request import Request
 from minivtc.core.scheduler import Admit, Scheduler
@@ -223,7 +223,7 @@ class VTC(Scheduler):
     def set_bound(self, max_input: int, pool_tokens: int) -> None:
         """Check Lemma 4.3 after every step: U in counter units (divided by the smallest
         weight below 1)."""
-        w_p, w_q = getattr(self.cost, "w_p", 1.0), getattr(self.cost, "w_q", 2.0)
+        w_p, w_q = weights_of(self.cost)
         min_weight = min(self.weights.values(), default=1.0)
         self.bound = fairness_bound(max_input, pool_tokens, w_p, w_q) / min(min_weight, 1.0)
 
