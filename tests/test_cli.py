@@ -122,3 +122,21 @@ def test_serve_command_answers_over_http(tmp_path):
         server.terminate()
         server.wait(timeout=30)
     assert "serving minivtc-tiny with vtc" in server.stderr.read()
+
+
+def test_serve_refuses_inconsistent_trust_options():
+    for options, why in ((["--trust-client-header"], "only means something with --api-keys"),
+                         (["--api-keys", "k.json", "--client-weights", "w.json"],
+                          "not also --client-weights")):  # fmt: skip
+        result = subprocess.run([sys.executable, "-m", "minivtc.cli", "serve", *options],
+                                capture_output=True, text=True)  # fmt: skip
+        assert result.returncode == 2 and why in result.stderr, result.stderr
+
+
+def test_serve_warns_when_open_to_the_network_without_keys():
+    """Bound to every interface (reached here only through loopback) and without keys: the
+    log says that anyone can claim any client."""
+    server, _ = start_serve("--host", "0.0.0.0", "--kv-tokens", "256")
+    server.terminate()
+    server.wait(timeout=30)
+    assert "WARNING: serving 0.0.0.0 without --api-keys" in server.stderr.read()
