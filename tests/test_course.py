@@ -105,8 +105,40 @@ def test_the_edition_s_lessons_have_no_solutions_and_their_checks_fail_untouched
         cells = json.loads(path.read_text())["cells"]
         assert not any("solution" in c.get("metadata", {}).get("tags", []) for c in cells), path
     book = nbformat.read(edition / "lessons" / "05_virtual_token_counter.ipynb", as_version=4)
-    client = nbclient.NotebookClient(book, timeout=120, kernel_name="python3",
-                                     resources={"metadata": {"path": str(edition / "lessons")}})
+    resources = {"metadata": {"path": str(edition / "lessons")}}
+    client = nbclient.NotebookClient(book, timeout=120, kernel_name="python3", resources=resources)
     with pytest.raises(nbclient.exceptions.CellExecutionError) as failure:
         client.execute()
     assert "assert u == fairness_bound(1024, 10000)" in str(failure.value)  # exercise 1
+
+
+def test_render_writes_a_lesson_with_its_outputs_and_without_its_solutions(tmp_path, capsys):
+    """Lesson 1 rendered: its figure (drawn by plt.show) and its checks' outputs are in the
+    page; its solution cells' code is not, while the check cells' code is (so the search would
+    find it); the index links the page."""
+    pytest.importorskip("nbclient")
+    pytest.importorskip("nbconvert")
+    import html
+    import re
+
+    import nbformat
+
+    from minivtc.course.render import LESSONS, render
+
+    index = render(tmp_path, only=["01"])
+    assert re.search(r"01_forward_pass: \d+\.\d s", capsys.readouterr().err)  # progress
+    page = (tmp_path / "01_forward_pass.html").read_text()
+    text = html.unescape(re.sub(r"<[^>]+>", "", page))  # the code as a reader sees it
+    assert re.search(r'<img [^>]*src="data:image/png;base64,', page)  # the figure, embedded
+    assert re.search("^correct: [0-9,]+ parameters", text, re.MULTILINE)  # a check's output
+    cells = nbformat.read(LESSONS / "01_forward_pass.ipynb", as_version=4).cells
+    solutions = [i for i, c in enumerate(cells) if "solution" in c.metadata.get("tags", [])]
+    assert solutions
+    elsewhere = "\n".join(c.source for i, c in enumerate(cells) if i not in solutions)
+    for i in solutions:
+        assert cells[i + 1].source.strip().splitlines()[0] in text  # the check stays
+        lines = {line.strip() for line in cells[i].source.splitlines()} - {""}
+        own = [line for line in lines if line not in elsewhere]  # the solution's own code
+        assert own and not [line for line in own if line in text], own
+    assert '<a href="01_forward_pass.html">Lesson 1' in index.read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["01_forward_pass.html", "index.html"]

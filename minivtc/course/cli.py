@@ -1,4 +1,4 @@
-"""`minivtc course release OUT` and `minivtc course grade`: the instructor's commands."""
+"""`minivtc course release OUT`, `grade` and `render OUT`: the instructor's commands."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import sys
 
 def add_course(sub) -> None:
     p = sub.add_parser(
-        "course", help="coursework: write the student edition, grade it",
+        "course", help="coursework: write the student edition, grade it, render the lessons",
         description="Assignments in which students write the engine's mechanisms themselves "
         "(the Llama pieces, the block allocator, admission and one batching step, VTC, the "
         "paper's metric). `release OUT` writes the student edition; `grade OUT` grades it "
-        "(each assignment alone, with a time limit) and writes OUT/grades.json.",
+        "(each assignment alone, with a time limit) and writes OUT/grades.json; `render OUT` "
+        "runs the lessons and writes readable HTML copies (outputs in, solutions out).",
     )  # fmt: skip
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     release = verbs.add_parser("release", help="write the student edition to OUT (a new dir)")
@@ -30,6 +31,25 @@ def add_course(sub) -> None:
                        help="seconds per assignment before it scores 0")  # fmt: skip
     grade.add_argument("--only", action="append", help="grade only this assignment (repeat)")
     grade.set_defaults(run=run_grade)
+    add_render(verbs)
+
+
+def add_render(verbs) -> None:
+    from minivtc.course.render import LESSONS
+
+    render = verbs.add_parser(
+        "render", help="run the lessons; write each as an HTML page to read without running",
+        description="The lessons are stored without outputs. This runs each in a fresh kernel "
+        "(MINIVTC_LESSON_QUICK=1, as the tests do), drops the exercises' solution cells and "
+        "writes OUT/NN_name.html (figures embedded) and OUT/index.html linking them.",
+    )  # fmt: skip
+    render.add_argument("out", help="directory for the pages (created if missing)")
+    render.add_argument("--only", action="append", metavar="NAME",
+                        help="render only the lessons whose name starts with NAME, e.g. 05 "
+                        "(repeat)")  # fmt: skip
+    render.add_argument("--lessons", default=str(LESSONS),
+                        help="the lessons' directory (default: %(default)s)")  # fmt: skip
+    render.set_defaults(run=run_render)
 
 
 def run_release(args) -> int:
@@ -37,6 +57,8 @@ def run_release(args) -> int:
 
     out = release(args.out)
     print(f"wrote the student edition to {out}: see {out / 'README.md'}")
+    print("readable copies of the lessons for students (executed, solutions left out): "
+          "minivtc course render PAGES")  # fmt: skip
     return 0
 
 
@@ -52,4 +74,12 @@ def run_grade(args) -> int:
     result = grade(None if args.reference else args.edition, out, args.time_limit, args.only)
     print(table(result))
     print(f"wrote {out}/grades.json")
+    return 0
+
+
+def run_render(args) -> int:
+    from minivtc.course.render import render
+
+    index = render(args.out, args.lessons, args.only)
+    print(f"wrote the lessons' pages to {index.parent}: open {index}")
     return 0
