@@ -154,7 +154,8 @@ def run_serve(args) -> int:
     scheduler = make_scheduler(args.scheduler, weights=weights)
     model, tokenizer = load_model(args.weights, args.dtype, args.device)
     engine = build_engine(model, tokenizer, scheduler, kv_tokens=args.kv_tokens,
-                          reservation=args.reservation, victim=args.victim)  # fmt: skip
+                          reservation=args.reservation, victim=args.victim,
+                          preempt_gap=args.preempt_gap)  # fmt: skip
     name = Path(args.weights).name if args.weights else "minivtc-tiny"
     print(f"serving {name} with {args.scheduler} on http://{args.host}:{args.port}/v1",
           file=sys.stderr)  # fmt: skip

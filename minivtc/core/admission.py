@@ -52,6 +52,9 @@ class FullReservation:
     def grow(self, batch: list[Request], preempt: Preempt) -> None:
         pass  # everything was reserved at admission
 
+    def displace(self, request: Request, running: list[Request]) -> Request | None:
+        return None  # never preempts
+
     def release(self, request: Request) -> None:
         self.allocator.free(request.request_id)
 
@@ -93,6 +96,9 @@ class PeakReservation:
         self.num_steps += 1
         for r in batch:  # this step writes K/V for positions < num_tokens
             self.allocator.grow(r.request_id, len(r.prompt_ids) + len(r.output_ids))
+
+    def displace(self, request: Request, running: list[Request]) -> Request | None:
+        return None  # never preempts
 
     def release(self, request: Request) -> None:
         self.final_blocks -= self.allocator.blocks_needed(request.max_num_tokens - 1)
@@ -159,6 +165,10 @@ class OnDemand:
         for r in batch:  # this step writes K/V for positions < num_tokens
             self.allocator.grow(r.request_id, len(r.prompt_ids) + len(r.output_ids))
 
+    def displace(self, request: Request, running: list[Request]) -> Request | None:
+        """A running request to preempt so that waiting `request` may be admitted, or None."""
+        return self.victim.displace(request, running)
+
     def release(self, request: Request) -> None:
         self.allocator.free(request.request_id)
 
@@ -181,30 +191,56 @@ class Latest:
     def choose(self, running: list[Request]) -> Request:
         return running[-1]
 
+    def displace(self, request: Request, running: list[Request]) -> Request | None:
+        return None  # preempts only when running requests outgrow the pool
+
 
 class Fair:
     """The fair victim: a request of the running client whose counter is highest (it has
-    received the most), the youngest of that client's requests."""
+    received the most), the youngest of that client's requests.
+
+    It is also chosen to make room for a waiting client (`displace`): when the request the
+    scheduler offers does not fit, a running request of a client more than `gap` ahead of
+    the waiting one (in counter units) is preempted, highest counter first, until it fits.
+    That is Appendix C.3's "preempt high-counter clients": a client running ahead can no
+    longer keep its blocks while a client far behind it waits, which shrinks the M term of
+    Lemma 4.3 to `gap` (`bounds.preemptive_bound`). `gap` trades fairness for recomputation:
+    a request displaced at gap g is readmitted only when its client is the smallest waiting,
+    so each displacement of a client follows g of service gained over the one it made room
+    for. `gap=None`: never displace (preempt only when the pool runs out).
+    """
 
     name = "fair"
 
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.scheduler = scheduler
+    def __init__(self, scheduler: Scheduler, gap: float | None = None) -> None:
+        self.scheduler, self.gap = scheduler, gap
 
     def choose(self, running: list[Request]) -> Request:
-        accounts = self.scheduler.accounts()
-        counter = {c: n or 0.0 for c, (n, _) in accounts.items()}
+        counter = self.counters()
         # max() keeps the first of equals: scan youngest first, so ties go to the youngest.
         return max(reversed(running), key=lambda r: counter.get(r.client_id, 0.0))
+
+    def displace(self, request: Request, running: list[Request]) -> Request | None:
+        if self.gap is None or not running:
+            return None
+        counter = self.counters()
+        victim = self.choose(running)
+        above = counter.get(victim.client_id, 0.0) - counter.get(request.client_id, 0.0)
+        return victim if above > self.gap else None
+
+    def counters(self) -> dict[str, float]:
+        return {c: n or 0.0 for c, (n, _) in self.scheduler.accounts().items()}
 
 
 VICTIMS = ("latest", "fair")
 
 
 def make_admission(
-    reservation: str, allocator: BlockAllocator, scheduler: Scheduler, victim: str = "latest"
+    reservation: str, allocator: BlockAllocator, scheduler: Scheduler, victim: str = "latest",
+    gap: float | None = None,
 ) -> FullReservation | PeakReservation | OnDemand:
-    """The admission policy by name: "full", "peak" or "none" (on demand, with a victim)."""
+    """The admission policy by name: "full", "peak" or "none" (on demand, with a victim; the
+    fair victim also displaces running clients more than `gap` ahead of a waiting one)."""
     if reservation == "full":
         return FullReservation(allocator)
     if reservation == "peak":
@@ -213,4 +249,4 @@ def make_admission(
         raise ValueError(f"reservation must be 'full', 'peak' or 'none', got {reservation!r}")
     if victim not in VICTIMS:
         raise ValueError(f"victim must be 'latest' or 'fair', got {victim!r}")
-    return OnDemand(allocator, Latest() if victim == "latest" else Fair(scheduler))
+    return OnDemand(allocator, Latest() if victim == "latest" else Fair(scheduler, gap))

@@ -65,3 +65,22 @@ def fairness_bound(max_input: int, pool_tokens: int, w_p: float = W_P, w_q: floa
 
     L_input is the longest prompt that can be admitted, M the most tokens the pool holds."""
     return max(w_p * max_input, w_q * pool_tokens)
+
+
+def preemptive_bound(
+    max_input: int, max_running: int, gap: float, w_p: float = W_P, w_q: float = W_Q
+) -> float:
+    """U_P = max(gap, w_p * L_input) + w_q * B: the waiting counters' spread with blocks on
+    demand and fair preemption at `gap` (the paper's Appendix C.3 asks for it; `vtc.py`);
+    2 U_P bounds the service gap of two backlogged clients, as 2U does in Theorem 4.4.
+
+    B is the most requests one client can run at once. The M of U is gone: a client running
+    ahead is preempted once it leads a waiting client by `gap`, so the memory it holds no
+    longer measures how far ahead it can get. The proof, as Lemma 4.3's: a waiting client's
+    counter last rose at its dispatch (by at most w_p L_input over the smallest, which never
+    falls), or in a step it ran; after each admission round every running client is within
+    max(gap, w_p L_input) of the smallest waiting counter (the round stops at a head that
+    does not fit only once no running client is more than `gap` ahead of it), and one step
+    adds at most w_q per running request; a client joining an empty Q is lifted to within
+    `gap` of the running clients, so no client ahead of Q can enter it further ahead."""
+    return max(gap, w_p * max_input) + w_q * max_running

@@ -114,10 +114,13 @@ class DRR(Scheduler):
             self.deficits.pop(c, None)
         return gone
 
-    def set_bound(self, max_input: int, pool_tokens: int) -> None:
+    def set_bound(self, max_input: int, pool_tokens: int, max_running: int = 0) -> None:
         """The service-gap bound 2(U + Q) (see the module docstring)."""
         w_p, w_q = weights_of(self.cost)
         self.bound = 2 * (fairness_bound(max_input, pool_tokens, w_p, w_q) + self.quantum)
+
+    def gap_bound(self) -> float | None:
+        return self.bound
 
     def check_invariants(self) -> None:
         backlogged = [c for c, q in self.queues.items() if q]

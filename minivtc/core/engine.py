@@ -87,28 +87,35 @@ class Engine:
     Collaborators: `runner` (a forward pass, or the simulator's step-time model), `allocator`
     (the KV blocks), `scheduler` (the policy). Options: `reservation` "full" (the paper's),
     "peak" (the artifact's check) or "none" (blocks on demand, preempting a `victim`, "latest"
-    or "fair", when they run out; `admission.py`); `admit_every` (the artifact admits every 10
-    steps); `check_invariants` (every invariant after every step, for tests); `check_fairness`
-    (Lemma 4.3 after every step; a VTC-family scheduler).
+    or "fair", when they run out; `admission.py`); `preempt_gap` (the fair victim also
+    preempts a client leading a waiting one by more, to admit it; default the policy's, w_q M
+    / 4 for VTC); `admit_every` (the artifact admits every 10 steps); `check_invariants` (every
+    invariant after every step, for tests); `check_fairness` (the policy's bound after every
+    step: Lemma 4.3, or the preemptive bound; a VTC-family scheduler).
     """
 
     def __init__(
         self, runner: Runner, allocator: BlockAllocator, scheduler: Scheduler,
         max_positions: int, eos_id: int, tokenizer: Tokenizer | None = None,
         clock: Callable[[], float] = time.monotonic, max_running: int = 256,
-        reservation: str = "full", victim: str = "latest", admit_every: int = 1,
-        check_invariants: bool = False, check_fairness: bool = False,
+        reservation: str = "full", victim: str = "latest", preempt_gap: float | None = None,
+        admit_every: int = 1, check_invariants: bool = False, check_fairness: bool = False,
     ) -> None:  # fmt: skip
         self.runner, self.allocator, self.scheduler = runner, allocator, scheduler
-        self.admission = make_admission(reservation, allocator, scheduler, victim)
+        # The fair victim displaces clients running more than `preempt_gap` ahead of a
+        # waiting one (`admission.Fair`); the policy says its default and adapts its lift.
+        self.preempt_gap = None
+        if reservation == "none" and victim == "fair":
+            self.preempt_gap = scheduler.set_preempt_gap(preempt_gap, allocator.num_tokens)
+        self.admission = make_admission(reservation, allocator, scheduler, victim,
+                                        self.preempt_gap)  # fmt: skip
         self.max_positions, self.eos_id, self.tokenizer, self.clock = (
             max_positions, eos_id, tokenizer, clock,
         )  # fmt: skip
         self.max_running, self.admit_every = max_running, admit_every
         self.check_invariants, self.check_fairness = check_invariants, check_fairness
-        if check_fairness:  # L_input: the longest prompt that can ever be admitted
-            pool = allocator.num_tokens
-            scheduler.set_bound(max_input=min(max_positions, pool) - 1, pool_tokens=pool)
+        if check_fairness:
+            self.set_bound(reservation)
         self.running: list[Request] = []  # the batch
         self.requests: dict[str, Request] = {}  # every live request (waiting or running) by id
         self.client_tokens: dict[str, ClientTokens] = {}
@@ -206,6 +213,24 @@ class Engine:
         gone = self.scheduler.forget(idle, self.clock())
         return {c: self.client_tokens.pop(c, ClientTokens()) for c in gone}
 
+    def set_bound(self, reservation: str) -> None:
+        """check_fairness: the scheduler asserts its bound after every step. L_input is the
+        longest prompt that can ever be admitted, M the pool, B the most requests at once."""
+        if reservation == "none" and self.preempt_gap is None:
+            raise ValueError(
+                "check_fairness: no bound is stated for blocks on demand with the latest victim "
+                "(preempting the most recent request can break Lemma 4.3's); use victim='fair'"
+            )  # fmt: skip
+        if reservation == "peak":
+            raise ValueError(
+                "check_fairness: no bound is stated for the artifact's peak check (requests that "
+                "finish early let the others grow past M, and Lemma 4.3's U can fail); use "
+                "reservation='full' (the paper's model) or 'none' with victim='fair'"
+            )  # fmt: skip
+        pool = self.allocator.num_tokens
+        self.scheduler.set_bound(max_input=min(self.max_positions, pool) - 1, pool_tokens=pool,
+                                 max_running=min(self.max_running, self.allocator.num_blocks))
+
     def check(self) -> None:
         """After a step: every invariant (check_invariants), or Lemma 4.3 (check_fairness)."""
         if self.check_invariants:
@@ -240,8 +265,11 @@ class Engine:
     def admit(self, request: Request) -> bool:
         """The scheduler's callback: admit `request` if the batch has room and its blocks fit.
         The prompt is charged now, before the next pick (Algorithm 2, Footnote 5)."""
-        if len(self.running) >= self.max_running or not self.admission.try_admit(request):
-            return False
+        while len(self.running) >= self.max_running or not self.admission.try_admit(request):
+            victim = self.admission.displace(request, self.running)  # the fair victim only
+            if victim is None:
+                return False
+            self.preempt(victim)
         request.status, request.admitted_time = Status.RUNNING, self.clock()
         self.running.append(request)
         if request.num_preemptions:  # back after a preemption: its prompt was charged once

@@ -21,6 +21,7 @@ blocks (`kv_pool.py`) or running requests (`engine.py`). Lessons 3-5 teach it.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Callable, Iterator
 
@@ -77,10 +78,22 @@ class Scheduler:
         change a decision, and return them: a server meets unboundedly many clients."""
         return list(idle)  # no per-client state
 
-    def set_bound(self, max_input: int, pool_tokens: int) -> None:
+    def set_bound(self, max_input: int, pool_tokens: int, max_running: int = 0) -> None:
         """Check Lemma 4.3's bound after every step (the engine's check_fairness): only a
         policy with counters has one."""
         raise ValueError(f"check_fairness needs a VTC-family scheduler, not {self.name}")
+
+    def gap_bound(self) -> float | None:
+        """The service-gap bound this run guarantees two backlogged clients, where the policy
+        states one and the engine checks it (check_fairness); None elsewhere."""
+        return None
+
+    def set_preempt_gap(self, gap: float | None, pool_tokens: int) -> float:
+        """The engine will preempt running clients more than `gap` ahead of a waiting one
+        (blocks on demand, the fair victim); return the gap in effect (None: the policy's
+        default). A policy with counters adapts its lift (`vtc.py`); one without has no
+        client ahead of another, so nothing is displaced."""
+        return math.inf
 
     @property
     def num_waiting(self) -> int:

@@ -31,6 +31,16 @@ The general cost's rule: a request with n_p prompt tokens that has n_q output to
 received h(n_p, n_q), so its n_q-th token is charged h(n_p, n_q) - h(n_p, n_q - 1) (w_q for the
 linear h). With a predictor, h(n_p, predicted) is charged at dispatch, nothing more until n_q
 passes the prediction, and the over-prediction is refunded at the end (Algorithm 3).
+
+Fair preemption (the paper's Appendix C.3 asks for it; Lesson 9). With blocks on demand the
+engine may preempt: the fair victim is the youngest request of the running client with the
+highest counter, and a running client more than `gap` ahead of the waiting client the round
+stopped at is displaced (`admission.Fair`). Two additions keep a bound: a preempted request is
+requeued at the head of its client's queue with nothing charged or refunded (`requeue`), and a
+client joining an empty Q is lifted to within `gap` of every client that ran since Q emptied
+(`join_floor`). The waiting counters then stay within U_P = max(gap, w_p L_input) + w_q B of
+each other, B being the most requests one client runs at once (`cost.preemptive_bound`, with
+its proof), and two backlogged clients' service within 2 U_P: the M of U is gone.
 """
 
 from __future__ import annotations
@@ -143,7 +153,18 @@ class VTC(Scheduler):
         # request id -> (q, h(n_p, q)): the output tokens charged for so far (at dispatch, the
         # predicted length) and the service that came to; each new token charges the difference.
         self.charged: dict[str, tuple[float, float]] = {}
-        self.bound: float | None = None  # U, set by the engine's check_fairness
+        # Fair preemption (`set_preempt_gap`): the engine keeps running clients within `gap`
+        # of the smallest waiting counter, and a client joining an empty Q is lifted to within
+        # `gap` of the running ones. None: the paper's non-preemptive VTC.
+        self.preempt_gap: float | None = None
+        self.ran_while_empty: set[str] = set()  # clients charged while Q was empty
+        # Checked after every step (the engine's check_fairness): the waiting counters'
+        # spread within U (Lemma 4.3), or with fair preemption within `preemptive_bound`
+        # taken over what the run has done so far: its largest dispatch charge (w_p L_input)
+        # and the largest charge one client took in one step (w_q b): the bound as it stands.
+        self.bound: float | None = None
+        self.step_gain: dict[str, float] = {}  # client -> its charge in the last step
+        self.dispatch_charge, self.step_charge = 0.0, 0.0  # the largest so far
 
     # --- the hooks the engine calls ------------------------------------------------------------
 
@@ -181,13 +202,18 @@ class VTC(Scheduler):
             # client would stay the minimum and take the whole admission round.
             predicted = self.predictor.predict(request) if self.predictor else 0.0
             service = self.cost(request.num_prompt, predicted)
+            weight = self.weights.get(request.client_id, 1.0)
+            self.dispatch_charge = max(self.dispatch_charge, service / weight)
             self.charged[request.request_id] = (predicted, service)
             self.charge(request.client_id, service)
         if num_output:
             self.charge_outputs([request], num_output)
 
     def on_decode(self, requests: list[Request]) -> None:
-        self.charge_outputs(requests, 1)
+        if self.preempt_gap is None:
+            self.charge_outputs(requests, 1)
+        else:  # the same charge, and what fair preemption's lift and check need to know
+            self.charge_step_preemptive(requests)
 
     def on_finish(self, request: Request) -> None:
         """A request ended: refund what was charged for output it never generated (Algorithm
@@ -201,8 +227,9 @@ class VTC(Scheduler):
 
     def requeue(self, request: Request) -> None:
         """Preempted: back to the head of its client's queue. A client that had nothing
-        waiting joins Q, and is lifted like any client joining Q (Lemma 4.3 holds as before);
-        nothing is charged or refunded (its tokens stay charged, the recompute is not its)."""
+        waiting joins Q, and is lifted like any client joining Q (so it was not backlogged
+        throughout: Definition 4.1); nothing is charged or refunded (its tokens stay charged,
+        the recompute is the server's waste, not service)."""
         if self.queues[request.client_id]:
             self.queues[request.client_id].appendleft(request)
         else:
@@ -220,22 +247,66 @@ class VTC(Scheduler):
     def accounts(self) -> dict[str, tuple[float | None, float]]:
         return {c: (n, self.weights.get(c, 1.0)) for c, n in self.counters.items()}
 
-    def set_bound(self, max_input: int, pool_tokens: int) -> None:
-        """Check Lemma 4.3 after every step: U in counter units (divided by the smallest
-        weight below 1)."""
+    def set_bound(self, max_input: int, pool_tokens: int, max_running: int = 0) -> None:
+        """Check the spread of the waiting counters after every step, in counter units
+        (divided by the smallest weight below 1): U (Lemma 4.3), or with fair preemption
+        `preemptive_bound` (`max_running`: the most requests one client can run at once)."""
+        if self.predictor is not None:
+            raise ValueError(
+                "check_fairness: no bound is stated with a length predictor: a prediction above "
+                "the length reached is refunded, lowering a counter after others were lifted to "
+                "it, and Lemma 4.3's U can fail (Lesson 7)"
+            )  # fmt: skip
         w_p, w_q = weights_of(self.cost)
-        min_weight = min(self.weights.values(), default=1.0)
-        self.bound = fairness_bound(max_input, pool_tokens, w_p, w_q) / min(min_weight, 1.0)
+        scale = 1.0 / min(min(self.weights.values(), default=1.0), 1.0)
+        if self.preempt_gap is None:
+            self.bound = fairness_bound(max_input, pool_tokens, w_p, w_q) * scale
+        else:
+            self.bound = max(self.preempt_gap, w_p * max_input * scale) + w_q * max_running * scale
+
+    def gap_bound(self) -> float | None:
+        """The service-gap bound for two backlogged clients that this run guarantees (Theorem
+        4.4): 2U, or with fair preemption 2 (max(gap, w_p L_input) + w_q b) with this run's
+        largest dispatch and one-step charges; None unless the engine set a bound to check."""
+        if self.bound is None:
+            return None
+        if self.preempt_gap is None:
+            return 2 * self.bound
+        return 2 * (max(self.preempt_gap, self.dispatch_charge) + self.step_charge)
+
+    def set_preempt_gap(self, gap: float | None, pool_tokens: int) -> float:
+        """Default: a quarter of Lemma 4.3's M term, w_q M / 4, so the bound's M term shrinks
+        to a quarter (`preemptive_bound`) at the price of some recomputation."""
+        self.preempt_gap = gap if gap is not None else weights_of(self.cost)[1] * pool_tokens / 4
+        return self.preempt_gap
 
     def check_invariants(self) -> None:
-        """Lemma 4.3, when the engine set `bound` (check_fairness=True): spread <= U."""
+        """When the engine set `bound` (check_fairness=True): the waiting counters' spread is
+        within U (Lemma 4.3). With fair preemption, within `preemptive_bound` as the run
+        stands (its largest dispatch charge and one-step charge so far), and each client that
+        ran in the last step at most max(gap, the largest dispatch charge) + its charge in
+        that step above the smallest waiting counter: the proof's induction step."""
         self.least.check()
         waiting = [self.counters[c] for c, q in self.queues.items() if q]
-        if self.bound is not None and waiting:
-            spread = max(waiting) - min(waiting)
+        if self.bound is None or not waiting:
+            return
+        least, spread = min(waiting), max(waiting) - min(waiting)
+        if self.preempt_gap is None:
             assert spread <= self.bound + 1e-6, (
                 f"Lemma 4.3 violated: waiting counters spread {spread:.1f} > U = {self.bound:.1f}"
             )
+            return
+        lead = max(self.preempt_gap, self.dispatch_charge)
+        assert spread <= lead + self.step_charge + 1e-6, (
+            f"the preemptive bound violated: waiting counters spread {spread:.1f} > max(gap, "
+            f"w_p L_input) + w_q b = {lead:.1f} + {self.step_charge:.1f}"
+        )  # fmt: skip
+        for client, gain in self.step_gain.items():
+            ahead = self.counters[client] - least
+            assert ahead <= lead + gain + 1e-6, (
+                f"fair preemption violated: {client!r} ran {ahead:.1f} ahead of the smallest "
+                f"waiting counter, more than max(gap, w_p L_input) + its step {lead + gain:.1f}"
+            )  # fmt: skip
 
     def forget(self, idle: list[str], now: float) -> list[str]:
         """Forget idle clients whose counter is at or below the lift floor F: no decision
@@ -252,6 +323,7 @@ class VTC(Scheduler):
         for c in gone:
             del self.counters[c], self.queues[c]
             self.least.forget(c)
+            self.ran_while_empty.discard(c)
         return gone
 
     # --- helpers -------------------------------------------------------------------------------
@@ -260,6 +332,7 @@ class VTC(Scheduler):
         """`request`'s client, with nothing waiting, joins Q with it: lifted, then selectable."""
         if self.lift:
             self.lift_counter(request.client_id)
+        self.ran_while_empty.clear()  # Q is empty no longer
         self.queues[request.client_id].append(request)
         self.least.push(request.client_id)
 
@@ -269,9 +342,24 @@ class VTC(Scheduler):
         Without the lift (LCF) a client back from idle holds a stale low counter and takes
         every dispatch until it catches up: the 2U bound fails for the others.
         """
-        floor = self.lift_floor()
+        floor = self.join_floor()
         if floor is not None and floor > self.counters[client]:
             self.counters[client] = floor
+
+    def join_floor(self) -> float | None:
+        """Algorithm 2's floor; with fair preemption, when Q is empty, also within `gap` of
+        every client that ran (was charged) since it emptied.
+
+        Those clients were served while nobody waited, and the last to leave Q may lie far
+        below them: a client lifted only that far would displace them at once and then take
+        every dispatch until it caught up with all they received meanwhile, a lead that only
+        the memory they held (M) would limit. The preemptive bound needs it limited by `gap`.
+        """
+        floor = self.lift_floor()
+        if self.preempt_gap is None or self.least.least() is not None or not self.ran_while_empty:
+            return floor
+        top = max(self.counters[c] for c in self.ran_while_empty) - self.preempt_gap
+        return top if floor is None else max(floor, top)
 
     def lift_floor(self) -> float | None:
         """The smallest waiting counter; Q empty: the counter of the last client to leave Q."""
@@ -279,6 +367,18 @@ class VTC(Scheduler):
         if client is None:
             client = self.last_left
         return None if client is None else self.counters[client]
+
+    def charge_step_preemptive(self, requests: list[Request]) -> None:
+        """`on_decode` with fair preemption: charge the step; remember who was charged while
+        Q was empty (`join_floor`) and, when checking the bound, each client's charge."""
+        clients = {r.client_id for r in requests}
+        before = {c: self.counters[c] for c in clients}
+        self.charge_outputs(requests, 1)
+        if self.least.least() is None:
+            self.ran_while_empty |= clients
+        if self.bound is not None:  # for check_invariants
+            self.step_gain = {c: self.counters[c] - n for c, n in before.items()}
+            self.step_charge = max([self.step_charge, *self.step_gain.values()])
 
     def charge(self, client: str, amount: float) -> None:
         self.counters[client] += amount / self.weights.get(client, 1.0)

@@ -46,7 +46,15 @@ def add_memory_options(p, default: str) -> None:
     p.add_argument(
         "--victim", choices=["latest", "fair"], default="latest",
         help="with --reservation none, whom to preempt: 'latest' (vLLM's: the most recently "
-        "admitted) or 'fair' (the running client with the highest counter) (default latest)",
+        "admitted) or 'fair' (the running client with the highest counter, which is also "
+        "preempted when it leads a waiting client by --preempt-gap) (default latest)",
+    )  # fmt: skip
+    p.add_argument(
+        "--preempt-gap", type=float, default=None, metavar="G",
+        help="with --victim fair: how far (in service units, w_p = 1 per prompt token, w_q = 2 "
+        "per output token) a running client may lead a waiting one before it is preempted to "
+        "make room; smaller is fairer (the bound is 2 (max(G, w_p L_input) + w_q B)) and "
+        "recomputes more (default w_q M / 4, a quarter of the non-preemptive bound's M term)",
     )  # fmt: skip
 
 
@@ -55,7 +63,7 @@ def run_simulate(args) -> int:
 
     summary = simulate_to_dir(args.workload, args.trace, args.scheduler, args.step_time,
                               args.kv_tokens, args.seed, args.out, args.reservation,
-                              args.victim)  # fmt: skip
+                              args.victim, args.preempt_gap)  # fmt: skip
     print_summary(summary)
     print(f"wrote {args.out}/requests.csv, metrics.json, service.png, response.png, gap.png")
     return 0

@@ -27,7 +27,11 @@ from minivtc.harness.workloads import A10G_RUNS, TraceRequest, read_trace, workl
 def simulate_to_dir(
     workload_name: str | None, trace_path: str | None, scheduler: str, step_time: str,
     kv_tokens: int, seed: int, out: str | Path, reservation: str = "peak", victim: str = "latest",
+    preempt_gap: float | None = None,
 ) -> dict:  # fmt: skip
+    """Simulate, then write requests.csv, metrics.json and the plots to `out`. VTC asserts
+    its bound after every step where the configuration states one (`bound` in metrics.json:
+    2U with a reservation, 2 U_P with fair preemption, null otherwise)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     if workload_name:
@@ -36,12 +40,16 @@ def simulate_to_dir(
     else:
         trace = read_trace(trace_path)
         horizon, weights = float(int(trace[-1].arrival_s)), None
+    checked = scheduler == "vtc" and (reservation, victim) in (("full", "latest"), ("full", "fair"),
+                                                                ("none", "fair"))  # fmt: skip
     result = simulate(trace, scheduler, step_time, kv_tokens, weights=weights, seed=seed,
-                      reservation=reservation, victim=victim, progress=True)  # fmt: skip
+                      reservation=reservation, victim=victim, preempt_gap=preempt_gap,
+                      check_fairness=checked, watch_backlog=True, progress=True)  # fmt: skip
     metrics.write_requests(out / "requests.csv", result.served)
     summary = summarize(result, horizon, kv_tokens, max(t.input_tokens for t in trace))
     summary.update(workload=workload_name or trace_path, scheduler=scheduler, step_time=step_time,
-                   kv_tokens=kv_tokens, reservation=reservation, victim=victim)  # fmt: skip
+                   kv_tokens=kv_tokens, reservation=reservation, victim=victim,
+                   preempt_gap=preempt_gap)  # fmt: skip
     (out / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n")
     title = f"{scheduler} on {workload_name or Path(trace_path).name}"
     plots.service_plot(result.served, horizon, out / "service.png", f"{title}: service rate")
@@ -79,6 +87,10 @@ def summarize(
         "simulated_s": round(result.total_time, 1),
         "wall_s": round(result.wall_s, 2),
         "steps": result.steps,
+        # Theorem 4.4's quantity, measured, and the bound the configuration guarantees it
+        # (null: none stated, e.g. FCFS, or blocks on demand with the latest victim)
+        "backlogged_gap": None if result.backlogged_gap is None else round(result.backlogged_gap, 1),
+        "bound": None if result.bound is None else round(result.bound, 1),
         "preemptions": result.preemptions,
         "recomputed_tokens": result.recomputed_tokens,
         "service_per_client": {c: round(v, 1) for c, v in totals.items()},

@@ -18,7 +18,7 @@ import functools
 import gc
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -30,6 +30,7 @@ from minivtc.core.params import SamplingParams
 from minivtc.core.policies import make_scheduler
 from minivtc.core.request import Request
 from minivtc.core.scheduler import Scheduler
+from minivtc.harness.backlog import BacklogWatch
 from minivtc.harness.metrics import Served
 from minivtc.harness.step_time import StepShape, StepTimeModel, step_time_model
 from minivtc.harness.workloads import TraceRequest
@@ -77,6 +78,8 @@ class SimResult:
     counters: dict[str, float] = field(default_factory=dict)  # final VTC counters, if any
     preemptions: int = 0  # reservation "none": requests preempted to make room
     recomputed_tokens: int = 0  # and the tokens prefilled again when they came back
+    bound: float | None = None  # the service-gap bound the run guarantees (check_fairness)
+    backlogged_gap: float | None = None  # the worst one measured (watch_backlog)
 
 
 def simulate(
@@ -90,10 +93,13 @@ def simulate(
     check_fairness: bool = False,
     reservation: str = "peak",
     victim: str = "latest",
+    preempt_gap: float | None = None,
     admit_every: int = 1,
     progress: bool = False,
+    watch_backlog: bool = False,
 ) -> SimResult:
-    """Replay `trace` through the engine on a virtual clock; every request's client-side record."""
+    """Replay `trace` through the engine on a virtual clock; every request's client-side record.
+    `watch_backlog`: also measure the worst service gap of two backlogged clients (slower)."""
     trace = sorted(trace, key=lambda r: r.arrival_s)
     model = step_time_model(step_time) if isinstance(step_time, str) else step_time
     policy = (
@@ -106,20 +112,24 @@ def simulate(
     engine = Engine(runner, BlockAllocator(-(-kv_tokens // block_size), block_size), policy,
                     max_positions=1 << 30, eos_id=SIM_EOS, clock=clock, max_running=1 << 30,
                     check_fairness=check_fairness, reservation=reservation, victim=victim,
-                    admit_every=admit_every)  # fmt: skip
+                    preempt_gap=preempt_gap, admit_every=admit_every)  # fmt: skip
     start = time.perf_counter()
+    watch = BacklogWatch(engine) if watch_backlog else None
     with gc_paused():  # PERF: 15-20% of a long simulation went to full collections
-        served, rejected, steps = replay(engine, clock, trace, progress)
+        served, rejected, steps = replay(engine, clock, trace, progress,
+                                         watch.step if watch else engine.step)  # fmt: skip
     first = trace[0].arrival_s if trace else 0.0
     total = max((s.end_s for s in served), default=first) - first
     counters = {c: n for c, (n, _) in policy.accounts().items() if n is not None}
     wall = time.perf_counter() - start
     return SimResult(served, rejected, total, wall, steps, counters, engine.num_preemptions,
-                     engine.recomputed_tokens)  # fmt: skip
+                     engine.recomputed_tokens, policy.gap_bound(),
+                     watch.worst if watch else None)  # fmt: skip
 
 
 def replay(
-    engine: Engine, clock: VirtualClock, trace: list[TraceRequest], progress: bool
+    engine: Engine, clock: VirtualClock, trace: list[TraceRequest], progress: bool,
+    step: Callable[[], list[Request]],
 ) -> tuple[list[Served], list[TraceRequest], int]:
     """Add each arrival once the clock reaches it, step the engine, record requests as they end.
 
@@ -149,7 +159,7 @@ def replay(
                 break  # the last arrivals were all rejected
             clock.now = max(clock.now, trace[i].arrival_s)
             continue
-        for r in engine.step():
+        for r in step():
             if r.finish_reason is not None:
                 served.append(record(*live.pop(r.request_id)))
         steps += 1

@@ -20,6 +20,7 @@ from minivtc.core.cost import W_P, W_Q
 from minivtc.core.engine import Engine, RequestRejected
 from minivtc.core.kv_pool import BlockAllocator
 from minivtc.core.params import SamplingParams
+from minivtc.harness.backlog import watch_rejoining
 
 
 @dataclass(frozen=True)
@@ -32,7 +33,7 @@ class Arrival:
 
 @dataclass
 class Step:
-    backlogged: set[str]  # clients with waiting requests before *and* after this step's admission
+    backlogged: set[str]  # clients with a request waiting throughout this step
     service: dict[str, float]  # weighted tokens processed for each client in this step
 
 
@@ -48,13 +49,15 @@ class UnitRunner:
         pass
 
 
-def drive(scheduler, arrivals, kv_tokens, fairness=False, max_positions=10**6):
+def drive(scheduler, arrivals, kv_tokens, fairness=False, max_positions=10**6, **options):
+    """`options`: the engine's memory options (reservation, victim, preempt_gap)."""
     clock = [0.0]
     engine = Engine(UnitRunner(clock), BlockAllocator(kv_tokens, 1), scheduler, max_positions,
                     eos_id=-1, clock=lambda: clock[0], check_invariants=True,
-                    check_fairness=fairness)  # fmt: skip
+                    check_fairness=fairness, **options)  # fmt: skip
     pending = deque(sorted(arrivals, key=lambda a: a.time))
     steps, rejected = [], []
+    rejoined = watch_rejoining(engine)
     while pending or engine.has_unfinished():
         while pending and pending[0].time <= clock[0]:
             a = pending.popleft()
@@ -69,11 +72,12 @@ def drive(scheduler, arrivals, kv_tokens, fairness=False, max_positions=10**6):
             clock[0] = pending[0].time
             continue
         before = waiting_clients(scheduler), snapshot(engine)
+        rejoined.clear()
         engine.step()
         after = snapshot(engine)
         service = {c: W_P * (after[c][0] - before[1].get(c, (0, 0))[0])
                    + W_Q * (after[c][1] - before[1].get(c, (0, 0))[1]) for c in after}  # fmt: skip
-        steps.append(Step(before[0] & waiting_clients(scheduler), service))
+        steps.append(Step(before[0] & waiting_clients(scheduler) - rejoined, service))
     assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
     return engine, steps, rejected
 

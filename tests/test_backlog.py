@@ -1,0 +1,83 @@
+"""`BacklogWatch` (Theorem 4.4's quantity, measured on a run) against the graded harness's
+`max_gap` over the same steps, and Definition 4.1's backlogged under preemption."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from minivtc.core.engine import Engine
+from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.params import SamplingParams
+from minivtc.core.vtc import VTC
+from minivtc.course.graded import harness
+from minivtc.course.graded.harness import UnitRunner, drive, max_gap, random_arrivals, workloads
+from minivtc.harness.backlog import BacklogWatch, watch_rejoining
+
+
+@settings(max_examples=40, deadline=None)
+@given(workloads, st.sampled_from(["full", "none"]))
+def test_the_watch_measures_what_max_gap_measures_over_every_pair(w, reservation):
+    """The same run stepped through a watch: its worst gap is the worst `max_gap` of all
+    pairs (an all-pairs running maximum against one pair at a time)."""
+    arrivals = random_arrivals(w)
+    watches = []
+    engine_step = harness.Engine.step
+
+    def step(engine):  # the harness steps the engine; route each step through a watch
+        if not watches:
+            watches.append(BacklogWatch(engine))
+        watch = watches[0]
+        harness.Engine.step = engine_step  # (the watch calls the real step)
+        try:
+            return watch.step()
+        finally:
+            harness.Engine.step = step
+
+    harness.Engine.step = step
+    try:
+        _, steps, _ = drive(VTC(), arrivals, w["kv_tokens"], reservation=reservation,
+                            victim="fair")  # fmt: skip
+    finally:
+        harness.Engine.step = engine_step
+    clients = sorted({a.client for a in arrivals})
+    expected = max((max_gap(steps, f, g) for f, g in itertools.combinations(clients, 2)),
+                   default=0.0)  # fmt: skip
+    assert len(steps) > 0 and watches[0].worst == expected
+
+
+def test_a_client_with_another_request_waiting_stays_backlogged_through_a_preemption():
+    """G's first request is admitted, then preempted in the same step (the latest victim);
+    G's second waited all along, so G never left the queue: it stays backlogged."""
+    clock = [0.0]
+    engine = Engine(UnitRunner(clock), BlockAllocator(20, 1), VTC(), 10**6, eos_id=-1,
+                    clock=lambda: clock[0], reservation="none", victim="latest")  # fmt: skip
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    for _ in range(2):
+        engine.add_request([5] * 9, params, client_id="F")
+    watch = BacklogWatch(engine)
+    watch.step()
+    g = engine.add_request([6], params, client_id="G")
+    engine.add_request([6], params, client_id="G")  # G also waits throughout
+    watch.step()
+    assert g.num_preemptions == 1 and watch.rejoined == set()  # another G request waited
+    watch.step()
+    assert "G" in watch.waiting()
+
+
+def test_watch_rejoining_sees_a_client_leave_and_rejoin_within_a_step():
+    """G's only request is admitted, then preempted in the same step: G left the queue inside
+    the step (Definition 4.1), though it waits before and after it."""
+    clock = [0.0]
+    engine = Engine(UnitRunner(clock), BlockAllocator(20, 1), VTC(), 10**6, eos_id=-1,
+                    clock=lambda: clock[0], reservation="none", victim="latest")  # fmt: skip
+    params = SamplingParams(max_tokens=10, ignore_eos=True)
+    for _ in range(2):
+        engine.add_request([5] * 9, params, client_id="F")
+    rejoined = watch_rejoining(engine)
+    engine.step()
+    g = engine.add_request([6], params, client_id="G")
+    engine.step()  # G admitted (2 tokens free), then the step's growth needs them: G preempted
+    assert g.num_preemptions == 1 and rejoined == {"G"}
