@@ -12,6 +12,7 @@ from minivtc.course.cli import add_course
 from minivtc.harness.cli import (
     add_calibrate,
     add_memory_options,
+    add_prefix_options,
     add_reproduce,
     add_simulate,
     add_trace_source,
@@ -116,6 +117,7 @@ def add_serve(sub) -> None:
     p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
                    help="larger request bodies get 413 before parsing (default 4 MiB)")  # fmt: skip
     add_memory_options(p, default="full")
+    add_prefix_options(p)
     p.add_argument("--shutdown-timeout", type=float, default=30.0,
                    help="seconds in-flight requests get to finish after SIGTERM/SIGINT; then they "
                    "end with an error and the server exits (default 30)")  # fmt: skip
@@ -151,11 +153,12 @@ def run_serve(args) -> int:
         ):
             raise ValueError(f"{args.client_weights}: want an object of client -> weight > 0 "
                              "(finite)")  # fmt: skip
-    scheduler = make_scheduler(args.scheduler, weights=weights)
+    scheduler = make_scheduler(args.scheduler, weights=weights, cached_weight=args.cached_weight)
     model, tokenizer = load_model(args.weights, args.dtype, args.device)
     engine = build_engine(model, tokenizer, scheduler, kv_tokens=args.kv_tokens,
                           reservation=args.reservation, victim=args.victim,
-                          preempt_gap=args.preempt_gap)  # fmt: skip
+                          preempt_gap=args.preempt_gap,
+                          prefix_caching=args.prefix_caching)  # fmt: skip
     name = Path(args.weights).name if args.weights else "minivtc-tiny"
     print(f"serving {name} with {args.scheduler} on http://{args.host}:{args.port}/v1",
           file=sys.stderr)  # fmt: skip

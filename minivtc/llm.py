@@ -37,12 +37,15 @@ def build_engine(
     block_size: int = 16,
     compile_attention: bool | None = None,
     client_weights: dict[str, float] | None = None,
+    prefix_caching: bool = False,
     **engine_options,
 ) -> Engine:
     """An engine over `model`. The pool holds `kv_tokens` tokens, or fills `kv_bytes` bytes.
 
     `scheduler` is a policy name (`scheduler.SCHEDULERS`) or object; `client_weights` are the
     operator's per-client shares for the VTC family (never taken from requests).
+    `prefix_caching`: requests that share a prompt prefix share its cached KV blocks and skip
+    its prefill (`prefix_cache.py`).
 
     `compile_attention=None` means on for CUDA, off for CPU (compiling costs more than it saves
     on a laptop CPU). Other keywords go to `Engine` (max_running, check_invariants, clock).
@@ -50,7 +53,8 @@ def build_engine(
     if kv_tokens is not None and kv_bytes is not None:
         raise ValueError("give kv_tokens or kv_bytes, not both")
     weight = model.embed_tokens.weight
-    pool_options = {"dtype": weight.dtype, "device": weight.device}
+    pool_options = {"dtype": weight.dtype, "device": weight.device,
+                    "prefix_caching": prefix_caching}  # fmt: skip
     if kv_bytes is not None:
         pool = KVPool.from_bytes(model.config, kv_bytes, block_size, **pool_options)
     else:

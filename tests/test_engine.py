@@ -245,10 +245,11 @@ def test_peak_reservation_admits_more_and_gives_the_same_tokens(tiny):
     assert concurrency == {"full": 1, "peak": 2}
 
 
-@pytest.mark.parametrize("pool", ["reserved", "preempting"])
+@pytest.mark.parametrize("pool", ["reserved", "preempting", "prefix-cached"])
 def test_batched_engine_matches_transformers_greedy_on_the_bundled_model(bundled, pool):
     """Staggered continuous batching == `transformers` generating each prompt alone (32 tokens),
-    also with a pool so small that requests are preempted and recomputed on the way."""
+    also with a pool so small that requests are preempted and recomputed on the way, and with
+    a prefix cache (every prompt opens with the same sentence: later ones skip its blocks)."""
     transformers = pytest.importorskip("transformers")
     from minivtc.core.weights import bundled_weights_dir
 
@@ -259,6 +260,9 @@ def test_batched_engine_matches_transformers_greedy_on_the_bundled_model(bundled
     options = {"kv_tokens": 1000}
     if pool == "preempting":
         options = {"kv_tokens": 96, "reservation": "none"}
+    if pool == "prefix-cached":
+        options = {"kv_tokens": 1000, "prefix_caching": True}
+        texts = ["In Python, as the tutorial explains in its first chapter, " + t for t in texts]
     engine = build_engine(model, tok, block_size=16, check_invariants=True, **options)
     reqs = [engine.add_request(t, params) for t in texts[:2]]
     engine.step()
@@ -271,6 +275,7 @@ def test_batched_engine_matches_transformers_greedy_on_the_bundled_model(bundled
                               min_new_tokens=32, do_sample=False, pad_token_id=0)  # fmt: skip
         assert r.output_ids == out[0, ids.shape[1] :].tolist(), r
     assert (engine.num_preemptions > 0) == (pool == "preempting")
+    assert (engine.num_cached_tokens > 0) == (pool == "prefix-cached")
 
 
 @pytest.mark.parametrize("victim", ["latest", "fair"])

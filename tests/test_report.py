@@ -43,10 +43,10 @@ SUMMARY_KEYS = {
     "served", "rejected", "max_diff", "avg_diff", "diff_var", "throughput_tok_s", "jain_index",
     "max_accumulated_gap", "max_gap_first_half", "last_gap", "two_u", "simulated_s", "wall_s",
     "steps", "preemptions", "recomputed_tokens", "service_per_client", "service_rate_60_300",
-    "mean_ttft_per_client", "backlogged_gap", "bound",
+    "mean_ttft_per_client", "backlogged_gap", "bound", "prefix_hit_rate", "prefill_tokens_saved",
 }  # fmt: skip
 RUN_KEYS = {"workload", "scheduler", "step_time", "kv_tokens", "reservation", "victim",
-            "preempt_gap"}  # fmt: skip
+            "preempt_gap", "block_size", "prefix_caching", "cached_weight"}  # fmt: skip
 
 
 def said(text: str) -> str:

@@ -178,6 +178,36 @@ def test_reproduce_fair_memory_compares_reservation_with_blocks_on_demand(tmp_pa
     assert verdicts.count(": yes") == 3, verdicts
 
 
+def test_reproduce_prefix_caching_prices_cached_tokens_three_ways(tmp_path):
+    """`reproduce --only prefix_caching`: two shared-system-prompt workloads without a cache
+    and with one at w_c = w_p, w_p/2, 0 (Lemma 4.3 asserted every step); the cache serves
+    >= 1.5x the tokens/s, every gap within 2U; with w_c = w_p every client gets the same
+    service, with w_c = 0 the clients that miss the cache get less than with w_c = w_p."""
+    from minivtc.harness.report import reproduce
+
+    report = reproduce(tmp_path, only=["prefix_caching"]).read_text()
+    assert "(goal >= 1.5x), every gap within 2U: yes" in report
+    first = report.split("### A and B")[0]
+    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line.split("|")
+            for line in first.splitlines() if line.startswith(("| no", "| yes"))}  # fmt: skip
+    service = {k: [float(x) for x in row[5].split("/")] for k, row in rows.items()}
+    equal = service["yes", "1"]
+    assert max(equal) - min(equal) <= 0.01 * max(equal)
+    assert service["yes", "0"][1] < equal[1] and service["yes", "0"][0] > equal[0]
+
+
+def test_simulate_command_takes_the_prefix_options(tmp_path):
+    trace = [TraceRequest("a", i / 10, 2048 + i, 8, None, "sys", 2000) for i in range(10)]
+    write_trace(tmp_path / "t.csv", trace)
+    out = tmp_path / "run"
+    assert main(["simulate", "--trace", str(tmp_path / "t.csv"), "--block-size", "16",
+                 "--prefix-caching", "--cached-weight", "0.5", "--reservation", "full",
+                 "--out", str(out)]) == 0  # fmt: skip
+    saved = json.loads((out / "metrics.json").read_text())
+    assert saved["prefill_tokens_saved"] == 9 * 2000 and 0 < saved["prefix_hit_rate"] < 1
+    assert (saved["prefix_caching"], saved["cached_weight"]) == (True, 0.5)
+
+
 def test_calibrate_fit_recovers_a_known_step_cost_and_round_trips(tmp_path):
     from minivtc.harness.calibrate import MeasuredStepTime, fit
     from minivtc.harness.step_time import StepShape, step_time_model

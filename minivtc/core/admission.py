@@ -44,9 +44,9 @@ class FullReservation:
 
     def try_admit(self, request: Request) -> bool:
         """Reserve blocks for prompt + max_tokens if they are free; else take nothing."""
-        if not self.allocator.can_allocate(request.max_num_tokens):
+        if not self.allocator.can_allocate(request.max_num_tokens, request.prompt_ids):
             return False
-        self.allocator.allocate(request.request_id, request.max_num_tokens)
+        self.allocator.allocate(request.request_id, request.max_num_tokens, request.prompt_ids)
         return True
 
     def grow(self, batch: list[Request], preempt: Preempt) -> None:
@@ -85,7 +85,7 @@ class PeakReservation:
         if self.final_blocks + final > self.allocator.num_blocks:
             if self.peak_blocks(request) > self.allocator.num_blocks:
                 return False
-        self.allocator.allocate(request.request_id, request.num_tokens)
+        self.allocator.allocate(request.request_id, request.num_tokens, request.prompt_ids)
         self.final_blocks += final
         self.spans[request.request_id] = self.span(request)
         return True
@@ -153,9 +153,10 @@ class OnDemand:
     def try_admit(self, request: Request) -> bool:
         # One block of headroom: a request admitted into the last free block would be the
         # next step's victim.
-        if not self.allocator.can_allocate(request.num_tokens + self.allocator.block_size):
+        headroom = request.num_tokens + self.allocator.block_size
+        if not self.allocator.can_allocate(headroom, request.prompt_ids):
             return False
-        self.allocator.allocate(request.request_id, request.num_tokens)
+        self.allocator.allocate(request.request_id, request.num_tokens, request.prompt_ids)
         return True
 
     def grow(self, batch: list[Request], preempt: Preempt) -> None:

@@ -79,6 +79,7 @@ class ClientTokens:
 
     num_input: int = 0
     num_output: int = 0
+    num_cached: int = 0  # of num_input, prompt tokens the prefix cache held
 
 
 class Engine:
@@ -123,6 +124,8 @@ class Engine:
         self.steps_since_admission = 0
         self.num_preemptions = 0  # requests preempted (reservation "none")
         self.recomputed_tokens = 0  # tokens prefilled again after a preemption: waste
+        self.num_prompt_tokens = 0  # prompt tokens of the requests admitted (once each)
+        self.num_cached_tokens = 0  # of which found in the prefix cache: prefill saved
         self.ids = itertools.count()
 
     def add_request(
@@ -272,12 +275,17 @@ class Engine:
             self.preempt(victim)
         request.status, request.admitted_time = Status.RUNNING, self.clock()
         self.running.append(request)
+        # A prefix cache may hold its prompt's first blocks: its prefill starts after them.
+        request.num_computed = self.allocator.cached_tokens(request.request_id)
         if request.num_preemptions:  # back after a preemption: its prompt was charged once
-            self.recomputed_tokens += request.num_tokens
+            self.recomputed_tokens += request.num_tokens - request.num_computed
             return True
-        self.client_tokens.setdefault(request.client_id, ClientTokens()).num_input += (
-            request.num_prompt
-        )  # fmt: skip
+        request.num_cached = request.num_computed  # the scheduler may price them (w_c)
+        self.num_prompt_tokens += request.num_prompt
+        self.num_cached_tokens += request.num_cached
+        tokens = self.client_tokens.setdefault(request.client_id, ClientTokens())
+        tokens.num_input += request.num_prompt
+        tokens.num_cached += request.num_cached
         self.scheduler.on_tokens(request, request.num_prompt, 0)
         return True
 
@@ -301,7 +309,11 @@ class Engine:
                 raise token
             # PERF: len(), not the num_tokens property, on the per-token lines (a property
             # call costs more than the addition): -7% instructions in `minivtc bench sim`.
+            prefilled = request.num_computed < len(request.prompt_ids)
             request.num_computed = len(request.prompt_ids) + len(request.output_ids)
+            if prefilled:  # its prompt's blocks are computed: a prefix cache may name them
+                self.allocator.cache_prompt(request.request_id, request.prompt_ids,
+                                            request.num_computed)  # fmt: skip
             request.output_ids.append(token)
             if request.first_token_time is None:
                 request.first_token_time = self.clock()

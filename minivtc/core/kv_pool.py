@@ -55,11 +55,15 @@ class BlockAllocator:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)  # ceil division
 
-    def can_allocate(self, num_tokens: int) -> bool:
+    def can_allocate(self, num_tokens: int, prompt_ids: list[int] | None = None) -> bool:
+        """Would `allocate` succeed? (`prompt_ids`: for a pool that caches prefixes.)"""
         return self.blocks_needed(num_tokens) <= len(self.free_blocks)
 
-    def allocate(self, request_id: str, num_tokens: int) -> list[int]:
-        """Give `request_id` enough blocks for `num_tokens` positions; its block table."""
+    def allocate(
+        self, request_id: str, num_tokens: int, prompt_ids: list[int] | None = None
+    ) -> list[int]:
+        """Give `request_id` enough blocks for `num_tokens` positions; its block table.
+        (`prompt_ids`: a prefix-caching pool, `prefix_cache.py`, starts with its cached blocks.)"""
         assert request_id not in self.block_tables, f"request {request_id!r} already holds blocks"
         n = self.blocks_needed(num_tokens)
         assert n <= len(self.free_blocks), (
@@ -89,6 +93,14 @@ class BlockAllocator:
         )
         self.free_blocks.extend(reversed(self.block_tables.pop(request_id)))
 
+    def cached_tokens(self, request_id: str) -> int:
+        """Prompt tokens whose keys and values `allocate` found in the pool: none here."""
+        return 0
+
+    def cache_prompt(self, request_id: str, prompt_ids: list[int], num_computed: int) -> None:
+        """The request's prompt is computed up to `num_computed`: a pool without a prefix
+        cache names nothing (`prefix_cache.PrefixCachingAllocator` does)."""
+
     def slots(self, request_id: str, start: int, end: int) -> list[int]:
         """Flat slot indices of positions start..end-1 of a request (where its K/V go)."""
         assert request_id in self.block_tables, f"use after free: {request_id!r} holds no blocks"
@@ -116,11 +128,16 @@ class KVPool:
     def __init__(
         self, config: LlamaConfig, num_blocks: int, block_size: int,
         dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+        prefix_caching: bool = False,
     ) -> None:  # fmt: skip
-        """`dtype` None: float32."""
+        """`dtype` None: float32. `prefix_caching`: share cached prompt blocks between
+        requests (`prefix_cache.py`)."""
         import torch
 
-        self.allocator = BlockAllocator(num_blocks, block_size)
+        from minivtc.core.prefix_cache import PrefixCachingAllocator
+
+        allocator = PrefixCachingAllocator if prefix_caching else BlockAllocator
+        self.allocator = allocator(num_blocks, block_size)
         dtype = dtype or torch.float32
         shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (NL, NB, BS, K, D)

@@ -21,13 +21,18 @@ SCHEDULERS = (
 
 
 def make_scheduler(
-    name: str, weights: dict[str, float] | None = None, seed: int = 0, artifact: bool = False
-) -> Scheduler:
+    name: str, weights: dict[str, float] | None = None, seed: int = 0, artifact: bool = False,
+    cached_weight: float | None = None,
+) -> Scheduler:  # fmt: skip
     """A scheduler from its command-line name. `weights` (operator-set) apply to the VTC family;
     `artifact=True` reproduces the official artifact's counter quirks (no lift to the last
     client to leave, an uncharged first token, an extra charge on finish events; see
     lessons/artifact_deviations.md).
-    A VTC-family name ending in "-profile" charges the profiled h instead of w_p n_p + w_q n_q."""
+    A VTC-family name ending in "-profile" charges the profiled h instead of w_p n_p + w_q n_q.
+    `cached_weight` w_c: the VTC family's charge for a prompt token found in the prefix cache
+    (None: w_p, as any prompt token)."""
+    if cached_weight is not None and not name.startswith(("vtc", "lcf")):
+        raise ValueError(f"cached_weight prices service for the VTC family, not {name!r}")
     if name == "fcfs":
         return FCFS()
     if name.startswith("rpm:"):
@@ -37,7 +42,7 @@ def make_scheduler(
     base, profiled = (
         (name[: -len("-profile")], True) if name.endswith("-profile") else (name, False)
     )
-    options = {"weights": weights, "name": name,
+    options = {"weights": weights, "name": name, "cached_weight": cached_weight,
                "cost": ProfiledCost() if profiled else LinearCost()}  # fmt: skip
     if base == "vtc-artifact":  # VTC as the official artifact charges (artifact_deviations.md)
         base, artifact = "vtc", True

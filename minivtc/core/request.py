@@ -14,8 +14,9 @@ Lifecycle::
 
 `num_computed` counts the tokens whose keys and values are in the pool. A step computes
 `all_ids[num_computed:]`: the whole prompt after admission (prefill), one token afterwards
-(decode). Preemption (`Engine.preempt`) frees the blocks and sets `num_computed = 0`, and the
-next admission recomputes prompt + output so far.
+(decode); with a prefix cache, admission starts it at the cached prefix (`num_cached`).
+Preemption (`Engine.preempt`) frees the blocks and sets `num_computed = 0`, and the next
+admission recomputes prompt + output so far.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ class Request:
     status: Status = Status.WAITING
     num_computed: int = 0
     num_preemptions: int = 0  # times it was preempted (its blocks freed, recomputed later)
+    num_cached: int = 0  # prompt tokens found in the prefix cache when first admitted
     admitted_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None

@@ -141,8 +141,15 @@ class VTC(Scheduler):
     def __init__(
         self, cost: Cost = PAPER_COST, weights: dict[str, float] | None = None,
         lift: bool = True, predictor: Predictor | None = None, name: str = "vtc",
+        cached_weight: float | None = None,
     ) -> None:  # fmt: skip
+        w_p = weights_of(cost)[0]
+        if cached_weight is not None and not 0 <= cached_weight <= w_p:
+            raise ValueError(f"cached_weight must be in [0, w_p = {w_p}], got {cached_weight}")
         self.cost, self.weights = cost, dict(weights or {})
+        # w_c: a prompt token served from the prefix cache is charged w_c instead of w_p
+        # (None: w_p). Lemma 4.3's U is unchanged: a dispatch still costs at most w_p L_input.
+        self.cached_weight = cached_weight
         self.lift, self.predictor = lift, predictor
         self.name = name
         self.counters: dict[str, float] = {}
@@ -205,7 +212,7 @@ class VTC(Scheduler):
             weight = self.weights.get(request.client_id, 1.0)
             self.dispatch_charge = max(self.dispatch_charge, service / weight)
             self.charged[request.request_id] = (predicted, service)
-            self.charge(request.client_id, service)
+            self.charge(request.client_id, service - self.cache_discount(request))
         if num_output:
             self.charge_outputs([request], num_output)
 
@@ -379,6 +386,12 @@ class VTC(Scheduler):
         if self.bound is not None:  # for check_invariants
             self.step_gain = {c: self.counters[c] - n for c, n in before.items()}
             self.step_charge = max([self.step_charge, *self.step_gain.values()])
+
+    def cache_discount(self, request: Request) -> float:
+        """(w_p - w_c) for each prompt token the engine found in the prefix cache."""
+        if self.cached_weight is None:
+            return 0.0
+        return (weights_of(self.cost)[0] - self.cached_weight) * request.num_cached
 
     def charge(self, client: str, amount: float) -> None:
         self.counters[client] += amount / self.weights.get(client, 1.0)

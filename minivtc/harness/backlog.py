@@ -5,8 +5,8 @@ Owns `BacklogWatch`, which steps an engine and keeps, for every pair of clients 
 together, the running difference of their service since the pair's interval began; the worst
 |W_f(t1, t2) - W_g(t1, t2)| over all such intervals is what Theorem 4.4 bounds by 2U (and
 fair preemption by 2 U_P, `cost.preemptive_bound`). Service is measured from the tokens the
-engine processed (w_p per prompt token, w_q per output token, divided by the client's weight),
-independently of any scheduler's counters.
+engine processed (w_p per prompt token, w_c per prompt token found in the prefix cache, w_q
+per output token, divided by the client's weight), independently of any scheduler's counters.
 
 Backlogged is Definition 4.1's: a request in the waiting queue at every instant of the step.
 A client waiting before and after a step may still have left the queue inside it: its only
@@ -27,8 +27,11 @@ from minivtc.core.request import Request
 class BacklogWatch:
     """Wraps `engine`: call `step()` instead of `engine.step()`; read `worst` and `pair`."""
 
-    def __init__(self, engine, w_p: float = W_P, w_q: float = W_Q) -> None:
+    def __init__(
+        self, engine, w_p: float = W_P, w_q: float = W_Q, w_c: float | None = None
+    ) -> None:
         self.engine, self.w_p, self.w_q = engine, w_p, w_q
+        self.w_c = w_p if w_c is None else w_c
         self.rejoined = watch_rejoining(engine)
         self.running_diff: dict[tuple[str, str], tuple[float, float, float]] = {}
         self.worst, self.pair = 0.0, None  # the largest gap so far, and between whom
@@ -42,7 +45,7 @@ class BacklogWatch:
         after = self.tokens(backlogged)
         weights = self.engine.scheduler.accounts()
         service = {
-            c: (self.w_p * (after[c][0] - tokens[c][0]) + self.w_q * (after[c][1] - tokens[c][1]))
+            c: self.price(*(a - b for a, b in zip(after[c], tokens[c], strict=True)))
             / weights.get(c, (None, 1.0))[1]
             for c in backlogged
         }
@@ -61,13 +64,17 @@ class BacklogWatch:
                 self.worst, self.pair = hi - lo, (f, g)
         self.running_diff = diffs
 
+    def price(self, num_input: int, num_output: int, num_cached: int) -> float:
+        return (self.w_p * (num_input - num_cached) + self.w_c * num_cached
+                + self.w_q * num_output)  # fmt: skip
+
     def waiting(self) -> set[str]:
         return {r.client_id for r in self.engine.scheduler.waiting()}
 
-    def tokens(self, clients) -> dict[str, tuple[int, int]]:
+    def tokens(self, clients) -> dict[str, tuple[int, int, int]]:
         counts = self.engine.client_tokens
-        return {c: (counts[c].num_input, counts[c].num_output) if c in counts else (0, 0)
-                for c in clients}  # fmt: skip
+        return {c: (counts[c].num_input, counts[c].num_output, counts[c].num_cached)
+                if c in counts else (0, 0, 0) for c in clients}  # fmt: skip
 
 
 def watch_rejoining(engine) -> set[str]:

@@ -28,9 +28,15 @@ def add_simulate(sub) -> None:
     )  # fmt: skip
     p.add_argument("--kv-tokens", type=int, default=10000, help="KV pool in tokens (default 10000)")
     p.add_argument(
+        "--block-size", type=int, default=1,
+        help="tokens per KV block (default 1, S-LoRA's token-granular pool the paper ran on; "
+        "a prefix cache shares whole blocks, so use e.g. 16 with --prefix-caching)",
+    )  # fmt: skip
+    p.add_argument(
         "--seed", type=int, default=0, help="seed for randomised policies (vtc-oracle:p)"
     )
     add_memory_options(p, default="peak")
+    add_prefix_options(p)
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(run=run_simulate)
 
@@ -58,12 +64,28 @@ def add_memory_options(p, default: str) -> None:
     )  # fmt: skip
 
 
+def add_prefix_options(p) -> None:
+    """--prefix-caching and --cached-weight (the simulator's and the server's)."""
+    p.add_argument(
+        "--prefix-caching", action="store_true",
+        help="cache full prompt blocks and share them between requests with the same prefix "
+        "(their prefill starts after it); cached blocks nobody holds are evicted, least "
+        "recently used first, before any running work is preempted",
+    )  # fmt: skip
+    p.add_argument(
+        "--cached-weight", type=float, default=None, metavar="W",
+        help="what VTC charges for a prompt token found in the prefix cache, 0 <= W <= w_p = 1 "
+        "(default w_p: caching changes no one's charge; 0: cached tokens are free)",
+    )  # fmt: skip
+
+
 def run_simulate(args) -> int:
     from minivtc.harness.report import simulate_to_dir
 
     summary = simulate_to_dir(args.workload, args.trace, args.scheduler, args.step_time,
                               args.kv_tokens, args.seed, args.out, args.reservation,
-                              args.victim, args.preempt_gap)  # fmt: skip
+                              args.victim, args.preempt_gap, args.block_size,
+                              args.prefix_caching, args.cached_weight)  # fmt: skip
     print_summary(summary)
     print(f"wrote {args.out}/requests.csv, metrics.json, service.png, response.png, gap.png")
     return 0
@@ -77,7 +99,8 @@ def add_trace_source(p) -> None:
     src.add_argument("--workload", choices=list(WORKLOADS), help="one of the paper's workloads")
     src.add_argument(
         "--trace", help="a CSV with columns client,arrival_s,input_tokens,output_tokens "
-        "(and optionally max_tokens: the request's limit, when it ends before it)"
+        "(and optionally max_tokens: the request's limit, when it ends before it; prefix_id "
+        "and prefix_tokens: requests with the same prefix_id share their first prefix_tokens)"
     )
 
 
@@ -101,7 +124,8 @@ def add_reproduce(sub) -> None:
         "--only",
         help="comma-separated keys (default: all): fig3 ... fig10, fig12, fig13 (13-14), fig15, "
         "fig16, table2 ... table6 (table5 includes Figure 19), validate (the simulator against "
-        "the artifact's measured A10G runs), fair_memory (reservation vs blocks on demand with "
+        "the artifact's measured A10G runs), prefix_caching (what a cached prompt token should "
+        "cost), fair_memory (reservation vs blocks on demand with "
         "preemption, max_tokens 1024)",
     )
     p.add_argument("--out", required=True, help="output directory")

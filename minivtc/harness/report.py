@@ -20,6 +20,7 @@ from minivtc.core.cost import fairness_bound
 from minivtc.harness import metrics, plots
 from minivtc.harness.experiments import EXPERIMENTS, TWO_U_10K, Experiment
 from minivtc.harness.fair_memory import fair_memory
+from minivtc.harness.prefix_caching import prefix_caching
 from minivtc.harness.sim import SimResult, progress_bar, simulate
 from minivtc.harness.workloads import A10G_RUNS, TraceRequest, read_trace, workload
 
@@ -27,7 +28,8 @@ from minivtc.harness.workloads import A10G_RUNS, TraceRequest, read_trace, workl
 def simulate_to_dir(
     workload_name: str | None, trace_path: str | None, scheduler: str, step_time: str,
     kv_tokens: int, seed: int, out: str | Path, reservation: str = "peak", victim: str = "latest",
-    preempt_gap: float | None = None,
+    preempt_gap: float | None = None, block_size: int = 1, prefix_caching: bool = False,
+    cached_weight: float | None = None,
 ) -> dict:  # fmt: skip
     """Simulate, then write requests.csv, metrics.json and the plots to `out`. VTC asserts
     its bound after every step where the configuration states one (`bound` in metrics.json:
@@ -42,14 +44,17 @@ def simulate_to_dir(
         horizon, weights = float(int(trace[-1].arrival_s)), None
     checked = scheduler == "vtc" and (reservation, victim) in (("full", "latest"), ("full", "fair"),
                                                                 ("none", "fair"))  # fmt: skip
-    result = simulate(trace, scheduler, step_time, kv_tokens, weights=weights, seed=seed,
-                      reservation=reservation, victim=victim, preempt_gap=preempt_gap,
-                      check_fairness=checked, watch_backlog=True, progress=True)  # fmt: skip
+    result = simulate(trace, scheduler, step_time, kv_tokens, block_size, weights=weights,
+                      seed=seed, reservation=reservation, victim=victim,
+                      preempt_gap=preempt_gap, check_fairness=checked, watch_backlog=True,
+                      progress=True, prefix_caching=prefix_caching,
+                      cached_weight=cached_weight)  # fmt: skip
     metrics.write_requests(out / "requests.csv", result.served)
     summary = summarize(result, horizon, kv_tokens, max(t.input_tokens for t in trace))
     summary.update(workload=workload_name or trace_path, scheduler=scheduler, step_time=step_time,
                    kv_tokens=kv_tokens, reservation=reservation, victim=victim,
-                   preempt_gap=preempt_gap)  # fmt: skip
+                   preempt_gap=preempt_gap, block_size=block_size,
+                   prefix_caching=prefix_caching, cached_weight=cached_weight)  # fmt: skip
     (out / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n")
     title = f"{scheduler} on {workload_name or Path(trace_path).name}"
     plots.service_plot(result.served, horizon, out / "service.png", f"{title}: service rate")
@@ -91,6 +96,8 @@ def summarize(
         # (null: none stated, e.g. FCFS, or blocks on demand with the latest victim)
         "backlogged_gap": None if result.backlogged_gap is None else round(result.backlogged_gap, 1),
         "bound": None if result.bound is None else round(result.bound, 1),
+        "prefix_hit_rate": round(result.prefix_hit_rate, 4),  # of admitted prompt tokens
+        "prefill_tokens_saved": result.cached_tokens,
         "preemptions": result.preemptions,
         "recomputed_tokens": result.recomputed_tokens,
         "service_per_client": {c: round(v, 1) for c, v in totals.items()},
@@ -273,6 +280,8 @@ SPECIAL: dict[str, tuple[str, Callable[[Path], list[str]]]] = {
     "validate": ("Validation against the measured A10G runs", validate),
     "fair_memory": ("Fair memory: reservation vs blocks on demand with preemption",
                     lambda out: fair_memory(out, show_simulations())),
+    "prefix_caching": ("Prefix caching: what a cached prompt token should cost",
+                       lambda out: prefix_caching(out, show_simulations())),
 }
 
 

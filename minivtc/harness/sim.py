@@ -28,6 +28,7 @@ from minivtc.core.engine import Engine
 from minivtc.core.kv_pool import BlockAllocator
 from minivtc.core.params import SamplingParams
 from minivtc.core.policies import make_scheduler
+from minivtc.core.prefix_cache import PrefixCachingAllocator
 from minivtc.core.request import Request
 from minivtc.core.scheduler import Scheduler
 from minivtc.harness.backlog import BacklogWatch
@@ -80,6 +81,12 @@ class SimResult:
     recomputed_tokens: int = 0  # and the tokens prefilled again when they came back
     bound: float | None = None  # the service-gap bound the run guarantees (check_fairness)
     backlogged_gap: float | None = None  # the worst one measured (watch_backlog)
+    prompt_tokens: int = 0  # of the requests admitted
+    cached_tokens: int = 0  # of which the prefix cache held: prefill saved
+
+    @property
+    def prefix_hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
 def simulate(
@@ -97,45 +104,54 @@ def simulate(
     admit_every: int = 1,
     progress: bool = False,
     watch_backlog: bool = False,
+    prefix_caching: bool = False,
+    cached_weight: float | None = None,
 ) -> SimResult:
     """Replay `trace` through the engine on a virtual clock; every request's client-side record.
-    `watch_backlog`: also measure the worst service gap of two backlogged clients (slower)."""
+    `watch_backlog`: also measure the worst service gap of two backlogged clients (slower).
+    `prefix_caching`: the pool caches prompt blocks (requests sharing a `prefix_id` share
+    their first `prefix_tokens`); `cached_weight`: VTC's charge for a cached prompt token."""
     trace = sorted(trace, key=lambda r: r.arrival_s)
     model = step_time_model(step_time) if isinstance(step_time, str) else step_time
     policy = (
-        make_scheduler(scheduler, weights=weights, seed=seed)
+        make_scheduler(scheduler, weights=weights, seed=seed, cached_weight=cached_weight)
         if isinstance(scheduler, str)
         else scheduler
     )
     clock = VirtualClock()
     runner = StepTimeRunner(model, clock)
-    engine = Engine(runner, BlockAllocator(-(-kv_tokens // block_size), block_size), policy,
+    pool = PrefixCachingAllocator if prefix_caching else BlockAllocator
+    engine = Engine(runner, pool(-(-kv_tokens // block_size), block_size), policy,
                     max_positions=1 << 30, eos_id=SIM_EOS, clock=clock, max_running=1 << 30,
                     check_fairness=check_fairness, reservation=reservation, victim=victim,
                     preempt_gap=preempt_gap, admit_every=admit_every)  # fmt: skip
     start = time.perf_counter()
-    watch = BacklogWatch(engine) if watch_backlog else None
+    watch = BacklogWatch(engine, w_c=cached_weight) if watch_backlog else None
     with gc_paused():  # PERF: 15-20% of a long simulation went to full collections
         served, rejected, steps = replay(engine, clock, trace, progress,
-                                         watch.step if watch else engine.step)  # fmt: skip
+                                         watch.step if watch else engine.step,
+                                         prefix_caching)  # fmt: skip
     first = trace[0].arrival_s if trace else 0.0
     total = max((s.end_s for s in served), default=first) - first
     counters = {c: n for c, (n, _) in policy.accounts().items() if n is not None}
     wall = time.perf_counter() - start
     return SimResult(served, rejected, total, wall, steps, counters, engine.num_preemptions,
                      engine.recomputed_tokens, policy.gap_bound(),
-                     watch.worst if watch else None)  # fmt: skip
+                     watch.worst if watch else None, engine.num_prompt_tokens,
+                     engine.num_cached_tokens)  # fmt: skip
 
 
 def replay(
     engine: Engine, clock: VirtualClock, trace: list[TraceRequest], progress: bool,
-    step: Callable[[], list[Request]],
+    step: Callable[[], list[Request]], distinct_prompts: bool = False,
 ) -> tuple[list[Served], list[TraceRequest], int]:
     """Add each arrival once the clock reaches it, step the engine, record requests as they end.
 
     Returns the served records, the rejected arrivals and the number of steps."""
-    # One prompt list and one SamplingParams per length, shared: 1M requests stay small.
+    # One prompt list and one SamplingParams per length, shared: 1M requests stay small. For a
+    # prefix cache, prompts differ: equal only over a shared prefix (`prompt_ids`).
     prompt_of = functools.cache(lambda n: [1] * n)
+    prefix_tokens: dict[str | None, int] = {}  # prefix id -> its token
     params_of = functools.cache(lambda n, eos: SamplingParams(max_tokens=n, ignore_eos=not eos))
     live: dict[str, tuple[Request, TraceRequest]] = {}
     served, rejected, steps, i, shown = [], [], 0, 0, 0
@@ -147,7 +163,9 @@ def replay(
             try:
                 limited = t.max_tokens is not None and t.max_tokens > t.output_tokens
                 params = params_of(t.max_tokens if limited else t.output_tokens, limited)
-                r = engine.add_request(prompt_of(t.input_tokens), params, client_id=t.client,
+                prompt = (prompt_ids(t, i, prefix_tokens) if distinct_prompts
+                          else prompt_of(t.input_tokens))  # fmt: skip
+                r = engine.add_request(prompt, params, client_id=t.client,
                                        arrival_time=t.arrival_s)  # fmt: skip
                 live[r.request_id] = (r, t)
                 if limited:  # it ends with EOS after output_tokens, not at max_tokens
@@ -174,6 +192,14 @@ def replay(
         bar.update(len(served) + len(rejected) - bar.n)
         bar.close()
     return served, rejected, steps
+
+
+def prompt_ids(t: TraceRequest, i: int, prefix_tokens: dict[str | None, int]) -> list[int]:
+    """Token ids for trace request number `i`: its prefix's (one token per `prefix_id`, the
+    same for every request with it), then its own (a token no other request has)."""
+    token = prefix_tokens.setdefault(t.prefix_id, len(prefix_tokens))
+    shared = [token] * t.prefix_tokens
+    return shared + [-1 - i] * (t.input_tokens - len(shared))
 
 
 def progress_bar(total: float, desc: str, unit: str, enabled: bool = True) -> tqdm:

@@ -67,7 +67,7 @@ class MeasuredStepTime:
 class StepShape:
     """What a cost model needs to know about one engine step."""
 
-    prefill_tokens: int  # prompt tokens computed (newly admitted requests)
+    prefill_tokens: int  # tokens computed for newly admitted requests (past any cached prefix)
     num_requests: int  # requests in the batch (each gets one token)
     context_tokens: int  # K/V tokens attention reads, summed over the batch
 
@@ -78,8 +78,8 @@ class StepShape:
         for r in requests:  # one pass: this runs every simulated step
             n = len(r.prompt_ids) + len(r.output_ids)  # PERF: len(), see Engine.append
             context += n
-            if r.num_computed == 0:  # newly admitted: its whole prompt is computed now
-                prefill += n
+            if r.num_computed < len(r.prompt_ids):  # newly admitted: computes all it lacks
+                prefill += n - r.num_computed  # (a prefix cache may hold the first blocks)
         return cls(prefill, len(requests), context)
 
 

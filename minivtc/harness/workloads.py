@@ -32,6 +32,10 @@ class TraceRequest:
     input_tokens: int
     output_tokens: int  # where it ends (at EOS, or at max_tokens)
     max_tokens: int | None = None  # the request's limit, if it asked for more than it got
+    # Requests with the same prefix_id share their first prefix_tokens prompt tokens (a system
+    # prompt, a conversation so far): what a prefix cache can reuse.
+    prefix_id: str | None = None
+    prefix_tokens: int = 0
 
 
 def client_name(i: int) -> str:
@@ -57,27 +61,36 @@ def read_trace(path: str | Path) -> list[TraceRequest]:
 
 
 def trace_request(row: dict[str, str]) -> TraceRequest:
-    """One row; `max_tokens` is optional (a column that may be absent or empty)."""
+    """One row; `max_tokens`, `prefix_id` and `prefix_tokens` are optional (columns that may
+    be absent or empty)."""
     arrival = float(row["arrival_s"])
     n_in, n_out = int(row["input_tokens"]), int(row["output_tokens"])
     limit = int(row["max_tokens"]) if row.get("max_tokens") else None
+    prefix_id = row.get("prefix_id") or None
+    prefix = int(row["prefix_tokens"]) if prefix_id and row.get("prefix_tokens") else 0
     if not math.isfinite(arrival) or n_in < 1 or n_out < 1:
         raise ValueError(f"want a finite arrival_s and token counts >= 1, got {row}")
     if limit is not None and limit < n_out:
         raise ValueError(f"max_tokens {limit} < output_tokens {n_out}: it could not end there")
-    return TraceRequest(row["client"], arrival, n_in, n_out, limit)
+    if not 0 <= prefix <= n_in:
+        raise ValueError(f"prefix_tokens {prefix} is not within input_tokens {n_in}")
+    return TraceRequest(row["client"], arrival, n_in, n_out, limit, prefix_id, prefix)
 
 
 def write_trace(path: str | Path, trace: list[TraceRequest]) -> None:
-    """The trace CSV; the max_tokens column only when a request has a limit."""
+    """The trace CSV; the max_tokens and prefix columns only when a request uses them."""
     limits = any(r.max_tokens is not None for r in trace)
+    prefixes = any(r.prefix_id is not None for r in trace)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(["client", "arrival_s", "input_tokens", "output_tokens"]
-                   + (["max_tokens"] if limits else []))  # fmt: skip
+                   + (["max_tokens"] if limits else [])
+                   + (["prefix_id", "prefix_tokens"] if prefixes else []))  # fmt: skip
         for r in trace:
             row = [r.client, f"{r.arrival_s:.6f}", r.input_tokens, r.output_tokens]
-            w.writerow(row + ([r.max_tokens or ""] if limits else []))
+            row += [r.max_tokens or ""] if limits else []
+            row += [r.prefix_id or "", r.prefix_tokens if r.prefix_id else ""] if prefixes else []
+            w.writerow(row)
 
 
 # --- the generators --------------------------------------------------------------------------

@@ -66,6 +66,8 @@ class Snapshot:
     forgotten: ClientRow = field(default_factory=ClientRow)  # summed over forgotten clients
     preemptions: int = 0  # requests preempted to make room (reservation "none")
     recomputed_tokens: int = 0  # tokens prefilled again after a preemption
+    prompt_tokens: int = 0  # of the requests admitted
+    cached_tokens: int = 0  # of which the prefix cache held (their prefill was skipped)
 
 
 def fairness_view(snap: Snapshot, only: str | None = None) -> dict:
@@ -144,6 +146,15 @@ def families(snap: Snapshot, top: int) -> Iterable[Metric]:
     yield CounterMetricFamily("minivtc_recomputed_tokens",
                               "Tokens prefilled again after a preemption.",
                               value=snap.recomputed_tokens)  # fmt: skip
+    yield CounterMetricFamily("minivtc_prompt_tokens", "Prompt tokens of the requests admitted.",
+                              value=snap.prompt_tokens)  # fmt: skip
+    yield CounterMetricFamily("minivtc_prefix_cache_hit_tokens",
+                              "Prompt tokens found in the prefix cache (prefill skipped).",
+                              value=snap.cached_tokens)  # fmt: skip
+    yield GaugeMetricFamily("minivtc_prefix_cache_hit_rate",
+                            "Share of admitted prompt tokens found in the prefix cache.",
+                            value=snap.cached_tokens / snap.prompt_tokens if snap.prompt_tokens
+                            else 0.0)  # fmt: skip
 
 
 def labelled_rows(snap: Snapshot, top: int) -> dict[str, ClientRow]:

@@ -186,8 +186,10 @@ class ChunkShape:
         return choice
 
 
-def usage(num_prompt: int, num_output: int) -> dict:
+def usage(num_prompt: int, num_output: int, num_cached: int = 0) -> dict:
+    """OpenAI's usage block; `num_cached`: prompt tokens served from the prefix cache."""
     return {
         "prompt_tokens": num_prompt, "completion_tokens": num_output,
         "total_tokens": num_prompt + num_output,
+        "prompt_tokens_details": {"cached_tokens": num_cached},
     }  # fmt: skip

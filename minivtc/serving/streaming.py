@@ -47,7 +47,8 @@ async def respond(
 
 
 def usage_of(stream: Stream) -> dict:
-    return usage(stream.request.num_prompt, stream.request.num_output)
+    r = stream.request
+    return usage(r.num_prompt, r.num_output, r.num_cached)
 
 
 async def next_output(stream: Stream) -> StepOutput:
