@@ -20,7 +20,7 @@ Owns the checks the engine can make, each a small policy object over the block a
 Each answers three calls: `try_admit(request)` (reserve its blocks if they fit),
 `grow(batch, preempt)` (before a step: blocks for the positions it writes, preempting through
 the engine's `preempt` if they do not fit) and `release(request)`. Does not own the blocks
-(`kv_pool.py`) or who is running (`engine.py`). Plain Python: no tensors. Lesson 3.
+(`kv_pool.py`) or who is running (`engine.py`). Plain Python: no tensors. Lessons 3 and 9.
 """
 
 from __future__ import annotations
@@ -204,8 +204,8 @@ class Fair:
     scheduler offers does not fit, a running request of a client more than `gap` ahead of
     the waiting one (in counter units) is preempted, highest counter first, until it fits.
     That is Appendix C.3's "preempt high-counter clients": a client running ahead can no
-    longer keep its blocks while a client far behind it waits, which shrinks the M term of
-    Lemma 4.3 to `gap` (`bounds.preemptive_bound`). `gap` trades fairness for recomputation:
+    longer keep its blocks while a client far behind it waits, which replaces the M term of
+    Lemma 4.3 by `gap` (`cost.preemptive_bound`). `gap` trades fairness for recomputation:
     a request displaced at gap g is readmitted only when its client is the smallest waiting,
     so each displacement of a client follows g of service gained over the one it made room
     for. `gap=None`: never displace (preempt only when the pool runs out).

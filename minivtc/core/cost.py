@@ -76,11 +76,16 @@ def preemptive_bound(
 
     B is the most requests one client can run at once. The M of U is gone: a client running
     ahead is preempted once it leads a waiting client by `gap`, so the memory it holds no
-    longer measures how far ahead it can get. The proof, as Lemma 4.3's: a waiting client's
-    counter last rose at its dispatch (by at most w_p L_input over the smallest, which never
-    falls), or in a step it ran; after each admission round every running client is within
-    max(gap, w_p L_input) of the smallest waiting counter (the round stops at a head that
-    does not fit only once no running client is more than `gap` ahead of it), and one step
-    adds at most w_q per running request; a client joining an empty Q is lifted to within
-    `gap` of the running clients, so no client ahead of Q can enter it further ahead."""
+    longer measures how far ahead it can get. B replaces it: at most the engine's max_running
+    and the pool's blocks, in practice far below M (a request holds many tokens), but a
+    pool of one-token requests could make w_q B as large as w_q M; `VTC.gap_bound` reports
+    the bound with the run's own largest one-step charge.
+
+    The proof, as Lemma 4.3's: a waiting client's counter last rose at its dispatch (by at
+    most w_p L_input over the smallest, which never falls), or in a step it ran. After each
+    admission round every running client is within max(gap, w_p L_input) of the smallest
+    waiting counter: the round stops at a head that does not fit only once no running client
+    is more than `gap` ahead of it. One step adds at most w_q per running request. And a
+    client joining an empty Q is lifted to within `gap` of every client charged since Q
+    emptied, so no client that ran ahead of Q can enter it further ahead."""
     return max(gap, w_p * max_input) + w_q * max_running

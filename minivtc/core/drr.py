@@ -11,7 +11,10 @@ LLM serving the cost of a request is not known when it is sent, so, as Appendix 
 - every generated token costs h(n_p, n_q) - h(n_p, n_q - 1), taken from the deficit as it is
   generated, so a deficit may go negative and the client then waits turns to refill it;
 - a client that joins the queue starts at deficit 0 (it cannot bank credit while idle: the
-  role VTC's lift plays);
+  role VTC's lift plays). It also forgets a debt: a client that left with a negative deficit
+  (its decode charges ran past its turns) rejoins at 0, where VTC's max(c_u, floor) would
+  keep the debt. The backlogged bound below is unaffected (no one rejoins within an interval
+  in which it is backlogged);
 - as in Algorithm 2, a request that does not fit ends the admission round (no skipping).
 
 Bound (checked by the graded tests, with U = max(w_p L_input, w_q M) as for VTC): two clients

@@ -267,7 +267,7 @@ class Engine:
 
     def admit(self, request: Request) -> bool:
         """The scheduler's callback: admit `request` if the batch has room and its blocks fit.
-        The prompt is charged now, before the next pick (Algorithm 2, Footnote 5)."""
+        The prompt is charged now, before the next pick (Algorithm 2)."""
         while len(self.running) >= self.max_running or not self.admission.try_admit(request):
             victim = self.admission.displace(request, self.running)  # the fair victim only
             if victim is None:
@@ -278,7 +278,8 @@ class Engine:
         # A prefix cache may hold its prompt's first blocks: its prefill starts after them.
         request.num_computed = self.allocator.cached_tokens(request.request_id)
         if request.num_preemptions:  # back after a preemption: its prompt was charged once
-            self.recomputed_tokens += request.num_tokens - request.num_computed
+            # (its last token's keys and values were never computed: not recomputed either)
+            self.recomputed_tokens += request.num_tokens - 1 - request.num_computed
             return True
         request.num_cached = request.num_computed  # the scheduler may price them (w_c)
         self.num_prompt_tokens += request.num_prompt

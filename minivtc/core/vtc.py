@@ -40,7 +40,8 @@ requeued at the head of its client's queue with nothing charged or refunded (`re
 client joining an empty Q is lifted to within `gap` of every client that ran since Q emptied
 (`join_floor`). The waiting counters then stay within U_P = max(gap, w_p L_input) + w_q B of
 each other, B being the most requests one client runs at once (`cost.preemptive_bound`, with
-its proof), and two backlogged clients' service within 2 U_P: the M of U is gone.
+its proof), and two backlogged clients' service within 2 U_P: the M of U is gone, B in its
+place (far smaller than M unless requests are a token or two long).
 """
 
 from __future__ import annotations
@@ -205,7 +206,7 @@ class VTC(Scheduler):
         """Tokens were processed for a running request: its prompt at dispatch (charge
         h(n_p, predicted), predicted 0 without a predictor), then output tokens."""
         if num_prompt:
-            # Charged at dispatch, before the next pick (Footnote 5): otherwise the same
+            # Charged at dispatch, before the next pick (Algorithm 2): otherwise the same
             # client would stay the minimum and take the whole admission round.
             predicted = self.predictor.predict(request) if self.predictor else 0.0
             service = self.cost(request.num_prompt, predicted)
@@ -294,26 +295,36 @@ class VTC(Scheduler):
         ran in the last step at most max(gap, the largest dispatch charge) + its charge in
         that step above the smallest waiting counter: the proof's induction step."""
         self.least.check()
-        waiting = [self.counters[c] for c, q in self.queues.items() if q]
-        if self.bound is None or not waiting:
-            return
-        least, spread = min(waiting), max(waiting) - min(waiting)
-        if self.preempt_gap is None:
-            assert spread <= self.bound + 1e-6, (
-                f"Lemma 4.3 violated: waiting counters spread {spread:.1f} > U = {self.bound:.1f}"
-            )
+        least = self.check_spread()
+        if least is None or self.preempt_gap is None:
             return
         lead = max(self.preempt_gap, self.dispatch_charge)
-        assert spread <= lead + self.step_charge + 1e-6, (
-            f"the preemptive bound violated: waiting counters spread {spread:.1f} > max(gap, "
-            f"w_p L_input) + w_q b = {lead:.1f} + {self.step_charge:.1f}"
-        )  # fmt: skip
         for client, gain in self.step_gain.items():
             ahead = self.counters[client] - least
             assert ahead <= lead + gain + 1e-6, (
                 f"fair preemption violated: {client!r} ran {ahead:.1f} ahead of the smallest "
                 f"waiting counter, more than max(gap, w_p L_input) + its step {lead + gain:.1f}"
             )  # fmt: skip
+
+    def check_spread(self) -> float | None:
+        """The waiting counters' spread is within the bound: U (Lemma 4.3), or with fair
+        preemption max(gap, the largest dispatch charge) + the largest one-step charge, as the
+        run stands. Returns the smallest waiting counter (None: no bound, or Q empty)."""
+        waiting = [self.counters[c] for c, q in self.queues.items() if q]
+        if self.bound is None or not waiting:
+            return None
+        least, spread = min(waiting), max(waiting) - min(waiting)
+        if self.preempt_gap is None:
+            assert spread <= self.bound + 1e-6, (
+                f"Lemma 4.3 violated: waiting counters spread {spread:.1f} > U = {self.bound:.1f}"
+            )
+            return least
+        lead = max(self.preempt_gap, self.dispatch_charge)
+        assert spread <= lead + self.step_charge + 1e-6, (
+            f"the preemptive bound violated: waiting counters spread {spread:.1f} > max(gap, "
+            f"w_p L_input) + w_q b = {lead:.1f} + {self.step_charge:.1f}"
+        )  # fmt: skip
+        return least
 
     def forget(self, idle: list[str], now: float) -> list[str]:
         """Forget idle clients whose counter is at or below the lift floor F: no decision
@@ -342,6 +353,8 @@ class VTC(Scheduler):
         self.ran_while_empty.clear()  # Q is empty no longer
         self.queues[request.client_id].append(request)
         self.least.push(request.client_id)
+        if self.bound is not None:  # a lift too low would widen the spread now, not at a step
+            self.check_spread()
 
     def lift_counter(self, client: str) -> None:
         """A client joining the queue is lifted so it cannot bank idle time (Lemma 4.3).
