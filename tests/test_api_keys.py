@@ -125,17 +125,18 @@ def test_with_keys_a_missing_or_unknown_key_is_401():
 
 def test_with_keys_the_client_is_the_keys_whatever_the_request_says():
     gate = Gate(KEYS)
-    assert gate.caller("Bearer sk-bob-000001", "alice", "ops") == Caller("bob", admin=False)
-    assert gate.caller("bearer  sk-ops-000001 ") == Caller("ops", admin=True)  # case, spaces
+    assert gate.caller("Bearer sk-bob-000001", "alice", "ops") == Caller("bob", False, "bob")
+    assert gate.caller("bearer  sk-ops-000001 ") == Caller("ops", True, "ops")  # case, spaces
     long = "x" * (MAX_CLIENT_ID_CHARS + 1)
     assert gate.caller("Bearer sk-alice-0001", long).client == "alice"  # ignored, not checked
 
 
 def test_a_trusted_proxy_names_the_client_but_still_needs_a_key():
     gate = Gate(KEYS, trust_client_header=True)
-    assert gate.caller("Bearer sk-bob-000001", "carol", "dave") == Caller("carol", admin=False)
-    assert gate.caller("Bearer sk-bob-000001", None, "dave") == Caller("dave", admin=False)
-    assert gate.caller("Bearer sk-ops-000001") == Caller("ops", admin=True)  # none named
+    # (the prefix cache stays the key's: the proxy's clients share it, other keys do not)
+    assert gate.caller("Bearer sk-bob-000001", "carol", "dave") == Caller("carol", False, "bob")
+    assert gate.caller("Bearer sk-bob-000001", None, "dave") == Caller("dave", False, "bob")
+    assert gate.caller("Bearer sk-ops-000001") == Caller("ops", True, "ops")  # none named
     assert unauthorized(gate, None).code == "missing_api_key"
 
 

@@ -227,3 +227,42 @@ def test_the_server_reports_cached_prompt_tokens_as_openai_does(bundled):
         assert f"minivtc_prefix_cache_hit_tokens_total {float(cached[1])}" in text
         rate = cached[1] / sum(u.prompt_tokens for u in usages)
         assert f"minivtc_prefix_cache_hit_rate {rate}" in text
+
+
+def test_a_salt_scopes_sharing():
+    """Requests share cached blocks only under the same salt (the server salts with the API
+    key's client: a tenant cannot learn from `cached_tokens` what another one sent)."""
+    alloc = PrefixCachingAllocator(num_blocks=20, block_size=4)
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
+    alloc.allocate("a", 9, prompt, salt="alice")
+    alloc.cache_prompt("a", prompt, 9, salt="alice")
+    for rid, salt, hit in (("b", "bob", 0), ("c", None, 0), ("d", "alice", 8)):
+        alloc.allocate(rid, 9, prompt, salt)
+        assert alloc.cached_tokens(rid) == hit, salt
+    alloc.check_invariants()
+
+
+def test_with_api_keys_tenants_do_not_share_the_cache(bundled, tmp_path):
+    import json
+
+    import openai
+
+    from minivtc.serving.api_keys import Gate, read_keys
+    from minivtc.serving.server import BackgroundServer, make_app
+
+    model, tokenizer = bundled
+    engine = build_engine(model, tokenizer, "vtc", kv_tokens=1024, prefix_caching=True)
+    keys = {"sk-alice-0001": {"client": "alice"}, "sk-bob-00001": {"client": "bob"}}
+    (tmp_path / "keys.json").write_text(json.dumps(keys))
+    gate = Gate(read_keys(tmp_path / "keys.json"))
+    with BackgroundServer(make_app(engine, tokenizer, gate=gate)) as url:
+
+        def cached(key: str) -> int:
+            api = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
+            reply = api.completions.create(model="minivtc-tiny", prompt=SYSTEM + "Sets?",
+                                           max_tokens=2, temperature=0)  # fmt: skip
+            return reply.usage.prompt_tokens_details.cached_tokens
+
+        assert cached("sk-alice-0001") == 0  # a cold cache
+        assert cached("sk-bob-00001") == 0  # alice's blocks are not bob's to find
+        assert cached("sk-alice-0001") > 0  # but alice's own are

@@ -44,9 +44,10 @@ class FullReservation:
 
     def try_admit(self, request: Request) -> bool:
         """Reserve blocks for prompt + max_tokens if they are free; else take nothing."""
-        if not self.allocator.can_allocate(request.max_num_tokens, request.prompt_ids):
+        prompt, salt = request.prompt_ids, request.cache_salt  # (for a prefix cache)
+        if not self.allocator.can_allocate(request.max_num_tokens, prompt, salt):
             return False
-        self.allocator.allocate(request.request_id, request.max_num_tokens, request.prompt_ids)
+        self.allocator.allocate(request.request_id, request.max_num_tokens, prompt, salt)
         return True
 
     def grow(self, batch: list[Request], preempt: Preempt) -> None:
@@ -85,7 +86,8 @@ class PeakReservation:
         if self.final_blocks + final > self.allocator.num_blocks:
             if self.peak_blocks(request) > self.allocator.num_blocks:
                 return False
-        self.allocator.allocate(request.request_id, request.num_tokens, request.prompt_ids)
+        self.allocator.allocate(request.request_id, request.num_tokens, request.prompt_ids,
+                                request.cache_salt)  # fmt: skip
         self.final_blocks += final
         self.spans[request.request_id] = self.span(request)
         return True
@@ -153,10 +155,10 @@ class OnDemand:
     def try_admit(self, request: Request) -> bool:
         # One block of headroom: a request admitted into the last free block would be the
         # next step's victim.
-        headroom = request.num_tokens + self.allocator.block_size
-        if not self.allocator.can_allocate(headroom, request.prompt_ids):
+        headroom, prompt = request.num_tokens + self.allocator.block_size, request.prompt_ids
+        if not self.allocator.can_allocate(headroom, prompt, request.cache_salt):
             return False
-        self.allocator.allocate(request.request_id, request.num_tokens, request.prompt_ids)
+        self.allocator.allocate(request.request_id, request.num_tokens, prompt, request.cache_salt)
         return True
 
     def grow(self, batch: list[Request], preempt: Preempt) -> None:
@@ -234,6 +236,7 @@ class Fair:
 
 
 VICTIMS = ("latest", "fair")
+
 
 
 def make_admission(

@@ -131,10 +131,12 @@ class Engine:
     def add_request(
         self, prompt: str | list[int], params: SamplingParams, client_id: str = "default",
         request_id: str | None = None, arrival_time: float | None = None,
+        cache_salt: str | None = None,
     ) -> Request:  # fmt: skip
         """Queue a request. Raises `RequestRejected` (and changes nothing) if it cannot run.
 
         `arrival_time` defaults to now; a simulator replaying a trace passes the trace's time.
+        `cache_salt`: a prefix cache shares blocks only between requests with the same salt.
         """
         prompt_ids = self.encode(prompt)
         request_id = request_id if request_id is not None else f"req-{next(self.ids)}"
@@ -142,7 +144,8 @@ class Engine:
             raise RequestRejected(f"request id {request_id!r} is already in use")
         self.validate(prompt_ids, params)
         arrival = self.clock() if arrival_time is None else arrival_time
-        request = Request(request_id, client_id, prompt_ids, params, arrival_time=arrival)
+        request = Request(request_id, client_id, prompt_ids, params, arrival_time=arrival,
+                          cache_salt=cache_salt)  # fmt: skip
         reason = self.scheduler.add(request, request.arrival_time)
         if reason is not None:
             raise RequestRejected(reason, kind="rate_limited")
@@ -314,7 +317,7 @@ class Engine:
             request.num_computed = len(request.prompt_ids) + len(request.output_ids)
             if prefilled:  # its prompt's blocks are computed: a prefix cache may name them
                 self.allocator.cache_prompt(request.request_id, request.prompt_ids,
-                                            request.num_computed)  # fmt: skip
+                                            request.num_computed, request.cache_salt)  # fmt: skip
             request.output_ids.append(token)
             if request.first_token_time is None:
                 request.first_token_time = self.clock()

@@ -55,15 +55,19 @@ class BlockAllocator:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)  # ceil division
 
-    def can_allocate(self, num_tokens: int, prompt_ids: list[int] | None = None) -> bool:
-        """Would `allocate` succeed? (`prompt_ids`: for a pool that caches prefixes.)"""
+    def can_allocate(
+        self, num_tokens: int, prompt_ids: list[int] | None = None, salt: str | None = None
+    ) -> bool:
+        """Would `allocate` succeed? (`prompt_ids`, `salt`: for a pool that caches prefixes.)"""
         return self.blocks_needed(num_tokens) <= len(self.free_blocks)
 
     def allocate(
-        self, request_id: str, num_tokens: int, prompt_ids: list[int] | None = None
-    ) -> list[int]:
+        self, request_id: str, num_tokens: int, prompt_ids: list[int] | None = None,
+        salt: str | None = None,
+    ) -> list[int]:  # fmt: skip
         """Give `request_id` enough blocks for `num_tokens` positions; its block table.
-        (`prompt_ids`: a prefix-caching pool, `prefix_cache.py`, starts with its cached blocks.)"""
+        (`prompt_ids`, `salt`: a prefix-caching pool, `prefix_cache.py`, starts with its
+        cached blocks.)"""
         assert request_id not in self.block_tables, f"request {request_id!r} already holds blocks"
         n = self.blocks_needed(num_tokens)
         assert n <= len(self.free_blocks), (
@@ -97,7 +101,9 @@ class BlockAllocator:
         """Prompt tokens whose keys and values `allocate` found in the pool: none here."""
         return 0
 
-    def cache_prompt(self, request_id: str, prompt_ids: list[int], num_computed: int) -> None:
+    def cache_prompt(
+        self, request_id: str, prompt_ids: list[int], num_computed: int, salt: str | None = None
+    ) -> None:
         """The request's prompt is computed up to `num_computed`: a pool without a prefix
         cache names nothing (`prefix_cache.PrefixCachingAllocator` does)."""
 

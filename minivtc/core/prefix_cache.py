@@ -47,17 +47,20 @@ class PrefixCachingAllocator(BlockAllocator):
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.num_free_blocks  # held by requests (cached ones are free)
 
-    def can_allocate(self, num_tokens: int, prompt_ids: list[int] | None = None) -> bool:
-        hits = self.hits(prompt_ids) if prompt_ids else []
+    def can_allocate(
+        self, num_tokens: int, prompt_ids: list[int] | None = None, salt: str | None = None
+    ) -> bool:
+        hits = self.hits(prompt_ids, salt) if prompt_ids else []
         reused = sum(1 for b in hits if b in self.evictable)  # counted free, but not new
         return self.blocks_needed(num_tokens) - len(hits) <= self.num_free_blocks - reused
 
-    def allocate(self, request_id: str, num_tokens: int,
-                 prompt_ids: list[int] | None = None) -> list[int]:  # fmt: skip
-        """Blocks for `num_tokens` positions: the longest cached prefix of `prompt_ids` first
-        (`cached_tokens(request_id)` says how many tokens it covers), then new blocks."""
+    def allocate(self, request_id: str, num_tokens: int, prompt_ids: list[int] | None = None,
+                 salt: str | None = None) -> list[int]:  # fmt: skip
+        """Blocks for `num_tokens` positions: the longest cached prefix of `prompt_ids` (among
+        blocks cached under the same `salt`) first (`cached_tokens(request_id)` says how many
+        tokens it covers), then new blocks."""
         assert request_id not in self.block_tables, f"request {request_id!r} already holds blocks"
-        table = self.hits(prompt_ids) if prompt_ids else []
+        table = self.hits(prompt_ids, salt) if prompt_ids else []
         for b in table:
             self.evictable.pop(b, None)  # held again: no longer evictable
             self.ref_count[b] += 1
@@ -99,30 +102,34 @@ class PrefixCachingAllocator(BlockAllocator):
     def cached_tokens(self, request_id: str) -> int:
         return self.num_cached.get(request_id, 0)
 
-    def cache_prompt(self, request_id: str, prompt_ids: list[int], num_computed: int) -> None:
+    def cache_prompt(
+        self, request_id: str, prompt_ids: list[int], num_computed: int, salt: str | None = None
+    ) -> None:
         """Name the request's full prompt blocks whose keys and values are now computed (all
-        before the block holding the prompt's last token), so later requests can share them.
-        A block whose hash another block already has stays private."""
+        before the block holding the prompt's last token), so later requests with the same
+        `salt` can share them. A block whose hash another block already has stays private."""
         table, bs = self.block_tables[request_id], self.block_size
         shareable = min(num_computed, len(prompt_ids) - 1) // bs
-        for i, h in enumerate(self.chain(prompt_ids, shareable)):
+        for i, h in enumerate(self.chain(prompt_ids, shareable, salt)):
             b = table[i]
             if h not in self.cached and b not in self.hash_of:
                 self.cached[h], self.hash_of[b] = b, h
 
-    def hits(self, prompt_ids: list[int]) -> list[int]:
+    def hits(self, prompt_ids: list[int], salt: str | None = None) -> list[int]:
         """The cached blocks of `prompt_ids`' longest cached prefix (shareable blocks only)."""
         blocks = []
-        for h in self.chain(prompt_ids, (len(prompt_ids) - 1) // self.block_size):
+        for h in self.chain(prompt_ids, (len(prompt_ids) - 1) // self.block_size, salt):
             b = self.cached.get(h)
             if b is None:
                 break
             blocks.append(b)
         return blocks
 
-    def chain(self, prompt_ids: list[int], num_blocks: int) -> list[int]:
-        """The hashes of the first `num_blocks` blocks: each of (previous hash, its tokens)."""
-        bs, hashes, h = self.block_size, [], 0
+    def chain(self, prompt_ids: list[int], num_blocks: int, salt: str | None = None) -> list[int]:
+        """The hashes of the first `num_blocks` blocks: each of (previous hash, its tokens),
+        the first's "previous" being the salt's (requests with other salts never match)."""
+        bs, hashes = self.block_size, []
+        h = 0 if salt is None else hash(("salt", salt))
         for i in range(num_blocks):
             h = hash((h, tuple(prompt_ids[i * bs : (i + 1) * bs])))
             hashes.append(h)

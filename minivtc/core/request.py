@@ -48,6 +48,7 @@ class Request:
     num_computed: int = 0
     num_preemptions: int = 0  # times it was preempted (its blocks freed, recomputed later)
     num_cached: int = 0  # prompt tokens found in the prefix cache when first admitted
+    cache_salt: str | None = None  # shares cached prefixes only with requests of the same salt
     admitted_time: float | None = None
     first_token_time: float | None = None
     finish_time: float | None = None

@@ -35,6 +35,10 @@ from minivtc.serving.openai_api import MAX_CLIENT_ID_CHARS, APIError
 class Caller:
     client: str
     admin: bool  # may read every client's usage (always so without keys: local use)
+    # Requests share cached prompt blocks only within one salt: with keys, each key's own
+    # (a tenant could otherwise learn from `cached_tokens` what another one sent); without
+    # keys (local use, one trusted party), everyone's (None).
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)
@@ -97,7 +101,7 @@ class Gate:
             return Caller(named(client_header, user) or "default", admin=True)
         key = self.key(authorization)
         claimed = named(client_header, user) if self.trust_client_header else None
-        return Caller(claimed or key.client, key.admin)
+        return Caller(claimed or key.client, key.admin, cache_salt=key.client)
 
     def key(self, authorization: str | None) -> Key:
         scheme, _, token = (authorization or "").partition(" ")

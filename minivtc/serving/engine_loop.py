@@ -116,13 +116,15 @@ class EngineLoop:
     # --- called from the event loop ---------------------------------------------------------
 
     async def add(
-        self, prompt_ids: list[int], params: SamplingParams, client_id: str, request_id: str
-    ) -> Stream:
+        self, prompt_ids: list[int], params: SamplingParams, client_id: str, request_id: str,
+        cache_salt: str | None = None,
+    ) -> Stream:  # fmt: skip
         """Queue a request; raises `RequestRejected` exactly as `Engine.add_request` would."""
         event_loop = asyncio.get_running_loop()
 
         def add() -> Stream:
-            request = self.engine.add_request(prompt_ids, params, client_id, request_id)
+            request = self.engine.add_request(prompt_ids, params, client_id, request_id,
+                                              cache_salt=cache_salt)  # fmt: skip
             stream = Stream(request, asyncio.Queue(), event_loop)
             self.streams[request_id] = stream
             return stream

@@ -30,7 +30,7 @@ async def respond(
 ):  # fmt: skip
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     try:
-        stream = await loop.add(prompt_ids, params, caller.client, request_id)
+        stream = await loop.add(prompt_ids, params, caller.client, request_id, caller.cache_salt)
     except RequestRejected as e:
         if e.kind == "rate_limited":
             raise APIError(429, e.reason, None, "rate_limit_exceeded", "requests") from None
