@@ -48,36 +48,39 @@ def test_the_watch_measures_what_max_gap_measures_over_every_pair(w, reservation
     assert len(steps) > 0 and watches[0].worst == expected
 
 
-def test_a_client_with_another_request_waiting_stays_backlogged_through_a_preemption():
-    """G's first request is admitted, then preempted in the same step (the latest victim);
-    G's second waited all along, so G never left the queue: it stays backlogged."""
+def pool_full_of_f() -> Engine:
+    """F's two requests of 9 tokens fill 19 of 20 one-token blocks after a step: a request
+    admitted next (2 tokens free) is the latest victim of the following step's growth."""
     clock = [0.0]
     engine = Engine(UnitRunner(clock), BlockAllocator(20, 1), VTC(), 10**6, eos_id=-1,
                     clock=lambda: clock[0], reservation="none", victim="latest")  # fmt: skip
-    params = SamplingParams(max_tokens=10, ignore_eos=True)
     for _ in range(2):
-        engine.add_request([5] * 9, params, client_id="F")
+        engine.add_request([5] * 9, PARAMS, client_id="F")
+    return engine
+
+
+PARAMS = SamplingParams(max_tokens=10, ignore_eos=True)
+
+
+def test_a_client_with_another_request_waiting_stays_backlogged_through_a_preemption():
+    """G's first request is admitted, then preempted in the same step; G's second waited all
+    along, so G never left the queue: it stays backlogged."""
+    engine = pool_full_of_f()
     watch = BacklogWatch(engine)
     watch.step()
-    g = engine.add_request([6], params, client_id="G")
-    engine.add_request([6], params, client_id="G")  # G also waits throughout
+    g = engine.add_request([6], PARAMS, client_id="G")
+    engine.add_request([6], PARAMS, client_id="G")  # G also waits throughout
     watch.step()
-    assert g.num_preemptions == 1 and watch.rejoined == set()  # another G request waited
-    watch.step()
+    assert g.num_preemptions == 1 and watch.rejoined == set()
     assert "G" in watch.waiting()
 
 
 def test_watch_rejoining_sees_a_client_leave_and_rejoin_within_a_step():
     """G's only request is admitted, then preempted in the same step: G left the queue inside
     the step (Definition 4.1), though it waits before and after it."""
-    clock = [0.0]
-    engine = Engine(UnitRunner(clock), BlockAllocator(20, 1), VTC(), 10**6, eos_id=-1,
-                    clock=lambda: clock[0], reservation="none", victim="latest")  # fmt: skip
-    params = SamplingParams(max_tokens=10, ignore_eos=True)
-    for _ in range(2):
-        engine.add_request([5] * 9, params, client_id="F")
+    engine = pool_full_of_f()
     rejoined = watch_rejoining(engine)
     engine.step()
-    g = engine.add_request([6], params, client_id="G")
-    engine.step()  # G admitted (2 tokens free), then the step's growth needs them: G preempted
+    g = engine.add_request([6], PARAMS, client_id="G")
+    engine.step()
     assert g.num_preemptions == 1 and rejoined == {"G"}
