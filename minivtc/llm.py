@@ -95,6 +95,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
     finished: bool
+    num_cached_tokens: int = 0  # prompt tokens found in the prefix cache (vLLM's name)
 
     @property
     def text(self) -> str:
@@ -169,4 +170,5 @@ def request_output(prompt: str | list[int], request: Request) -> RequestOutput:
         prompt_token_ids=list(request.prompt_ids),
         outputs=[completion],
         finished=request.is_finished,
+        num_cached_tokens=request.num_cached,
     )

@@ -205,6 +205,7 @@ def test_llm_with_a_prefix_cache_gives_the_tokens_of_one_without(bundled):
         o.outputs[0].token_ids for o in plain.generate(prompts, params)
     ]
     assert cached.engine.num_cached_tokens >= 16 and plain.engine.num_cached_tokens == 0
+    assert outs[0].num_cached_tokens == 0 and outs[1].num_cached_tokens >= 16  # vLLM's field
 
 
 def test_the_server_reports_cached_prompt_tokens_as_openai_does(bundled):

@@ -20,6 +20,11 @@ Cached blocks are registered after the step that computed them (`cache_prompt`).
 no tensors, as `BlockAllocator`: the simulator runs this same code, so its hits, evictions and
 prefill saved are real. `check_invariants` checks the three states, the reference counts, the
 hash table and the LRU after every step in tests. Lesson 10 teaches it.
+
+Block names use Python's `hash`: fast, and equal for equal prefixes, but not built to resist
+crafted collisions. A prompt made to collide with another's would read the other's keys and
+values; with API keys the server salts each tenant's chain (`cache_salt`), so only a tenant's
+own prompts can collide. A production cache serving strangers would use a cryptographic hash.
 """
 
 from __future__ import annotations

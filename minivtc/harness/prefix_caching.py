@@ -71,8 +71,10 @@ def prefix_caching(out: Path, show: bool = False) -> list[str]:
               f"1.5x), every gap within 2U: {'yes' if min(speedups) >= 1.5 and within else 'NO'}. "
               "With w_c = w_p caching is invisible to fairness: every client gets the same "
               "service and the cache's gain is shared equally. The smaller w_c, the more the "
-              "clients whose prompts hit the cache receive, partly at the others' expense: "
-              "their service falls below what they got with w_c = w_p.", ""]  # fmt: skip
+              "clients whose prompts hit the cache receive, at the others' expense: at w_c = 0 "
+              "the others get less than with no cache at all. A cached prefix is still read "
+              "by attention at every decode step of its request, and w_c = 0 prices none of "
+              "that work.", ""]  # fmt: skip
     return lines
 
 
