@@ -150,6 +150,7 @@ class VTC(Scheduler):
         self.cost, self.weights = cost, dict(weights or {})
         # w_c: a prompt token served from the prefix cache is charged w_c instead of w_p
         # (None: w_p). Lemma 4.3's U is unchanged: a dispatch still costs at most w_p L_input.
+        # The miss that fills the cache is paid at w_p by the request that computes it.
         self.cached_weight = cached_weight
         self.lift, self.predictor = lift, predictor
         self.name = name

@@ -54,8 +54,11 @@ def prefix_caching(out: Path, show: bool = False) -> list[str]:
              f"{WINDOW[1]:.0f} s, w_p per prompt token, cached or not, and w_q per output "
              "token (what a client gets); *gap* is the worst backlogged service gap, priced "
              "as the counters price it (a cached prompt token at w_c), within Theorem 4.4's "
-             "2U, which caching leaves unchanged. Lemma 4.3 held after every step of every "
-             "run (asserted).", ""]  # fmt: skip
+             "2U, which caching leaves unchanged. The miss that fills the cache is paid by the "
+             "request that computes the prefix (w_p per token, as without a cache); every "
+             "later hit pays w_c, whichever client sends it: with two clients sharing a "
+             "prefix, the first to send it pays for both. Lemma 4.3 held after every step of "
+             "every run (asserted).", ""]  # fmt: skip
     speedups, within = [], True
     workloads = (("A", f"A sends a {SYSTEM_PROMPT:,}-token system prompt with every request"),
                  ("AB", "A and B share one system prompt"))  # fmt: skip
