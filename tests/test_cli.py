@@ -140,3 +140,13 @@ def test_serve_warns_when_open_to_the_network_without_keys():
     server.terminate()
     server.wait(timeout=30)
     assert "WARNING: serving 0.0.0.0 without --api-keys" in server.stderr.read()
+
+
+def test_reproduce_only_takes_commas_and_repeats_alike(tmp_path, monkeypatch):
+    import minivtc.harness.report as report
+
+    chosen = []
+    monkeypatch.setattr(report, "reproduce", lambda out, only: chosen.append(only) or out)
+    for args in (["--only", "fig3,validate"], ["--only", "fig3", "--only", "validate"]):
+        assert main(["reproduce", *args, "--out", str(tmp_path)]) == 0
+    assert chosen == [["fig3", "validate"]] * 2
