@@ -218,3 +218,10 @@ def test_no_bound_is_checked_with_a_length_predictor():
 
     with pytest.raises(ValueError, match="length predictor"):
         drive(VTC(predictor=Oracle()), [Arrival(0.0, "a", 1, 1)], 10, fairness=True)
+
+
+@pytest.mark.parametrize("gap", [-1.0, float("nan")])
+def test_a_negative_or_nan_gap_is_refused(gap):
+    with pytest.raises(ValueError, match="preempt_gap must be >= 0"):
+        Engine(UnitRunner([0.0]), BlockAllocator(40, 1), VTC(), 100, eos_id=-1,
+               reservation="none", victim="fair", preempt_gap=gap)  # fmt: skip

@@ -286,6 +286,8 @@ class VTC(Scheduler):
     def set_preempt_gap(self, gap: float | None, pool_tokens: int) -> float:
         """Default: a quarter of Lemma 4.3's M term, w_q M / 4, so the bound's M term shrinks
         to a quarter (`preemptive_bound`) at the price of some recomputation."""
+        if gap is not None and not gap >= 0:  # (nan fails too)
+            raise ValueError(f"preempt_gap must be >= 0 (inf: never displace), got {gap}")
         self.preempt_gap = gap if gap is not None else weights_of(self.cost)[1] * pool_tokens / 4
         return self.preempt_gap
 
