@@ -157,7 +157,7 @@ def run_serve(args) -> int:
     model, tokenizer = load_model(args.weights, args.dtype, args.device)
     engine = build_engine(model, tokenizer, scheduler, kv_tokens=args.kv_tokens,
                           reservation=args.reservation, victim=args.victim,
-                          preempt_gap=args.preempt_gap,
+                          preempt_gap=args.preempt_gap, preemption=args.preemption,
                           prefix_caching=args.prefix_caching)  # fmt: skip
     name = Path(args.weights).name if args.weights else "minivtc-tiny"
     print(f"serving {name} with {args.scheduler} on http://{args.host}:{args.port}/v1",

@@ -199,14 +199,19 @@ def test_llm_generate_offline_api():
     block_size=st.sampled_from([1, 3, 16]),
     reservation=st.sampled_from(["full", "peak", "none"]),
     victim=st.sampled_from(["latest", "fair"]),
+    preemption=st.sampled_from(["recompute", "swap"]),
+    prefix_caching=st.booleans(),
 )
-def test_random_add_step_abort_keeps_invariants(ops, kv_tokens, block_size, reservation, victim):
+def test_random_add_step_abort_keeps_invariants(
+    ops, kv_tokens, block_size, reservation, victim, preemption, prefix_caching
+):
     torch.manual_seed(0)
     model = Llama(LlamaConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, n_kv_heads=1,
                               ffn_dim=16, max_positions=64))  # fmt: skip
     engine = build_engine(model, None, "vtc", kv_tokens=kv_tokens, block_size=block_size,
                           max_running=4, check_invariants=True, reservation=reservation,
-                          victim=victim)  # fmt: skip
+                          victim=victim, preemption=preemption,
+                          prefix_caching=prefix_caching)  # fmt: skip
     added = []
     for op, a, b in ops:
         if op == "add":
@@ -223,7 +228,7 @@ def test_random_add_step_abort_keeps_invariants(ops, kv_tokens, block_size, rese
         engine.check()
     run_to_end(engine)
     assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
-    assert all(r.is_finished for r in added)
+    assert all(r.is_finished for r in added) and not engine.runner.swapped
 
 
 def test_peak_reservation_admits_more_and_gives_the_same_tokens(tiny):
@@ -278,23 +283,52 @@ def test_batched_engine_matches_transformers_greedy_on_the_bundled_model(bundled
     assert (engine.num_cached_tokens > 0) == (pool == "prefix-cached")
 
 
-@pytest.mark.parametrize("victim", ["latest", "fair"])
-def test_preempted_requests_give_the_tokens_of_an_unpreempted_run(tiny, victim):
+@pytest.mark.parametrize(("victim", "preemption", "prefix_caching"),
+                         [("latest", "recompute", False), ("fair", "recompute", False),
+                          ("fair", "swap", False), ("fair", "swap", True)])  # fmt: skip
+def test_preempted_requests_give_the_tokens_of_an_unpreempted_run(
+    tiny, victim, preemption, prefix_caching
+):
     """Blocks on demand in a pool too small for everyone: requests are preempted (their blocks
-    freed) and later prefilled again with the tokens they had; each still gets exactly the
-    greedy tokens of generating it alone, and its prompt is charged once."""
+    freed) and later prefilled again with the tokens they had, or, swapped, get their keys and
+    values back from host memory; each still gets exactly the greedy tokens of generating it
+    alone, and its prompt is charged once."""
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
     engine = build_engine(tiny, None, "vtc", kv_tokens=64, block_size=4, check_invariants=True,
                           check_fairness=victim == "fair", reservation="none",
-                          victim=victim)  # fmt: skip
+                          victim=victim, preemption=preemption,
+                          prefix_caching=prefix_caching)  # fmt: skip
     ps = [prompts(6, seed=3)[i][:12] for i in range(6)]
     reqs = [engine.add_request(p, params, client_id=f"c{i % 3}") for i, p in enumerate(ps)]
     run_to_end(engine)
-    assert engine.num_preemptions > 0 and engine.recomputed_tokens > 0
+    swap = preemption == "swap"
+    assert engine.num_preemptions > 0 and (engine.swapped_tokens > 0) == swap
+    assert (engine.recomputed_tokens > 0) == (not swap)
+    assert not engine.runner.swapped  # every host copy went back in (or with its request)
     for p, r in zip(ps, reqs, strict=True):
         assert r.output_ids == list(generate_plain(tiny, p, params)), r
     assert sum(t.num_input for t in engine.client_tokens.values()) == sum(map(len, ps))
     assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+
+
+def test_aborting_a_swapped_out_request_frees_its_host_copy(tiny):
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    engine = build_engine(tiny, None, "vtc", kv_tokens=64, block_size=4, check_invariants=True,
+                          reservation="none", preemption="swap")  # fmt: skip
+    engine.add_request([5] * 8, params, client_id="a")
+    b = engine.add_request([6] * 8, params, client_id="b")
+    while b.num_preemptions == 0:
+        engine.step()
+    assert b.num_computed > 0 and b.request_id in engine.runner.swapped  # on the host
+    engine.abort(b.request_id)
+    assert not engine.runner.swapped
+    run_to_end(engine)
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+
+
+def test_preemption_must_be_recompute_or_swap(tiny):
+    with pytest.raises(ValueError, match="preemption must be"):
+        build_engine(tiny, None, kv_tokens=64, preemption="drop")
 
 
 def test_aborting_a_preempted_request_frees_everything(tiny):

@@ -44,9 +44,11 @@ SUMMARY_KEYS = {
     "max_accumulated_gap", "max_gap_first_half", "last_gap", "two_u", "simulated_s", "wall_s",
     "steps", "preemptions", "recomputed_tokens", "service_per_client", "service_rate_60_300",
     "mean_ttft_per_client", "backlogged_gap", "bound", "prefix_hit_rate", "prefill_tokens_saved",
+    "swapped_tokens",
 }  # fmt: skip
 RUN_KEYS = {"workload", "scheduler", "step_time", "kv_tokens", "reservation", "victim",
-            "preempt_gap", "block_size", "prefix_caching", "cached_weight"}  # fmt: skip
+            "preempt_gap", "block_size", "prefix_caching", "cached_weight",
+            "preemption"}  # fmt: skip
 
 
 def said(text: str) -> str:

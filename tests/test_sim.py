@@ -168,7 +168,9 @@ def test_reproduce_fair_memory_compares_reservation_with_blocks_on_demand(tmp_pa
     rows = {tuple(c.strip() for c in line.split("|")[1:3]): line.split("|") for line in
             real.splitlines() if line.startswith(("| full", "| peak", "| none"))}  # fmt: skip
     assert set(rows) == {("full", "-"), ("peak", "-"), ("none", "latest"),
-                         ("none", "fair (w_q M / 4)"), ("none", "fair (1000)")}  # fmt: skip
+                         ("none", "fair (w_q M / 4)"), ("none", "fair (1000)"),
+                         ("none", "fair (w_q M / 4, swap)")}  # fmt: skip
+    assert "(" in rows["none", "fair (w_q M / 4, swap)"][8].split("%")[0]  # swapped tokens
     assert rows["full", "-"][7].strip() == "0"  # no preemption with a reservation
     assert int(rows["none", "fair (w_q M / 4)"][7]) > 0
     for row in rows.values():  # every gap within its bound, where one is stated
@@ -262,6 +264,12 @@ def test_simulate_command_takes_the_memory_options(tmp_path):
     saved = json.loads((out / "metrics.json").read_text())
     assert (saved["reservation"], saved["victim"]) == ("none", "fair")
     assert saved["preemptions"] > 0 and saved["recomputed_tokens"] > 0
+    assert saved["swapped_tokens"] == 0
+    swap = tmp_path / "swap"
+    assert main(["simulate", "--workload", "overload", "--reservation", "none", "--victim",
+                 "fair", "--preemption", "swap", "--out", str(swap)]) == 0  # fmt: skip
+    swapped = json.loads((swap / "metrics.json").read_text())
+    assert swapped["swapped_tokens"] > 0 and swapped["backlogged_gap"] <= swapped["bound"]
     assert 0 < saved["backlogged_gap"] <= saved["bound"] < saved["two_u"]  # bound tightened
 
 

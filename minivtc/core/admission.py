@@ -14,8 +14,10 @@ Owns the checks the engine can make, each a small policy object over the block a
   step's growth does not fit, preempt running requests, chosen by a victim policy, until it
   does. A preempted request is recomputed: its blocks are freed, it waits at the head of its
   client's queue keeping the tokens it generated, and on re-admission its prompt and those
-  tokens are prefilled again. Victims: `Latest` (vLLM's: the most recently admitted) or
-  `Fair` (a request of the running client with the highest counter, its youngest).
+  tokens are prefilled again (or, with the engine's preemption="swap", its keys and values
+  go to host memory and come back: `Engine.preempt`). Victims: `Latest` (vLLM's: the most
+  recently admitted) or `Fair` (a request of the running client with the highest counter,
+  its youngest).
 
 Each answers three calls: `try_admit(request)` (reserve its blocks if they fit),
 `grow(batch, preempt)` (before a step: blocks for the positions it writes, preempting through

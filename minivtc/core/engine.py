@@ -60,6 +60,11 @@ class Runner(Protocol):
 
     def release(self, request: Request) -> None: ...
 
+    # preemption="swap" only: a request's computed keys and values to host memory and back
+    def swap_out(self, request: Request, allocator: BlockAllocator) -> None: ...
+
+    def swap_in(self, request: Request, allocator: BlockAllocator, start: int) -> None: ...
+
 
 class StepOutput(NamedTuple):
     """What one step did for one request, as a server streams it: its token and the text that
@@ -90,9 +95,11 @@ class Engine:
     "peak" (the artifact's check) or "none" (blocks on demand, preempting a `victim`, "latest"
     or "fair", when they run out; `admission.py`); `preempt_gap` (the fair victim also
     preempts a client leading a waiting one by more, to admit it; default the policy's, w_q M
-    / 4 for VTC); `admit_every` (the artifact admits every 10 steps); `check_invariants` (every
-    invariant after every step, for tests); `check_fairness` (the policy's bound after every
-    step: Lemma 4.3, or the preemptive bound; a VTC-family scheduler).
+    / 4 for VTC); `preemption` "recompute" (a preempted request is prefilled again) or "swap"
+    (its keys and values go to host memory and back); `admit_every` (the artifact admits
+    every 10 steps); `check_invariants` (every invariant after every step, for tests);
+    `check_fairness` (the policy's bound after every step: Lemma 4.3, or the preemptive
+    bound; a VTC-family scheduler).
     """
 
     def __init__(
@@ -100,8 +107,11 @@ class Engine:
         max_positions: int, eos_id: int, tokenizer: Tokenizer | None = None,
         clock: Callable[[], float] = time.monotonic, max_running: int = 256,
         reservation: str = "full", victim: str = "latest", preempt_gap: float | None = None,
-        admit_every: int = 1, check_invariants: bool = False, check_fairness: bool = False,
+        preemption: str = "recompute", admit_every: int = 1, check_invariants: bool = False,
+        check_fairness: bool = False,
     ) -> None:  # fmt: skip
+        if preemption not in ("recompute", "swap"):
+            raise ValueError(f"preemption must be 'recompute' or 'swap', got {preemption!r}")
         self.runner, self.allocator, self.scheduler = runner, allocator, scheduler
         # The fair victim displaces clients running more than `preempt_gap` ahead of a
         # waiting one (`admission.Fair`); the policy says its default and adapts its lift.
@@ -113,7 +123,7 @@ class Engine:
         self.max_positions, self.eos_id, self.tokenizer, self.clock = (
             max_positions, eos_id, tokenizer, clock,
         )  # fmt: skip
-        self.max_running, self.admit_every = max_running, admit_every
+        self.max_running, self.admit_every, self.preemption = max_running, admit_every, preemption
         self.check_invariants, self.check_fairness = check_invariants, check_fairness
         if check_fairness:
             self.set_bound(reservation)
@@ -123,7 +133,8 @@ class Engine:
         self.detokenizers: dict = {}  # request id -> Detokenizer (none without a tokenizer)
         self.steps_since_admission = 0
         self.num_preemptions = 0  # requests preempted (reservation "none")
-        self.recomputed_tokens = 0  # tokens prefilled again after a preemption: waste
+        self.recomputed_tokens = 0  # keys and values a preemption threw away: waste
+        self.swapped_tokens = 0  # tokens whose keys and values went to host memory and back
         self.num_prompt_tokens = 0  # prompt tokens of the requests admitted (once each)
         self.num_cached_tokens = 0  # of which found in the prefix cache: prefill saved
         self.ids = itertools.count()
@@ -278,11 +289,15 @@ class Engine:
             self.preempt(victim)
         request.status, request.admitted_time = Status.RUNNING, self.clock()
         self.running.append(request)
+        cached = self.allocator.cached_tokens(request.request_id)
+        if request.num_computed:  # swapped out: back in, all the prefix cache does not hold
+            self.runner.swap_in(request, self.allocator, min(cached, request.num_computed))
+            self.swapped_tokens += max(request.num_computed - cached, 0)
+            request.num_computed = max(request.num_computed, cached)
+            return True  # (its prompt was charged once, at its first admission)
         # A prefix cache may hold its prompt's first blocks: its prefill starts after them.
-        request.num_computed = self.allocator.cached_tokens(request.request_id)
+        request.num_computed = cached
         if request.num_preemptions:  # back after a preemption: its prompt was charged once
-            # (its last token's keys and values were never computed: not recomputed either)
-            self.recomputed_tokens += request.num_tokens - 1 - request.num_computed
             return True
         request.num_cached = request.num_computed  # the scheduler may price them (w_c)
         self.num_prompt_tokens += request.num_prompt
@@ -296,11 +311,18 @@ class Engine:
     def preempt(self, request: Request) -> None:
         """Make room (reservation "none"): `request` leaves the batch, its blocks are freed,
         and it waits at the head of its client's queue, keeping the tokens it generated; when
-        it is admitted again they are prefilled again (recompute). Its client is not charged
-        again: the recomputation is the server's waste (`recomputed_tokens`), not service."""
+        it is admitted again they are prefilled again (recompute), or, with preemption="swap",
+        its keys and values, copied to host memory now, are copied back. Its client is not
+        charged again: the recomputation (or the copy) is the server's cost, not service."""
         self.running.remove(request)
+        if self.preemption == "swap":  # out before its blocks are freed
+            self.runner.swap_out(request, self.allocator)
+            self.swapped_tokens += request.num_computed
+        else:  # nothing kept: computed again when admitted again (but what a cache holds)
+            self.recomputed_tokens += request.num_computed
+            request.num_computed = 0
         self.admission.release(request)
-        request.status, request.num_computed = Status.WAITING, 0
+        request.status = Status.WAITING
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.scheduler.requeue(request)

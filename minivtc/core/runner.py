@@ -35,6 +35,8 @@ class ModelRunner:
         self.compiled = compile_attention
         self.attend = compiled_attend_group() if compile_attention else attend_group
         self.generators: dict[str, torch.Generator | None] = {}
+        # preemption="swap": request id -> the keys and values it had computed, on the host
+        self.swapped: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @torch.inference_mode()
     def run(self, requests: list[Request], allocator: BlockAllocator) -> list[int | Exception]:
@@ -84,8 +86,34 @@ class ModelRunner:
         return [by_id[r.request_id] for r in requests]
 
     def release(self, request: Request) -> None:
-        """The request is gone: drop its random generator."""
+        """The request is gone: drop its random generator (and its keys and values if it was
+        swapped out: an aborted request leaves nothing behind)."""
         self.generators.pop(request.request_id, None)
+        self.swapped.pop(request.request_id, None)
+
+    def swap_out(self, request: Request, allocator: BlockAllocator) -> None:
+        """Copy the keys and values of the request's computed positions to host memory (its
+        blocks are freed next)."""
+        slots = self.slot_tensor(allocator.slots(request.request_id, 0, request.num_computed))
+        k, v = self.flat_pool()
+        self.swapped[request.request_id] = (k[:, slots].cpu(), v[:, slots].cpu())  # (NL, n, K, D)
+
+    def swap_in(self, request: Request, allocator: BlockAllocator, start: int) -> None:
+        """Copy them back into the request's new blocks, from position `start` (the positions
+        before it are in blocks a prefix cache shared with it: left untouched)."""
+        k_host, v_host = self.swapped.pop(request.request_id)
+        slots = self.slot_tensor(allocator.slots(request.request_id, start, request.num_computed))
+        k, v = self.flat_pool()
+        k[:, slots] = k_host[:, start:].to(self.device)
+        v[:, slots] = v_host[:, start:].to(self.device)
+
+    def flat_pool(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pool's K and V as (NL, NB * BS, K, D): one row per slot (views, not copies)."""
+        nl, _, _, n_kv, d = self.pool.k.shape
+        return self.pool.k.view(nl, -1, n_kv, d), self.pool.v.view(nl, -1, n_kv, d)
+
+    def slot_tensor(self, slots: list[int]) -> torch.Tensor:
+        return torch.tensor(slots, dtype=torch.long, device=self.device)
 
     def generator(self, request: Request) -> torch.Generator | None:
         if request.request_id not in self.generators:

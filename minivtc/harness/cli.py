@@ -56,6 +56,12 @@ def add_memory_options(p, default: str) -> None:
         "preempted when it leads a waiting client by --preempt-gap) (default latest)",
     )  # fmt: skip
     p.add_argument(
+        "--preemption", choices=["recompute", "swap"], default="recompute",
+        help="with --reservation none, what a preempted request keeps: nothing ('recompute': "
+        "its prompt and tokens are prefilled again) or its keys and values, copied to host "
+        "memory and back ('swap') (default recompute)",
+    )  # fmt: skip
+    p.add_argument(
         "--preempt-gap", type=float, default=None, metavar="G",
         help="with --victim fair: how far (in service units, w_p = 1 per prompt token, w_q = 2 "
         "per output token) a running client may lead a waiting one before it is preempted to "
@@ -85,7 +91,8 @@ def run_simulate(args) -> int:
     summary = simulate_to_dir(args.workload, args.trace, args.scheduler, args.step_time,
                               args.kv_tokens, args.seed, args.out, args.reservation,
                               args.victim, args.preempt_gap, args.block_size,
-                              args.prefix_caching, args.cached_weight)  # fmt: skip
+                              args.prefix_caching, args.cached_weight,
+                              args.preemption)  # fmt: skip
     print_summary(summary)
     print(f"wrote {args.out}/requests.csv, metrics.json, service.png, response.png, gap.png")
     return 0

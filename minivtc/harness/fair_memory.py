@@ -10,6 +10,7 @@ one is stated, and the worst service gap of two backlogged clients measured (`Ba
    each still ends at its traced length, with EOS), a 10,000-token pool and A10G step times:
    full reservation, the artifact's peak check, blocks on demand with the latest victim and
    with the fair victim (its default gap, w_q M / 4, and a tighter one);
+   with recompute, and the fair victim swapping to host memory instead (PCIe time charged);
 2. Theorem 4.8's construction (F fills a 100-token pool with one long request; F and G then
    flood): its non-preemptive gap of about w_q M, against fair preemption's;
 3. a workload where the latest victim breaks Theorem 4.4's bound, which the fair one keeps.
@@ -28,8 +29,10 @@ from minivtc.harness.workloads import TraceRequest, workload
 
 MAX_TOKENS = 1024
 POOL = 10000
-RUNS = (("full", "latest", None), ("peak", "latest", None), ("none", "latest", None),
-        ("none", "fair", None), ("none", "fair", 1000.0))  # fmt: skip
+# (reservation, victim, gap, preemption): the constructions use the first four
+RUNS = (("full", "latest", None, "recompute"), ("peak", "latest", None, "recompute"),
+        ("none", "latest", None, "recompute"), ("none", "fair", None, "recompute"),
+        ("none", "fair", 1000.0, "recompute"), ("none", "fair", None, "swap"))  # fmt: skip
 UNIT_STEP = MeasuredStepTime("one second a step", 1.0, 0.0, 0.0, 0.0)  # the theorems' clock
 CONSTRUCTION_POOL = 100
 
@@ -67,21 +70,23 @@ def real_trace(show: bool) -> tuple[list[str], float, bool]:
              f"Every request may generate up to {MAX_TOKENS} tokens and ends at its traced "
              f"length; {POOL:,}-token pool, `a10g-llama7b` step times.", "",
              "| reservation | victim (gap) | tokens/s | Max / Avg / Var Diff | gap | bound | "
-             "preemptions | recomputed tokens |",
+             "preemptions | recomputed (swapped) tokens |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     throughput, within = {}, True
-    for reservation, victim, gap in RUNS:
-        r = run(trace, reservation, victim, gap, POOL, "a10g-llama7b", show)
+    for reservation, victim, gap, preemption in RUNS:
+        r = run(trace, reservation, victim, gap, POOL, "a10g-llama7b", show, preemption)
         m = metrics.table_metrics(r.served, r.total_time)
         tokens = sum(s.input_tokens + s.output_tokens for s in r.served)
-        throughput[reservation, victim, gap] = m.throughput
+        throughput[reservation, victim, gap, preemption] = m.throughput
+        moved = r.recomputed_tokens + r.swapped_tokens
         within &= r.bound is None or r.backlogged_gap <= r.bound
-        lines.append(f"| {reservation} | {shown(reservation, victim, gap)} | {m.throughput:.0f} "
-                     f"| {m.max_diff:.1f} / {m.avg_diff:.1f} / {m.diff_var:.0f} | "
-                     f"{r.backlogged_gap:,.0f} | {bound_text(r)} | {r.preemptions} | "
-                     f"{r.recomputed_tokens:,} ({r.recomputed_tokens / tokens:.0%} of served) "
+        lines.append(f"| {reservation} | {shown(reservation, victim, gap, preemption)} | "
+                     f"{m.throughput:.0f} | {m.max_diff:.1f} / {m.avg_diff:.1f} / "
+                     f"{m.diff_var:.0f} | {r.backlogged_gap:,.0f} | {bound_text(r)} | "
+                     f"{r.preemptions} | {moved_text(r)} ({moved / tokens:.0%} of served) "
                      "|")  # fmt: skip
-    ratio = throughput["none", "fair", None] / throughput["full", "latest", None]
+    ratio = (throughput["none", "fair", None, "recompute"]
+             / throughput["full", "latest", None, "recompute"])  # fmt: skip
     return lines + [""], ratio, within
 
 
@@ -125,27 +130,32 @@ def construction_rows(trace: list[TraceRequest]) -> tuple[dict[tuple[str, str], 
     lines = ["| reservation | victim (gap) | F-G gap | bound | preemptions |",
              "| --- | --- | --- | --- | --- |"]  # fmt: skip
     gaps = {}
-    for reservation, victim, gap in RUNS[:4]:
+    for reservation, victim, gap, preemption in RUNS[:4]:
         r = run(trace, reservation, victim, gap, CONSTRUCTION_POOL, UNIT_STEP, False)
         gaps[reservation, victim] = r.backlogged_gap
-        lines.append(f"| {reservation} | {shown(reservation, victim, gap)} | "
+        lines.append(f"| {reservation} | {shown(reservation, victim, gap, preemption)} | "
                      f"{r.backlogged_gap:.0f} | {bound_text(r)} | {r.preemptions} |")  # fmt: skip
     return gaps, lines
 
 
-def run(trace, reservation, victim, gap, pool, step_time, show) -> SimResult:
+def run(trace, reservation, victim, gap, pool, step_time, show, preemption="recompute"):
     checked = reservation == "full" or victim == "fair"  # where a bound is stated
     return simulate(trace, "vtc", step_time, pool, reservation=reservation, victim=victim,
-                    preempt_gap=gap, check_fairness=checked, watch_backlog=True,
-                    progress=show)  # fmt: skip
+                    preempt_gap=gap, preemption=preemption, check_fairness=checked,
+                    watch_backlog=True, progress=show)  # fmt: skip
 
 
-def shown(reservation: str, victim: str, gap: float | None) -> str:
+def shown(reservation: str, victim: str, gap: float | None, preemption: str) -> str:
     if reservation != "none":
         return "-"
     if victim == "latest":
         return victim
-    return f"fair ({'w_q M / 4' if gap is None else f'{gap:.0f}'})"
+    swap = ", swap" if preemption == "swap" else ""
+    return f"fair ({'w_q M / 4' if gap is None else f'{gap:.0f}'}{swap})"
+
+
+def moved_text(r: SimResult) -> str:
+    return f"{r.recomputed_tokens:,}" + (f" ({r.swapped_tokens:,})" if r.swapped_tokens else "")
 
 
 def bound_text(r: SimResult) -> str:

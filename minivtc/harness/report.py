@@ -29,7 +29,7 @@ def simulate_to_dir(
     workload_name: str | None, trace_path: str | None, scheduler: str, step_time: str,
     kv_tokens: int, seed: int, out: str | Path, reservation: str = "peak", victim: str = "latest",
     preempt_gap: float | None = None, block_size: int = 1, prefix_caching: bool = False,
-    cached_weight: float | None = None,
+    cached_weight: float | None = None, preemption: str = "recompute",
 ) -> dict:  # fmt: skip
     """Simulate, then write requests.csv, metrics.json and the plots to `out`. VTC asserts
     its bound after every step where the configuration states one (`bound` in metrics.json:
@@ -48,12 +48,12 @@ def simulate_to_dir(
                       seed=seed, reservation=reservation, victim=victim,
                       preempt_gap=preempt_gap, check_fairness=checked, watch_backlog=True,
                       progress=True, prefix_caching=prefix_caching,
-                      cached_weight=cached_weight)  # fmt: skip
+                      cached_weight=cached_weight, preemption=preemption)  # fmt: skip
     metrics.write_requests(out / "requests.csv", result.served)
     summary = summarize(result, horizon, kv_tokens, max(t.input_tokens for t in trace))
     summary.update(workload=workload_name or trace_path, scheduler=scheduler, step_time=step_time,
                    kv_tokens=kv_tokens, reservation=reservation, victim=victim,
-                   preempt_gap=preempt_gap, block_size=block_size,
+                   preempt_gap=preempt_gap, block_size=block_size, preemption=preemption,
                    prefix_caching=prefix_caching, cached_weight=cached_weight)  # fmt: skip
     (out / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n")
     title = f"{scheduler} on {workload_name or Path(trace_path).name}"
@@ -100,6 +100,7 @@ def summarize(
         "prefill_tokens_saved": result.cached_tokens,
         "preemptions": result.preemptions,
         "recomputed_tokens": result.recomputed_tokens,
+        "swapped_tokens": result.swapped_tokens,
         "service_per_client": {c: round(v, 1) for c, v in totals.items()},
         # the paper's comparison window for shares (e.g. Fig. 16, Table 6: 60-300 s), tokens/s
         "service_rate_60_300": {

@@ -33,7 +33,12 @@ from minivtc.core.request import Request
 from minivtc.core.scheduler import Scheduler
 from minivtc.harness.backlog import BacklogWatch
 from minivtc.harness.metrics import Served
-from minivtc.harness.step_time import StepShape, StepTimeModel, step_time_model
+from minivtc.harness.step_time import (
+    SWAP_S_PER_TOKEN,
+    StepShape,
+    StepTimeModel,
+    step_time_model,
+)
 from minivtc.harness.workloads import TraceRequest
 
 SIM_TOKEN = 3  # the token every simulated step "generates"
@@ -51,8 +56,9 @@ class VirtualClock:
 class StepTimeRunner:
     """The engine's runner, simulated: advance the clock by the step's modelled time."""
 
-    def __init__(self, step_time: StepTimeModel, clock: VirtualClock) -> None:
-        self.step_time, self.clock = step_time, clock
+    def __init__(self, step_time: StepTimeModel, clock: VirtualClock,
+                 swap_s_per_token: float = SWAP_S_PER_TOKEN) -> None:  # fmt: skip
+        self.step_time, self.clock, self.swap_s_per_token = step_time, clock, swap_s_per_token
         # Requests with a limit above their length: request id -> the output length at which
         # they end (with EOS). Others run to max_tokens with EOS ignored, as in the paper.
         self.ends: dict[str, int] = {}
@@ -67,6 +73,13 @@ class StepTimeRunner:
 
     def release(self, request: Request) -> None:
         self.ends.pop(request.request_id, None)
+
+    def swap_out(self, request: Request, allocator: BlockAllocator) -> None:
+        """preemption="swap": the copy to host memory takes its time on the clock."""
+        self.clock.now += self.swap_s_per_token * request.num_computed
+
+    def swap_in(self, request: Request, allocator: BlockAllocator, start: int) -> None:
+        self.clock.now += self.swap_s_per_token * (request.num_computed - start)
 
 
 @dataclass
@@ -83,6 +96,7 @@ class SimResult:
     backlogged_gap: float | None = None  # the worst one measured (watch_backlog)
     prompt_tokens: int = 0  # of the requests admitted
     cached_tokens: int = 0  # of which the prefix cache held: prefill saved
+    swapped_tokens: int = 0  # preemption="swap": tokens copied to host memory and back
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -101,6 +115,7 @@ def simulate(
     reservation: str = "peak",
     victim: str = "latest",
     preempt_gap: float | None = None,
+    preemption: str = "recompute",
     admit_every: int = 1,
     progress: bool = False,
     watch_backlog: bool = False,
@@ -124,7 +139,8 @@ def simulate(
     engine = Engine(runner, pool(-(-kv_tokens // block_size), block_size), policy,
                     max_positions=1 << 30, eos_id=SIM_EOS, clock=clock, max_running=1 << 30,
                     check_fairness=check_fairness, reservation=reservation, victim=victim,
-                    preempt_gap=preempt_gap, admit_every=admit_every)  # fmt: skip
+                    preempt_gap=preempt_gap, preemption=preemption,
+                    admit_every=admit_every)  # fmt: skip
     start = time.perf_counter()
     watch = BacklogWatch(engine, w_c=cached_weight) if watch_backlog else None
     with gc_paused():  # PERF: 15-20% of a long simulation went to full collections
@@ -138,7 +154,7 @@ def simulate(
     return SimResult(served, rejected, total, wall, steps, counters, engine.num_preemptions,
                      engine.recomputed_tokens, policy.gap_bound(),
                      watch.worst if watch else None, engine.num_prompt_tokens,
-                     engine.num_cached_tokens)  # fmt: skip
+                     engine.num_cached_tokens, engine.swapped_tokens)  # fmt: skip
 
 
 def replay(

@@ -63,6 +63,12 @@ class MeasuredStepTime:
         return cls(**json.loads(path.read_text()))
 
 
+# Swapping a token's keys and values to host memory and back (preemption="swap"): Llama-2-7B in
+# fp16 holds 2 (K, V) x 32 layers x 4096 x 2 bytes = 0.5 MiB per token, over PCIe 4.0 x16 at
+# about 25 GB/s (the A10G's link): 21 us per token each way.
+SWAP_S_PER_TOKEN = 2 * 32 * 4096 * 2 / 25e9
+
+
 @dataclass(frozen=True)
 class StepShape:
     """What a cost model needs to know about one engine step."""

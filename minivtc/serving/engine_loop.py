@@ -255,8 +255,8 @@ class EngineLoop:
             dict(self.finished), self.ttft.cumulative(), self.ttft.total,
             self.latency.cumulative(), self.latency.total,
             ClientRow(None, 1.0, 0, 0, self.forgotten.input_tokens, self.forgotten.output_tokens),
-            engine.num_preemptions, engine.recomputed_tokens, engine.num_prompt_tokens,
-            engine.num_cached_tokens,
+            engine.num_preemptions, engine.recomputed_tokens, engine.swapped_tokens,
+            engine.num_prompt_tokens, engine.num_cached_tokens,
         )  # fmt: skip
 
     def record(self, request: Request) -> None:

@@ -65,7 +65,8 @@ class Snapshot:
     latency_sum: float = 0.0
     forgotten: ClientRow = field(default_factory=ClientRow)  # summed over forgotten clients
     preemptions: int = 0  # requests preempted to make room (reservation "none")
-    recomputed_tokens: int = 0  # tokens prefilled again after a preemption
+    recomputed_tokens: int = 0  # keys and values a preemption threw away (computed again)
+    swapped_tokens: int = 0  # keys and values a preemption moved to host memory (and back)
     prompt_tokens: int = 0  # of the requests admitted
     cached_tokens: int = 0  # of which the prefix cache held (their prefill was skipped)
 
@@ -144,8 +145,11 @@ def families(snap: Snapshot, top: int) -> Iterable[Metric]:
     yield CounterMetricFamily("minivtc_preemptions", "Requests preempted to free KV blocks.",
                               value=snap.preemptions)  # fmt: skip
     yield CounterMetricFamily("minivtc_recomputed_tokens",
-                              "Tokens prefilled again after a preemption.",
+                              "Tokens whose keys and values a preemption threw away.",
                               value=snap.recomputed_tokens)  # fmt: skip
+    yield CounterMetricFamily("minivtc_swapped_tokens",
+                              "Tokens whose keys and values a preemption swapped to host memory "
+                              "(counted out and in).", value=snap.swapped_tokens)  # fmt: skip
     yield CounterMetricFamily("minivtc_prompt_tokens", "Prompt tokens of the requests admitted.",
                               value=snap.prompt_tokens)  # fmt: skip
     yield CounterMetricFamily("minivtc_prefix_cache_hit_tokens",
