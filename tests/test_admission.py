@@ -70,3 +70,32 @@ def test_peak_blocks_is_the_most_the_batch_then_holds(specs, block_size):
     while engine.has_unfinished():
         engine.step()  # admits the candidate (the pool is huge), then only runs
     assert predicted == max(held)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(1, 64), st.integers(1, 64)), min_size=1, max_size=8),
+    st.sampled_from([1, 4, 16]),
+    st.sampled_from([("full", "latest"), ("peak", "latest"), ("none", "latest"),
+                     ("none", "fair")]),
+)  # fmt: skip
+def test_every_request_the_engine_accepts_finishes(specs, block_size, memory):
+    """Liveness: whatever the admission policy, a request that passes validation (prompt +
+    max_tokens fits the pool) is admitted and finishes, even one that fills the whole pool
+    (on-demand admission must not ask it for headroom it can never use)."""
+    pool = 4 * 16
+    reservation, victim = memory
+    engine = Engine(ScriptedRunner(lambda r: 7), BlockAllocator(pool // block_size, block_size),
+                    FCFS(), 10**5, eos_id=2, reservation=reservation, victim=victim,
+                    check_invariants=True)  # fmt: skip
+    requests = []
+    for prompt, max_tokens in specs:
+        prompt = min(prompt, pool - 1)
+        max_tokens = min(max_tokens, pool - prompt)
+        requests.append(engine.add_request([1] * prompt, SamplingParams(max_tokens=max_tokens)))
+    bound = sum(r.max_num_tokens for r in requests) * 4  # generous: preemption repeats work
+    for _ in range(bound):
+        if not engine.has_unfinished():
+            break
+        engine.step()
+    assert all(r.is_finished for r in requests), [r for r in requests if not r.is_finished]

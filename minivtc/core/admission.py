@@ -156,8 +156,10 @@ class OnDemand:
 
     def try_admit(self, request: Request) -> bool:
         # One block of headroom: a request admitted into the last free block would be the
-        # next step's victim.
-        headroom, prompt = request.num_tokens + self.allocator.block_size, request.prompt_ids
+        # next step's victim. Never more than the request can ever hold, or one that fits the
+        # pool only without headroom would wait forever in an empty engine.
+        headroom = min(request.num_tokens + self.allocator.block_size, request.max_num_tokens)
+        prompt = request.prompt_ids
         if not self.allocator.can_allocate(headroom, prompt, request.cache_salt):
             return False
         self.allocator.allocate(request.request_id, request.num_tokens, prompt, request.cache_salt)
