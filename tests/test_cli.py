@@ -46,10 +46,13 @@ def test_generate_rejects_a_bad_weights_dir(tmp_path):
 
 
 def test_help_explains_every_command():
+    """`python -m minivtc` is the `minivtc` command."""
     result = subprocess.run(
-        [sys.executable, "-m", "minivtc.cli", "--help"], capture_output=True, text=True
+        [sys.executable, "-m", "minivtc", "--help"], capture_output=True, text=True
     )
-    for command in ("demo", "generate", "serve", "loadgen", "simulate", "reproduce", "bench"):
+    assert result.returncode == 0
+    for command in ("demo", "generate", "serve", "loadgen", "simulate", "reproduce", "bench",
+                    "course"):  # fmt: skip
         assert command in result.stdout
 
 

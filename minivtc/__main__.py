@@ -1,0 +1,7 @@
+"""`python -m minivtc ...` is the `minivtc` command (for an environment without its script)."""
+
+import sys
+
+from minivtc.cli import main
+
+sys.exit(main())
