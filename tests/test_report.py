@@ -13,7 +13,7 @@ from collections import Counter
 import pytest
 
 from minivtc.core.policies import make_scheduler
-from minivtc.harness import metrics
+from minivtc.harness import metrics, plots
 from minivtc.harness.experiments import (
     EXPERIMENTS,
     gap_verdict,
@@ -294,3 +294,15 @@ def test_measured_trace_follows_the_on_off_setting():
     assert config["on_off"] == 60 and not quiet
     always_on = dict(config, on_off=-1)
     assert len(measured_trace(always_on)) > len(measured_trace(config))
+
+
+def test_the_fair_memory_and_prefix_caching_figures_draw_their_rows(tmp_path):
+    """A row without a stated bound is drawn without one; one client's bars per panel each."""
+    rows = [("full reservation", 326.0, 5374.0, 40000.0), ("on demand, latest", 771.0, 17857.0,
+                                                          None)]  # fmt: skip
+    shares = {"one": {"no cache": [1.0, 2.0, 3.0], "w_c = 0": [3.0, 2.0, 1.0]},
+              "two": {"no cache": [1.0, 1.0, 1.0]}}  # fmt: skip
+    for path in (plots.tradeoff_plot(rows, tmp_path / "t.png"),
+                 plots.shares_plot(shares, ["A", "B", "C"], tmp_path / "s.png")):  # fmt: skip
+        assert path.read_bytes().startswith(b"\x89PNG")
+

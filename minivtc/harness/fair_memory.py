@@ -22,7 +22,7 @@ import dataclasses
 from pathlib import Path
 
 from minivtc.core.cost import W_Q, fairness_bound
-from minivtc.harness import metrics
+from minivtc.harness import metrics, plots
 from minivtc.harness.sim import SimResult, simulate
 from minivtc.harness.step_time import MeasuredStepTime
 from minivtc.harness.workloads import TraceRequest, workload
@@ -48,7 +48,7 @@ def fair_memory(out: Path, show: bool = False) -> list[str]:
              "artifact's peak check (under which requests that finish early let the others "
              "grow past M: Lemma 4.3 can fail). Each bound was asserted after every step of "
              "its run.", ""]  # fmt: skip
-    real, ratio, within = real_trace(show)
+    real, ratio, within = real_trace(out, show)
     construction, shrink = theorem_4_8()
     breaking, broken = latest_breaks_the_bound()
     lines += real + construction + breaking
@@ -63,8 +63,9 @@ def fair_memory(out: Path, show: bool = False) -> list[str]:
     return lines
 
 
-def real_trace(show: bool) -> tuple[list[str], float, bool]:
-    """Part 1: the rows, fair's throughput over full reservation's, every gap within bound."""
+def real_trace(out: Path, show: bool) -> tuple[list[str], float, bool]:
+    """Part 1: the rows and their figure, fair's throughput over full reservation's, every gap
+    within bound."""
     trace = [dataclasses.replace(t, max_tokens=MAX_TOKENS) for t in workload("real").make()]
     lines = [f"### The real trace, `max_tokens` {MAX_TOKENS}", "",
              f"Every request may generate up to {MAX_TOKENS} tokens and ends at its traced "
@@ -72,13 +73,16 @@ def real_trace(show: bool) -> tuple[list[str], float, bool]:
              "| reservation | victim (gap) | tokens/s | Max / Avg / Var Diff | gap | bound | "
              "preemptions | recomputed (swapped) tokens |",
              "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
-    throughput, within = {}, True
+    throughput, within, bars = {}, True, []
     for reservation, victim, gap, preemption in RUNS:
         r = run(trace, reservation, victim, gap, POOL, "a10g-llama7b", show, preemption)
         m = metrics.table_metrics(r.served, r.total_time)
         tokens = sum(s.input_tokens + s.output_tokens for s in r.served)
         throughput[reservation, victim, gap, preemption] = m.throughput
         moved = r.recomputed_tokens + r.swapped_tokens
+        name = {"full": "full reservation", "peak": "peak check"}.get(reservation) or \
+            f"on demand, {shown(reservation, victim, gap, preemption)}"
+        bars.append((name, m.throughput, r.backlogged_gap, r.bound))
         within &= r.bound is None or r.backlogged_gap <= r.bound
         lines.append(f"| {reservation} | {shown(reservation, victim, gap, preemption)} | "
                      f"{m.throughput:.0f} | {m.max_diff:.1f} / {m.avg_diff:.1f} / "
@@ -87,6 +91,9 @@ def real_trace(show: bool) -> tuple[list[str], float, bool]:
                      "|")  # fmt: skip
     ratio = (throughput["none", "fair", None, "recompute"]
              / throughput["full", "latest", None, "recompute"])  # fmt: skip
+    plots.tradeoff_plot(bars, out / "fair_memory_tradeoff.png",
+                        f"the real trace, max_tokens {MAX_TOKENS}: throughput against fairness")
+    lines += ["", "![fair memory: throughput and gap](fair_memory_tradeoff.png)"]
     return lines + [""], ratio, within
 
 

@@ -85,3 +85,46 @@ def save(fig, path: str | Path) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def tradeoff_plot(rows: list[tuple[str, float, float, float | None]], path: str | Path,
+                  title: str = "") -> Path:  # fmt: skip
+    """One bar pair per configuration `(name, tokens/s, worst backlogged gap, bound or None)`:
+    throughput on the left, the gap on the right with its stated bound marked (Fair memory)."""
+    names = [r[0] for r in rows]
+    y = range(len(rows))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 0.5 * len(rows) + 1.5), sharey=True)
+    left.barh(y, [r[1] for r in rows], color="C0")
+    left.set(xlabel="tokens/s", yticks=list(y), yticklabels=names)
+    left.invert_yaxis()
+    right.barh(y, [r[2] for r in rows], color="C1", label="worst backlogged gap")
+    label = "stated bound"
+    for i, (*_, bound) in enumerate(rows):
+        if bound is None:
+            right.text(0, i, "  no bound", va="center", fontsize=7, color="gray")
+            continue
+        right.plot([bound, bound], [i - 0.4, i + 0.4], "k-", linewidth=2, label=label)
+        label = None  # one legend entry
+    right.set(xlabel="service gap (counter units)")
+    right.legend(fontsize=7, loc="lower right")
+    fig.suptitle(title or "throughput against fairness")
+    return save(fig, path)
+
+
+def shares_plot(panels: dict[str, dict[str, list[float]]], clients: list[str],
+                path: str | Path, title: str = "") -> Path:  # fmt: skip
+    """Grouped bars: in each panel, for each configuration, every client's service rate."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), sharey=True)
+    axes = axes if len(panels) > 1 else [axes]
+    width = 0.8 / len(clients)
+    for ax, (panel, runs) in zip(axes, panels.items(), strict=True):
+        for k, client in enumerate(clients):
+            ax.bar([i + k * width for i in range(len(runs))], [v[k] for v in runs.values()],
+                   width, color=f"C{k}", label=client)  # fmt: skip
+        ax.set_xticks([i + width * (len(clients) - 1) / 2 for i in range(len(runs))])
+        ax.set_xticklabels(list(runs), fontsize=8)
+        ax.set_title(panel, fontsize=9)
+    axes[0].set_ylabel("service (tokens/s, input + 2 x output)")
+    axes[-1].legend(fontsize=8)
+    fig.suptitle(title or "service per client")
+    return save(fig, path)

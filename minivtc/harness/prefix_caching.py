@@ -17,7 +17,7 @@ import random
 from pathlib import Path
 
 from minivtc.core.cost import W_P
-from minivtc.harness import metrics
+from minivtc.harness import metrics, plots
 from minivtc.harness.sim import simulate
 from minivtc.harness.workloads import TraceRequest
 
@@ -59,16 +59,19 @@ def prefix_caching(out: Path, show: bool = False) -> list[str]:
              "later hit pays w_c, whichever client sends it: with two clients sharing a "
              "prefix, the first to send it pays for both. Lemma 4.3 held after every step of "
              "every run (asserted).", ""]  # fmt: skip
-    speedups, within = [], True
+    speedups, within, panels = [], True, {}
     workloads = (("A", f"A sends a {SYSTEM_PROMPT:,}-token system prompt with every request"),
                  ("AB", "A and B share one system prompt"))  # fmt: skip
     for sharing, title in workloads:
-        rows, speedup, ok = compare(shared_prompt_trace(sharing), show)
+        rows, speedup, ok, panels[title] = compare(shared_prompt_trace(sharing), show)
         speedups.append(speedup)
         within &= ok
         lines += [f"### {title}", "", "| prefix cache | w_c | tokens/s | hit rate | service A / "
                   "B / C (per s) | gap | 2U |", "| --- | --- | --- | --- | --- | --- | --- |",
                   *rows, ""]  # fmt: skip
+    plots.shares_plot(panels, list(CLIENTS), out / "prefix_caching_service.png",
+                      f"service per client, {WINDOW[0]:.0f}-{WINDOW[1]:.0f} s, by cached weight")
+    lines += ["![prefix caching: service per client](prefix_caching_service.png)", ""]
     lines += ["**Verdict:** the prefix cache serves "
               f"{' and '.join(f'{s:.2f}x' for s in speedups)} the tokens/s of no cache (goal >= "
               f"1.5x), every gap within 2U: {'yes' if min(speedups) >= 1.5 and within else 'NO'}. "
@@ -81,8 +84,11 @@ def prefix_caching(out: Path, show: bool = False) -> list[str]:
     return lines
 
 
-def compare(trace: list[TraceRequest], show: bool) -> tuple[list[str], float, bool]:
-    rows, throughput, within = [], {}, True
+def compare(
+    trace: list[TraceRequest], show: bool
+) -> tuple[list[str], float, bool, dict[str, list[float]]]:
+    """The table's rows, caching's worst speedup, every gap within 2U, each run's shares."""
+    rows, throughput, within, shares = [], {}, True, {}
     for cache, w_c in RUNS:
         r = simulate(trace, "vtc", kv_tokens=10000, block_size=16, reservation="full",
                      check_fairness=True, watch_backlog=True, prefix_caching=cache,
@@ -91,9 +97,12 @@ def compare(trace: list[TraceRequest], show: bool) -> tuple[list[str], float, bo
         throughput[cache, w_c] = table.throughput
         rate = metrics.service(r.served, *WINDOW)  # every prompt token at w_p, cached or not
         span = WINDOW[1] - WINDOW[0]
-        shares = " / ".join(f"{rate.get(c, 0.0) / span:.0f}" for c in CLIENTS)
+        per_client = [rate.get(c, 0.0) / span for c in CLIENTS]
+        shares["no cache" if not cache else f"w_c = {w_c:g}"] = per_client
+        service = " / ".join(f"{v:.0f}" for v in per_client)
         within &= r.backlogged_gap <= r.bound
         rows.append(f"| {'yes' if cache else 'no'} | {'-' if not cache else f'{w_c:g}'} | "
-                    f"{table.throughput:.0f} | {r.prefix_hit_rate:.0%} | {shares} | "
+                    f"{table.throughput:.0f} | {r.prefix_hit_rate:.0%} | {service} | "
                     f"{r.backlogged_gap:,.0f} | {r.bound:,.0f} |")  # fmt: skip
-    return rows, min(throughput[c] for c in RUNS if c[0]) / throughput[False, None], within
+    speedup = min(throughput[c] for c in RUNS if c[0]) / throughput[False, None]
+    return rows, speedup, within, shares
