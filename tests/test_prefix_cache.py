@@ -155,6 +155,7 @@ def test_lemma_4_3_holds_with_a_prefix_cache_for_every_cached_weight(seed, w_c, 
 
 
 def test_a_trace_with_prefixes_round_trips_and_the_simulator_reports_hits(tmp_path):
+    from minivtc.harness.metrics import charged_cost, read_requests, service, write_requests
     from minivtc.harness.workloads import read_trace, write_trace
 
     trace = [TraceRequest("a", i / 10, 2048 + i, 8, None, "sys", 2000) for i in range(10)]
@@ -165,6 +166,13 @@ def test_a_trace_with_prefixes_round_trips_and_the_simulator_reports_hits(tmp_pa
     warm = simulate(trace, "vtc", kv_tokens=30000, block_size=16, reservation="full",
                     prefix_caching=True)  # fmt: skip
     assert cold.cached_tokens == 0 and warm.cached_tokens == 9 * 2000
+    # each served record says how much of its prompt was cached, and requests.csv keeps it
+    assert sorted(s.cached_tokens for s in warm.served) == [0, 0] + [2000] * 9
+    write_requests(tmp_path / "requests.csv", warm.served)
+    back = read_requests(tmp_path / "requests.csv")
+    assert [s.cached_tokens for s in back] == [s.cached_tokens for s in warm.served]
+    priced = service(warm.served, 0.0, 10**6, charged_cost(0.5))
+    assert priced["a"] == service(warm.served, 0.0, 10**6)["a"] - 0.5 * 9 * 2000
     assert warm.prefix_hit_rate == pytest.approx(9 * 2000 / sum(t.input_tokens for t in trace))
     ttft = [sum(r.first_token_latency_s for r in run.served) for run in (cold, warm)]
     assert ttft[1] < ttft[0] / 2  # the prefill of 2,000 tokens skipped, nine times

@@ -28,6 +28,7 @@ COLUMNS = [
     "client", "arrival_s", "input_tokens", "output_tokens", "first_token_latency_s",
     "request_latency_s",
 ]  # fmt: skip
+CACHED = "cached_tokens"  # written after COLUMNS; optional when read (the measured runs lack it)
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,7 @@ class Served:
     output_tokens: int
     first_token_latency_s: float  # arrival to first token: queueing + prefill (TTFT)
     request_latency_s: float  # arrival to last token
+    cached_tokens: int = 0  # of input_tokens, found in the prefix cache (not computed)
 
     @property
     def start_s(self) -> float:
@@ -55,6 +57,12 @@ def linear_cost(r: Served, w_p: float = 1.0, w_q: float = 2.0) -> float:
     return w_p * r.input_tokens + w_q * r.output_tokens
 
 
+def charged_cost(w_c: float, w_p: float = 1.0, w_q: float = 2.0) -> Cost:
+    """Service priced as VTC(cached_weight=w_c) charges it: a cached prompt token at w_c. With
+    w_c = w_p it is `linear_cost`, what a client receives, cached or not."""
+    return lambda r: linear_cost(r, w_p, w_q) - (w_p - w_c) * r.cached_tokens
+
+
 def profiled_cost(r: Served) -> float:
     """The artifact's fitted h in ms (Appendix B.2), for the "profile" tables: the same h
     the scheduler charges with (`cost.ProfiledCost`)."""
@@ -68,7 +76,8 @@ def read_requests(path: str | Path) -> list[Served]:
         raise ValueError(f"{path}: missing columns {sorted(set(COLUMNS) - set(rows[0]))}")
     return [
         Served(r["client"], float(r["arrival_s"]), int(r["input_tokens"]), int(r["output_tokens"]),
-               float(r["first_token_latency_s"]), float(r["request_latency_s"]))
+               float(r["first_token_latency_s"]), float(r["request_latency_s"]),
+               int(r.get(CACHED) or 0))
         for r in rows
     ]  # fmt: skip
 
@@ -76,12 +85,11 @@ def read_requests(path: str | Path) -> list[Served]:
 def write_requests(path: str | Path, served: Iterable[Served]) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(COLUMNS)
+        w.writerow([*COLUMNS, CACHED])
         for r in served:
             latencies = f"{r.first_token_latency_s:.6f}", f"{r.request_latency_s:.6f}"
-            w.writerow(
-                [r.client, f"{r.arrival_s:.6f}", r.input_tokens, r.output_tokens, *latencies]
-            )
+            w.writerow([r.client, f"{r.arrival_s:.6f}", r.input_tokens, r.output_tokens,
+                        *latencies, r.cached_tokens])  # fmt: skip
 
 
 def clients_of(served: Iterable[Served]) -> list[str]:

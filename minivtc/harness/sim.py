@@ -242,4 +242,5 @@ def gc_paused() -> Iterator[None]:
 
 def record(request: Request, t: TraceRequest) -> Served:
     ttft, latency = request.first_token_time - t.arrival_s, request.finish_time - t.arrival_s
-    return Served(t.client, t.arrival_s, t.input_tokens, t.output_tokens, ttft, latency)
+    return Served(t.client, t.arrival_s, t.input_tokens, t.output_tokens, ttft, latency,
+                  request.num_cached)  # fmt: skip
