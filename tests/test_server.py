@@ -361,13 +361,19 @@ def test_a_dead_engine_loop_answers_500_then_503(bundled):
 
 
 def test_loadgen_command_records_every_request(bundled, tmp_path, capsys):
+    """c0's requests share a 40-token prefix: the server's prefix cache finds its first two
+    blocks of 16 in every c0 request after the first, and requests.csv records them."""
     from minivtc.cli import main
     from minivtc.harness.metrics import read_requests
     from minivtc.harness.workloads import write_trace
 
-    trace = [TraceRequest(f"c{i % 3}", 0.1 * i, 8, 6) for i in range(12)]
+    trace = [TraceRequest(f"c{i % 3}", 0.1 * i, 8, 6) for i in range(1, 12) if i % 3]
+    trace += [TraceRequest("c0", 0.6 * i, 48, 6, None, "system", 40) for i in range(4)]
     write_trace(tmp_path / "trace.csv", trace)
-    background, _ = start(bundled, "vtc")
+    model, tokenizer = bundled
+    engine = build_engine(model, tokenizer, "vtc", kv_tokens=POOL_TOKENS, prefix_caching=True,
+                          check_invariants=True)  # fmt: skip
+    background = BackgroundServer(make_app(engine, tokenizer))
     with background as url:
         code = main(["loadgen", "--url", url, "--trace", str(tmp_path / "trace.csv"),
                      "--speedup", "2", "--out", str(tmp_path / "out")])  # fmt: skip
@@ -377,5 +383,6 @@ def test_loadgen_command_records_every_request(bundled, tmp_path, capsys):
         (t.client, 6) for t in trace
     )
     assert max(r.arrival_s for r in served) < 0.1 * 11 / 2 + 0.5  # sent at trace time / speedup
+    assert sorted(r.cached_tokens for r in served) == [0] * 9 + [32] * 3
     assert (tmp_path / "out" / "service.png").stat().st_size > 0
     assert "served" in capsys.readouterr().out

@@ -8,8 +8,11 @@ as they measure a simulated one. Does not own the server. Lesson 8 and `minivtc 
 
 The prompt is `input_tokens` token ids (a BOS of 1, then seeded ids in [100, 1000)), sent as a
 list: any Llama-vocabulary server (minivtc, vLLM) takes it, and the length is exact, which text
-could not promise across tokenizers. `ignore_eos` is vLLM's extension; `--no-ignore-eos` drops
-it for servers that reject unknown fields.
+could not promise across tokenizers. Requests with the same `prefix_id` share their first
+`prefix_tokens` ids, as in the simulator, so a server's prefix cache can find them; the cached
+prompt tokens it reports (`usage.prompt_tokens_details.cached_tokens`) are recorded.
+`ignore_eos` is vLLM's extension; `--no-ignore-eos` drops it for servers that reject unknown
+fields.
 """
 
 from __future__ import annotations
@@ -52,8 +55,15 @@ def run_replay(*args, **kwargs) -> ReplayResult:
         return pool.submit(asyncio.run, replay(*args, **kwargs)).result()
 
 
-def prompt_ids(n: int, rng: random.Random) -> list[int]:
-    return [1] + [rng.randrange(100, 1000) for _ in range(n - 1)]
+def prompt_ids(t: TraceRequest, rng: random.Random, prefixes: dict[str, list[int]]) -> list[int]:
+    """A BOS, then seeded ids; the first `prefix_tokens` are its `prefix_id`'s (the first request
+    with that id chooses them, a later one with a longer prefix extends them)."""
+    ids = [1] + [rng.randrange(100, 1000) for _ in range(t.input_tokens - 1)]
+    if t.prefix_id is None:
+        return ids
+    shared = prefixes.setdefault(t.prefix_id, [])
+    shared += ids[len(shared) : t.prefix_tokens]
+    return shared[: t.prefix_tokens] + ids[t.prefix_tokens :]
 
 
 async def replay(
@@ -68,8 +78,8 @@ async def replay(
     trace = [t for t in trace if duration is None or t.arrival_s < duration]
     if not trace:
         raise ValueError("the trace has no requests to send (check --duration)")
-    rng = random.Random(seed)
-    bodies = [body(t, prompt_ids(t.input_tokens, rng), model, ignore_eos, temperature)
+    rng, prefixes = random.Random(seed), {}
+    bodies = [body(t, prompt_ids(t, rng, prefixes), model, ignore_eos, temperature)
               for t in trace]  # fmt: skip
     result = ReplayResult(served=[])
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -127,7 +137,7 @@ async def one(
     await asyncio.sleep(max(0.0, send_at - time.monotonic()))
     sent = time.monotonic()
     first = None
-    completion_tokens = 0
+    completion_tokens = cached_tokens = 0
     try:
         headers = {"X-Client-Id": t.client}
         async with http.stream("POST", "/v1/completions", json=payload, headers=headers) as resp:
@@ -141,8 +151,11 @@ async def one(
                 chunk = json.loads(line[len("data: ") :])
                 if chunk.get("choices") and first is None:
                     first = time.monotonic()
-                if chunk.get("usage"):
-                    completion_tokens = chunk["usage"]["completion_tokens"]
+                if usage := chunk.get("usage"):
+                    completion_tokens = usage["completion_tokens"]
+                    cached_tokens = (usage.get("prompt_tokens_details") or {}).get(
+                        "cached_tokens", 0
+                    )
     except httpx.HTTPError as e:
         result.failed[f"{type(e).__name__}: {e}"] += 1
         return
@@ -158,6 +171,7 @@ async def one(
             completion_tokens or t.output_tokens,
             first - sent,
             end - sent,
+            cached_tokens,  # what the server's prefix cache held (0 without one)
         )  # fmt: skip
     )
 
