@@ -1,8 +1,9 @@
-"""The paper's figure types from `requests.csv` records: service, response time, service gap.
+"""The paper's figure types from `requests.csv` records: service, response time, service gap;
+and the fair-memory sections' bars (throughput against the gap and its bound; service shares).
 
-Owns matplotlib only; every number comes from `metrics.py`. Each function draws one figure into
-a PNG and returns its path. Figures use the Agg backend, so they render without a screen.
-Lessons 4-7 show them inline.
+Owns matplotlib only; every number comes from `metrics.py` or the caller. Each function draws
+one figure into a PNG and returns its path. Figures use the Agg backend, so they render without
+a screen. Lessons 4-9 show them inline.
 """
 
 from __future__ import annotations
