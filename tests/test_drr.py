@@ -44,8 +44,25 @@ def test_decode_tokens_are_charged_and_a_negative_deficit_waits_turns():
     a.output_ids += [7, 7, 7]
     drr.on_decode([a])  # three tokens at w_q = 2
     assert drr.deficits["a"] == 10 - 2 - 6
-    drr.add(request("a1", "a"), 0.0)  # a rejoins the round: a fresh deficit of 0
+    drr.add(request("a1", "a"), 0.0)  # a rejoins the round: no credit banked, 2 -> 0
     assert drr.deficits["a"] == 0.0 and list(drr.active) == ["b", "a"]
+
+
+def test_a_client_rejoining_keeps_its_debt_even_when_preempted():
+    """A debt is not forgiven by leaving the queue: not when a client sends again, and not
+    when its only request is preempted and requeued (else preemption would wipe it each time)."""
+    drr, admitted = DRR(quantum=10.0), []
+    a = request("a0", "a", n_p=2)
+    drr.add(a, 0.0)
+    drr.schedule(admit_all(drr, admitted))
+    a.output_ids += [7] * 7
+    drr.on_decode([a])  # 10 - 2 - 14
+    assert drr.deficits["a"] == -6.0 and not drr.active
+    drr.requeue(a)  # preempted: back at the head of its (empty) queue
+    assert drr.deficits["a"] == -6.0 and list(drr.active) == ["a"]
+    drr.remove(a)
+    drr.add(request("a1", "a"), 0.0)
+    assert drr.deficits["a"] == -6.0
 
 
 def test_a_refused_head_ends_the_round_without_losing_the_turn():

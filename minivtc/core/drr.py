@@ -10,11 +10,11 @@ LLM serving the cost of a request is not known when it is sent, so, as Appendix 
   each dispatch costing h(n_p, 0) (the prompt), and the turn passes when the deficit is spent;
 - every generated token costs h(n_p, n_q) - h(n_p, n_q - 1), taken from the deficit as it is
   generated, so a deficit may go negative and the client then waits turns to refill it;
-- a client that joins the queue starts at deficit 0 (it cannot bank credit while idle: the
-  role VTC's lift plays). It also forgets a debt: a client that left with a negative deficit
-  (its decode charges ran past its turns) rejoins at 0, where VTC's max(c_u, floor) would
-  keep the debt. The backlogged bound below is unaffected (no one rejoins within an interval
-  in which it is backlogged);
+- a client that joins the queue has no credit: a positive deficit drops to 0 (it cannot bank
+  credit while idle: the role VTC's lift plays), a negative one stays (its decode charges ran
+  past its turns: a debt, kept as VTC's max(c_u, floor) keeps a counter above the floor).
+  Forgiving the debt would let a client that keeps leaving and rejoining, as a preempted
+  request does when it is its client's only one (`requeue`), run up debts it never pays;
 - as in Algorithm 2, a request that does not fit ends the admission round (no skipping).
 
 Bound (checked by the graded tests, with U = max(w_p L_input, w_q M) as for VTC): two clients
@@ -51,7 +51,7 @@ class DRR(Scheduler):
 
     def add(self, request: Request, now: float) -> str | None:
         """Queue `request`; a client with nothing waiting joins the round, at its back, with
-        deficit 0."""
+        no credit (`join_if_idle`)."""
         self.join_if_idle(request.client_id).append(request)
         return None
 
@@ -112,7 +112,7 @@ class DRR(Scheduler):
 
     def forget(self, idle: list[str], now: float) -> list[str]:
         gone = [c for c in idle if not self.queues.get(c)]
-        for c in gone:  # a rejoining client starts at 0 anyway
+        for c in gone:  # idle past the forget horizon: its debt, if any, is forgiven
             self.queues.pop(c, None)
             self.deficits.pop(c, None)
         return gone
@@ -132,10 +132,10 @@ class DRR(Scheduler):
 
     def join_if_idle(self, client: str) -> deque[Request]:
         """`client`'s queue; a client with nothing waiting first joins the round, at its back,
-        with a fresh deficit of 0."""
+        with no credit: a positive deficit drops to 0, a debt stays."""
         queue = self.queues.setdefault(client, deque())
         if not queue:
-            self.deficits[client] = 0.0
+            self.deficits[client] = min(self.deficits.get(client, 0.0), 0.0)
             self.active.append(client)
         return queue
 
