@@ -16,6 +16,7 @@ from minivtc.harness.cli import (
     add_reproduce,
     add_simulate,
     add_trace_source,
+    memory_options,
     print_summary,
 )
 
@@ -98,11 +99,12 @@ def add_serve(sub) -> None:
         "--client-weights", default=None,
         help='JSON file of per-client shares for the VTC family, e.g. {"alice": 2, "bob": 1}',
     )  # fmt: skip
-    p.add_argument("--kv-tokens", type=int, default=10000, help="KV pool in tokens (default 10000)")
+    p.add_argument("--kv-tokens", type=int, default=10000,
+                   help="KV pool in tokens, at least one block of 16 (default 10000)")  # fmt: skip
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    p.add_argument("--port", type=port, default=8000, help="port, 1-65535 (default 8000)")
     p.add_argument(
         "--api-keys", default=None, metavar="FILE",
         help='JSON file of API key -> client, e.g. {"sk-alice": {"client": "alice", "weight": 2}, '
@@ -134,8 +136,11 @@ def run_serve(args) -> int:
     from minivtc.serving.api_keys import Gate, read_keys, weights_of
     from minivtc.serving.server import Server
 
-    if args.max_body_bytes < 1024 or args.shutdown_timeout < 0:
-        raise ValueError("--max-body-bytes must be >= 1024 and --shutdown-timeout >= 0")
+    if args.max_body_bytes < 1024:
+        raise ValueError(f"--max-body-bytes must be >= 1024, not {args.max_body_bytes}")
+    if not 0 <= args.shutdown_timeout < float("inf"):
+        raise ValueError(f"--shutdown-timeout must be seconds >= 0, not {args.shutdown_timeout}")
+    memory = memory_options(args)
     if args.api_keys and args.client_weights:
         raise ValueError("give weights in the --api-keys file, not also --client-weights")
     if args.trust_client_header and not args.api_keys:
@@ -155,10 +160,7 @@ def run_serve(args) -> int:
                              "(finite)")  # fmt: skip
     scheduler = make_scheduler(args.scheduler, weights=weights, cached_weight=args.cached_weight)
     model, tokenizer = load_model(args.weights, args.dtype, args.device)
-    engine = build_engine(model, tokenizer, scheduler, kv_tokens=args.kv_tokens,
-                          reservation=args.reservation, victim=args.victim,
-                          preempt_gap=args.preempt_gap, preemption=args.preemption,
-                          prefix_caching=args.prefix_caching)  # fmt: skip
+    engine = build_engine(model, tokenizer, scheduler, kv_tokens=args.kv_tokens, **memory)
     name = Path(args.weights).name if args.weights else "minivtc-tiny"
     print(f"serving {name} with {args.scheduler} on http://{args.host}:{args.port}/v1",
           file=sys.stderr)  # fmt: skip
@@ -170,6 +172,13 @@ def run_serve(args) -> int:
     server = Server(engine, tokenizer, name, args.host, args.port, args.shutdown_timeout,
                     gate=gate, max_body_bytes=args.max_body_bytes)  # fmt: skip
     return server.run()
+
+
+def port(text: str) -> int:
+    """argparse type: a TCP port number."""
+    if not text.isdigit() or not 1 <= int(text) <= 65535:
+        raise argparse.ArgumentTypeError(f"a port is a number from 1 to 65535, not {text!r}")
+    return int(text)
 
 
 def add_loadgen(sub) -> None:

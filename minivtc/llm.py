@@ -59,7 +59,8 @@ def build_engine(
         pool = KVPool.from_bytes(model.config, kv_bytes, block_size, **pool_options)
     else:
         pool = KVPool.from_tokens(
-            model.config, kv_tokens or DEFAULT_KV_TOKENS, block_size, **pool_options
+            model.config, DEFAULT_KV_TOKENS if kv_tokens is None else kv_tokens, block_size,
+            **pool_options,
         )
     if compile_attention is None:
         compile_attention = weight.device.type == "cuda"

@@ -136,6 +136,28 @@ def test_serve_refuses_inconsistent_trust_options():
         assert result.returncode == 2 and why in result.stderr, result.stderr
 
 
+@pytest.mark.parametrize(("options", "why"), [
+    (["--kv-tokens", "0"], "a KV pool of 0 tokens holds nothing"),
+    (["--kv-tokens", "100000000000"], "more than it could allocate"),
+    (["--port", "99999"], "a port is a number from 1 to 65535"),
+    (["--shutdown-timeout", "nan"], "--shutdown-timeout must be seconds >= 0"),
+    (["--victim", "fair"], "--victim only means something with --reservation none"),
+    (["--reservation", "peak", "--preemption", "swap", "--preempt-gap", "9"],
+     "--preemption, --preempt-gap only mean something with --reservation none"),
+    (["--reservation", "none", "--preempt-gap", "9"], "only means something with --victim fair"),
+    (["--cached-weight", "0"], "only means something with --prefix-caching"),
+])  # fmt: skip
+def test_serve_refuses_options_it_would_ignore_or_cannot_honour(options, why, capsys):
+    """Each a clear error (exit 2), never a traceback, and never silently another setting."""
+    from minivtc.cli import main
+
+    try:
+        code = main(["serve", *options])
+    except SystemExit as e:  # argparse's own refusal
+        code = e.code
+    assert code == 2 and why in capsys.readouterr().err
+
+
 def test_serve_warns_when_open_to_the_network_without_keys():
     """Bound to every interface (reached here only through loopback) and without keys: the
     log says that anyone can claim any client."""

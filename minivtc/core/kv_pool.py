@@ -142,18 +142,29 @@ class KVPool:
 
         from minivtc.core.prefix_cache import PrefixCachingAllocator
 
-        allocator = PrefixCachingAllocator if prefix_caching else BlockAllocator
-        self.allocator = allocator(num_blocks, block_size)
         dtype = dtype or torch.float32
         shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)  # (NL, NB, BS, K, D)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)  # (NL, NB, BS, K, D)
+        try:
+            allocator = PrefixCachingAllocator if prefix_caching else BlockAllocator
+            self.allocator = allocator(num_blocks, block_size)
+            self.k = torch.zeros(shape, dtype=dtype, device=device)  # (NL, NB, BS, K, D)
+            self.v = torch.zeros(shape, dtype=dtype, device=device)  # (NL, NB, BS, K, D)
+        except (MemoryError, RuntimeError) as e:  # torch's out-of-memory is a RuntimeError
+            if isinstance(e, RuntimeError) and "memory" not in str(e).lower():
+                raise
+            need = num_blocks * block_size * config.kv_bytes_per_token(dtype.itemsize)
+            raise ValueError(f"a KV pool of {num_blocks * block_size:,} tokens needs "
+                             f"{need / 2**30:,.1f} GiB on {device}, more than it could "
+                             "allocate: ask for fewer tokens") from None  # fmt: skip
 
     @classmethod
     def from_tokens(
         cls, config: LlamaConfig, num_tokens: int, block_size: int = 16, **kw
     ) -> KVPool:
         """A pool holding at least `num_tokens` tokens (rounded up to whole blocks)."""
+        if num_tokens < 1:
+            raise ValueError(f"a KV pool of {num_tokens} tokens holds nothing: give at least one "
+                             f"block ({block_size} tokens)")  # fmt: skip
         return cls(config, -(-num_tokens // block_size), block_size, **kw)
 
     @classmethod

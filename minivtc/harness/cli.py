@@ -50,13 +50,13 @@ def add_memory_options(p, default: str) -> None:
         f"when they run out (default {default})",
     )  # fmt: skip
     p.add_argument(
-        "--victim", choices=["latest", "fair"], default="latest",
+        "--victim", choices=["latest", "fair"], default=None,
         help="with --reservation none, whom to preempt: 'latest' (vLLM's: the most recently "
         "admitted) or 'fair' (the running client with the highest counter, which is also "
         "preempted when it leads a waiting client by --preempt-gap) (default latest)",
     )  # fmt: skip
     p.add_argument(
-        "--preemption", choices=["recompute", "swap"], default="recompute",
+        "--preemption", choices=["recompute", "swap"], default=None,
         help="with --reservation none, what a preempted request keeps: nothing ('recompute': "
         "its prompt and tokens are prefilled again) or its keys and values, copied to host "
         "memory and back ('swap') (default recompute)",
@@ -70,6 +70,24 @@ def add_memory_options(p, default: str) -> None:
     )  # fmt: skip
 
 
+def memory_options(args) -> dict:
+    """The engine's memory options from --reservation, --victim, --preemption, --preempt-gap,
+    --prefix-caching and --cached-weight, refusing those that would be silently ignored."""
+    on_demand = {"--victim": args.victim, "--preemption": args.preemption,
+                 "--preempt-gap": args.preempt_gap}  # fmt: skip
+    if args.reservation != "none" and (given := [o for o, v in on_demand.items() if v is not None]):
+        verb = "means" if len(given) == 1 else "mean"
+        raise ValueError(f"{', '.join(given)} only {verb} something with --reservation none "
+                         f"(blocks on demand), not {args.reservation}")  # fmt: skip
+    if args.preempt_gap is not None and args.victim != "fair":
+        raise ValueError("--preempt-gap only means something with --victim fair")
+    if args.cached_weight is not None and not args.prefix_caching:
+        raise ValueError("--cached-weight only means something with --prefix-caching")
+    return {"reservation": args.reservation, "victim": args.victim or "latest",
+            "preempt_gap": args.preempt_gap, "preemption": args.preemption or "recompute",
+            "prefix_caching": args.prefix_caching}  # fmt: skip
+
+
 def add_prefix_options(p) -> None:
     """--prefix-caching and --cached-weight (the simulator's and the server's)."""
     p.add_argument(
@@ -80,19 +98,21 @@ def add_prefix_options(p) -> None:
     )  # fmt: skip
     p.add_argument(
         "--cached-weight", type=float, default=None, metavar="W",
-        help="what VTC charges for a prompt token found in the prefix cache, 0 <= W <= w_p = 1 "
-        "(default w_p: caching changes no one's charge; 0: cached tokens are free)",
+        help="what VTC charges for a prompt token found in the prefix cache, 0 <= W <= w_p "
+        "(w_p = 1 with the paper's cost; default w_p: caching changes no one's charge; 0: "
+        "cached tokens are free)",
     )  # fmt: skip
 
 
 def run_simulate(args) -> int:
     from minivtc.harness.report import simulate_to_dir
 
+    memory = memory_options(args)
     summary = simulate_to_dir(args.workload, args.trace, args.scheduler, args.step_time,
-                              args.kv_tokens, args.seed, args.out, args.reservation,
-                              args.victim, args.preempt_gap, args.block_size,
+                              args.kv_tokens, args.seed, args.out, memory["reservation"],
+                              memory["victim"], args.preempt_gap, args.block_size,
                               args.prefix_caching, args.cached_weight,
-                              args.preemption)  # fmt: skip
+                              memory["preemption"])  # fmt: skip
     print_summary(summary)
     print(f"wrote {args.out}/requests.csv, metrics.json, service.png, response.png, gap.png")
     return 0
