@@ -3,6 +3,8 @@ back by Prometheus' own parser. Snapshots are made by hand: no engine, no server
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
@@ -111,6 +113,10 @@ def test_histograms_and_the_pool_are_scraped_as_they_are():
         assert samples[(f"{name}_sum", None)] == total
     assert samples[("minivtc_kv_blocks_used", None)] == 3.0
     assert samples[("minivtc_kv_blocks_total", None)] == 10.0
+    swapping = prometheus_text(dataclasses.replace(SNAP, host_tokens=40, swap_tokens=160))
+    samples = {s.name: s.value for f in text_string_to_metric_families(swapping.decode())
+               for s in f.samples}  # fmt: skip
+    assert samples["minivtc_swap_tokens_used"] == 40 and samples["minivtc_swap_tokens_total"] == 160
 
 
 def test_any_client_id_survives_the_exposition_format():

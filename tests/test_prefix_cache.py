@@ -182,6 +182,35 @@ def test_a_trace_with_prefixes_round_trips_and_the_simulator_reports_hits(tmp_pa
         read_trace(tmp_path / "bad.csv")
 
 
+@pytest.mark.parametrize("preemption", ["recompute", "swap"])
+def test_what_a_cache_keeps_is_neither_thrown_away_nor_copied_by_a_preemption(
+    tiny, preemption  # noqa: F811
+):
+    """b finds a's first two blocks cached. Preempted before its prefill, it threw nothing away
+    and copies nothing; preempted after, only what lies past the cached prefix, in its own
+    partial last block, is recomputed or copied. Its tokens are those of generating it
+    alone."""
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    engine = build_engine(tiny, None, "vtc", kv_tokens=64, block_size=4, check_invariants=True,
+                          reservation="none", preemption=preemption,
+                          prefix_caching=True)  # fmt: skip
+    a = list(range(10, 20))
+    engine.add_request(a, params)
+    run_to_end(engine)  # a's blocks of 10-13, 14-17 are named and kept (evictable)
+    b = engine.add_request(a[:8] + [50, 51, 52], params)
+    engine.schedule()  # admitted, not yet prefilled
+    assert b.num_cached == 8 and b.num_computed == 8
+    engine.preempt(b)
+    assert engine.recomputed_tokens == engine.swapped_tokens == engine.host_tokens == 0
+    engine.step()  # admitted again (8 cached) and prefilled
+    engine.preempt(b)  # 11 positions computed: 0-7 in named blocks, 8-10 in its own
+    moved = engine.swapped_tokens if preemption == "swap" else engine.recomputed_tokens
+    assert moved == 11 - 8
+    run_to_end(engine)
+    assert b.output_ids == list(generate_plain(tiny, b.prompt_ids, params))
+    assert engine.host_tokens == 0 and not engine.runner.swapped
+
+
 def test_an_engine_without_a_cache_reports_nothing_cached():
     clock = [0.0]
     from minivtc.core.kv_pool import BlockAllocator

@@ -60,8 +60,9 @@ class Runner(Protocol):
 
     def release(self, request: Request) -> None: ...
 
-    # preemption="swap" only: a request's computed keys and values to host memory and back
-    def swap_out(self, request: Request, allocator: BlockAllocator) -> None: ...
+    # preemption="swap" only: a request's keys and values of positions [start, num_computed)
+    # to host memory, and back (from a `start` at or past the one it went out from)
+    def swap_out(self, request: Request, allocator: BlockAllocator, start: int) -> None: ...
 
     def swap_in(self, request: Request, allocator: BlockAllocator, start: int) -> None: ...
 
@@ -96,8 +97,10 @@ class Engine:
     or "fair", when they run out; `admission.py`); `preempt_gap` (the fair victim also
     preempts a client leading a waiting one by more, to admit it; default the policy's, w_q M
     / 4 for VTC); `preemption` "recompute" (a preempted request is prefilled again) or "swap"
-    (its keys and values go to host memory and back); `admit_every` (the artifact admits
-    every 10 steps); `check_invariants` (every invariant after every step, for tests);
+    (its keys and values go to host memory and back), with `swap_tokens` of host memory
+    (default the pool's size; a preemption that would need more recomputes); `admit_every`
+    (the artifact admits every 10 steps); `check_invariants` (every invariant after every
+    step, for tests);
     `check_fairness` (the policy's bound after every step: Lemma 4.3, or the preemptive
     bound; a VTC-family scheduler).
     """
@@ -107,11 +110,13 @@ class Engine:
         max_positions: int, eos_id: int, tokenizer: Tokenizer | None = None,
         clock: Callable[[], float] = time.monotonic, max_running: int = 256,
         reservation: str = "full", victim: str = "latest", preempt_gap: float | None = None,
-        preemption: str = "recompute", admit_every: int = 1, check_invariants: bool = False,
-        check_fairness: bool = False,
+        preemption: str = "recompute", swap_tokens: int | None = None, admit_every: int = 1,
+        check_invariants: bool = False, check_fairness: bool = False,
     ) -> None:  # fmt: skip
         if preemption not in ("recompute", "swap"):
             raise ValueError(f"preemption must be 'recompute' or 'swap', got {preemption!r}")
+        if swap_tokens is not None and not swap_tokens >= 0:
+            raise ValueError(f"swap_tokens must be >= 0, got {swap_tokens}")
         self.runner, self.allocator, self.scheduler = runner, allocator, scheduler
         # The fair victim displaces clients running more than `preempt_gap` ahead of a
         # waiting one (`admission.Fair`); the policy says its default and adapts its lift.
@@ -124,6 +129,12 @@ class Engine:
             max_positions, eos_id, tokenizer, clock,
         )  # fmt: skip
         self.max_running, self.admit_every, self.preemption = max_running, admit_every, preemption
+        # Host memory for swapped-out keys and values, in tokens; what each swapped request
+        # holds there: request id -> the first position its copy holds (it ends at
+        # num_computed; the positions before it are in blocks the prefix cache names).
+        self.swap_tokens = allocator.num_tokens if swap_tokens is None else swap_tokens
+        self.on_host: dict[str, int] = {}
+        self.host_tokens = 0
         self.check_invariants, self.check_fairness = check_invariants, check_fairness
         if check_fairness:
             self.set_bound(reservation)
@@ -258,6 +269,8 @@ class Engine:
             )
             assert all(r.status is Status.RUNNING for r in self.running)
             self.admission.check(self.running)
+            on_host = sum(self.requests[i].num_computed - s for i, s in self.on_host.items())
+            assert self.host_tokens == on_host <= self.swap_tokens, (self.host_tokens, on_host)
         elif self.check_fairness:
             self.scheduler.check_invariants()
 
@@ -290,10 +303,8 @@ class Engine:
         request.status, request.admitted_time = Status.RUNNING, self.clock()
         self.running.append(request)
         cached = self.allocator.cached_tokens(request.request_id)
-        if request.num_computed:  # swapped out: back in, all the prefix cache does not hold
-            self.runner.swap_in(request, self.allocator, min(cached, request.num_computed))
-            self.swapped_tokens += max(request.num_computed - cached, 0)
-            request.num_computed = max(request.num_computed, cached)
+        if request.request_id in self.on_host:  # swapped out: back in
+            self.swap_back(request, cached)
             return True  # (its prompt was charged once, at its first admission)
         # A prefix cache may hold its prompt's first blocks: its prefill starts after them.
         request.num_computed = cached
@@ -315,17 +326,37 @@ class Engine:
         its keys and values, copied to host memory now, are copied back. Its client is not
         charged again: the recomputation (or the copy) is the server's cost, not service."""
         self.running.remove(request)
-        if self.preemption == "swap":  # out before its blocks are freed
-            self.runner.swap_out(request, self.allocator)
-            self.swapped_tokens += request.num_computed
-        else:  # nothing kept: computed again when admitted again (but what a cache holds)
-            self.recomputed_tokens += request.num_computed
+        # Positions in blocks the prefix cache names outlive the request (evictable, found
+        # again at readmission unless evicted first): neither thrown away nor copied.
+        kept = self.allocator.named_tokens(request.request_id, request.num_computed)
+        moved = request.num_computed - kept
+        if self.preemption == "swap" and 0 < moved <= self.swap_tokens - self.host_tokens:
+            self.runner.swap_out(request, self.allocator, kept)  # before its blocks are freed
+            self.on_host[request.request_id] = kept
+            self.host_tokens += moved
+            self.swapped_tokens += moved
+        else:  # nothing kept (or the host is full): computed again when admitted again
+            self.recomputed_tokens += moved
             request.num_computed = 0
         self.admission.release(request)
         request.status = Status.WAITING
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.scheduler.requeue(request)
+
+    def swap_back(self, request: Request, cached: int) -> None:
+        """Readmitting a swapped-out request: copy back what the prefix cache does not hold.
+        If the cache evicted blocks its host copy left out, the copy is of no use: its
+        prefill starts again after what the cache holds (nothing is copied back)."""
+        start = self.on_host.pop(request.request_id)
+        self.host_tokens -= request.num_computed - start
+        if cached < start:  # recompute from `cached`: positions [cached, start) are gone
+            self.recomputed_tokens += request.num_computed - cached
+            request.num_computed = cached
+        back = min(max(cached, start), request.num_computed)
+        self.runner.swap_in(request, self.allocator, back)  # drops the host copy
+        self.swapped_tokens += request.num_computed - back
+        request.num_computed = max(request.num_computed, cached)
 
     def append(self, request: Request, token: int | Exception) -> None:
         """Give `request` its new token; finish it if that token ends it. A fault in the
@@ -380,6 +411,8 @@ class Engine:
             self.check_shared_state()
 
     def forget(self, request: Request) -> None:
+        if (start := self.on_host.pop(request.request_id, None)) is not None:  # swapped out
+            self.host_tokens -= request.num_computed - start
         self.runner.release(request)
         self.requests.pop(request.request_id, None)
         self.detokenizers.pop(request.request_id, None)

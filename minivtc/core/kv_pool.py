@@ -101,6 +101,11 @@ class BlockAllocator:
         """Prompt tokens whose keys and values `allocate` found in the pool: none here."""
         return 0
 
+    def named_tokens(self, request_id: str, num_computed: int) -> int:
+        """Of the request's first `num_computed` positions, how many lie in blocks a cache
+        names (they outlive the request, until evicted): none here."""
+        return 0
+
     def cache_prompt(
         self, request_id: str, prompt_ids: list[int], num_computed: int, salt: str | None = None
     ) -> None:

@@ -29,6 +29,7 @@ own prompts can collide. A production cache serving strangers would use a crypto
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 
 from minivtc.core.kv_pool import BlockAllocator
@@ -106,6 +107,10 @@ class PrefixCachingAllocator(BlockAllocator):
 
     def cached_tokens(self, request_id: str) -> int:
         return self.num_cached.get(request_id, 0)
+
+    def named_tokens(self, request_id: str, num_computed: int) -> int:
+        named = itertools.takewhile(lambda b: b in self.hash_of, self.block_tables[request_id])
+        return min(sum(1 for _ in named) * self.block_size, num_computed)
 
     def cache_prompt(
         self, request_id: str, prompt_ids: list[int], num_computed: int, salt: str | None = None

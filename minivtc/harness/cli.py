@@ -42,7 +42,8 @@ def add_simulate(sub) -> None:
 
 
 def add_memory_options(p, default: str) -> None:
-    """--reservation and --victim (the simulator's and the server's)."""
+    """--reservation, --victim, --preemption, --swap-tokens, --preempt-gap (the simulator's
+    and the server's; `memory_options` reads them)."""
     p.add_argument(
         "--reservation", choices=["full", "peak", "none"], default=default,
         help="KV admission: 'full' reserves prompt + max_tokens (the paper's model), 'peak' "
@@ -62,6 +63,11 @@ def add_memory_options(p, default: str) -> None:
         "memory and back ('swap') (default recompute)",
     )  # fmt: skip
     p.add_argument(
+        "--swap-tokens", type=int, default=None, metavar="N",
+        help="with --preemption swap: host memory for swapped keys and values, in tokens "
+        "(default: as many as the KV pool holds); a preemption that would need more recomputes",
+    )  # fmt: skip
+    p.add_argument(
         "--preempt-gap", type=float, default=None, metavar="G",
         help="with --victim fair: how far (in service units, w_p = 1 per prompt token, w_q = 2 "
         "per output token) a running client may lead a waiting one before it is preempted to "
@@ -79,13 +85,15 @@ def memory_options(args) -> dict:
         verb = "means" if len(given) == 1 else "mean"
         raise ValueError(f"{', '.join(given)} only {verb} something with --reservation none "
                          f"(blocks on demand), not {args.reservation}")  # fmt: skip
+    if args.swap_tokens is not None and args.preemption != "swap":
+        raise ValueError("--swap-tokens only means something with --preemption swap")
     if args.preempt_gap is not None and args.victim != "fair":
         raise ValueError("--preempt-gap only means something with --victim fair")
     if args.cached_weight is not None and not args.prefix_caching:
         raise ValueError("--cached-weight only means something with --prefix-caching")
     return {"reservation": args.reservation, "victim": args.victim or "latest",
             "preempt_gap": args.preempt_gap, "preemption": args.preemption or "recompute",
-            "prefix_caching": args.prefix_caching}  # fmt: skip
+            "swap_tokens": args.swap_tokens, "prefix_caching": args.prefix_caching}  # fmt: skip
 
 
 def add_prefix_options(p) -> None:
@@ -107,12 +115,10 @@ def add_prefix_options(p) -> None:
 def run_simulate(args) -> int:
     from minivtc.harness.report import simulate_to_dir
 
-    memory = memory_options(args)
     summary = simulate_to_dir(args.workload, args.trace, args.scheduler, args.step_time,
-                              args.kv_tokens, args.seed, args.out, memory["reservation"],
-                              memory["victim"], args.preempt_gap, args.block_size,
-                              args.prefix_caching, args.cached_weight,
-                              memory["preemption"])  # fmt: skip
+                              args.kv_tokens, args.seed, args.out, block_size=args.block_size,
+                              cached_weight=args.cached_weight,
+                              **memory_options(args))  # fmt: skip
     print_summary(summary)
     print(f"wrote {args.out}/requests.csv, metrics.json, service.png, response.png, gap.png")
     return 0

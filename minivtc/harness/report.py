@@ -30,6 +30,7 @@ def simulate_to_dir(
     kv_tokens: int, seed: int, out: str | Path, reservation: str = "peak", victim: str = "latest",
     preempt_gap: float | None = None, block_size: int = 1, prefix_caching: bool = False,
     cached_weight: float | None = None, preemption: str = "recompute",
+    swap_tokens: int | None = None,
 ) -> dict:  # fmt: skip
     """Simulate, then write requests.csv, metrics.json and the plots to `out`. VTC asserts
     its bound after every step where the configuration states one (`bound` in metrics.json:
@@ -48,12 +49,14 @@ def simulate_to_dir(
                       seed=seed, reservation=reservation, victim=victim,
                       preempt_gap=preempt_gap, check_fairness=checked, watch_backlog=True,
                       progress=True, prefix_caching=prefix_caching,
-                      cached_weight=cached_weight, preemption=preemption)  # fmt: skip
+                      cached_weight=cached_weight, preemption=preemption,
+                      swap_tokens=swap_tokens)  # fmt: skip
     metrics.write_requests(out / "requests.csv", result.served)
     summary = summarize(result, horizon, kv_tokens, max(t.input_tokens for t in trace))
     summary.update(workload=workload_name or trace_path, scheduler=scheduler, step_time=step_time,
                    kv_tokens=kv_tokens, reservation=reservation, victim=victim,
                    preempt_gap=preempt_gap, block_size=block_size, preemption=preemption,
+                   swap_tokens=swap_tokens,
                    prefix_caching=prefix_caching, cached_weight=cached_weight)  # fmt: skip
     (out / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n")
     title = f"{scheduler} on {workload_name or Path(trace_path).name}"

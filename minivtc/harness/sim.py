@@ -74,9 +74,9 @@ class StepTimeRunner:
     def release(self, request: Request) -> None:
         self.ends.pop(request.request_id, None)
 
-    def swap_out(self, request: Request, allocator: BlockAllocator) -> None:
+    def swap_out(self, request: Request, allocator: BlockAllocator, start: int) -> None:
         """preemption="swap": the copy to host memory takes its time on the clock."""
-        self.clock.now += self.swap_s_per_token * request.num_computed
+        self.clock.now += self.swap_s_per_token * (request.num_computed - start)
 
     def swap_in(self, request: Request, allocator: BlockAllocator, start: int) -> None:
         self.clock.now += self.swap_s_per_token * (request.num_computed - start)
@@ -116,6 +116,7 @@ def simulate(
     victim: str = "latest",
     preempt_gap: float | None = None,
     preemption: str = "recompute",
+    swap_tokens: int | None = None,
     admit_every: int = 1,
     progress: bool = False,
     watch_backlog: bool = False,
@@ -139,7 +140,7 @@ def simulate(
     engine = Engine(runner, pool(-(-kv_tokens // block_size), block_size), policy,
                     max_positions=1 << 30, eos_id=SIM_EOS, clock=clock, max_running=1 << 30,
                     check_fairness=check_fairness, reservation=reservation, victim=victim,
-                    preempt_gap=preempt_gap, preemption=preemption,
+                    preempt_gap=preempt_gap, preemption=preemption, swap_tokens=swap_tokens,
                     admit_every=admit_every)  # fmt: skip
     start = time.perf_counter()
     watch = BacklogWatch(engine, w_c=cached_weight) if watch_backlog else None

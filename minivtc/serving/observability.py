@@ -41,6 +41,9 @@ class ClientRow:
 
     @property
     def service(self) -> float:
+        """What the client received, w_p per prompt token (cached or not: a cached_weight
+        changes what the counter charges for it, not what the client got) and w_q per output
+        token, with the paper's cost."""
         return W_P * self.input_tokens + W_Q * self.output_tokens
 
     def as_dict(self) -> dict:
@@ -69,6 +72,8 @@ class Snapshot:
     swapped_tokens: int = 0  # keys and values a preemption moved to host memory (and back)
     prompt_tokens: int = 0  # of the requests admitted
     cached_tokens: int = 0  # of which the prefix cache held (their prefill was skipped)
+    host_tokens: int = 0  # preemption="swap": keys and values on the host now
+    swap_tokens: int = 0  # and how many it may hold (0: no swapping)
 
 
 def fairness_view(snap: Snapshot, only: str | None = None) -> dict:
@@ -150,6 +155,13 @@ def families(snap: Snapshot, top: int) -> Iterable[Metric]:
     yield CounterMetricFamily("minivtc_swapped_tokens",
                               "Tokens whose keys and values a preemption swapped to host memory "
                               "(counted out and in).", value=snap.swapped_tokens)  # fmt: skip
+    yield GaugeMetricFamily("minivtc_swap_tokens_used",
+                            "Tokens of keys and values swapped out to host memory now.",
+                            value=snap.host_tokens)  # fmt: skip
+    yield GaugeMetricFamily("minivtc_swap_tokens_total",
+                            "Tokens of keys and values host memory may hold (0: no swapping; "
+                            "a preemption that would need more recomputes).",
+                            value=snap.swap_tokens)  # fmt: skip
     yield CounterMetricFamily("minivtc_prompt_tokens", "Prompt tokens of the requests admitted.",
                               value=snap.prompt_tokens)  # fmt: skip
     yield CounterMetricFamily("minivtc_prefix_cache_hit_tokens",
