@@ -11,7 +11,8 @@ def add_course(sub) -> None:
         "course", help="coursework: write the student edition, grade it, render the lessons",
         description="Assignments in which students write the engine's mechanisms themselves "
         "(the Llama pieces, the block allocator, admission and one batching step, VTC, the "
-        "paper's metric). `release OUT` writes the student edition; `grade OUT` grades it "
+        "paper's metric, and a capstone: Deficit Round Robin, a fair policy of their own). "
+        "`release OUT` writes the student edition; `grade OUT` grades it "
         "(each assignment alone, with a time limit) and writes OUT/grades.json; `render OUT` "
         "runs the lessons and writes readable HTML copies (outputs in, solutions out).",
     )  # fmt: skip
