@@ -48,7 +48,7 @@ SUMMARY_KEYS = {
 }  # fmt: skip
 RUN_KEYS = {"workload", "scheduler", "step_time", "kv_tokens", "reservation", "victim",
             "preempt_gap", "block_size", "prefix_caching", "cached_weight",
-            "preemption"}  # fmt: skip
+            "preemption", "swap_tokens"}  # fmt: skip
 
 
 def said(text: str) -> str:
