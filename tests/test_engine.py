@@ -231,6 +231,60 @@ def test_random_add_step_abort_keeps_invariants(
     assert all(r.is_finished for r in added) and not engine.runner.swapped
 
 
+@settings(max_examples=80, deadline=None)
+@given(
+    specs=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 30), st.integers(1, 20),
+                             st.integers(0, 3)), min_size=1, max_size=12),
+    kv_tokens=st.integers(32, 120),
+    block_size=st.sampled_from([1, 4]),
+    victim=st.sampled_from(["latest", "fair"]),
+    preemption=st.sampled_from(["recompute", "swap"]),
+    swap_tokens=st.sampled_from([None, 0, 30]),
+    prefix_caching=st.booleans(),
+)  # fmt: skip
+def test_recomputed_tokens_are_the_positions_a_request_computed_twice(
+    specs, kv_tokens, block_size, victim, preemption, swap_tokens, prefix_caching
+):
+    """Blocks on demand; prompts of one family share prefixes. The test records the positions
+    each request has held (computed, or found cached: those before its num_computed) whenever
+    it computes or is preempted: those it computes again, after a preemption threw them away,
+    are exactly `recomputed_tokens` (what the cache still held, or the host gave back, is not
+    computed again, and not counted)."""
+    torch.manual_seed(0)
+    model = Llama(LlamaConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, n_kv_heads=1,
+                              ffn_dim=16, max_positions=64))  # fmt: skip
+    engine = build_engine(model, None, "vtc", kv_tokens=kv_tokens, block_size=block_size,
+                          check_invariants=True, reservation="none", victim=victim,
+                          preemption=preemption, swap_tokens=swap_tokens,
+                          prefix_caching=prefix_caching)  # fmt: skip
+    seen, twice, run, preempt = {}, [0], engine.runner.run, engine.preempt
+
+    def recording(requests, allocator):
+        for r in requests:
+            held = seen.setdefault(r.request_id, set())
+            held.update(range(r.num_computed))
+            twice[0] += len(held & set(range(r.num_computed, r.num_tokens)))
+            held.update(range(r.num_computed, r.num_tokens))
+        return run(requests, allocator)
+
+    def preempting(request):  # what it holds now may have been found cached since it last ran
+        seen.setdefault(request.request_id, set()).update(range(request.num_computed))
+        preempt(request)
+
+    engine.runner.run, engine.preempt = recording, preempting
+    for family, prompt, max_tokens, wait in specs:
+        try:
+            engine.add_request([(7 * family + j) % 63 + 1 for j in range(prompt)],
+                               SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+        except RequestRejected:  # longer than the pool
+            assert prompt + max_tokens > kv_tokens // block_size * block_size
+        for _ in range(wait):
+            engine.step()
+    run_to_end(engine)
+    assert engine.recomputed_tokens == twice[0]
+    assert engine.host_tokens == 0 and not engine.runner.swapped
+
+
 def test_peak_reservation_admits_more_and_gives_the_same_tokens(tiny):
     """The artifact's check: a short request can join while a long one holds most of the pool,
     because the short one finishes before the long one reaches its peak."""
@@ -306,10 +360,7 @@ def test_preempted_requests_give_the_tokens_of_an_unpreempted_run(
     run_to_end(engine)
     swap, host_full = preemption == "swap", swap_tokens == 40
     assert engine.num_preemptions > 0 and (engine.swapped_tokens > 0) == swap
-    # Swapping recomputes only when the host is full, or when a prefix cache evicted blocks a
-    # host copy left out (it copies only what the cache does not name)
-    if not (swap and prefix_caching):
-        assert (engine.recomputed_tokens > 0) == (not swap or host_full)
+    assert (engine.recomputed_tokens > 0) == (not swap or host_full)  # swap: only when full
     assert not engine.runner.swapped and engine.host_tokens == 0  # every copy back (or dropped)
     for p, r in zip(ps, reqs, strict=True):
         assert r.output_ids == list(generate_plain(tiny, p, params)), r

@@ -187,9 +187,10 @@ def test_what_a_cache_keeps_is_neither_thrown_away_nor_copied_by_a_preemption(
     tiny, preemption  # noqa: F811
 ):
     """b finds a's first two blocks cached. Preempted before its prefill, it threw nothing away
-    and copies nothing; preempted after, only what lies past the cached prefix, in its own
-    partial last block, is recomputed or copied. Its tokens are those of generating it
-    alone."""
+    and copies nothing. Preempted after, what lies past the cached prefix, in its own partial
+    last block, is recomputed when it comes back; or, swapped, all its positions go to the host
+    (the cache might evict its blocks meanwhile) and only that part comes back. Its tokens are
+    those of generating it alone."""
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
     engine = build_engine(tiny, None, "vtc", kv_tokens=64, block_size=4, check_invariants=True,
                           reservation="none", preemption=preemption,
@@ -201,11 +202,14 @@ def test_what_a_cache_keeps_is_neither_thrown_away_nor_copied_by_a_preemption(
     engine.schedule()  # admitted, not yet prefilled
     assert b.num_cached == 8 and b.num_computed == 8
     engine.preempt(b)
-    assert engine.recomputed_tokens == engine.swapped_tokens == engine.host_tokens == 0
     engine.step()  # admitted again (8 cached) and prefilled
+    assert engine.recomputed_tokens == engine.swapped_tokens == engine.host_tokens == 0
     engine.preempt(b)  # 11 positions computed: 0-7 in named blocks, 8-10 in its own
-    moved = engine.swapped_tokens if preemption == "swap" else engine.recomputed_tokens
-    assert moved == 11 - 8
+    engine.schedule()  # back, with 0-7 found cached
+    if preemption == "swap":
+        assert engine.swapped_tokens == 11 + 3 and engine.recomputed_tokens == 0
+    else:
+        assert engine.recomputed_tokens == 11 - 8
     run_to_end(engine)
     assert b.output_ids == list(generate_plain(tiny, b.prompt_ids, params))
     assert engine.host_tokens == 0 and not engine.runner.swapped

@@ -60,9 +60,9 @@ class Runner(Protocol):
 
     def release(self, request: Request) -> None: ...
 
-    # preemption="swap" only: a request's keys and values of positions [start, num_computed)
-    # to host memory, and back (from a `start` at or past the one it went out from)
-    def swap_out(self, request: Request, allocator: BlockAllocator, start: int) -> None: ...
+    # preemption="swap" only: a request's computed keys and values to host memory, and back
+    # from position `start` (those before it a prefix cache holds)
+    def swap_out(self, request: Request, allocator: BlockAllocator) -> None: ...
 
     def swap_in(self, request: Request, allocator: BlockAllocator, start: int) -> None: ...
 
@@ -129,12 +129,14 @@ class Engine:
             max_positions, eos_id, tokenizer, clock,
         )  # fmt: skip
         self.max_running, self.admit_every, self.preemption = max_running, admit_every, preemption
-        # Host memory for swapped-out keys and values, in tokens; what each swapped request
-        # holds there: request id -> the first position its copy holds (it ends at
-        # num_computed; the positions before it are in blocks the prefix cache names).
+        # Host memory for swapped-out keys and values, in tokens, and the requests whose keys
+        # and values are there (num_computed tokens each).
         self.swap_tokens = allocator.num_tokens if swap_tokens is None else swap_tokens
-        self.on_host: dict[str, int] = {}
+        self.on_host: set[str] = set()
         self.host_tokens = 0
+        # Preempted by recompute: request id -> the positions it had computed (what is
+        # prefilled again on readmission, but what a prefix cache then holds).
+        self.thrown: dict[str, int] = {}
         self.check_invariants, self.check_fairness = check_invariants, check_fairness
         if check_fairness:
             self.set_bound(reservation)
@@ -144,7 +146,7 @@ class Engine:
         self.detokenizers: dict = {}  # request id -> Detokenizer (none without a tokenizer)
         self.steps_since_admission = 0
         self.num_preemptions = 0  # requests preempted (reservation "none")
-        self.recomputed_tokens = 0  # keys and values a preemption threw away: waste
+        self.recomputed_tokens = 0  # keys and values computed again after a preemption: waste
         self.swapped_tokens = 0  # tokens whose keys and values went to host memory and back
         self.num_prompt_tokens = 0  # prompt tokens of the requests admitted (once each)
         self.num_cached_tokens = 0  # of which found in the prefix cache: prefill saved
@@ -269,7 +271,7 @@ class Engine:
             )
             assert all(r.status is Status.RUNNING for r in self.running)
             self.admission.check(self.running)
-            on_host = sum(self.requests[i].num_computed - s for i, s in self.on_host.items())
+            on_host = sum(self.requests[i].num_computed for i in self.on_host)
             assert self.host_tokens == on_host <= self.swap_tokens, (self.host_tokens, on_host)
         elif self.check_fairness:
             self.scheduler.check_invariants()
@@ -303,12 +305,17 @@ class Engine:
         request.status, request.admitted_time = Status.RUNNING, self.clock()
         self.running.append(request)
         cached = self.allocator.cached_tokens(request.request_id)
-        if request.request_id in self.on_host:  # swapped out: back in
-            self.swap_back(request, cached)
+        if request.request_id in self.on_host:  # swapped out: back in, past what is cached
+            self.on_host.remove(request.request_id)
+            self.host_tokens -= request.num_computed
+            back = min(cached, request.num_computed)
+            self.runner.swap_in(request, self.allocator, back)
+            self.swapped_tokens += request.num_computed - back
             return True  # (its prompt was charged once, at its first admission)
         # A prefix cache may hold its prompt's first blocks: its prefill starts after them.
         request.num_computed = cached
         if request.num_preemptions:  # back after a preemption: its prompt was charged once
+            self.recomputed_tokens += max(self.thrown.pop(request.request_id) - cached, 0)
             return True
         request.num_cached = request.num_computed  # the scheduler may price them (w_c)
         self.num_prompt_tokens += request.num_prompt
@@ -326,37 +333,24 @@ class Engine:
         its keys and values, copied to host memory now, are copied back. Its client is not
         charged again: the recomputation (or the copy) is the server's cost, not service."""
         self.running.remove(request)
-        # Positions in blocks the prefix cache names outlive the request (evictable, found
-        # again at readmission unless evicted first): neither thrown away nor copied.
-        kept = self.allocator.named_tokens(request.request_id, request.num_computed)
-        moved = request.num_computed - kept
-        if self.preemption == "swap" and 0 < moved <= self.swap_tokens - self.host_tokens:
-            self.runner.swap_out(request, self.allocator, kept)  # before its blocks are freed
-            self.on_host[request.request_id] = kept
-            self.host_tokens += moved
-            self.swapped_tokens += moved
-        else:  # nothing kept (or the host is full): computed again when admitted again
-            self.recomputed_tokens += moved
+        n = request.num_computed
+        # Positions in blocks the prefix cache names outlive the request (evictable): one
+        # with nothing past them (preempted before its prefill) has nothing to keep. The copy
+        # holds them too, as the cache may evict them before the request comes back.
+        own = n - self.allocator.named_tokens(request.request_id, n)
+        if self.preemption == "swap" and own > 0 and n <= self.swap_tokens - self.host_tokens:
+            self.runner.swap_out(request, self.allocator)  # before its blocks are freed
+            self.on_host.add(request.request_id)
+            self.host_tokens += n
+            self.swapped_tokens += n
+        else:  # recompute (or the host is full): counted when it is prefilled again
+            self.thrown[request.request_id] = n
             request.num_computed = 0
         self.admission.release(request)
         request.status = Status.WAITING
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.scheduler.requeue(request)
-
-    def swap_back(self, request: Request, cached: int) -> None:
-        """Readmitting a swapped-out request: copy back what the prefix cache does not hold.
-        If the cache evicted blocks its host copy left out, the copy is of no use: its
-        prefill starts again after what the cache holds (nothing is copied back)."""
-        start = self.on_host.pop(request.request_id)
-        self.host_tokens -= request.num_computed - start
-        if cached < start:  # recompute from `cached`: positions [cached, start) are gone
-            self.recomputed_tokens += request.num_computed - cached
-            request.num_computed = cached
-        back = min(max(cached, start), request.num_computed)
-        self.runner.swap_in(request, self.allocator, back)  # drops the host copy
-        self.swapped_tokens += request.num_computed - back
-        request.num_computed = max(request.num_computed, cached)
 
     def append(self, request: Request, token: int | Exception) -> None:
         """Give `request` its new token; finish it if that token ends it. A fault in the
@@ -411,8 +405,10 @@ class Engine:
             self.check_shared_state()
 
     def forget(self, request: Request) -> None:
-        if (start := self.on_host.pop(request.request_id, None)) is not None:  # swapped out
-            self.host_tokens -= request.num_computed - start
+        if request.request_id in self.on_host:  # swapped out: its host copy goes too
+            self.on_host.remove(request.request_id)
+            self.host_tokens -= request.num_computed
+        self.thrown.pop(request.request_id, None)
         self.runner.release(request)
         self.requests.pop(request.request_id, None)
         self.detokenizers.pop(request.request_id, None)

@@ -35,8 +35,8 @@ class ModelRunner:
         self.compiled = compile_attention
         self.attend = compiled_attend_group() if compile_attention else attend_group
         self.generators: dict[str, torch.Generator | None] = {}
-        # preemption="swap": request id -> (first position, its keys, its values), on the host
-        self.swapped: dict[str, tuple[int, torch.Tensor, torch.Tensor]] = {}
+        # preemption="swap": request id -> the keys and values it had computed, on the host
+        self.swapped: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
     @torch.inference_mode()
     def run(self, requests: list[Request], allocator: BlockAllocator) -> list[int | Exception]:
@@ -91,25 +91,21 @@ class ModelRunner:
         self.generators.pop(request.request_id, None)
         self.swapped.pop(request.request_id, None)
 
-    def swap_out(self, request: Request, allocator: BlockAllocator, start: int) -> None:
-        """Copy the keys and values of the request's positions [start, num_computed) to host
-        memory (its blocks are freed next; those before `start` a prefix cache keeps)."""
-        rid = request.request_id
-        slots = self.slot_tensor(allocator.slots(rid, start, request.num_computed))
+    def swap_out(self, request: Request, allocator: BlockAllocator) -> None:
+        """Copy the keys and values of the request's computed positions to host memory (its
+        blocks are freed next)."""
+        slots = self.slot_tensor(allocator.slots(request.request_id, 0, request.num_computed))
         k, v = self.flat_pool()
-        self.swapped[rid] = start, k[:, slots].cpu(), v[:, slots].cpu()  # (NL, n, K, D)
+        self.swapped[request.request_id] = (k[:, slots].cpu(), v[:, slots].cpu())  # (NL, n, K, D)
 
     def swap_in(self, request: Request, allocator: BlockAllocator, start: int) -> None:
-        """Copy positions [start, num_computed) back into the request's new blocks (`start` at
-        or past where the copy begins: the positions before it are in blocks a prefix cache
-        shared with it, left untouched), and drop the host copy."""
-        first, k_host, v_host = self.swapped.pop(request.request_id)
-        if start >= request.num_computed:
-            return  # nothing to copy back: the prefix cache holds it, or the copy is of no use
+        """Copy them back into the request's new blocks, from position `start` (the positions
+        before it are in blocks a prefix cache shared with it: left untouched)."""
+        k_host, v_host = self.swapped.pop(request.request_id)
         slots = self.slot_tensor(allocator.slots(request.request_id, start, request.num_computed))
         k, v = self.flat_pool()
-        k[:, slots] = k_host[:, start - first :].to(self.device)
-        v[:, slots] = v_host[:, start - first :].to(self.device)
+        k[:, slots] = k_host[:, start:].to(self.device)
+        v[:, slots] = v_host[:, start:].to(self.device)
 
     def flat_pool(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The pool's K and V as (NL, NB * BS, K, D): one row per slot (views, not copies)."""

@@ -74,9 +74,9 @@ class StepTimeRunner:
     def release(self, request: Request) -> None:
         self.ends.pop(request.request_id, None)
 
-    def swap_out(self, request: Request, allocator: BlockAllocator, start: int) -> None:
+    def swap_out(self, request: Request, allocator: BlockAllocator) -> None:
         """preemption="swap": the copy to host memory takes its time on the clock."""
-        self.clock.now += self.swap_s_per_token * (request.num_computed - start)
+        self.clock.now += self.swap_s_per_token * request.num_computed
 
     def swap_in(self, request: Request, allocator: BlockAllocator, start: int) -> None:
         self.clock.now += self.swap_s_per_token * (request.num_computed - start)

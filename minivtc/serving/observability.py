@@ -68,7 +68,7 @@ class Snapshot:
     latency_sum: float = 0.0
     forgotten: ClientRow = field(default_factory=ClientRow)  # summed over forgotten clients
     preemptions: int = 0  # requests preempted to make room (reservation "none")
-    recomputed_tokens: int = 0  # keys and values a preemption threw away (computed again)
+    recomputed_tokens: int = 0  # keys and values computed again after a preemption
     swapped_tokens: int = 0  # keys and values a preemption moved to host memory (and back)
     prompt_tokens: int = 0  # of the requests admitted
     cached_tokens: int = 0  # of which the prefix cache held (their prefill was skipped)
@@ -150,7 +150,8 @@ def families(snap: Snapshot, top: int) -> Iterable[Metric]:
     yield CounterMetricFamily("minivtc_preemptions", "Requests preempted to free KV blocks.",
                               value=snap.preemptions)  # fmt: skip
     yield CounterMetricFamily("minivtc_recomputed_tokens",
-                              "Tokens whose keys and values a preemption threw away.",
+                              "Tokens whose keys and values were computed again after a "
+                              "preemption threw them away.",
                               value=snap.recomputed_tokens)  # fmt: skip
     yield CounterMetricFamily("minivtc_swapped_tokens",
                               "Tokens whose keys and values a preemption swapped to host memory "
