@@ -36,10 +36,11 @@ import time
 import torch
 
 from minivtc.core.attention import ContiguousAttention
+from minivtc.core.least_counter import LinearScan
 from minivtc.core.model import Llama
 from minivtc.core.request import Request
 from minivtc.core.sampler import SamplingParams, sample
-from minivtc.core.vtc import VTC, LinearScan
+from minivtc.core.vtc import VTC
 from minivtc.harness.sim import gc_paused
 from minivtc.llm import build_engine
 

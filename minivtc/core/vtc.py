@@ -1,9 +1,8 @@
 """The Virtual Token Counter: Algorithm 2 of the paper, and the official artifact's variant.
 
 Owns: `VTC` (Algorithm 2, weighted (Section 4.3), with length prediction (Algorithm 3), any
-cost h (Section 4.2)) and `LeastCounter`, the structure that finds the waiting client with
-the smallest counter, with `LinearScan`, the obvious version it is checked against. The
-official artifact's counting is `artifact.py`'s. Lessons 5 and 7.
+cost h (Section 4.2)). The waiting client with the smallest counter is found by
+`least_counter.py`; the official artifact's counting is `artifact.py`'s. Lessons 5 and 7.
 
 Algorithm 2, line by line, and the method that does it:
 
@@ -32,101 +31,23 @@ received h(n_p, n_q), so its n_q-th token is charged h(n_p, n_q) - h(n_p, n_q - 
 linear h). With a predictor, h(n_p, predicted) is charged at dispatch, nothing more until n_q
 passes the prediction, and the over-prediction is refunded at the end (Algorithm 3).
 
-Fair preemption (the paper's Appendix C.3 asks for it; Lesson 9). With blocks on demand the
-engine may preempt: the fair victim is the youngest request of the running client with the
-highest counter, and a running client more than `gap` ahead of the waiting client the round
-stopped at is displaced (`admission.Fair`). Two additions keep a bound: a preempted request is
-requeued at the head of its client's queue with nothing charged or refunded (`requeue`), and a
-client joining an empty Q is lifted to within `gap` of every client that ran since Q emptied
-(`join_floor`). The waiting counters then stay within U_P = max(gap, w_p L_input) + w_q B of
-each other, B being the most requests one client runs at once (`cost.preemptive_bound`, with
-its proof), and two backlogged clients' service within 2 U_P: the M of U is gone, B in its
-place (far smaller than M unless requests are a token or two long).
+Fair preemption (the paper's Appendix C.3 asks for it; Lesson 9), with blocks on demand and the
+fair victim (`admission.Fair`): a preempted request goes back to the head of its client's queue,
+nothing charged or refunded (`requeue`), and a client joining an empty Q is lifted to within
+`gap` of every client that ran since Q emptied (`join_floor`). The waiting counters then stay
+within U_P = max(gap, w_p L_input) + w_q B (`cost.preemptive_bound`, its proof and what B is).
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
 from collections.abc import Iterator
 
 from minivtc.core.cost import PAPER_COST, Cost, fairness_bound, weights_of
+from minivtc.core.least_counter import LeastCounter
 from minivtc.core.predictors import Predictor
 from minivtc.core.request import Request
 from minivtc.core.scheduler import Admit, Scheduler
-
-
-class LeastCounter:
-    """The waiting client with the smallest counter (ties: the client seen first), in
-    O(log n) per decision, where the artifact scans every client (O(n)).
-
-    A heap with lazy deletion: an entry (counter, rank, version, client) is live while its
-    client waits and `version` is the client's latest. A live entry's counter may lag behind
-    the client's: a charge only raises a counter, so the old key is a lower bound, and the
-    entry is re-keyed only when it reaches the top (one heap operation per dispatch instead of
-    one per token charged). A counter that falls (a refund) needs a new entry: `push`.
-    """
-
-    def __init__(self, counters: dict[str, float], rank: dict[str, int],
-                 queues: dict[str, deque[Request]]) -> None:  # fmt: skip
-        self.counters, self.rank, self.queues = counters, rank, queues
-        self.heap: list[tuple[float, int, int, str]] = []
-        self.versions: dict[str, int] = {}
-        self.num_entries = 0  # entries made so far: a version is never reused
-
-    def push(self, client: str) -> None:
-        """`client` joined the queue, or its counter fell."""
-        heapq.heappush(self.heap, self.entry(client))
-        if len(self.heap) > 64 and len(self.heap) > 4 * len(self.queues):
-            self.compact()
-
-    def compact(self) -> None:
-        """Drop the dead entries (the heap stays within a few times the clients)."""
-        self.heap = [e for e in self.heap if self.is_live(e[2], e[3])]
-        heapq.heapify(self.heap)
-
-    def least(self) -> str | None:
-        while self.heap:
-            counter, _, version, client = self.heap[0]
-            if not self.is_live(version, client):
-                heapq.heappop(self.heap)  # superseded by a newer entry, or left the queue
-            elif counter != self.counters[client]:  # charged since: re-key, look again
-                heapq.heappop(self.heap)
-                heapq.heappush(self.heap, self.entry(client))
-            else:
-                return client  # every other key is a lower bound of its counter
-        return None
-
-    def forget(self, client: str) -> None:
-        self.versions.pop(client, None)  # its entries are dead
-
-    def check(self) -> None:
-        live = {c: k for k, _, v, c in self.heap if self.is_live(v, c)}
-        assert live.keys() == {c for c, q in self.queues.items() if q}, "heap lost a client"
-        assert all(k <= self.counters[c] for c, k in live.items()), "a key is above its counter"
-
-    def entry(self, client: str) -> tuple[float, int, int, str]:
-        self.num_entries += 1
-        self.versions[client] = self.num_entries
-        return (self.counters[client], self.rank[client], self.num_entries, client)
-
-    def is_live(self, version: int, client: str) -> bool:
-        return version == self.versions.get(client) and bool(self.queues[client])
-
-
-class LinearScan(LeastCounter):
-    """The reference: scan every waiting client (what the artifact does). Tests check that
-    `LeastCounter` picks exactly as this does; `minivtc bench scheduler` times both."""
-
-    def push(self, client: str) -> None:
-        pass
-
-    def least(self) -> str | None:
-        waiting = [c for c, q in self.queues.items() if q]
-        return min(waiting, key=lambda c: (self.counters[c], self.rank[c]), default=None)
-
-    def check(self) -> None:
-        pass
 
 
 class VTC(Scheduler):
@@ -148,12 +69,8 @@ class VTC(Scheduler):
         if cached_weight is not None and not 0 <= cached_weight <= w_p:
             raise ValueError(f"cached_weight must be in [0, w_p = {w_p}], got {cached_weight}")
         self.cost, self.weights = cost, dict(weights or {})
-        # w_c: a prompt token served from the prefix cache is charged w_c instead of w_p
-        # (None: w_p). Lemma 4.3's U is unchanged: a dispatch still costs at most w_p L_input.
-        # The miss that fills the cache is paid at w_p by the request that computes it.
-        self.cached_weight = cached_weight
-        self.lift, self.predictor = lift, predictor
-        self.name = name
+        self.cached_weight = cached_weight  # w_c for a cached prompt token (`cache_discount`)
+        self.lift, self.predictor, self.name = lift, predictor, name
         self.counters: dict[str, float] = {}
         self.queues: dict[str, deque[Request]] = {}  # Q, per client: its waiting requests
         self.first_seen: dict[str, int] = {}  # tie order (kept for forgotten clients too)
@@ -162,15 +79,10 @@ class VTC(Scheduler):
         # request id -> (q, h(n_p, q)): the output tokens charged for so far (at dispatch, the
         # predicted length) and the service that came to; each new token charges the difference.
         self.charged: dict[str, tuple[float, float]] = {}
-        # Fair preemption (`set_preempt_gap`): the engine keeps running clients within `gap`
-        # of the smallest waiting counter, and a client joining an empty Q is lifted to within
-        # `gap` of the running ones. None: the paper's non-preemptive VTC.
+        # Fair preemption's gap (`set_preempt_gap`); None: the paper's non-preemptive VTC.
         self.preempt_gap: float | None = None
         self.ran_while_empty: set[str] = set()  # clients charged while Q was empty
-        # Checked after every step (the engine's check_fairness): the waiting counters'
-        # spread within U (Lemma 4.3), or with fair preemption within `preemptive_bound`
-        # taken over what the run has done so far: its largest dispatch charge (w_p L_input)
-        # and the largest charge one client took in one step (w_q b): the bound as it stands.
+        # Checked after every step (the engine's check_fairness: `check_invariants`).
         self.bound: float | None = None
         self.step_gain: dict[str, float] = {}  # client -> its charge in the last step
         self.dispatch_charge, self.step_charge = 0.0, 0.0  # the largest so far
@@ -235,10 +147,9 @@ class VTC(Scheduler):
             self.predictor.observe(request)
 
     def requeue(self, request: Request) -> None:
-        """Preempted: back to the head of its client's queue. A client that had nothing
-        waiting joins Q, and is lifted like any client joining Q (so it was not backlogged
-        throughout: Definition 4.1); nothing is charged or refunded (its tokens stay charged,
-        the recompute is the server's waste, not service)."""
+        """Preempted: back to the head of its client's queue; a client with nothing waiting
+        joins Q, lifted like any joining client (so not backlogged throughout: Definition 4.1).
+        Nothing is charged or refunded: its tokens stay charged, the recompute is waste."""
         if self.queues[request.client_id]:
             self.queues[request.client_id].appendleft(request)
         else:
@@ -404,7 +315,9 @@ class VTC(Scheduler):
             self.step_charge = max([self.step_charge, *self.step_gain.values()])
 
     def cache_discount(self, request: Request) -> float:
-        """(w_p - w_c) for each prompt token the engine found in the prefix cache."""
+        """(w_p - w_c) for each prompt token the engine found in the prefix cache (w_c None:
+        w_p). Lemma 4.3's U is unchanged: a dispatch still costs at most w_p L_input. The miss
+        that fills the cache is paid at w_p by the request that computes it."""
         if self.cached_weight is None:
             return 0.0
         return (weights_of(self.cost)[0] - self.cached_weight) * request.num_cached
