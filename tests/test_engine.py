@@ -282,7 +282,7 @@ def test_recomputed_tokens_are_the_positions_a_request_computed_twice(
             engine.step()
     run_to_end(engine)
     assert engine.recomputed_tokens == twice[0]
-    assert engine.host_tokens == 0 and not engine.runner.swapped
+    assert engine.preemption.host_tokens == 0 and not engine.runner.swapped
 
 
 def test_peak_reservation_admits_more_and_gives_the_same_tokens(tiny):
@@ -361,7 +361,7 @@ def test_preempted_requests_give_the_tokens_of_an_unpreempted_run(
     swap, host_full = preemption == "swap", swap_tokens == 40
     assert engine.num_preemptions > 0 and (engine.swapped_tokens > 0) == swap
     assert (engine.recomputed_tokens > 0) == (not swap or host_full)  # swap: only when full
-    assert not engine.runner.swapped and engine.host_tokens == 0  # every copy back (or dropped)
+    assert not engine.runner.swapped and engine.preemption.host_tokens == 0  # all back, or dropped
     for p, r in zip(ps, reqs, strict=True):
         assert r.output_ids == list(generate_plain(tiny, p, params)), r
     assert sum(t.num_input for t in engine.client_tokens.values()) == sum(map(len, ps))

@@ -19,7 +19,8 @@ and `time.monotonic` with a virtual clock, so a simulation runs this same code, 
 A fault in one request's own work (its sampler, its detokenizer) ends that request alone, with
 finish_reason "error"; a fault in shared work (the forward pass, the pool, the scheduler)
 propagates, and whoever runs the engine must stop. Does not own: the policy (`scheduler.py`),
-blocks (`kv_pool.py`), attention (`attention.py`). Lesson 3.
+blocks (`kv_pool.py`), attention (`attention.py`), what a preempted request keeps
+(`preemption.py`), the checks before a request is queued (`intake.py`). Lesson 3.
 """
 
 from __future__ import annotations
@@ -27,30 +28,18 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from minivtc.core.admission import make_admission
+from minivtc.core.intake import RequestRejected, encode, validate
 from minivtc.core.kv_pool import BlockAllocator
-from minivtc.core.params import SamplingParams, context_error, releasable, stop_reason, trim_stop
-from minivtc.core.request import Request, Status
+from minivtc.core.params import SamplingParams, releasable, stop_reason, trim_stop
+from minivtc.core.preemption import Preemption
+from minivtc.core.request import ClientTokens, Request, Status, StepOutput
 from minivtc.core.scheduler import Scheduler
 
 if TYPE_CHECKING:  # the engine only calls it: the simulator runs without a tokenizer
     from minivtc.core.tokenizer import Tokenizer
-
-
-class RequestRejected(ValueError):
-    """`add_request` refused a request; nothing else was disturbed. `reason` says why.
-
-    `kind` is "invalid" (can never run here: too long for the context or the pool) or
-    "rate_limited" (the policy refused it now, e.g. RPM; the server answers 429).
-    `param` names the request field at fault ("prompt" or "max_tokens"), for an HTTP error body.
-    """
-
-    def __init__(self, reason: str, kind: str = "invalid", param: str | None = None) -> None:
-        super().__init__(reason)
-        self.reason, self.kind, self.param = reason, kind, param
 
 
 class Runner(Protocol):
@@ -65,27 +54,6 @@ class Runner(Protocol):
     def swap_out(self, request: Request, allocator: BlockAllocator) -> None: ...
 
     def swap_in(self, request: Request, allocator: BlockAllocator, start: int) -> None: ...
-
-
-class StepOutput(NamedTuple):
-    """What one step did for one request, as a server streams it: its token and the text that
-    token completed (`Engine.output`)."""
-
-    request_id: str
-    token_id: int
-    text_delta: str
-    finished: bool
-    finish_reason: str | None
-    error: str | None = None  # finish_reason "error": what failed
-
-
-@dataclass
-class ClientTokens:
-    """Tokens the engine has processed for one client (the fairness layer's raw material)."""
-
-    num_input: int = 0
-    num_output: int = 0
-    num_cached: int = 0  # of num_input, prompt tokens the prefix cache held
 
 
 class Engine:
@@ -113,10 +81,6 @@ class Engine:
         preemption: str = "recompute", swap_tokens: int | None = None, admit_every: int = 1,
         check_invariants: bool = False, check_fairness: bool = False,
     ) -> None:  # fmt: skip
-        if preemption not in ("recompute", "swap"):
-            raise ValueError(f"preemption must be 'recompute' or 'swap', got {preemption!r}")
-        if swap_tokens is not None and not swap_tokens >= 0:
-            raise ValueError(f"swap_tokens must be >= 0, got {swap_tokens}")
         self.runner, self.allocator, self.scheduler = runner, allocator, scheduler
         # The fair victim displaces clients running more than `preempt_gap` ahead of a
         # waiting one (`admission.Fair`); the policy says its default and adapts its lift.
@@ -128,15 +92,8 @@ class Engine:
         self.max_positions, self.eos_id, self.tokenizer, self.clock = (
             max_positions, eos_id, tokenizer, clock,
         )  # fmt: skip
-        self.max_running, self.admit_every, self.preemption = max_running, admit_every, preemption
-        # Host memory for swapped-out keys and values, in tokens, and the requests whose keys
-        # and values are there (num_computed tokens each).
-        self.swap_tokens = allocator.num_tokens if swap_tokens is None else swap_tokens
-        self.on_host: set[str] = set()
-        self.host_tokens = 0
-        # Preempted by recompute: request id -> the positions it had computed (what is
-        # prefilled again on readmission, but what a prefix cache then holds).
-        self.thrown: dict[str, int] = {}
+        self.max_running, self.admit_every = max_running, admit_every
+        self.preemption = Preemption(preemption, swap_tokens, allocator)  # what a victim keeps
         self.check_invariants, self.check_fairness = check_invariants, check_fairness
         if check_fairness:
             self.set_bound(reservation)
@@ -146,8 +103,6 @@ class Engine:
         self.detokenizers: dict = {}  # request id -> Detokenizer (none without a tokenizer)
         self.steps_since_admission = 0
         self.num_preemptions = 0  # requests preempted (reservation "none")
-        self.recomputed_tokens = 0  # keys and values computed again after a preemption: waste
-        self.swapped_tokens = 0  # tokens whose keys and values went to host memory and back
         self.num_prompt_tokens = 0  # prompt tokens of the requests admitted (once each)
         self.num_cached_tokens = 0  # of which found in the prefix cache: prefill saved
         self.ids = itertools.count()
@@ -162,11 +117,11 @@ class Engine:
         `arrival_time` defaults to now; a simulator replaying a trace passes the trace's time.
         `cache_salt`: a prefix cache shares blocks only between requests with the same salt.
         """
-        prompt_ids = self.encode(prompt)
+        prompt_ids = encode(prompt, self.tokenizer)
         request_id = request_id if request_id is not None else f"req-{next(self.ids)}"
         if request_id in self.requests:
             raise RequestRejected(f"request id {request_id!r} is already in use")
-        self.validate(prompt_ids, params)
+        validate(prompt_ids, params, self.max_positions, self.allocator)
         arrival = self.clock() if arrival_time is None else arrival_time
         request = Request(request_id, client_id, prompt_ids, params, arrival_time=arrival,
                           cache_salt=cache_salt)  # fmt: skip
@@ -230,6 +185,10 @@ class Engine:
                     self.retire(request)
         return StepOutput(request.request_id, last, "", True, "error", request.error)
 
+    # The waste a preemption costs (`preemption.py`), counted with the engine's own numbers
+    recomputed_tokens = property(lambda self: self.preemption.recomputed_tokens)
+    swapped_tokens = property(lambda self: self.preemption.swapped_tokens)
+
     def has_unfinished(self) -> bool:
         # Called every step: ask for one waiting request, not for a count of them all.
         return bool(self.running) or next(iter(self.scheduler.waiting()), None) is not None
@@ -271,8 +230,7 @@ class Engine:
             )
             assert all(r.status is Status.RUNNING for r in self.running)
             self.admission.check(self.running)
-            on_host = sum(self.requests[i].num_computed for i in self.on_host)
-            assert self.host_tokens == on_host <= self.swap_tokens, (self.host_tokens, on_host)
+            self.preemption.check(self.requests)
         elif self.check_fairness:
             self.scheduler.check_invariants()
 
@@ -305,18 +263,10 @@ class Engine:
         request.status, request.admitted_time = Status.RUNNING, self.clock()
         self.running.append(request)
         cached = self.allocator.cached_tokens(request.request_id)
-        if request.request_id in self.on_host:  # swapped out: back in, past what is cached
-            self.on_host.remove(request.request_id)
-            self.host_tokens -= request.num_computed
-            back = min(cached, request.num_computed)
-            self.runner.swap_in(request, self.allocator, back)
-            self.swapped_tokens += request.num_computed - back
-            return True  # (its prompt was charged once, at its first admission)
+        if self.preemption.readmit(request, cached, self.runner):
+            return True  # back after a preemption: its prompt was charged once, at first
         # A prefix cache may hold its prompt's first blocks: its prefill starts after them.
         request.num_computed = cached
-        if request.num_preemptions:  # back after a preemption: its prompt was charged once
-            self.recomputed_tokens += max(self.thrown.pop(request.request_id) - cached, 0)
-            return True
         request.num_cached = request.num_computed  # the scheduler may price them (w_c)
         self.num_prompt_tokens += request.num_prompt
         self.num_cached_tokens += request.num_cached
@@ -333,19 +283,7 @@ class Engine:
         its keys and values, copied to host memory now, are copied back. Its client is not
         charged again: the recomputation (or the copy) is the server's cost, not service."""
         self.running.remove(request)
-        n = request.num_computed
-        # Positions in blocks the prefix cache names outlive the request (evictable): one
-        # with nothing past them (preempted before its prefill) has nothing to keep. The copy
-        # holds them too, as the cache may evict them before the request comes back.
-        own = n - self.allocator.named_tokens(request.request_id, n)
-        if self.preemption == "swap" and own > 0 and n <= self.swap_tokens - self.host_tokens:
-            self.runner.swap_out(request, self.allocator)  # before its blocks are freed
-            self.on_host.add(request.request_id)
-            self.host_tokens += n
-            self.swapped_tokens += n
-        else:  # recompute (or the host is full): counted when it is prefilled again
-            self.thrown[request.request_id] = n
-            request.num_computed = 0
+        self.preemption.keep(request, self.runner)  # before its blocks are freed
         self.admission.release(request)
         request.status = Status.WAITING
         request.num_preemptions += 1
@@ -405,35 +343,7 @@ class Engine:
             self.check_shared_state()
 
     def forget(self, request: Request) -> None:
-        if request.request_id in self.on_host:  # swapped out: its host copy goes too
-            self.on_host.remove(request.request_id)
-            self.host_tokens -= request.num_computed
-        self.thrown.pop(request.request_id, None)
+        self.preemption.forget(request)
         self.runner.release(request)
         self.requests.pop(request.request_id, None)
         self.detokenizers.pop(request.request_id, None)
-
-    # --- admission checks, before a request is queued ---------------------------------------------
-
-    def encode(self, prompt: str | list[int]) -> list[int]:
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                raise RequestRejected("this engine has no tokenizer: pass token ids")
-            return self.tokenizer.encode(prompt)
-        return prompt if isinstance(prompt, list) else list(prompt)  # never mutated: no copy
-
-    def validate(self, prompt_ids: list[int], params: SamplingParams) -> None:
-        total = len(prompt_ids) + params.max_tokens
-        if not prompt_ids:
-            raise RequestRejected("the prompt is empty: it needs one token at least", "invalid",
-                                  "prompt")  # fmt: skip
-        # Blame the prompt when it alone leaves no room for one output token, else max_tokens.
-        limit = min(self.max_positions, self.allocator.num_tokens)
-        param = "prompt" if len(prompt_ids) >= limit else "max_tokens"
-        if error := context_error(len(prompt_ids), params.max_tokens, self.max_positions):
-            raise RequestRejected(error, param=param)
-        if not self.allocator.blocks_needed(total) <= self.allocator.num_blocks:
-            raise RequestRejected(
-                f"prompt + max_tokens = {total} tokens can never fit in the KV pool of "
-                f"{self.allocator.num_tokens} tokens", param=param,
-            )  # fmt: skip

@@ -1,8 +1,10 @@
 """A request: plain Python values that follow it from arrival to finish.
 
 Owns: `Request` (prompt, output so far, sampling params, client, status, timestamps) and its
-`Status` lifecycle. No tensors: the scheduler, the engine and the simulator all read requests,
-and a notebook prints one readably. Lesson 3 teaches it.
+`Status` lifecycle; and the records the engine keeps of them: `StepOutput` (what one step did
+for one request) and `ClientTokens` (the tokens processed for one client). No tensors: the
+scheduler, the engine and the simulator all read requests, and a notebook prints one readably.
+Lesson 3 teaches it.
 
 Lifecycle::
 
@@ -15,14 +17,16 @@ Lifecycle::
 `num_computed` counts the tokens whose keys and values are in the pool. A step computes
 `all_ids[num_computed:]`: the whole prompt after admission (prefill), one token afterwards
 (decode); with a prefix cache, admission starts it at the cached prefix (`num_cached`).
-Preemption (`Engine.preempt`) frees the blocks and sets `num_computed = 0`, and the next
-admission recomputes prompt + output so far.
+Preemption (`Engine.preempt`) frees the blocks; by recompute it sets `num_computed = 0`, and the
+next admission recomputes prompt + output so far, past what a prefix cache holds
+(`preemption.py`).
 """
 
 from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from minivtc.core.params import SamplingParams
 
@@ -93,3 +97,24 @@ class Request:
             f"computed={self.num_computed}"
             + (f", cached={self.num_cached}" if self.num_cached else "") + ")"
         )
+
+
+class StepOutput(NamedTuple):
+    """What one step did for one request, as a server streams it: its token and the text that
+    token completed (`Engine.output`)."""
+
+    request_id: str
+    token_id: int
+    text_delta: str
+    finished: bool
+    finish_reason: str | None
+    error: str | None = None  # finish_reason "error": what failed
+
+
+@dataclass
+class ClientTokens:
+    """Tokens the engine has processed for one client (the fairness layer's raw material)."""
+
+    num_input: int = 0
+    num_output: int = 0
+    num_cached: int = 0  # of num_input, prompt tokens the prefix cache held

@@ -256,8 +256,8 @@ class EngineLoop:
             self.latency.cumulative(), self.latency.total,
             ClientRow(None, 1.0, 0, 0, self.forgotten.input_tokens, self.forgotten.output_tokens),
             engine.num_preemptions, engine.recomputed_tokens, engine.swapped_tokens,
-            engine.num_prompt_tokens, engine.num_cached_tokens, engine.host_tokens,
-            engine.swap_tokens if engine.preemption == "swap" else 0,
+            engine.num_prompt_tokens, engine.num_cached_tokens, engine.preemption.host_tokens,
+            engine.preemption.swap_tokens if engine.preemption.mode == "swap" else 0,
         )  # fmt: skip
 
     def record(self, request: Request) -> None:
