@@ -88,17 +88,22 @@ def bench_engine(quick: bool) -> int:
         f"bundled model, fp32, {torch.get_num_threads()} threads, prompt {PROMPT_LEN} tokens, "
         f"{new_tokens} new tokens per request, greedy; generated tokens/s (wall, prefill incl.)"
     )
-    print(f"{'batch':>5} {'minivtc':>9} {'transformers':>12} {'contiguous':>10} {'vs hf':>6} "
-          f"{'paging cost':>11}")  # fmt: skip
+    print(
+        f"{'batch':>5} {'minivtc':>9} {'transformers':>12} {'contiguous':>10} {'vs hf':>6} "
+        f"{'paging cost':>11}"
+    )
     for b in batches:
-        prompts = torch.randint(3, model.config.vocab_size, (b, PROMPT_LEN),
-                                generator=torch.Generator().manual_seed(b))  # fmt: skip
+        prompts = torch.randint(
+            3, model.config.vocab_size, (b, PROMPT_LEN), generator=torch.Generator().manual_seed(b)
+        )
         n = b * new_tokens
         ours = timed(n, run_engine, model, prompts, new_tokens)
         plain = timed(n, run_contiguous, model, prompts, new_tokens)
         theirs = timed(n, run_transformers, hf, prompts, new_tokens) if hf else float("nan")
-        print(f"{b:>5} {ours:>9.0f} {theirs:>12.0f} {plain:>10.0f} {ours / theirs:>5.2f}x "
-              f"{1 - ours / plain:>10.1%}")  # fmt: skip
+        print(
+            f"{b:>5} {ours:>9.0f} {theirs:>12.0f} {plain:>10.0f} {ours / theirs:>5.2f}x "
+            f"{1 - ours / plain:>10.1%}"
+        )
     if hf is None:
         print("(transformers is not installed: pip install -e '.[dev]' for that column)")
     return 0
@@ -125,8 +130,15 @@ def run_contiguous(model: Llama, prompts: torch.Tensor, new_tokens: int) -> None
     """A static batch over a contiguous cache: every row at the same position, no block tables."""
     c = model.config
     b, p = prompts.shape
-    cache = ContiguousAttention(c.n_layers, b, p + new_tokens, c.n_kv_heads, c.head_dim,
-                                model.embed_tokens.weight.dtype, prompts.device)  # fmt: skip
+    cache = ContiguousAttention(
+        c.n_layers,
+        b,
+        p + new_tokens,
+        c.n_kv_heads,
+        c.head_dim,
+        model.embed_tokens.weight.dtype,
+        prompts.device,
+    )
     tokens, positions = prompts.flatten(), torch.arange(p).repeat(b)
     last_rows = torch.arange(b) * p + p - 1
     greedy = [SamplingParams(temperature=0)] * b
@@ -147,8 +159,14 @@ def load_transformers(path):
 
 
 def run_transformers(hf, prompts: torch.Tensor, new_tokens: int) -> None:
-    hf.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)  # fmt: skip
+    hf.generate(
+        prompts,
+        attention_mask=torch.ones_like(prompts),
+        max_new_tokens=new_tokens,
+        min_new_tokens=new_tokens,
+        do_sample=False,
+        pad_token_id=0,
+    )
 
 
 # --- scheduler: heap vs linear scan ----------------------------------------------------------
@@ -163,15 +181,19 @@ class ScanVTC(VTC):
 def bench_scheduler(quick: bool) -> int:
     sizes = [10, 1000] if quick else [10, 1000, 10_000, 100_000]
     print("microseconds per operation, VTC with every client waiting (mean over the run)")
-    print(f"{'clients':>8} {'decide heap':>12} {'decide scan':>12} {'ratio':>7} "
-          f"{'charge heap':>12} {'charge scan':>12}")  # fmt: skip
+    print(
+        f"{'clients':>8} {'decide heap':>12} {'decide scan':>12} {'ratio':>7} "
+        f"{'charge heap':>12} {'charge scan':>12}"
+    )
     # As timeit does: a collection over 200k live requests is not the scheduler's cost.
     with gc_paused():
         for n in sizes:
             decide = [time_decisions(cls(), n, quick) for cls in (VTC, ScanVTC)]
             charge = [time_charges(cls(), n) for cls in (VTC, ScanVTC)]
-            print(f"{n:>8} {decide[0]:>12.2f} {decide[1]:>12.2f} {decide[1] / decide[0]:>6.0f}x "
-                  f"{charge[0]:>12.2f} {charge[1]:>12.2f}")  # fmt: skip
+            print(
+                f"{n:>8} {decide[0]:>12.2f} {decide[1]:>12.2f} {decide[1] / decide[0]:>6.0f}x "
+                f"{charge[0]:>12.2f} {charge[1]:>12.2f}"
+            )
     return 0
 
 
@@ -252,9 +274,11 @@ def bench_sim(quick: bool, million: bool = False, repeat: int = 1) -> int:
     from minivtc.harness.workloads import workload
 
     names = ["1M"] if million else ["overload"] if quick else ["real", "overload"]
-    print(f"{'workload':>10} {'scheduler':>9} {'requests':>8} {'tokens':>9} {'steps':>7} "
-          f"{'min s':>7} {'median s':>8} {'sim s':>7} {'sim s/wall s':>12} "
-          f"{'us/token':>9}")  # fmt: skip
+    print(
+        f"{'workload':>10} {'scheduler':>9} {'requests':>8} {'tokens':>9} {'steps':>7} "
+        f"{'min s':>7} {'median s':>8} {'sim s':>7} {'sim s/wall s':>12} "
+        f"{'us/token':>9}"
+    )
     for name in names:
         trace = million_trace() if name == "1M" else workload(name).make()
         if quick:
@@ -269,9 +293,11 @@ def bench_sim(quick: bool, million: bool = False, repeat: int = 1) -> int:
                 results[policy] = r  # every run simulates the same steps: keep one
         for policy, times in walls.items():
             r, wall = results[policy], statistics.median(times)
-            print(f"{name:>10} {policy:>9} {len(trace):>8} {tokens:>9} {r.steps:>7} "
-                  f"{min(times):>7.2f} {wall:>8.2f} {r.total_time:>7.0f} "
-                  f"{r.total_time / wall:>12.0f} {1e6 * wall / tokens:>9.1f}")  # fmt: skip
+            print(
+                f"{name:>10} {policy:>9} {len(trace):>8} {tokens:>9} {r.steps:>7} "
+                f"{min(times):>7.2f} {wall:>8.2f} {r.total_time:>7.0f} "
+                f"{r.total_time / wall:>12.0f} {1e6 * wall / tokens:>9.1f}"
+            )
     return 0
 
 

@@ -85,8 +85,13 @@ def copy_bandwidth(device: torch.device) -> float:
 
 def gpu_row(model, batch, new_tokens, weight_bytes, bandwidth, device) -> GpuRow:
     c = model.config
-    engine = build_engine(model, None, kv_tokens=batch * (PROMPT_LEN + new_tokens) + 64,
-                          max_running=batch, compile_attention=device.type == "cuda")  # fmt: skip
+    engine = build_engine(
+        model,
+        None,
+        kv_tokens=batch * (PROMPT_LEN + new_tokens) + 64,
+        max_running=batch,
+        compile_attention=device.type == "cuda",
+    )
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
     for _ in range(2):  # the first round compiles every bucketed shape
         for i in range(batch):
@@ -102,8 +107,12 @@ def gpu_row(model, batch, new_tokens, weight_bytes, bandwidth, device) -> GpuRow
     mean_context = PROMPT_LEN + new_tokens / 2
     kv_bytes = batch * mean_context * c.kv_bytes_per_token(model.embed_tokens.weight.element_size())
     step_s = elapsed / steps
-    return GpuRow(batch, batch * steps / elapsed, 1000 * step_s,
-                  (weight_bytes + kv_bytes) / step_s / bandwidth)  # fmt: skip
+    return GpuRow(
+        batch,
+        batch * steps / elapsed,
+        1000 * step_s,
+        (weight_bytes + kv_bytes) / step_s / bandwidth,
+    )
 
 
 def sync(device: torch.device) -> None:

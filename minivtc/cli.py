@@ -63,9 +63,11 @@ def add_demo(sub) -> None:
         "--duration", type=float, default=60.0, help="seconds of arrivals per run (default 60)"
     )
     p.add_argument(
-        "--drain", type=float, default=10.0,
+        "--drain",
+        type=float,
+        default=10.0,
         help="seconds to let the last requests finish before cancelling them (default 10)",
-    )  # fmt: skip
+    )
     p.set_defaults(run=run_demo)
 
 
@@ -96,33 +98,49 @@ def add_serve(sub) -> None:
     )
     p.add_argument("--scheduler", default="vtc", help=f"policy: {SCHEDULERS} (default vtc)")
     p.add_argument(
-        "--client-weights", default=None,
+        "--client-weights",
+        default=None,
         help='JSON file of per-client shares for the VTC family, e.g. {"alice": 2, "bob": 1}',
-    )  # fmt: skip
-    p.add_argument("--kv-tokens", type=int, default=10000,
-                   help="KV pool in tokens, at least one block of 16 (default 10000)")  # fmt: skip
+    )
+    p.add_argument(
+        "--kv-tokens",
+        type=int,
+        default=10000,
+        help="KV pool in tokens, at least one block of 16 (default 10000)",
+    )
     p.add_argument("--dtype", default="fp32", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ... (default cpu)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8000, help="port, 1-65535 (default 8000)")
     p.add_argument(
-        "--api-keys", default=None, metavar="FILE",
+        "--api-keys",
+        default=None,
+        metavar="FILE",
         help='JSON file of API key -> client, e.g. {"sk-alice": {"client": "alice", "weight": 2}, '
         '"sk-ops": {"client": "ops", "admin": true}}; admin keys may read /metrics and every '
         "row of /fairness",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--trust-client-header", action="store_true",
+        "--trust-client-header",
+        action="store_true",
         help="with --api-keys: take the client from X-Client-Id / 'user' (a trusted proxy in "
         "front sets them), the key's client otherwise",
-    )  # fmt: skip
-    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024,
-                   help="larger request bodies get 413 before parsing (default 4 MiB)")  # fmt: skip
+    )
+    p.add_argument(
+        "--max-body-bytes",
+        type=int,
+        default=4 * 1024 * 1024,
+        help="larger request bodies get 413 before parsing (default 4 MiB)",
+    )
     add_memory_options(p, default="full")
     add_prefix_options(p)
-    p.add_argument("--shutdown-timeout", type=float, default=30.0,
-                   help="seconds in-flight requests get to finish after SIGTERM/SIGINT; then they "
-                   "end with an error and the server exits (default 30)")  # fmt: skip
+    p.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=30.0,
+        help="seconds in-flight requests get to finish after SIGTERM/SIGINT; then they "
+        "end with an error and the server exits (default 30)",
+    )
     p.set_defaults(run=run_serve)
 
 
@@ -156,21 +174,34 @@ def run_serve(args) -> int:
             isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
             for v in weights.values()
         ):
-            raise ValueError(f"{args.client_weights}: want an object of client -> weight > 0 "
-                             "(finite)")  # fmt: skip
+            raise ValueError(
+                f"{args.client_weights}: want an object of client -> weight > 0 (finite)"
+            )
     scheduler = make_scheduler(args.scheduler, weights=weights, cached_weight=args.cached_weight)
     model, tokenizer = load_model(args.weights, args.dtype, args.device)
     engine = build_engine(model, tokenizer, scheduler, kv_tokens=args.kv_tokens, **memory)
     name = Path(args.weights).name if args.weights else "minivtc-tiny"
-    print(f"serving {name} with {args.scheduler} on http://{args.host}:{args.port}/v1",
-          file=sys.stderr)  # fmt: skip
+    print(
+        f"serving {name} with {args.scheduler} on http://{args.host}:{args.port}/v1",
+        file=sys.stderr,
+    )
     if keys is None and args.host not in ("127.0.0.1", "localhost", "::1"):
-        print(f"WARNING: serving {args.host} without --api-keys: any caller can claim to be "
-              "any client (and take its share) and can read every client's usage",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"WARNING: serving {args.host} without --api-keys: any caller can claim to be "
+            "any client (and take its share) and can read every client's usage",
+            file=sys.stderr,
+        )
     gate = Gate(keys, args.trust_client_header)
-    server = Server(engine, tokenizer, name, args.host, args.port, args.shutdown_timeout,
-                    gate=gate, max_body_bytes=args.max_body_bytes)  # fmt: skip
+    server = Server(
+        engine,
+        tokenizer,
+        name,
+        args.host,
+        args.port,
+        args.shutdown_timeout,
+        gate=gate,
+        max_body_bytes=args.max_body_bytes,
+    )
     return server.run()
 
 
@@ -198,14 +229,17 @@ def add_loadgen(sub) -> None:
         "--duration", type=float, default=None, help="send only the first S s (trace time)"
     )
     p.add_argument(
-        "--drain", type=float, default=None,
+        "--drain",
+        type=float,
+        default=None,
         help="after the last arrival, wait at most this many seconds (default: until done)",
-    )  # fmt: skip
+    )
     p.add_argument("--model", default=None, help="model name to send (default: none)")
     p.add_argument(
-        "--no-ignore-eos", action="store_true",
+        "--no-ignore-eos",
+        action="store_true",
         help="do not send vLLM's ignore_eos (for servers that reject unknown fields)",
-    )  # fmt: skip
+    )
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(run=run_loadgen)
 
@@ -226,7 +260,7 @@ def run_loadgen(args) -> int:
             args.drain,
             args.model,
             ignore_eos=not args.no_ignore_eos,
-        )  # fmt: skip
+        )
     )
     print_summary(write_run(result, args.out))
     print(f"wrote {args.out}/requests.csv, metrics.json, service.png, response.png")
@@ -268,9 +302,13 @@ def run_generate(args) -> int:
     from minivtc.core.weights import load_model
 
     params = SamplingParams(
-        temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
-        max_tokens=args.max_tokens, stop=tuple(args.stop), seed=args.seed,
-    )  # fmt: skip
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        max_tokens=args.max_tokens,
+        stop=tuple(args.stop),
+        seed=args.seed,
+    )
     model, tokenizer = load_model(args.weights, args.dtype, args.device)
     if args.chat:
         prompt_ids = tokenizer.chat_ids([{"role": "user", "content": args.prompt}])

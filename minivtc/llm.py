@@ -53,13 +53,18 @@ def build_engine(
     if kv_tokens is not None and kv_bytes is not None:
         raise ValueError("give kv_tokens or kv_bytes, not both")
     weight = model.embed_tokens.weight
-    pool_options = {"dtype": weight.dtype, "device": weight.device,
-                    "prefix_caching": prefix_caching}  # fmt: skip
+    pool_options = {
+        "dtype": weight.dtype,
+        "device": weight.device,
+        "prefix_caching": prefix_caching,
+    }
     if kv_bytes is not None:
         pool = KVPool.from_bytes(model.config, kv_bytes, block_size, **pool_options)
     else:
         pool = KVPool.from_tokens(
-            model.config, DEFAULT_KV_TOKENS if kv_tokens is None else kv_tokens, block_size,
+            model.config,
+            DEFAULT_KV_TOKENS if kv_tokens is None else kv_tokens,
+            block_size,
             **pool_options,
         )
     if compile_attention is None:
@@ -69,10 +74,14 @@ def build_engine(
     else:
         policy = scheduler
     return Engine(
-        runner=ModelRunner(model, pool, compile_attention), allocator=pool.allocator,
-        scheduler=policy, max_positions=model.config.max_positions,
-        eos_id=model.config.eos_id, tokenizer=tokenizer, **engine_options,
-    )  # fmt: skip
+        runner=ModelRunner(model, pool, compile_attention),
+        allocator=pool.allocator,
+        scheduler=policy,
+        max_positions=model.config.max_positions,
+        eos_id=model.config.eos_id,
+        tokenizer=tokenizer,
+        **engine_options,
+    )
 
 
 @dataclass(frozen=True)
@@ -120,9 +129,13 @@ class LLM:
     """
 
     def __init__(
-        self, model: str | Path | None = None, dtype: str = "fp32", device: str = "cpu",
-        weights_dir: str | Path | None = None, **engine_options,
-    ) -> None:  # fmt: skip
+        self,
+        model: str | Path | None = None,
+        dtype: str = "fp32",
+        device: str = "cpu",
+        weights_dir: str | Path | None = None,
+        **engine_options,
+    ) -> None:
         checkpoint = checkpoint_dir(model, weights_dir)
         llama, tokenizer = load_model(checkpoint, dtype, device)
         self.model, self.tokenizer = llama, tokenizer

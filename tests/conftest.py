@@ -12,10 +12,26 @@ from minivtc.core.config import LlamaConfig
 from minivtc.core.weights import BUNDLED_WEIGHTS
 
 # Two tiny shapes: multi-head attention, and grouped-query attention (2 query heads per KV head).
-TINY_MHA = LlamaConfig(vocab_size=4096, dim=64, n_layers=2, n_heads=4, n_kv_heads=4, ffn_dim=96,
-                       max_positions=256, rope_theta=10000.0)  # fmt: skip
-TINY_GQA = LlamaConfig(vocab_size=4096, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
-                       max_positions=256, rope_theta=500000.0)  # fmt: skip
+TINY_MHA = LlamaConfig(
+    vocab_size=4096,
+    dim=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=4,
+    ffn_dim=96,
+    max_positions=256,
+    rope_theta=10000.0,
+)
+TINY_GQA = LlamaConfig(
+    vocab_size=4096,
+    dim=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    ffn_dim=96,
+    max_positions=256,
+    rope_theta=500000.0,
+)
 
 
 def write_hf_checkpoint(config: LlamaConfig, path: Path, seed: int = 0) -> Path:

@@ -42,10 +42,13 @@ def test_peak_closed_form_equals_the_general_sum(specs):
 
 @settings(max_examples=40, deadline=None)
 @given(
-    st.lists(st.tuples(st.integers(1, 30), st.integers(1, 30), st.integers(0, 3)), min_size=1,
-             max_size=10),
+    st.lists(
+        st.tuples(st.integers(1, 30), st.integers(1, 30), st.integers(0, 3)),
+        min_size=1,
+        max_size=10,
+    ),
     st.sampled_from([1, 3, 16]),
-)  # fmt: skip
+)
 def test_peak_blocks_is_the_most_the_batch_then_holds(specs, block_size):
     """Requests join over a few steps; then `peak_blocks` of one more request must equal the
     most blocks held during any later step, that request included, as the batch runs to the
@@ -57,8 +60,15 @@ def test_peak_blocks_is_the_most_the_batch_then_holds(specs, block_size):
             held.append(allocator.num_used_blocks)
             return super().run(requests, allocator)
 
-    engine = Engine(Recording(lambda r: 7), BlockAllocator(10**5, block_size), FCFS(), 10**5,
-                    eos_id=2, reservation="peak", check_invariants=True)  # fmt: skip
+    engine = Engine(
+        Recording(lambda r: 7),
+        BlockAllocator(10**5, block_size),
+        FCFS(),
+        10**5,
+        eos_id=2,
+        reservation="peak",
+        check_invariants=True,
+    )
     for prompt, max_tokens, wait in specs:
         engine.add_request([1] * prompt, SamplingParams(max_tokens=max_tokens))
         for _ in range(wait):
@@ -76,18 +86,24 @@ def test_peak_blocks_is_the_most_the_batch_then_holds(specs, block_size):
 @given(
     st.lists(st.tuples(st.integers(1, 64), st.integers(1, 64)), min_size=1, max_size=8),
     st.sampled_from([1, 4, 16]),
-    st.sampled_from([("full", "latest"), ("peak", "latest"), ("none", "latest"),
-                     ("none", "fair")]),
-)  # fmt: skip
+    st.sampled_from([("full", "latest"), ("peak", "latest"), ("none", "latest"), ("none", "fair")]),
+)
 def test_every_request_the_engine_accepts_finishes(specs, block_size, memory):
     """Liveness: whatever the admission policy, a request that passes validation (prompt +
     max_tokens fits the pool) is admitted and finishes, even one that fills the whole pool
     (on-demand admission must not ask it for headroom it can never use)."""
     pool = 4 * 16
     reservation, victim = memory
-    engine = Engine(ScriptedRunner(lambda r: 7), BlockAllocator(pool // block_size, block_size),
-                    FCFS(), 10**5, eos_id=2, reservation=reservation, victim=victim,
-                    check_invariants=True)  # fmt: skip
+    engine = Engine(
+        ScriptedRunner(lambda r: 7),
+        BlockAllocator(pool // block_size, block_size),
+        FCFS(),
+        10**5,
+        eos_id=2,
+        reservation=reservation,
+        victim=victim,
+        check_invariants=True,
+    )
     requests = []
     for prompt, max_tokens in specs:
         prompt = min(prompt, pool - 1)

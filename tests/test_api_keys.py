@@ -37,14 +37,20 @@ def write(tmp_path: Path, text: str) -> Path:
 def test_the_readmes_keys_file_is_read(tmp_path):
     keys = read_keys(write(tmp_path, readme_keys_file()))
     assert sorted((k.client, k.weight, k.admin) for k in keys.values()) == [
-        ("alice", 2.0, False), ("bob", 1.0, False), ("ops", 1.0, True),
-    ]  # fmt: skip
+        ("alice", 2.0, False),
+        ("bob", 1.0, False),
+        ("ops", 1.0, True),
+    ]
     assert weights_of(keys) == {"alice": 2.0, "bob": 1.0, "ops": 1.0}
 
 
 def test_one_client_may_hold_several_keys_of_one_weight(tmp_path):
-    text = json.dumps({"sk-alice-0001": {"client": "a", "weight": 2},
-                       "sk-alice-0002": {"client": "a", "weight": 2.0}})  # fmt: skip
+    text = json.dumps(
+        {
+            "sk-alice-0001": {"client": "a", "weight": 2},
+            "sk-alice-0002": {"client": "a", "weight": 2.0},
+        }
+    )
     assert weights_of(read_keys(write(tmp_path, text))) == {"a": 2.0}
 
 
@@ -63,12 +69,16 @@ MALFORMED = {
     "admin as 1": ({LONG_KEY: {"client": "a", "admin": 1}}, "'admin' must be true or false"),
     "unknown field": ({LONG_KEY: {"client": "a", "role": "x"}}, "want {'client': str"),
     "entry not object": ({LONG_KEY: "alice"}, "want {'client': str"),
-    "two weights": ({"sk-alice-0001": {"client": "a", "weight": 1},
-                     "sk-alice-0002": {"client": "a", "weight": 3}},
-                    "client 'a' has keys with different weights"),
+    "two weights": (
+        {
+            "sk-alice-0001": {"client": "a", "weight": 1},
+            "sk-alice-0002": {"client": "a", "weight": 3},
+        },
+        "client 'a' has keys with different weights",
+    ),
     "empty": ({}, "want a JSON object of key -> "),
     "a list": ([{"client": "a"}], "want a JSON object of key -> "),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("content, why", MALFORMED.values(), ids=MALFORMED.keys())
@@ -140,8 +150,9 @@ def test_a_trusted_proxy_names_the_client_but_still_needs_a_key():
     assert unauthorized(gate, None).code == "missing_api_key"
 
 
-@pytest.mark.parametrize("gate", [Gate(), Gate(KEYS, trust_client_header=True)],
-                         ids=["no keys", "trusted header"])  # fmt: skip
+@pytest.mark.parametrize(
+    "gate", [Gate(), Gate(KEYS, trust_client_header=True)], ids=["no keys", "trusted header"]
+)
 def test_a_client_id_is_at_most_128_characters(gate):
     key = "Bearer sk-bob-000001"
     ok = "c" * MAX_CLIENT_ID_CHARS

@@ -22,9 +22,12 @@ def dense_reference(q, k, v, start):
     n, length = q.shape[0], k.shape[0]
     visible = torch.arange(length)[None, :] <= (start + torch.arange(n))[:, None]  # (n, L)
     return F.scaled_dot_product_attention(
-        q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), attn_mask=visible,
+        q.transpose(0, 1),
+        k.transpose(0, 1),
+        v.transpose(0, 1),
+        attn_mask=visible,
         enable_gqa=True,
-    ).transpose(0, 1)  # fmt: skip
+    ).transpose(0, 1)
 
 
 def run_paged(specs, block_size, bucketed=False, seed=0):
@@ -62,8 +65,12 @@ def run_paged(specs, block_size, bucketed=False, seed=0):
     ordered = [order[r.request_id] for r in prefill + decode]
     slots = [s for i in ordered for s in alloc.slots(f"r{i}", specs[i][0], sum(specs[i]))]
     attention = PagedAttention(k_cache, v_cache, torch.tensor(slots), groups)
-    out = attention(0, torch.cat([qs[i] for i in ordered]), torch.cat([ks[i] for i in ordered]),
-                    torch.cat([vs[i] for i in ordered]))  # fmt: skip
+    out = attention(
+        0,
+        torch.cat([qs[i] for i in ordered]),
+        torch.cat([ks[i] for i in ordered]),
+        torch.cat([vs[i] for i in ordered]),
+    )
     return out, torch.cat([dense[i] for i in ordered])
 
 

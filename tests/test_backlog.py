@@ -38,13 +38,13 @@ def test_the_watch_measures_what_max_gap_measures_over_every_pair(w, reservation
 
     harness.Engine.step = step
     try:
-        _, steps, _ = drive(VTC(), arrivals, w["kv_tokens"], reservation=reservation,
-                            victim="fair")  # fmt: skip
+        _, steps, _ = drive(VTC(), arrivals, w["kv_tokens"], reservation=reservation, victim="fair")
     finally:
         harness.Engine.step = engine_step
     clients = sorted({a.client for a in arrivals})
-    expected = max((max_gap(steps, f, g) for f, g in itertools.combinations(clients, 2)),
-                   default=0.0)  # fmt: skip
+    expected = max(
+        (max_gap(steps, f, g) for f, g in itertools.combinations(clients, 2)), default=0.0
+    )
     assert len(steps) > 0 and watches[0].worst == expected
 
 
@@ -52,8 +52,16 @@ def pool_full_of_f() -> Engine:
     """F's two requests of 9 tokens fill 19 of 20 one-token blocks after a step: a request
     admitted next (2 tokens free) is the latest victim of the following step's growth."""
     clock = [0.0]
-    engine = Engine(UnitRunner(clock), BlockAllocator(20, 1), VTC(), 10**6, eos_id=-1,
-                    clock=lambda: clock[0], reservation="none", victim="latest")  # fmt: skip
+    engine = Engine(
+        UnitRunner(clock),
+        BlockAllocator(20, 1),
+        VTC(),
+        10**6,
+        eos_id=-1,
+        clock=lambda: clock[0],
+        reservation="none",
+        victim="latest",
+    )
     for _ in range(2):
         engine.add_request([5] * 9, PARAMS, client_id="F")
     return engine

@@ -30,8 +30,20 @@ def test_generate_is_reproducible_with_a_seed(capsys):
 
 
 def test_generate_chat_and_stop(capsys):
-    main(["generate", "--chat", "--prompt", "What is a tuple?", "--max-tokens", "30",
-          "--temperature", "0", "--stop", "."])  # fmt: skip
+    main(
+        [
+            "generate",
+            "--chat",
+            "--prompt",
+            "What is a tuple?",
+            "--max-tokens",
+            "30",
+            "--temperature",
+            "0",
+            "--stop",
+            ".",
+        ]
+    )
     out = capsys.readouterr().out
     assert "." not in out
 
@@ -51,8 +63,16 @@ def test_help_explains_every_command():
         [sys.executable, "-m", "minivtc", "--help"], capture_output=True, text=True
     )
     assert result.returncode == 0
-    for command in ("demo", "generate", "serve", "loadgen", "simulate", "reproduce", "bench",
-                    "course"):  # fmt: skip
+    for command in (
+        "demo",
+        "generate",
+        "serve",
+        "loadgen",
+        "simulate",
+        "reproduce",
+        "bench",
+        "course",
+    ):
         assert command in result.stdout
 
 
@@ -128,25 +148,35 @@ def test_serve_command_answers_over_http(tmp_path):
 
 
 def test_serve_refuses_inconsistent_trust_options():
-    for options, why in ((["--trust-client-header"], "only means something with --api-keys"),
-                         (["--api-keys", "k.json", "--client-weights", "w.json"],
-                          "not also --client-weights")):  # fmt: skip
-        result = subprocess.run([sys.executable, "-m", "minivtc.cli", "serve", *options],
-                                capture_output=True, text=True)  # fmt: skip
+    for options, why in (
+        (["--trust-client-header"], "only means something with --api-keys"),
+        (["--api-keys", "k.json", "--client-weights", "w.json"], "not also --client-weights"),
+    ):
+        result = subprocess.run(
+            [sys.executable, "-m", "minivtc.cli", "serve", *options], capture_output=True, text=True
+        )
         assert result.returncode == 2 and why in result.stderr, result.stderr
 
 
-@pytest.mark.parametrize(("options", "why"), [
-    (["--kv-tokens", "0"], "a KV pool of 0 tokens holds nothing"),
-    (["--kv-tokens", "100000000000"], "more than it could allocate"),
-    (["--port", "99999"], "a port is a number from 1 to 65535"),
-    (["--shutdown-timeout", "nan"], "--shutdown-timeout must be seconds >= 0"),
-    (["--victim", "fair"], "--victim only means something with --reservation none"),
-    (["--reservation", "peak", "--preemption", "swap", "--preempt-gap", "9"],
-     "--preemption, --preempt-gap only mean something with --reservation none"),
-    (["--reservation", "none", "--preempt-gap", "9"], "only means something with --victim fair"),
-    (["--cached-weight", "0"], "only means something with --prefix-caching"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        (["--kv-tokens", "0"], "a KV pool of 0 tokens holds nothing"),
+        (["--kv-tokens", "100000000000"], "more than it could allocate"),
+        (["--port", "99999"], "a port is a number from 1 to 65535"),
+        (["--shutdown-timeout", "nan"], "--shutdown-timeout must be seconds >= 0"),
+        (["--victim", "fair"], "--victim only means something with --reservation none"),
+        (
+            ["--reservation", "peak", "--preemption", "swap", "--preempt-gap", "9"],
+            "--preemption, --preempt-gap only mean something with --reservation none",
+        ),
+        (
+            ["--reservation", "none", "--preempt-gap", "9"],
+            "only means something with --victim fair",
+        ),
+        (["--cached-weight", "0"], "only means something with --prefix-caching"),
+    ],
+)
 def test_serve_refuses_options_it_would_ignore_or_cannot_honour(options, why, capsys):
     """Each a clear error (exit 2), never a traceback, and never silently another setting."""
     from minivtc.cli import main

@@ -36,9 +36,11 @@ def test_the_profiled_cost_is_the_least_squares_fit_of_the_artifacts_a10g_profil
     """Appendix B.2: h(x, y) = a x + b y + c x y + d y^2 + e, least squares on the prefill +
     decode milliseconds stored for each (input, output) point. Refitting gives our h back."""
     profile = json.loads((DATA_DIR / "a10g_cost_profile.json").read_text())
-    points = [(float(x), float(y), (prefill_s + decode_s) * 1000)
-              for x, by_output in profile.items()
-              for y, (_, prefill_s, decode_s) in by_output.items()]  # fmt: skip
+    points = [
+        (float(x), float(y), (prefill_s + decode_s) * 1000)
+        for x, by_output in profile.items()
+        for y, (_, prefill_s, decode_s) in by_output.items()
+    ]
     terms = np.array([[x, y, x * y, y * y, 1.0] for x, y, _ in points])
     fit, *_ = np.linalg.lstsq(terms, np.array([ms for *_, ms in points]), rcond=None)
     for x, y in [(1, 1), (8, 256), (512, 64), (300, 500), (2000, 10)]:

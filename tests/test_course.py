@@ -82,12 +82,15 @@ def test_each_assignment_is_graded_alone_and_a_bad_one_never_breaks_the_grader(t
     kv = mine / "core/kv_pool.py"
     kv.write_text(kv.read_text() + "\ndef broken(:\n")
     engine = mine / "core/engine.py"
-    engine.write_text(engine.read_text().replace(
-        "raise NotImplementedError('Assignment a3_batching: write Engine.step",
-        "while True:\n            pass\n        raise NotImplementedError('",
-    ))  # fmt: skip
-    result = grade(edition, tmp_path / "grades", time_limit_s=20,
-                   only=["a2_blocks", "a3_batching", "a4_vtc"])  # fmt: skip
+    engine.write_text(
+        engine.read_text().replace(
+            "raise NotImplementedError('Assignment a3_batching: write Engine.step",
+            "while True:\n            pass\n        raise NotImplementedError('",
+        )
+    )
+    result = grade(
+        edition, tmp_path / "grades", time_limit_s=20, only=["a2_blocks", "a3_batching", "a4_vtc"]
+    )
     by_name = {g["name"]: g for g in result["assignments"]}
     assert by_name["a4_vtc"]["points"] == by_name["a4_vtc"]["max_points"]
     assert by_name["a2_blocks"]["points"] == 0 and "could not take" in by_name["a2_blocks"]["note"]

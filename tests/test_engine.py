@@ -127,8 +127,16 @@ def scripted_engine(script, tokenizer=None, **kw):
     from minivtc.core.kv_pool import BlockAllocator
     from minivtc.core.scheduler import FCFS
 
-    return Engine(ScriptedRunner(script), BlockAllocator(100, 4), FCFS(), max_positions=400,
-                  eos_id=2, tokenizer=tokenizer, check_invariants=True, **kw)  # fmt: skip
+    return Engine(
+        ScriptedRunner(script),
+        BlockAllocator(100, 4),
+        FCFS(),
+        max_positions=400,
+        eos_id=2,
+        tokenizer=tokenizer,
+        check_invariants=True,
+        **kw,
+    )
 
 
 def test_eos_finishes_unless_ignored():
@@ -206,12 +214,24 @@ def test_random_add_step_abort_keeps_invariants(
     ops, kv_tokens, block_size, reservation, victim, preemption, prefix_caching
 ):
     torch.manual_seed(0)
-    model = Llama(LlamaConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, n_kv_heads=1,
-                              ffn_dim=16, max_positions=64))  # fmt: skip
-    engine = build_engine(model, None, "vtc", kv_tokens=kv_tokens, block_size=block_size,
-                          max_running=4, check_invariants=True, reservation=reservation,
-                          victim=victim, preemption=preemption,
-                          prefix_caching=prefix_caching)  # fmt: skip
+    model = Llama(
+        LlamaConfig(
+            vocab_size=64, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=16, max_positions=64
+        )
+    )
+    engine = build_engine(
+        model,
+        None,
+        "vtc",
+        kv_tokens=kv_tokens,
+        block_size=block_size,
+        max_running=4,
+        check_invariants=True,
+        reservation=reservation,
+        victim=victim,
+        preemption=preemption,
+        prefix_caching=prefix_caching,
+    )
     added = []
     for op, a, b in ops:
         if op == "add":
@@ -233,15 +253,18 @@ def test_random_add_step_abort_keeps_invariants(
 
 @settings(max_examples=80, deadline=None)
 @given(
-    specs=st.lists(st.tuples(st.integers(0, 3), st.integers(1, 30), st.integers(1, 20),
-                             st.integers(0, 3)), min_size=1, max_size=12),
+    specs=st.lists(
+        st.tuples(st.integers(0, 3), st.integers(1, 30), st.integers(1, 20), st.integers(0, 3)),
+        min_size=1,
+        max_size=12,
+    ),
     kv_tokens=st.integers(32, 120),
     block_size=st.sampled_from([1, 4]),
     victim=st.sampled_from(["latest", "fair"]),
     preemption=st.sampled_from(["recompute", "swap"]),
     swap_tokens=st.sampled_from([None, 0, 30]),
     prefix_caching=st.booleans(),
-)  # fmt: skip
+)
 def test_recomputed_tokens_are_the_positions_a_request_computed_twice(
     specs, kv_tokens, block_size, victim, preemption, swap_tokens, prefix_caching
 ):
@@ -251,12 +274,24 @@ def test_recomputed_tokens_are_the_positions_a_request_computed_twice(
     are exactly `recomputed_tokens` (what the cache still held, or the host gave back, is not
     computed again, and not counted)."""
     torch.manual_seed(0)
-    model = Llama(LlamaConfig(vocab_size=64, dim=16, n_layers=1, n_heads=2, n_kv_heads=1,
-                              ffn_dim=16, max_positions=64))  # fmt: skip
-    engine = build_engine(model, None, "vtc", kv_tokens=kv_tokens, block_size=block_size,
-                          check_invariants=True, reservation="none", victim=victim,
-                          preemption=preemption, swap_tokens=swap_tokens,
-                          prefix_caching=prefix_caching)  # fmt: skip
+    model = Llama(
+        LlamaConfig(
+            vocab_size=64, dim=16, n_layers=1, n_heads=2, n_kv_heads=1, ffn_dim=16, max_positions=64
+        )
+    )
+    engine = build_engine(
+        model,
+        None,
+        "vtc",
+        kv_tokens=kv_tokens,
+        block_size=block_size,
+        check_invariants=True,
+        reservation="none",
+        victim=victim,
+        preemption=preemption,
+        swap_tokens=swap_tokens,
+        prefix_caching=prefix_caching,
+    )
     seen, twice, run, preempt = {}, [0], engine.runner.run, engine.preempt
 
     def recording(requests, allocator):
@@ -274,8 +309,10 @@ def test_recomputed_tokens_are_the_positions_a_request_computed_twice(
     engine.runner.run, engine.preempt = recording, preempting
     for family, prompt, max_tokens, wait in specs:
         try:
-            engine.add_request([(7 * family + j) % 63 + 1 for j in range(prompt)],
-                               SamplingParams(max_tokens=max_tokens, ignore_eos=True))
+            engine.add_request(
+                [(7 * family + j) % 63 + 1 for j in range(prompt)],
+                SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+            )
         except RequestRejected:  # longer than the pool
             assert prompt + max_tokens > kv_tokens // block_size * block_size
         for _ in range(wait):
@@ -292,8 +329,9 @@ def test_peak_reservation_admits_more_and_gives_the_same_tokens(tiny):
     short = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
     concurrency = {}
     for reservation in ("full", "peak"):
-        engine = build_engine(tiny, None, kv_tokens=80, block_size=1, check_invariants=True,
-                              reservation=reservation)  # fmt: skip
+        engine = build_engine(
+            tiny, None, kv_tokens=80, block_size=1, check_invariants=True, reservation=reservation
+        )
         a = engine.add_request([5] * 10, long)
         b = engine.add_request([6] * 10, short)
         engine.step()
@@ -330,17 +368,29 @@ def test_batched_engine_matches_transformers_greedy_on_the_bundled_model(bundled
     for r in reqs:
         ids = torch.tensor([r.prompt_ids])
         with torch.no_grad():
-            out = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=32,
-                              min_new_tokens=32, do_sample=False, pad_token_id=0)  # fmt: skip
+            out = hf.generate(
+                ids,
+                attention_mask=torch.ones_like(ids),
+                max_new_tokens=32,
+                min_new_tokens=32,
+                do_sample=False,
+                pad_token_id=0,
+            )
         assert r.output_ids == out[0, ids.shape[1] :].tolist(), r
     assert (engine.num_preemptions > 0) == (pool == "preempting")
     assert (engine.num_cached_tokens > 0) == (pool == "prefix-cached")
 
 
-@pytest.mark.parametrize(("victim", "preemption", "prefix_caching", "swap_tokens"),
-                         [("latest", "recompute", False, None), ("fair", "recompute", False, None),
-                          ("fair", "swap", False, 10**6), ("fair", "swap", True, 10**6),
-                          ("fair", "swap", False, 40)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("victim", "preemption", "prefix_caching", "swap_tokens"),
+    [
+        ("latest", "recompute", False, None),
+        ("fair", "recompute", False, None),
+        ("fair", "swap", False, 10**6),
+        ("fair", "swap", True, 10**6),
+        ("fair", "swap", False, 40),
+    ],
+)
 def test_preempted_requests_give_the_tokens_of_an_unpreempted_run(
     tiny, victim, preemption, prefix_caching, swap_tokens
 ):
@@ -351,10 +401,20 @@ def test_preempted_requests_give_the_tokens_of_an_unpreempted_run(
     would need more recomputes (the engine asserts the host holds at most 40 after every
     step), and the tokens are the same."""
     params = SamplingParams(temperature=0, max_tokens=30, ignore_eos=True)
-    engine = build_engine(tiny, None, "vtc", kv_tokens=64, block_size=4, check_invariants=True,
-                          check_fairness=victim == "fair", reservation="none",
-                          victim=victim, preemption=preemption, swap_tokens=swap_tokens,
-                          prefix_caching=prefix_caching)  # fmt: skip
+    engine = build_engine(
+        tiny,
+        None,
+        "vtc",
+        kv_tokens=64,
+        block_size=4,
+        check_invariants=True,
+        check_fairness=victim == "fair",
+        reservation="none",
+        victim=victim,
+        preemption=preemption,
+        swap_tokens=swap_tokens,
+        prefix_caching=prefix_caching,
+    )
     ps = [prompts(6, seed=3)[i][:12] for i in range(6)]
     reqs = [engine.add_request(p, params, client_id=f"c{i % 3}") for i, p in enumerate(ps)]
     run_to_end(engine)
@@ -370,8 +430,16 @@ def test_preempted_requests_give_the_tokens_of_an_unpreempted_run(
 
 def test_aborting_a_swapped_out_request_frees_its_host_copy(tiny):
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    engine = build_engine(tiny, None, "vtc", kv_tokens=64, block_size=4, check_invariants=True,
-                          reservation="none", preemption="swap")  # fmt: skip
+    engine = build_engine(
+        tiny,
+        None,
+        "vtc",
+        kv_tokens=64,
+        block_size=4,
+        check_invariants=True,
+        reservation="none",
+        preemption="swap",
+    )
     engine.add_request([5] * 8, params, client_id="a")
     b = engine.add_request([6] * 8, params, client_id="b")
     while b.num_preemptions == 0:
@@ -390,8 +458,9 @@ def test_preemption_must_be_recompute_or_swap(tiny):
 
 def test_aborting_a_preempted_request_frees_everything(tiny):
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    engine = build_engine(tiny, None, "vtc", kv_tokens=64, block_size=4, check_invariants=True,
-                          reservation="none")  # fmt: skip
+    engine = build_engine(
+        tiny, None, "vtc", kv_tokens=64, block_size=4, check_invariants=True, reservation="none"
+    )
     a = engine.add_request([5] * 8, params, client_id="a")
     b = engine.add_request([6] * 8, params, client_id="b")
     while b.num_preemptions == 0:  # b, admitted last, is vLLM's victim
@@ -409,8 +478,16 @@ def test_the_fair_victim_is_the_youngest_request_of_the_highest_counter_client(t
     out its youngest request is preempted, not the most recently admitted one ("a"'s)."""
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     for victim, loser in (("fair", "b-young"), ("latest", "a")):
-        engine = build_engine(tiny, None, "vtc", kv_tokens=64, block_size=4, reservation="none",
-                              victim=victim, check_invariants=True)  # fmt: skip
+        engine = build_engine(
+            tiny,
+            None,
+            "vtc",
+            kv_tokens=64,
+            block_size=4,
+            reservation="none",
+            victim=victim,
+            check_invariants=True,
+        )
         engine.add_request([5] * 16, params, client_id="b", request_id="b-old")
         engine.add_request([6] * 8, params, client_id="b", request_id="b-young")
         engine.step()

@@ -43,8 +43,9 @@ def make_loop(tiny):
     made: list[EngineLoop] = []
 
     def make(scheduler: str = "fcfs", **options) -> EngineLoop:
-        engine = build_engine(tiny, None, scheduler, kv_tokens=512, block_size=4,
-                              check_invariants=True, **options)  # fmt: skip
+        engine = build_engine(
+            tiny, None, scheduler, kv_tokens=512, block_size=4, check_invariants=True, **options
+        )
         made.append(EngineLoop(engine, idle_wait_s=0.01, forget_every_s=3600))
         return made[-1]
 
@@ -56,8 +57,9 @@ def make_loop(tiny):
 
 def prompt(seed: int) -> list[int]:
     gen = torch.Generator().manual_seed(seed)
-    return torch.randint(3, 4096, (int(torch.randint(1, 30, (1,), generator=gen)),),
-                         generator=gen).tolist()  # fmt: skip
+    return torch.randint(
+        3, 4096, (int(torch.randint(1, 30, (1,), generator=gen)),), generator=gen
+    ).tolist()
 
 
 async def next_output(stream) -> StepOutput:
@@ -224,8 +226,9 @@ def test_forgotten_clients_totals_move_to_forgotten(make_loop):
         busy = await loop.add(prompt(9), LONG, "c", "busy")
         await next_output(busy)
         # One command, queued while c has ~200 tokens to go: c is still running when it runs.
-        report = await loop.call(lambda: (loop.snapshot(), loop.forget_idle_clients(),
-                                          loop.snapshot()))  # fmt: skip
+        report = await loop.call(
+            lambda: (loop.snapshot(), loop.forget_idle_clients(), loop.snapshot())
+        )
         loop.abort("busy")
         await until(loop, pool_is_free(loop))
         return report

@@ -40,8 +40,15 @@ def test_the_preemptive_bound_holds_after_every_step_and_bounds_every_backlogged
     step; every backlogged interval's service gap is within 2 U_P (the run's own U_P)."""
     arrivals = random_arrivals(w)
     vtc = VTC()
-    engine, steps, _ = drive(vtc, arrivals, w["kv_tokens"], fairness=True, reservation="none",
-                             victim="fair", preempt_gap=gap)  # fmt: skip
+    engine, steps, _ = drive(
+        vtc,
+        arrivals,
+        w["kv_tokens"],
+        fairness=True,
+        reservation="none",
+        victim="fair",
+        preempt_gap=gap,
+    )
     clients = sorted({a.client for a in arrivals})
     two_u_p = vtc.gap_bound()
     assert two_u_p == 2 * (max(engine.preempt_gap, vtc.dispatch_charge) + vtc.step_charge)
@@ -57,8 +64,15 @@ def test_weighted_clients_keep_the_preemptive_bound_in_counter_units(w):
     arrivals = random_arrivals(w)
     weights = {f"c{i}": float(i + 1) for i in range(w["n_clients"])}
     vtc = VTC(weights=weights)
-    drive(vtc, arrivals, w["kv_tokens"], fairness=True, reservation="none", victim="fair",
-          preempt_gap=10.0)  # fmt: skip (the engine asserts the bound every step)
+    drive(
+        vtc,
+        arrivals,
+        w["kv_tokens"],
+        fairness=True,
+        reservation="none",
+        victim="fair",
+        preempt_gap=10.0,
+    )  # the engine asserts the bound every step
     assert vtc.gap_bound() is not None
 
 
@@ -73,9 +87,11 @@ def construction(num_long: int, num_each: int, m: int = 100) -> list[Arrival]:
 def gaps(arrivals, m: int = 100) -> dict[str, tuple[float, float | None]]:
     """(F-G backlogged gap, the stated bound) under full reservation, latest and fair."""
     out = {}
-    for name, options in [("full", {"reservation": "full"}),
-                          ("latest", {"reservation": "none", "victim": "latest"}),
-                          ("fair", {"reservation": "none", "victim": "fair"})]:  # fmt: skip
+    for name, options in [
+        ("full", {"reservation": "full"}),
+        ("latest", {"reservation": "none", "victim": "latest"}),
+        ("fair", {"reservation": "none", "victim": "fair"}),
+    ]:
         vtc = VTC()
         _, steps, _ = drive(vtc, arrivals, m, fairness=name != "latest", **options)
         out[name] = (max_gap(steps, "F", "G"), vtc.gap_bound())
@@ -114,15 +130,25 @@ def test_preemptive_bound_is_max_of_gap_and_a_dispatch_plus_one_step():
 
 def engine_with(vtc: VTC, pool: int, gap: float) -> tuple[Engine, list[float]]:
     clock = [0.0]
-    engine = Engine(UnitRunner(clock), BlockAllocator(pool, 1), vtc, 10**6, eos_id=-1,
-                    clock=lambda: clock[0], check_invariants=True, reservation="none",
-                    victim="fair", preempt_gap=gap)  # fmt: skip
+    engine = Engine(
+        UnitRunner(clock),
+        BlockAllocator(pool, 1),
+        vtc,
+        10**6,
+        eos_id=-1,
+        clock=lambda: clock[0],
+        check_invariants=True,
+        reservation="none",
+        victim="fair",
+        preempt_gap=gap,
+    )
     return engine, clock
 
 
 def long_request(engine: Engine, client: str, n_p: int = 4, n_q: int = 50):
-    return engine.add_request([5] * n_p, SamplingParams(max_tokens=n_q, ignore_eos=True),
-                              client_id=client)  # fmt: skip
+    return engine.add_request(
+        [5] * n_p, SamplingParams(max_tokens=n_q, ignore_eos=True), client_id=client
+    )
 
 
 def test_a_client_leading_a_blocked_one_by_more_than_the_gap_is_displaced():
@@ -160,8 +186,16 @@ def test_a_client_joining_an_empty_queue_is_lifted_to_within_the_gap_of_those_ru
     lifted = {}
     for victim in ("latest", "fair"):
         vtc = VTC()
-        engine = Engine(UnitRunner([0.0]), BlockAllocator(200, 1), vtc, 10**6, eos_id=-1,
-                        reservation="none", victim=victim, preempt_gap=20.0)  # fmt: skip
+        engine = Engine(
+            UnitRunner([0.0]),
+            BlockAllocator(200, 1),
+            vtc,
+            10**6,
+            eos_id=-1,
+            reservation="none",
+            victim=victim,
+            preempt_gap=20.0,
+        )
         long_request(engine, "F", 1, 60)
         engine.step()
         long_request(engine, "E", 1, 2)  # E leaves Q last, then finishes
@@ -176,16 +210,32 @@ def test_a_client_joining_an_empty_queue_is_lifted_to_within_the_gap_of_those_ru
 
 def test_check_fairness_refuses_the_latest_victim_which_states_no_bound():
     with pytest.raises(ValueError, match="no bound is stated"):
-        Engine(UnitRunner([0.0]), BlockAllocator(40, 1), VTC(), 100, eos_id=-1,
-               reservation="none", victim="latest", check_fairness=True)  # fmt: skip
+        Engine(
+            UnitRunner([0.0]),
+            BlockAllocator(40, 1),
+            VTC(),
+            100,
+            eos_id=-1,
+            reservation="none",
+            victim="latest",
+            check_fairness=True,
+        )
 
 
 def test_a_policy_without_counters_displaces_nothing():
     from minivtc.core.scheduler import FCFS
 
     clock = [0.0]
-    engine = Engine(UnitRunner(clock), BlockAllocator(40, 1), FCFS(), 10**6, eos_id=-1,
-                    clock=lambda: clock[0], reservation="none", victim="fair")  # fmt: skip
+    engine = Engine(
+        UnitRunner(clock),
+        BlockAllocator(40, 1),
+        FCFS(),
+        10**6,
+        eos_id=-1,
+        clock=lambda: clock[0],
+        reservation="none",
+        victim="fair",
+    )
     assert engine.preempt_gap == float("inf")
 
 
@@ -204,8 +254,12 @@ def test_the_artifacts_peak_check_can_break_theorem_4_4_so_no_bound_is_checked_u
     trace = [TraceRequest("A", 0.0, 1, m // j - 2) for j in range(1, 13)]
     trace += [TraceRequest("A", 0.0, 1, m - 1)] * 3 + [TraceRequest("B", 0.5, 1, m - 1)] * 3
     two_u = 2 * bound_u(m - 1, m)
-    gap = {res: simulate(trace, "vtc", UNIT_STEP, m, reservation=res, watch_backlog=True)
-           .backlogged_gap for res in ("full", "peak")}  # fmt: skip
+    gap = {
+        res: simulate(
+            trace, "vtc", UNIT_STEP, m, reservation=res, watch_backlog=True
+        ).backlogged_gap
+        for res in ("full", "peak")
+    }
     assert gap["full"] <= two_u < gap["peak"], gap
     with pytest.raises(ValueError, match="peak check"):
         simulate(trace, "vtc", UNIT_STEP, m, reservation="peak", check_fairness=True)
@@ -223,5 +277,13 @@ def test_no_bound_is_checked_with_a_length_predictor():
 @pytest.mark.parametrize("gap", [-1.0, float("nan")])
 def test_a_negative_or_nan_gap_is_refused(gap):
     with pytest.raises(ValueError, match="preempt_gap must be >= 0"):
-        Engine(UnitRunner([0.0]), BlockAllocator(40, 1), VTC(), 100, eos_id=-1,
-               reservation="none", victim="fair", preempt_gap=gap)  # fmt: skip
+        Engine(
+            UnitRunner([0.0]),
+            BlockAllocator(40, 1),
+            VTC(),
+            100,
+            eos_id=-1,
+            reservation="none",
+            victim="fair",
+            preempt_gap=gap,
+        )

@@ -16,17 +16,31 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "minivtc"
 
 TORCH_FREE = [  # the scheduler sees requests, counters and a memory budget, never tensors
-    "minivtc", "minivtc.core.scheduler", "minivtc.core.vtc", "minivtc.core.policies",
-    "minivtc.core.predictors", "minivtc.core.cost", "minivtc.core.params",
-    "minivtc.core.request", "minivtc.core.admission", "minivtc.core.engine",
-    "minivtc.harness.sim", "minivtc.harness.step_time", "minivtc.harness.workloads",
-    "minivtc.harness.metrics", "minivtc.cli",
-]  # fmt: skip
+    "minivtc",
+    "minivtc.core.scheduler",
+    "minivtc.core.vtc",
+    "minivtc.core.policies",
+    "minivtc.core.predictors",
+    "minivtc.core.cost",
+    "minivtc.core.params",
+    "minivtc.core.request",
+    "minivtc.core.admission",
+    "minivtc.core.engine",
+    "minivtc.harness.sim",
+    "minivtc.harness.step_time",
+    "minivtc.harness.workloads",
+    "minivtc.harness.metrics",
+    "minivtc.cli",
+]
 
 
 def modules_loaded_by(code: str) -> set[str]:
-    out = subprocess.run([sys.executable, "-c", code + "\nimport sys; print(*sys.modules)"],
-                         capture_output=True, text=True, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code + "\nimport sys; print(*sys.modules)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return set(out.stdout.split())
 
 

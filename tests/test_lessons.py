@@ -58,8 +58,9 @@ def test_lesson_runs_top_to_bottom(path, monkeypatch, capsys):
     # drawing error fails here, as it would for a student (Agg would draw nothing on show()).
     monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(LESSONS_DIR)}})  # fmt: skip
+    client = NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(LESSONS_DIR)}}
+    )
     start = time.monotonic()
     client.execute()
     with capsys.disabled():

@@ -49,8 +49,11 @@ def test_import_minivtc_leaves_torch_out_and_exports_vllm_names():
 
 def test_model_keyword_weights_dir_and_the_default_load_the_same_model(llm):
     expect = [(out.token_ids, out.text) for out in llm.generate(PROMPTS, GREEDY)]
-    for other in (LLM(model=BUNDLED_WEIGHTS), LLM(str(BUNDLED_WEIGHTS)),
-                  LLM(weights_dir=BUNDLED_WEIGHTS)):  # fmt: skip
+    for other in (
+        LLM(model=BUNDLED_WEIGHTS),
+        LLM(str(BUNDLED_WEIGHTS)),
+        LLM(weights_dir=BUNDLED_WEIGHTS),
+    ):
         assert [(out.token_ids, out.text) for out in other.generate(PROMPTS, GREEDY)] == expect
 
 
@@ -76,8 +79,10 @@ def test_generate_returns_vllm_shaped_outputs_in_prompt_order(llm):
         assert completion.text and completion.text == llm.tokenizer.decode(ids)[len(prompt) :]
         # the shorthand for one completion per prompt
         assert (out.text, out.token_ids, out.finish_reason) == (
-            completion.text, completion.token_ids, completion.finish_reason
-        )  # fmt: skip
+            completion.text,
+            completion.token_ids,
+            completion.finish_reason,
+        )
 
 
 def test_token_id_prompts_have_no_prompt_text(llm):

@@ -11,8 +11,14 @@ from minivtc.harness.metrics import Served
 
 
 def test_service_is_spread_over_the_decode_span():
-    r = Served("a", arrival_s=0.0, input_tokens=10, output_tokens=20, first_token_latency_s=10.0,
-               request_latency_s=30.0)  # fmt: skip
+    r = Served(
+        "a",
+        arrival_s=0.0,
+        input_tokens=10,
+        output_tokens=20,
+        first_token_latency_s=10.0,
+        request_latency_s=30.0,
+    )
     assert metrics.service([r], 0, 10)["a"] == 0  # nothing before the first token
     assert metrics.service([r], 10, 20)["a"] == pytest.approx(25.0)  # half of 50
     assert metrics.service([r], 0, 100)["a"] == pytest.approx(50.0)

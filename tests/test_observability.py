@@ -27,26 +27,39 @@ PER_CLIENT = {  # family -> the row field it sums
 }
 
 
-def snapshot(clients: dict[str, ClientRow], forgotten: ClientRow | None = None,
-             finished: dict | None = None) -> Snapshot:  # fmt: skip
+def snapshot(
+    clients: dict[str, ClientRow], forgotten: ClientRow | None = None, finished: dict | None = None
+) -> Snapshot:
     return Snapshot(
-        "vtc", clients, used_blocks=3, total_blocks=10, block_size=16,
-        finished=finished or {}, ttft=[("0.5", 1), ("+Inf", 2)], ttft_sum=1.25,
-        latency=[("0.5", 0), ("+Inf", 2)], latency_sum=4.0, forgotten=forgotten or ClientRow(),
-    )  # fmt: skip
+        "vtc",
+        clients,
+        used_blocks=3,
+        total_blocks=10,
+        block_size=16,
+        finished=finished or {},
+        ttft=[("0.5", 1), ("+Inf", 2)],
+        ttft_sum=1.25,
+        latency=[("0.5", 0), ("+Inf", 2)],
+        latency_sum=4.0,
+        forgotten=forgotten or ClientRow(),
+    )
 
 
 def parse(snap: Snapshot, top: int) -> dict[str, dict[tuple, float]]:
     """family -> {label values: value}, as a Prometheus server would read the scrape."""
     text = prometheus_text(snap, top).decode()
-    return {f.name: {tuple(s.labels.values()): s.value for s in f.samples}
-            for f in text_string_to_metric_families(text)}  # fmt: skip
+    return {
+        f.name: {tuple(s.labels.values()): s.value for s in f.samples}
+        for f in text_string_to_metric_families(text)
+    }
 
 
-SNAP = snapshot({
-    "bob": ClientRow(12.0, 1.0, waiting=0, running=1, input_tokens=4, output_tokens=3),
-    "alice": ClientRow(10.0, 2.0, waiting=2, running=0, input_tokens=10, output_tokens=5),
-})  # fmt: skip
+SNAP = snapshot(
+    {
+        "bob": ClientRow(12.0, 1.0, waiting=0, running=1, input_tokens=4, output_tokens=3),
+        "alice": ClientRow(10.0, 2.0, waiting=2, running=0, input_tokens=10, output_tokens=5),
+    }
+)
 
 
 def test_the_fairness_view_shows_every_client_sorted():
@@ -55,9 +68,14 @@ def test_the_fairness_view_shows_every_client_sorted():
     assert view["kv"] == {"used_blocks": 3, "total_blocks": 10, "block_size": 16}
     assert list(view["clients"]) == ["alice", "bob"]
     assert view["clients"]["alice"] == {
-        "counter": 10.0, "weight": 2.0, "waiting": 2, "running": 0, "input_tokens": 10,
-        "output_tokens": 5, "service": W_P * 10 + W_Q * 5,
-    }  # fmt: skip
+        "counter": 10.0,
+        "weight": 2.0,
+        "waiting": 2,
+        "running": 0,
+        "input_tokens": 10,
+        "output_tokens": 5,
+        "service": W_P * 10 + W_Q * 5,
+    }
 
 
 def test_the_fairness_view_of_one_client_shows_only_its_row():
@@ -66,15 +84,24 @@ def test_the_fairness_view_of_one_client_shows_only_its_row():
     assert fairness_view(SNAP, only="bob")["kv"] == fairness_view(SNAP)["kv"]
 
 
-rows = st.builds(ClientRow, st.one_of(st.none(), st.floats(0, 1e6)), st.just(1.0),
-                 st.integers(0, 5), st.integers(0, 5), st.integers(0, 10**6),
-                 st.integers(0, 10**6))  # fmt: skip
+rows = st.builds(
+    ClientRow,
+    st.one_of(st.none(), st.floats(0, 1e6)),
+    st.just(1.0),
+    st.integers(0, 5),
+    st.integers(0, 5),
+    st.integers(0, 10**6),
+    st.integers(0, 10**6),
+)
 names = st.text(min_size=1, max_size=6).filter(lambda n: n != OTHER)
 
 
-@given(st.dictionaries(names, rows, max_size=12), st.integers(0, 14),
-       st.builds(ClientRow, input_tokens=st.integers(0, 100), output_tokens=st.integers(0, 100)),
-       st.sets(st.sampled_from(["length", "eos", "abort"]), min_size=1))  # fmt: skip
+@given(
+    st.dictionaries(names, rows, max_size=12),
+    st.integers(0, 14),
+    st.builds(ClientRow, input_tokens=st.integers(0, 100), output_tokens=st.integers(0, 100)),
+    st.sets(st.sampled_from(["length", "eos", "abort"]), min_size=1),
+)
 def test_prometheus_labels_the_top_clients_and_sums_the_rest_as_other(
     clients, top, forgotten, reasons
 ):
@@ -101,8 +128,11 @@ def test_prometheus_labels_the_top_clients_and_sums_the_rest_as_other(
 
 def test_histograms_and_the_pool_are_scraped_as_they_are():
     text = prometheus_text(SNAP).decode()
-    samples = {(s.name, s.labels.get("le")): s.value
-               for f in text_string_to_metric_families(text) for s in f.samples}  # fmt: skip
+    samples = {
+        (s.name, s.labels.get("le")): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
     for name, snap_buckets, total in (
         ("minivtc_time_to_first_token_seconds", SNAP.ttft, SNAP.ttft_sum),
         ("minivtc_request_latency_seconds", SNAP.latency, SNAP.latency_sum),
@@ -114,8 +144,11 @@ def test_histograms_and_the_pool_are_scraped_as_they_are():
     assert samples[("minivtc_kv_blocks_used", None)] == 3.0
     assert samples[("minivtc_kv_blocks_total", None)] == 10.0
     swapping = prometheus_text(dataclasses.replace(SNAP, host_tokens=40, swap_tokens=160))
-    samples = {s.name: s.value for f in text_string_to_metric_families(swapping.decode())
-               for s in f.samples}  # fmt: skip
+    samples = {
+        s.name: s.value
+        for f in text_string_to_metric_families(swapping.decode())
+        for s in f.samples
+    }
     assert samples["minivtc_swap_tokens_used"] == 40 and samples["minivtc_swap_tokens_total"] == 160
 
 

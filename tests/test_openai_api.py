@@ -33,18 +33,30 @@ def error_for(body, kind=CompletionBody) -> APIError:
 
 
 BAD_BODIES = {
-    "unknown field": ({"prompt": "x", "temprature": 1}, "temprature",
-                      "Unrecognized request argument supplied: temprature"),
+    "unknown field": (
+        {"prompt": "x", "temprature": 1},
+        "temprature",
+        "Unrecognized request argument supplied: temprature",
+    ),
     "missing field": ({"max_tokens": 3}, "prompt", "you must provide 'prompt'"),
     "list body": ([1, 2], None, "the body must be a JSON object"),
     "string body": ("prompt", None, "the body must be a JSON object"),
-    "wrong type": ({"prompt": "x", "max_tokens": "5"}, "max_tokens",
-                   "invalid value for 'max_tokens': Input should be a valid integer"),
-    "out of range": ({"prompt": "x", "seed": MAX_SEED + 1}, "seed",
-                     f"invalid value for 'seed': Input should be less than or equal to {MAX_SEED}"),
-    "nested": ({"prompt": "x", "stream_options": {"include_usage": 1}},
-               "stream_options.include_usage", "Input should be a valid boolean"),
-}  # fmt: skip
+    "wrong type": (
+        {"prompt": "x", "max_tokens": "5"},
+        "max_tokens",
+        "invalid value for 'max_tokens': Input should be a valid integer",
+    ),
+    "out of range": (
+        {"prompt": "x", "seed": MAX_SEED + 1},
+        "seed",
+        f"invalid value for 'seed': Input should be less than or equal to {MAX_SEED}",
+    ),
+    "nested": (
+        {"prompt": "x", "stream_options": {"include_usage": 1}},
+        "stream_options.include_usage",
+        "Input should be a valid boolean",
+    ),
+}
 
 
 @pytest.mark.parametrize("body, param, message", BAD_BODIES.values(), ids=BAD_BODIES.keys())
@@ -60,9 +72,13 @@ SURROGATES = {
     "stop": ({"prompt": "x", "stop": "\ud800"}, CompletionBody, "stop", 0),
     "stop list": ({"prompt": "x", "stop": ["ok", "ab\udc00"]}, CompletionBody, "stop.1", 2),
     "user": ({"prompt": "x", "user": "\ud800"}, CompletionBody, "user", 0),
-    "message": ({"messages": [{"role": "user", "content": "\ud800"}]}, ChatBody,
-                "messages.0.content", 0),
-}  # fmt: skip
+    "message": (
+        {"messages": [{"role": "user", "content": "\ud800"}]},
+        ChatBody,
+        "messages.0.content",
+        0,
+    ),
+}
 
 
 @pytest.mark.parametrize("body, kind, param, at", SURROGATES.values(), ids=SURROGATES.keys())
@@ -155,10 +171,20 @@ def test_what_the_server_does_not_do_is_refused_by_name(param, fields):
 
 @pytest.mark.parametrize(
     "fields",
-    [{}, {"model": MODEL}, {"n": 1}, {"stream": True, "stream_options": {"include_usage": True}},
-     {"presence_penalty": 0.0, "frequency_penalty": 0.0}, {"logprobs": False}, {"logprobs": 0},
-     {"logit_bias": {}}, {"echo": False}, {"best_of": 1}, {"suffix": ""}],
-)  # fmt: skip
+    [
+        {},
+        {"model": MODEL},
+        {"n": 1},
+        {"stream": True, "stream_options": {"include_usage": True}},
+        {"presence_penalty": 0.0, "frequency_penalty": 0.0},
+        {"logprobs": False},
+        {"logprobs": 0},
+        {"logit_bias": {}},
+        {"echo": False},
+        {"best_of": 1},
+        {"suffix": ""},
+    ],
+)
 def test_the_harmless_values_of_those_fields_are_accepted(fields):
     check_unsupported(body(**fields), MODEL)
 
@@ -175,31 +201,39 @@ def test_another_model_is_404_and_chat_bodies_are_checked_too():
 
 def test_completion_objects_are_what_the_openai_client_parses():
     shape = ChunkShape("cmpl-1", MODEL, 1700000000, chat=False)
-    whole = {**shape.head(streaming=False), "usage": usage(3, 4),
-             "choices": [shape.choice("Hello", "length", streaming=False, first=True)]}  # fmt: skip
+    whole = {
+        **shape.head(streaming=False),
+        "usage": usage(3, 4),
+        "choices": [shape.choice("Hello", "length", streaming=False, first=True)],
+    }
     parsed = Completion.model_validate(whole)
     assert parsed.choices[0].text == "Hello" and parsed.usage.total_tokens == 7
     assert shape.head(streaming=True) == shape.head(streaming=False)  # one object for both
     first = shape.choice("He", None, streaming=True, first=True)
     assert first == {"index": 0, "logprobs": None, "finish_reason": None, "text": "He"}
-    last = {**shape.head(streaming=True),
-            "choices": [shape.choice("llo", "stop", streaming=True, first=False)]}  # fmt: skip
+    last = {
+        **shape.head(streaming=True),
+        "choices": [shape.choice("llo", "stop", streaming=True, first=False)],
+    }
     assert Completion.model_validate(last).choices[0].finish_reason == "stop"
 
 
 def test_chat_objects_are_what_the_openai_client_parses():
     shape = ChunkShape("chatcmpl-1", MODEL, 1700000000, chat=True)
-    whole = ChatCompletion.model_validate({
-        **shape.head(streaming=False), "usage": usage(5, 2),
-        "choices": [shape.choice("Hi there", "stop", streaming=False, first=True)],
-    })  # fmt: skip
+    whole = ChatCompletion.model_validate(
+        {
+            **shape.head(streaming=False),
+            "usage": usage(5, 2),
+            "choices": [shape.choice("Hi there", "stop", streaming=False, first=True)],
+        }
+    )
     assert whole.object == "chat.completion" and whole.choices[0].message.role == "assistant"
     assert whole.choices[0].message.content == "Hi there"
 
     def chunk(text, reason, first):
-        return ChatCompletionChunk.model_validate({
-            **shape.head(streaming=True), "choices": [shape.choice(text, reason, True, first)]
-        })  # fmt: skip
+        return ChatCompletionChunk.model_validate(
+            {**shape.head(streaming=True), "choices": [shape.choice(text, reason, True, first)]}
+        )
 
     opening = chunk("Hi", None, first=True).choices[0]
     assert (opening.delta.role, opening.delta.content) == ("assistant", "Hi")

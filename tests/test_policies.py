@@ -105,8 +105,17 @@ def test_weights_and_seed_reach_the_policy():
 
 @pytest.mark.parametrize(
     "name",
-    ["vtc2", "VTC", "", "rpm", "fcfs-profile", "vtc-profile-profile", "rpm:x", "vtc-oracle:x",
-     "rpm:5-profile"],
+    [
+        "vtc2",
+        "VTC",
+        "",
+        "rpm",
+        "fcfs-profile",
+        "vtc-profile-profile",
+        "rpm:x",
+        "vtc-oracle:x",
+        "rpm:5-profile",
+    ],
 )
 def test_an_unknown_name_is_refused_with_the_choices(name):
     with pytest.raises(ValueError, match=re.escape(f"choose one of: {SCHEDULERS}")):
@@ -119,9 +128,20 @@ def test_an_rpm_limit_below_one_is_refused():
 
 
 def test_make_scheduler_names():
-    names = ["fcfs", "rpm:5", "lcf", "vtc", "vtc-artifact", "vtc-predict", "vtc-predict-ema",
-             "vtc-oracle", "vtc-oracle:0.5", "vtc-profile", "vtc-oracle-profile",
-             "lcf-profile"]  # fmt: skip
+    names = [
+        "fcfs",
+        "rpm:5",
+        "lcf",
+        "vtc",
+        "vtc-artifact",
+        "vtc-predict",
+        "vtc-predict-ema",
+        "vtc-oracle",
+        "vtc-oracle:0.5",
+        "vtc-profile",
+        "vtc-oracle-profile",
+        "lcf-profile",
+    ]
     for name in names:
         assert make_scheduler(name).name == name
     with pytest.raises(ValueError, match="unknown scheduler 'vtc2'; choose one of"):

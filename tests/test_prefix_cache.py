@@ -27,8 +27,16 @@ PREFIXES = [[7] * 24, [8] * 40, [7] * 16 + [9] * 16]  # the first and third shar
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.lists(st.tuples(st.sampled_from(["add", "compute", "grow", "free"]),
-                          st.integers(0, 2), st.integers(1, 40)), max_size=60))  # fmt: skip
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["add", "compute", "grow", "free"]),
+            st.integers(0, 2),
+            st.integers(1, 40),
+        ),
+        max_size=60,
+    )
+)
 def test_random_operations_keep_the_allocators_invariants(ops):
     """Held (reference count = block tables listing it), evictable (cached, unheld, in the LRU)
     or free: each block is exactly one, after every operation; what can_allocate promises,
@@ -105,8 +113,16 @@ def test_greedy_tokens_with_a_prefix_cache_equal_those_without(tiny, reservation
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     shared = torch.randint(3, 4096, (40,), generator=torch.Generator().manual_seed(1)).tolist()
     ps = [shared + [10 + i] * (1 + i) for i in range(5)]
-    engine = build_engine(tiny, None, "vtc", kv_tokens=160, block_size=8, check_invariants=True,
-                          reservation=reservation, prefix_caching=True)  # fmt: skip
+    engine = build_engine(
+        tiny,
+        None,
+        "vtc",
+        kv_tokens=160,
+        block_size=8,
+        check_invariants=True,
+        reservation=reservation,
+        prefix_caching=True,
+    )
     reqs = [engine.add_request(ps[0], params)]
     engine.step()
     reqs += [engine.add_request(p, params) for p in ps[1:]]
@@ -118,8 +134,12 @@ def test_greedy_tokens_with_a_prefix_cache_equal_those_without(tiny, reservation
 
 
 def test_vtc_charges_a_cached_prompt_token_w_c():
-    for w_c, expected in ((None, 100 + 2 * 3), (1.0, 100 + 2 * 3), (0.5, 60 + 20 + 2 * 3),
-                          (0.0, 60 + 2 * 3)):  # fmt: skip
+    for w_c, expected in (
+        (None, 100 + 2 * 3),
+        (1.0, 100 + 2 * 3),
+        (0.5, 60 + 20 + 2 * 3),
+        (0.0, 60 + 2 * 3),
+    ):
         vtc = VTC(cached_weight=w_c)
         r = Request("r", "a", [1] * 100, SamplingParams(max_tokens=3), 0.0)
         r.num_cached = 40
@@ -134,8 +154,9 @@ def test_vtc_charges_a_cached_prompt_token_w_c():
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(0, 10**6), st.sampled_from([None, 1.0, 0.5, 0.0]),
-       st.sampled_from(["full", "none"]))  # fmt: skip
+@given(
+    st.integers(0, 10**6), st.sampled_from([None, 1.0, 0.5, 0.0]), st.sampled_from(["full", "none"])
+)
 def test_lemma_4_3_holds_with_a_prefix_cache_for_every_cached_weight(seed, w_c, reservation):
     """A dispatch with cached tokens costs at most w_p L_input as before: the engine asserts
     the same U after every step (and with fair preemption, its bound), and the backlogged gap
@@ -146,11 +167,30 @@ def test_lemma_4_3_holds_with_a_prefix_cache_for_every_cached_weight(seed, w_c, 
         client = rng.choice("ABC")
         prefix = rng.choice([None, "p", "q"]) if client != "C" else None
         k = 32 if prefix else 0
-        trace.append(TraceRequest(client, rng.uniform(0, 20), k + rng.randint(1, 40),
-                                  rng.randint(1, 30), None, prefix, k))  # fmt: skip
-    r = simulate(trace, "vtc", "a10g-llama7b", kv_tokens=400, block_size=8,
-                 reservation=reservation, victim="fair", check_fairness=True,
-                 watch_backlog=True, prefix_caching=True, cached_weight=w_c)  # fmt: skip
+        trace.append(
+            TraceRequest(
+                client,
+                rng.uniform(0, 20),
+                k + rng.randint(1, 40),
+                rng.randint(1, 30),
+                None,
+                prefix,
+                k,
+            )
+        )
+    r = simulate(
+        trace,
+        "vtc",
+        "a10g-llama7b",
+        kv_tokens=400,
+        block_size=8,
+        reservation=reservation,
+        victim="fair",
+        check_fairness=True,
+        watch_backlog=True,
+        prefix_caching=True,
+        cached_weight=w_c,
+    )
     assert len(r.served) == len(trace) and r.backlogged_gap <= r.bound
 
 
@@ -163,8 +203,9 @@ def test_a_trace_with_prefixes_round_trips_and_the_simulator_reports_hits(tmp_pa
     write_trace(tmp_path / "t.csv", trace)
     assert read_trace(tmp_path / "t.csv") == sorted(trace, key=lambda t: t.arrival_s)
     cold = simulate(trace, "vtc", kv_tokens=30000, block_size=16, reservation="full")
-    warm = simulate(trace, "vtc", kv_tokens=30000, block_size=16, reservation="full",
-                    prefix_caching=True)  # fmt: skip
+    warm = simulate(
+        trace, "vtc", kv_tokens=30000, block_size=16, reservation="full", prefix_caching=True
+    )
     assert cold.cached_tokens == 0 and warm.cached_tokens == 9 * 2000
     # each served record says how much of its prompt was cached, and requests.csv keeps it
     assert sorted(s.cached_tokens for s in warm.served) == [0, 0] + [2000] * 9
@@ -176,15 +217,17 @@ def test_a_trace_with_prefixes_round_trips_and_the_simulator_reports_hits(tmp_pa
     assert warm.prefix_hit_rate == pytest.approx(9 * 2000 / sum(t.input_tokens for t in trace))
     ttft = [sum(r.first_token_latency_s for r in run.served) for run in (cold, warm)]
     assert ttft[1] < ttft[0] / 2  # the prefill of 2,000 tokens skipped, nine times
-    (tmp_path / "bad.csv").write_text("client,arrival_s,input_tokens,output_tokens,prefix_id,"
-                                      "prefix_tokens\na,0,10,5,p,11\n")  # fmt: skip
+    (tmp_path / "bad.csv").write_text(
+        "client,arrival_s,input_tokens,output_tokens,prefix_id,prefix_tokens\na,0,10,5,p,11\n"
+    )
     with pytest.raises(ValueError, match="prefix_tokens 11 is not within input_tokens 10"):
         read_trace(tmp_path / "bad.csv")
 
 
 @pytest.mark.parametrize("preemption", ["recompute", "swap"])
 def test_what_a_cache_keeps_is_neither_thrown_away_nor_copied_by_a_preemption(
-    tiny, preemption  # noqa: F811
+    tiny,  # noqa: F811
+    preemption,
 ):
     """b finds a's first two blocks cached. Preempted before its prefill, it threw nothing away
     and copies nothing. Preempted after, what lies past the cached prefix, in its own partial
@@ -192,9 +235,17 @@ def test_what_a_cache_keeps_is_neither_thrown_away_nor_copied_by_a_preemption(
     (the cache might evict its blocks meanwhile) and only that part comes back. Its tokens are
     those of generating it alone."""
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
-    engine = build_engine(tiny, None, "vtc", kv_tokens=64, block_size=4, check_invariants=True,
-                          reservation="none", preemption=preemption,
-                          prefix_caching=True)  # fmt: skip
+    engine = build_engine(
+        tiny,
+        None,
+        "vtc",
+        kv_tokens=64,
+        block_size=4,
+        check_invariants=True,
+        reservation="none",
+        preemption=preemption,
+        prefix_caching=True,
+    )
     a = list(range(10, 20))
     engine.add_request(a, params)
     run_to_end(engine)  # a's blocks of 10-13, 14-17 are named and kept (evictable)
@@ -219,8 +270,9 @@ def test_an_engine_without_a_cache_reports_nothing_cached():
     clock = [0.0]
     from minivtc.core.kv_pool import BlockAllocator
 
-    engine = Engine(UnitRunner(clock), BlockAllocator(40, 4), VTC(), 100, eos_id=-1,
-                    clock=lambda: clock[0])  # fmt: skip
+    engine = Engine(
+        UnitRunner(clock), BlockAllocator(40, 4), VTC(), 100, eos_id=-1, clock=lambda: clock[0]
+    )
     r = engine.add_request([5] * 9, SamplingParams(max_tokens=2, ignore_eos=True))
     run_to_end(engine)
     assert r.num_cached == 0 and engine.num_cached_tokens == 0 and engine.num_prompt_tokens == 9
@@ -228,8 +280,10 @@ def test_an_engine_without_a_cache_reports_nothing_cached():
 
 # --- the real engine: LLM, the server ----------------------------------------------------------
 
-SYSTEM = ("You are a careful Python tutor. Answer in one short paragraph, with an example "
-          "where it helps, and never invent a function that does not exist. ")  # fmt: skip
+SYSTEM = (
+    "You are a careful Python tutor. Answer in one short paragraph, with an example "
+    "where it helps, and never invent a function that does not exist. "
+)
 
 
 def test_llm_with_a_prefix_cache_gives_the_tokens_of_one_without(bundled):
@@ -256,13 +310,17 @@ def test_the_server_reports_cached_prompt_tokens_as_openai_does(bundled):
     from minivtc.serving.server import BackgroundServer, make_app
 
     model, tokenizer = bundled
-    engine = build_engine(model, tokenizer, "vtc", kv_tokens=1024, prefix_caching=True,
-                          check_invariants=True)  # fmt: skip
+    engine = build_engine(
+        model, tokenizer, "vtc", kv_tokens=1024, prefix_caching=True, check_invariants=True
+    )
     with BackgroundServer(make_app(engine, tokenizer)) as url:
         api = openai.OpenAI(base_url=url + "/v1", api_key="unused", max_retries=0)
-        usages = [api.completions.create(model="minivtc-tiny", prompt=SYSTEM + q, max_tokens=4,
-                                         temperature=0).usage
-                  for q in ("Lists?", "Dicts?")]  # fmt: skip
+        usages = [
+            api.completions.create(
+                model="minivtc-tiny", prompt=SYSTEM + q, max_tokens=4, temperature=0
+            ).usage
+            for q in ("Lists?", "Dicts?")
+        ]
         cached = [u.prompt_tokens_details.cached_tokens for u in usages]
         assert cached[0] == 0 and cached[1] >= 16 and cached[1] % 16 == 0
         text = httpx.get(url + "/metrics").text
@@ -301,8 +359,9 @@ def test_with_api_keys_tenants_do_not_share_the_cache(bundled, tmp_path):
 
         def cached(key: str) -> int:
             api = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)
-            reply = api.completions.create(model="minivtc-tiny", prompt=SYSTEM + "Sets?",
-                                           max_tokens=2, temperature=0)  # fmt: skip
+            reply = api.completions.create(
+                model="minivtc-tiny", prompt=SYSTEM + "Sets?", max_tokens=2, temperature=0
+            )
             return reply.usage.prompt_tokens_details.cached_tokens
 
         assert cached("sk-alice-0001") == 0  # a cold cache

@@ -40,15 +40,45 @@ RUNS = A10G_RUNS
 
 # metrics.json: what summarize returns, then what simulate_to_dir adds
 SUMMARY_KEYS = {
-    "served", "rejected", "max_diff", "avg_diff", "diff_var", "throughput_tok_s", "jain_index",
-    "max_accumulated_gap", "max_gap_first_half", "last_gap", "two_u", "simulated_s", "wall_s",
-    "steps", "preemptions", "recomputed_tokens", "service_per_client", "service_rate_60_300",
-    "mean_ttft_per_client", "backlogged_gap", "bound", "prefix_hit_rate", "prefill_tokens_saved",
+    "served",
+    "rejected",
+    "max_diff",
+    "avg_diff",
+    "diff_var",
+    "throughput_tok_s",
+    "jain_index",
+    "max_accumulated_gap",
+    "max_gap_first_half",
+    "last_gap",
+    "two_u",
+    "simulated_s",
+    "wall_s",
+    "steps",
+    "preemptions",
+    "recomputed_tokens",
+    "service_per_client",
+    "service_rate_60_300",
+    "mean_ttft_per_client",
+    "backlogged_gap",
+    "bound",
+    "prefix_hit_rate",
+    "prefill_tokens_saved",
     "swapped_tokens",
-}  # fmt: skip
-RUN_KEYS = {"workload", "scheduler", "step_time", "kv_tokens", "reservation", "victim",
-            "preempt_gap", "block_size", "prefix_caching", "cached_weight",
-            "preemption", "swap_tokens"}  # fmt: skip
+}
+RUN_KEYS = {
+    "workload",
+    "scheduler",
+    "step_time",
+    "kv_tokens",
+    "reservation",
+    "victim",
+    "preempt_gap",
+    "block_size",
+    "prefix_caching",
+    "cached_weight",
+    "preemption",
+    "swap_tokens",
+}
 
 
 def said(text: str) -> str:
@@ -92,8 +122,13 @@ def test_ttft_verdict_wants_the_light_client_five_times_faster(light, ok):
 
 def table2_runs(**changes) -> dict[str, dict]:
     """Summaries shaped like the paper's Table 2, where every check holds."""
-    rows = {"fcfs": (760, 777), "lcf": (750, 778), "vtc": (368, 779), "vtc-oracle": (329, 781),
-            "rpm:5": (144, 340)}  # fmt: skip
+    rows = {
+        "fcfs": (760, 777),
+        "lcf": (750, 778),
+        "vtc": (368, 779),
+        "vtc-oracle": (329, 781),
+        "rpm:5": (144, 340),
+    }
     rows.update(changes)
     return {k: {"max_diff": d, "throughput_tok_s": t} for k, (d, t) in rows.items()}
 
@@ -125,16 +160,18 @@ def test_lcf_verdict():
     assert said(lcf_verdict(runs(300.0))) == said(lcf_verdict(runs(200.0))) == "no"
 
 
-@pytest.mark.parametrize("avg,ok", [((100, 12, 1), "yes"), ((100, 12, 12), "no"),
-                                    ((10, 12, 1), "no")])  # fmt: skip
+@pytest.mark.parametrize(
+    "avg,ok", [((100, 12, 1), "yes"), ((100, 12, 12), "no"), ((10, 12, 1), "no")]
+)
 def test_prediction_verdict_wants_avg_diff_to_fall(avg, ok):
     keys = ("vtc", "vtc-oracle:0.5", "vtc-oracle")
     runs = {k: {"avg_diff": float(a)} for k, a in zip(keys, avg, strict=True)}
     assert said(prediction_verdict(runs)) == ok
 
 
-@pytest.mark.parametrize("diffs,ok", [((323, 137, 4), "yes"), ((100, 137, 4), "no"),
-                                      ((323, 137, 200), "no")])  # fmt: skip
+@pytest.mark.parametrize(
+    "diffs,ok", [((323, 137, 4), "yes"), ((100, 137, 4), "no"), ((323, 137, 200), "no")]
+)
 def test_profile_verdict_wants_fcfs_vtc_oracle_in_order(diffs, ok):
     keys = ("fcfs", "vtc-profile", "vtc-oracle-profile")
     runs = {k: {"max_diff": float(d)} for k, d in zip(keys, diffs, strict=True)}
@@ -214,14 +251,20 @@ def test_simulate_to_dir_writes_its_files_and_numbers_from_its_requests(tmp_path
     out = tmp_path / "out"
     got = simulate_to_dir(None, str(tmp_path / "t.csv"), "vtc", "a10g-llama7b", 4000, 0, out)
     assert sorted(p.name for p in out.iterdir()) == [
-        "gap.png", "metrics.json", "requests.csv", "response.png", "service.png"
-    ]  # fmt: skip
+        "gap.png",
+        "metrics.json",
+        "requests.csv",
+        "response.png",
+        "service.png",
+    ]
     assert all((out / name).stat().st_size > 0 for name in ("gap.png", "service.png"))
     saved = json.loads((out / "metrics.json").read_text())
     assert saved == got and set(saved) == SUMMARY_KEYS | RUN_KEYS
     assert (saved["scheduler"], saved["step_time"], saved["kv_tokens"]) == (
-        "vtc", "a10g-llama7b", 4000
-    )  # fmt: skip
+        "vtc",
+        "a10g-llama7b",
+        4000,
+    )
     assert saved["workload"] == str(tmp_path / "t.csv")
     assert saved["two_u"] == 2 * max(200, 2 * 4000)
 
@@ -298,11 +341,16 @@ def test_measured_trace_follows_the_on_off_setting():
 
 def test_the_fair_memory_and_prefix_caching_figures_draw_their_rows(tmp_path):
     """A row without a stated bound is drawn without one; one client's bars per panel each."""
-    rows = [("full reservation", 326.0, 5374.0, 40000.0), ("on demand, latest", 771.0, 17857.0,
-                                                          None)]  # fmt: skip
-    shares = {"one": {"no cache": [1.0, 2.0, 3.0], "w_c = 0": [3.0, 2.0, 1.0]},
-              "two": {"no cache": [1.0, 1.0, 1.0]}}  # fmt: skip
-    for path in (plots.tradeoff_plot(rows, tmp_path / "t.png"),
-                 plots.shares_plot(shares, ["A", "B", "C"], tmp_path / "s.png")):  # fmt: skip
+    rows = [
+        ("full reservation", 326.0, 5374.0, 40000.0),
+        ("on demand, latest", 771.0, 17857.0, None),
+    ]
+    shares = {
+        "one": {"no cache": [1.0, 2.0, 3.0], "w_c = 0": [3.0, 2.0, 1.0]},
+        "two": {"no cache": [1.0, 1.0, 1.0]},
+    }
+    for path in (
+        plots.tradeoff_plot(rows, tmp_path / "t.png"),
+        plots.shares_plot(shares, ["A", "B", "C"], tmp_path / "s.png"),
+    ):
         assert path.read_bytes().startswith(b"\x89PNG")
-

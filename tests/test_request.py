@@ -14,8 +14,15 @@ from minivtc.core.sampler import SamplingParams
 
 
 def make(prompt=(11, 12, 13), output=(), max_tokens=5, **kw) -> Request:
-    return Request("r1", "alice", list(prompt), SamplingParams(max_tokens=max_tokens),
-                   arrival_time=1.5, output_ids=list(output), **kw)  # fmt: skip
+    return Request(
+        "r1",
+        "alice",
+        list(prompt),
+        SamplingParams(max_tokens=max_tokens),
+        arrival_time=1.5,
+        output_ids=list(output),
+        **kw,
+    )
 
 
 def test_a_new_request_waits_with_nothing_computed():
@@ -26,8 +33,9 @@ def test_a_new_request_waits_with_nothing_computed():
     assert (r.finish_reason, r.error) == (None, None)
 
 
-@pytest.mark.parametrize("num_prompt,num_output,max_tokens", [(1, 0, 1), (3, 0, 5), (3, 2, 5),
-                                                              (7, 4, 16)])  # fmt: skip
+@pytest.mark.parametrize(
+    "num_prompt,num_output,max_tokens", [(1, 0, 1), (3, 0, 5), (3, 2, 5), (7, 4, 16)]
+)
 def test_token_counts(num_prompt, num_output, max_tokens):
     r = make(range(100, 100 + num_prompt), range(num_output), max_tokens)
     assert r.num_prompt == num_prompt and r.num_output == num_output
@@ -88,8 +96,12 @@ def test_decode_computes_one_token_per_step():
     assert computed == r.all_ids[:-1]
 
 
-IS_FINISHED = {Status.WAITING: False, Status.RUNNING: False, Status.FINISHED: True,
-               Status.ABORTED: True}  # fmt: skip
+IS_FINISHED = {
+    Status.WAITING: False,
+    Status.RUNNING: False,
+    Status.FINISHED: True,
+    Status.ABORTED: True,
+}
 
 
 def test_is_finished_covers_every_status():

@@ -17,8 +17,9 @@ def test_bucket_is_next_power_of_two():
 
 
 def generate(model, compiled: bool):
-    engine = build_engine(model, None, kv_tokens=400, block_size=4, compile_attention=compiled,
-                          check_invariants=True)  # fmt: skip
+    engine = build_engine(
+        model, None, kv_tokens=400, block_size=4, compile_attention=compiled, check_invariants=True
+    )
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     reqs = [engine.add_request(p, params) for p in ([5, 6, 7], [9] * 11)]
     engine.step()

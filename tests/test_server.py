@@ -72,16 +72,21 @@ def test_completions_match_the_offline_engine_streamed_or_not(server):
     prompt, n = "The function returns", 12
     offline = LLM(scheduler="fcfs").generate(prompt, SamplingParams(temperature=0, max_tokens=n))
     api = client(server)
-    whole = api.completions.create(model="minivtc-tiny", prompt=prompt, max_tokens=n,
-                                   temperature=0)  # fmt: skip
+    whole = api.completions.create(model="minivtc-tiny", prompt=prompt, max_tokens=n, temperature=0)
     assert whole.choices[0].text == offline[0].text
     assert whole.choices[0].finish_reason in ("length", "stop")
     assert whole.usage.prompt_tokens == len(server.tokenizer.encode(prompt))
     assert whole.usage.completion_tokens == len(offline[0].token_ids)
-    chunks = list(api.completions.create(
-        model="minivtc-tiny", prompt=prompt, max_tokens=n, temperature=0, stream=True,
-        stream_options={"include_usage": True},
-    ))  # fmt: skip
+    chunks = list(
+        api.completions.create(
+            model="minivtc-tiny",
+            prompt=prompt,
+            max_tokens=n,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text_chunks = [c for c in chunks if c.choices]
     assert "".join(c.choices[0].text for c in text_chunks) == offline[0].text
     assert len(text_chunks) == len(offline[0].token_ids), "one chunk per generated token"
@@ -90,19 +95,33 @@ def test_completions_match_the_offline_engine_streamed_or_not(server):
 
 
 def test_chat_streamed_and_not_with_usage(server):
-    messages = [{"role": "system", "content": "Answer briefly."},
-                {"role": "user", "content": "What does len() return?"}]  # fmt: skip
+    messages = [
+        {"role": "system", "content": "Answer briefly."},
+        {"role": "user", "content": "What does len() return?"},
+    ]
     api = client(server)
-    whole = api.chat.completions.create(model="minivtc-tiny", messages=messages, max_tokens=10,
-                                        temperature=0, extra_body={"ignore_eos": True})  # fmt: skip
+    whole = api.chat.completions.create(
+        model="minivtc-tiny",
+        messages=messages,
+        max_tokens=10,
+        temperature=0,
+        extra_body={"ignore_eos": True},
+    )
     assert whole.choices[0].message.role == "assistant"
     assert whole.choices[0].finish_reason == "length"
     assert whole.usage.prompt_tokens == len(server.tokenizer.chat_ids(messages))
     assert whole.usage.completion_tokens == 10
-    chunks = list(api.chat.completions.create(
-        model="minivtc-tiny", messages=messages, max_tokens=10, temperature=0, stream=True,
-        stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
-    ))  # fmt: skip
+    chunks = list(
+        api.chat.completions.create(
+            model="minivtc-tiny",
+            messages=messages,
+            max_tokens=10,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
+        )
+    )
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
@@ -113,8 +132,12 @@ def test_models_health_metrics_and_fairness_view(server):
     models = client(server).models.list()
     assert [m.id for m in models.data] == ["minivtc-tiny"]
     assert httpx.get(server.url + "/health").json() == {"status": "ok"}
-    client(server).completions.create(model="minivtc-tiny", prompt="x", max_tokens=3,
-                                      extra_headers={"X-Client-Id": "metrics-check"})  # fmt: skip
+    client(server).completions.create(
+        model="minivtc-tiny",
+        prompt="x",
+        max_tokens=3,
+        extra_headers={"X-Client-Id": "metrics-check"},
+    )
     text = httpx.get(server.url + "/metrics").text
     assert 'minivtc_client_output_tokens_total{client="metrics-check"}' in text
     assert 'minivtc_time_to_first_token_seconds_bucket{le="+Inf"}' in text
@@ -127,8 +150,13 @@ def test_models_health_metrics_and_fairness_view(server):
 
 def test_client_identity_header_then_user_then_default(server):
     api = client(server)
-    api.completions.create(model="minivtc-tiny", prompt="a", max_tokens=2, user="by-user",
-                           extra_headers={"X-Client-Id": "by-header"})  # fmt: skip
+    api.completions.create(
+        model="minivtc-tiny",
+        prompt="a",
+        max_tokens=2,
+        user="by-user",
+        extra_headers={"X-Client-Id": "by-header"},
+    )
     api.completions.create(model="minivtc-tiny", prompt="a", max_tokens=2, user="by-user")
     clients = wait_until_idle(server.url)["clients"]
     assert clients["by-header"]["output_tokens"] >= 1
@@ -143,18 +171,38 @@ TOO_LONG_FOR_POOL = [1] + [200] * 1500  # fits the 2048 context, not the 1024-to
 BAD_INPUT = [  # (what, path, raw body, status, param)
     ("malformed JSON", "/v1/completions", b'{"prompt": "x",', 400, None),
     ("prompt of the wrong type", "/v1/completions", {"prompt": 5}, 400, "prompt"),
-    ("max_tokens as a string", "/v1/completions", {"prompt": "x", "max_tokens": "5"}, 400,
-     "max_tokens"),
+    (
+        "max_tokens as a string",
+        "/v1/completions",
+        {"prompt": "x", "max_tokens": "5"},
+        400,
+        "max_tokens",
+    ),
     ("unknown field", "/v1/completions", {"prompt": "x", "best_effort": True}, 400, "best_effort"),
     ("missing prompt", "/v1/completions", {"max_tokens": 5}, 400, "prompt"),
     ("max_tokens = 0", "/v1/completions", {"prompt": "x", "max_tokens": 0}, 400, "max_tokens"),
     ("max_tokens < 0", "/v1/completions", {"prompt": "x", "max_tokens": -3}, 400, "max_tokens"),
-    ("max_tokens beyond the context", "/v1/completions", {"prompt": "x", "max_tokens": 5000},
-     400, "max_tokens"),
-    ("prompt longer than the context", "/v1/completions", {"prompt": TOO_LONG_FOR_CONTEXT}, 400,
-     "prompt"),
-    ("prompt longer than the KV pool", "/v1/completions", {"prompt": TOO_LONG_FOR_POOL}, 400,
-     "prompt"),
+    (
+        "max_tokens beyond the context",
+        "/v1/completions",
+        {"prompt": "x", "max_tokens": 5000},
+        400,
+        "max_tokens",
+    ),
+    (
+        "prompt longer than the context",
+        "/v1/completions",
+        {"prompt": TOO_LONG_FOR_CONTEXT},
+        400,
+        "prompt",
+    ),
+    (
+        "prompt longer than the KV pool",
+        "/v1/completions",
+        {"prompt": TOO_LONG_FOR_POOL},
+        400,
+        "prompt",
+    ),
     ("empty prompt", "/v1/completions", {"prompt": []}, 400, "prompt"),
     ("token id outside the vocabulary", "/v1/completions", {"prompt": [1, 99999]}, 400, "prompt"),
     ("unknown model", "/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "model"),
@@ -164,11 +212,21 @@ BAD_INPUT = [  # (what, path, raw body, status, param)
     ("empty stop sequence", "/v1/completions", {"prompt": "x", "stop": [""]}, 400, "stop"),
     ("logprobs (unsupported)", "/v1/completions", {"prompt": "x", "logprobs": 3}, 400, "logprobs"),
     ("chat without messages", "/v1/chat/completions", {"messages": []}, 400, "messages"),
-    ("chat ending with the assistant", "/v1/chat/completions",
-     {"messages": [{"role": "assistant", "content": "hi"}]}, 400, "messages"),
-    ("chat with an unknown role", "/v1/chat/completions",
-     {"messages": [{"role": "robot", "content": "hi"}]}, 400, "messages.0.role"),
-]  # fmt: skip
+    (
+        "chat ending with the assistant",
+        "/v1/chat/completions",
+        {"messages": [{"role": "assistant", "content": "hi"}]},
+        400,
+        "messages",
+    ),
+    (
+        "chat with an unknown role",
+        "/v1/chat/completions",
+        {"messages": [{"role": "robot", "content": "hi"}]},
+        400,
+        "messages.0.role",
+    ),
+]
 
 
 def test_bad_input_gets_an_openai_error_and_a_concurrent_request_completes(server):
@@ -176,17 +234,22 @@ def test_bad_input_gets_an_openai_error_and_a_concurrent_request_completes(serve
 
     def well_formed() -> None:  # streams 64 tokens while the bad requests arrive
         chunks = client(server).completions.create(
-            model="minivtc-tiny", prompt="The class", max_tokens=64, stream=True,
-            extra_body={"ignore_eos": True}, extra_headers={"X-Client-Id": "bystander"},
-        )  # fmt: skip
+            model="minivtc-tiny",
+            prompt="The class",
+            max_tokens=64,
+            stream=True,
+            extra_body={"ignore_eos": True},
+            extra_headers={"X-Client-Id": "bystander"},
+        )
         done["tokens"] = sum(1 for _ in chunks)
 
     bystander = threading.Thread(target=well_formed)
     bystander.start()
     for what, path, body, status, param in BAD_INPUT:
         if isinstance(body, bytes):
-            r = httpx.post(server.url + path, content=body,
-                           headers={"content-type": "application/json"})  # fmt: skip
+            r = httpx.post(
+                server.url + path, content=body, headers={"content-type": "application/json"}
+            )
         else:
             r = httpx.post(server.url + path, json=body)
         assert r.status_code == status, f"{what}: {r.status_code} {r.text}"
@@ -223,8 +286,9 @@ def test_rpm_rejection_is_429(bundled):
 
 def test_disconnect_mid_stream_aborts_and_frees_the_blocks(server):
     body = {"prompt": "The module", "max_tokens": 900, "stream": True, "ignore_eos": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body,
-                      headers={"X-Client-Id": "leaver"}) as r:  # fmt: skip
+    with httpx.stream(
+        "POST", server.url + "/v1/completions", json=body, headers={"X-Client-Id": "leaver"}
+    ) as r:
         lines = r.iter_lines()
         got = [line for line, _ in zip(lines, range(6), strict=False) if line.startswith("data:")]
         assert got, "no chunk arrived"
@@ -237,8 +301,12 @@ def test_disconnect_mid_stream_aborts_and_frees_the_blocks(server):
 def test_disconnect_while_waiting_for_a_whole_completion_aborts_it(server):
     body = {"prompt": "The module", "max_tokens": 900, "ignore_eos": True}
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(server.url + "/v1/completions", json=body, timeout=0.5,
-                   headers={"X-Client-Id": "impatient"})  # fmt: skip
+        httpx.post(
+            server.url + "/v1/completions",
+            json=body,
+            timeout=0.5,
+            headers={"X-Client-Id": "impatient"},
+        )
     view = wait_until_idle(server.url, timeout=5)
     assert view["clients"]["impatient"]["output_tokens"] < 900
 
@@ -252,10 +320,14 @@ def test_100_concurrent_streaming_clients(server):
 
     async def one(api, i: int):
         stream = await api.completions.create(
-            model="minivtc-tiny", prompt=f"Request {i}:", max_tokens=max_tokens, stream=True,
-            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
+            model="minivtc-tiny",
+            prompt=f"Request {i}:",
+            max_tokens=max_tokens,
+            stream=True,
+            stream_options={"include_usage": True},
+            extra_body={"ignore_eos": True},
             extra_headers={"X-Client-Id": f"load-{i:03d}"},
-        )  # fmt: skip
+        )
         ids, usage, tokens = set(), None, 0
         async for chunk in stream:
             ids.add(chunk.id)
@@ -288,8 +360,10 @@ def test_100_concurrent_streaming_clients(server):
     assert health and set(health) == {200}, f"/health during the load: {health}"
     clients = wait_until_idle(server.url)["clients"]
     assert all(clients[f"load-{i:03d}"]["output_tokens"] == max_tokens for i in range(n))
-    print(f"\n100 concurrent streams x {max_tokens} tokens: {wall:.1f} s, "
-          f"{n * max_tokens / wall:.0f} tokens/s, /health polled {len(health)} times")  # fmt: skip
+    print(
+        f"\n100 concurrent streams x {max_tokens} tokens: {wall:.1f} s, "
+        f"{n * max_tokens / wall:.0f} tokens/s, /health polled {len(health)} times"
+    )
 
 
 def behind_a_flood(bundled, scheduler: str) -> tuple[float, float]:
@@ -304,17 +378,21 @@ def behind_a_flood(bundled, scheduler: str) -> tuple[float, float]:
     assert not result.failed and len(result.served) == 45
     lights = [r for r in result.served if r.client == "light"]
     floods = [r for r in result.served if r.client == "flood"]
-    overtaken = [sum(f.arrival_s < r.arrival_s < f.start_s < r.start_s for f in floods)
-                 for r in lights]  # fmt: skip
+    overtaken = [
+        sum(f.arrival_s < r.arrival_s < f.start_s < r.start_s for f in floods) for r in lights
+    ]
     return statistics.fmean(r.first_token_latency_s for r in lights), statistics.fmean(overtaken)
 
 
 def test_a_flood_delays_a_light_client_under_fcfs_not_under_vtc(bundled):
     (fcfs_ttft, fcfs_behind), (vtc_ttft, vtc_behind) = (
-        behind_a_flood(bundled, "fcfs"), behind_a_flood(bundled, "vtc")
-    )  # fmt: skip
-    print(f"\nlight client behind a flood: mean TTFT FCFS {fcfs_ttft:.3f} s, VTC {vtc_ttft:.3f} s; "
-          f"flood requests served first FCFS {fcfs_behind:.1f}, VTC {vtc_behind:.1f}")  # fmt: skip
+        behind_a_flood(bundled, "fcfs"),
+        behind_a_flood(bundled, "vtc"),
+    )
+    print(
+        f"\nlight client behind a flood: mean TTFT FCFS {fcfs_ttft:.3f} s, VTC {vtc_ttft:.3f} s; "
+        f"flood requests served first FCFS {fcfs_behind:.1f}, VTC {vtc_behind:.1f}"
+    )
     assert fcfs_behind >= 4 and vtc_behind <= 0.3 * fcfs_behind, (fcfs_behind, vtc_behind)
 
 
@@ -336,8 +414,9 @@ def test_generated_requests_never_get_a_5xx(bundled):
         operations = [op.ok().as_strategy() for op in schema.get_all_operations()]
 
         @given(case=st.one_of(operations))
-        @settings(max_examples=50, deadline=None, database=None,
-                  suppress_health_check=list(HealthCheck))  # fmt: skip
+        @settings(
+            max_examples=50, deadline=None, database=None, suppress_health_check=list(HealthCheck)
+        )
         def check(case):
             response = case.call(base_url=url, timeout=60)
             statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
@@ -380,12 +459,24 @@ def test_loadgen_command_records_every_request(bundled, tmp_path, capsys):
     trace += [TraceRequest("c0", 0.6 * i, 48, 6, None, "system", 40) for i in range(4)]
     write_trace(tmp_path / "trace.csv", trace)
     model, tokenizer = bundled
-    engine = build_engine(model, tokenizer, "vtc", kv_tokens=POOL_TOKENS, prefix_caching=True,
-                          check_invariants=True)  # fmt: skip
+    engine = build_engine(
+        model, tokenizer, "vtc", kv_tokens=POOL_TOKENS, prefix_caching=True, check_invariants=True
+    )
     background = BackgroundServer(make_app(engine, tokenizer))
     with background as url:
-        code = main(["loadgen", "--url", url, "--trace", str(tmp_path / "trace.csv"),
-                     "--speedup", "2", "--out", str(tmp_path / "out")])  # fmt: skip
+        code = main(
+            [
+                "loadgen",
+                "--url",
+                url,
+                "--trace",
+                str(tmp_path / "trace.csv"),
+                "--speedup",
+                "2",
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
     assert code == 0
     served = read_requests(tmp_path / "out" / "requests.csv")
     assert sorted((r.client, r.output_tokens) for r in served) == sorted(

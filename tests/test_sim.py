@@ -165,11 +165,19 @@ def test_reproduce_fair_memory_compares_reservation_with_blocks_on_demand(tmp_pa
 
     report = reproduce(tmp_path, only=["fair_memory"]).read_text()
     real = report.split("### Theorem 4.8")[0]
-    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line.split("|") for line in
-            real.splitlines() if line.startswith(("| full", "| peak", "| none"))}  # fmt: skip
-    assert set(rows) == {("full", "-"), ("peak", "-"), ("none", "latest"),
-                         ("none", "fair (w_q M / 4)"), ("none", "fair (1000)"),
-                         ("none", "fair (w_q M / 4, swap)")}  # fmt: skip
+    rows = {
+        tuple(c.strip() for c in line.split("|")[1:3]): line.split("|")
+        for line in real.splitlines()
+        if line.startswith(("| full", "| peak", "| none"))
+    }
+    assert set(rows) == {
+        ("full", "-"),
+        ("peak", "-"),
+        ("none", "latest"),
+        ("none", "fair (w_q M / 4)"),
+        ("none", "fair (1000)"),
+        ("none", "fair (w_q M / 4, swap)"),
+    }
     assert "(" in rows["none", "fair (w_q M / 4, swap)"][8].split("%")[0]  # swapped tokens
     assert rows["full", "-"][7].strip() == "0"  # no preemption with a reservation
     assert int(rows["none", "fair (w_q M / 4)"][7]) > 0
@@ -190,8 +198,11 @@ def test_reproduce_prefix_caching_prices_cached_tokens_three_ways(tmp_path):
     report = reproduce(tmp_path, only=["prefix_caching"]).read_text()
     assert "(goal >= 1.5x), every gap within 2U: yes" in report
     first = report.split("### A and B")[0]
-    rows = {tuple(c.strip() for c in line.split("|")[1:3]): line.split("|")
-            for line in first.splitlines() if line.startswith(("| no", "| yes"))}  # fmt: skip
+    rows = {
+        tuple(c.strip() for c in line.split("|")[1:3]): line.split("|")
+        for line in first.splitlines()
+        if line.startswith(("| no", "| yes"))
+    }
     service = {k: [float(x) for x in row[5].split("/")] for k, row in rows.items()}
     equal = service["yes", "1"]
     assert max(equal) - min(equal) <= 0.01 * max(equal)
@@ -202,9 +213,25 @@ def test_simulate_command_takes_the_prefix_options(tmp_path):
     trace = [TraceRequest("a", i / 10, 2048 + i, 8, None, "sys", 2000) for i in range(10)]
     write_trace(tmp_path / "t.csv", trace)
     out = tmp_path / "run"
-    assert main(["simulate", "--trace", str(tmp_path / "t.csv"), "--block-size", "16",
-                 "--prefix-caching", "--cached-weight", "0.5", "--reservation", "full",
-                 "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "simulate",
+                "--trace",
+                str(tmp_path / "t.csv"),
+                "--block-size",
+                "16",
+                "--prefix-caching",
+                "--cached-weight",
+                "0.5",
+                "--reservation",
+                "full",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     saved = json.loads((out / "metrics.json").read_text())
     assert saved["prefill_tokens_saved"] == 9 * 2000 and 0 < saved["prefix_hit_rate"] < 1
     assert (saved["prefix_caching"], saved["cached_weight"]) == (True, 0.5)
@@ -249,8 +276,14 @@ def test_on_demand_blocks_preempt_and_keep_their_bound(victim):
     (more requests fit at once)."""
     trace = workload("overload").make()
     peak = simulate(trace, "vtc", reservation="peak")
-    none = simulate(trace, "vtc", reservation="none", victim=victim,
-                    check_fairness=victim == "fair", watch_backlog=True)  # fmt: skip
+    none = simulate(
+        trace,
+        "vtc",
+        reservation="none",
+        victim=victim,
+        check_fairness=victim == "fair",
+        watch_backlog=True,
+    )
     assert (none.bound is None) == (victim == "latest")
     assert none.bound is None or none.backlogged_gap <= none.bound
     assert len(none.served) == len(trace) and none.preemptions > 0 < none.recomputed_tokens
@@ -259,24 +292,56 @@ def test_on_demand_blocks_preempt_and_keep_their_bound(victim):
 
 def test_simulate_command_takes_the_memory_options(tmp_path):
     out = tmp_path / "run"
-    assert main(["simulate", "--workload", "overload", "--reservation", "none", "--victim",
-                 "fair", "--out", str(out)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "simulate",
+                "--workload",
+                "overload",
+                "--reservation",
+                "none",
+                "--victim",
+                "fair",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     saved = json.loads((out / "metrics.json").read_text())
     assert (saved["reservation"], saved["victim"]) == ("none", "fair")
     assert saved["preemptions"] > 0 and saved["recomputed_tokens"] > 0
     assert saved["swapped_tokens"] == 0
     swap = tmp_path / "swap"
-    assert main(["simulate", "--workload", "overload", "--reservation", "none", "--victim",
-                 "fair", "--preemption", "swap", "--out", str(swap)]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "simulate",
+                "--workload",
+                "overload",
+                "--reservation",
+                "none",
+                "--victim",
+                "fair",
+                "--preemption",
+                "swap",
+                "--out",
+                str(swap),
+            ]
+        )
+        == 0
+    )
     swapped = json.loads((swap / "metrics.json").read_text())
     assert swapped["swapped_tokens"] > 0 and swapped["backlogged_gap"] <= swapped["bound"]
     assert 0 < saved["backlogged_gap"] <= saved["bound"] < saved["two_u"]  # bound tightened
 
 
 def test_metrics_json_states_no_bound_where_none_holds(tmp_path):
-    for args, bound in ((["--scheduler", "fcfs"], None),
-                        (["--reservation", "none", "--victim", "latest"], None),
-                        (["--reservation", "full"], "2U")):  # fmt: skip
+    for args, bound in (
+        (["--scheduler", "fcfs"], None),
+        (["--reservation", "none", "--victim", "latest"], None),
+        (["--reservation", "full"], "2U"),
+    ):
         out = tmp_path / "-".join(args)
         assert main(["simulate", "--workload", "overload", *args, "--out", str(out)]) == 0
         saved = json.loads((out / "metrics.json").read_text())

@@ -47,8 +47,15 @@ def test_a_readmitted_request_prefills_its_output_too():
 def test_roofline_is_the_larger_of_compute_and_memory_plus_the_overhead(shape):
     """Units chosen so each side reads off the shape: compute time = tokens (prefill tokens plus
     one per request), memory time = weights + K/V read (context tokens)."""
-    model = Roofline("toy", num_params=1.0, weight_bytes=7.0, kv_bytes_per_token=1.0,
-                     bandwidth=1.0, flop_rate=2.0, overhead_s=0.5)  # fmt: skip
+    model = Roofline(
+        "toy",
+        num_params=1.0,
+        weight_bytes=7.0,
+        kv_bytes_per_token=1.0,
+        bandwidth=1.0,
+        flop_rate=2.0,
+        overhead_s=0.5,
+    )
     compute = shape.prefill_tokens + shape.num_requests
     memory = 7.0 + shape.context_tokens
     assert model.step_time(shape) == 0.5 + max(compute, memory)
@@ -76,8 +83,13 @@ def test_a_bigger_step_never_takes_less_time(name, shape, more):
 
 
 def test_measured_step_time_is_linear_in_the_shape():
-    m = MeasuredStepTime("m", overhead_s=1.0, per_prefill_token_s=10.0, per_request_s=100.0,
-                         per_context_token_s=1000.0)  # fmt: skip
+    m = MeasuredStepTime(
+        "m",
+        overhead_s=1.0,
+        per_prefill_token_s=10.0,
+        per_request_s=100.0,
+        per_context_token_s=1000.0,
+    )
     assert m.step_time(StepShape(2, 3, 4)) == pytest.approx(1 + 20 + 300 + 4000)
 
 

@@ -77,12 +77,14 @@ def test_streaming_property(tok, text):
 
 
 def test_chat_format(tok):
-    ids = tok.chat_ids([
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": "Hello."},
-        {"role": "user", "content": "What is a list?"},
-    ])  # fmt: skip
+    ids = tok.chat_ids(
+        [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "What is a list?"},
+        ]
+    )
     assert ids.count(tok.bos_id) == 2 and ids.count(tok.eos_id) == 1
     # Each turn is encoded on its own (Meta's reference does the same), so the second turn's
     # SentencePiece dummy prefix decodes as a second space after "Hello. ".

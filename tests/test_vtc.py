@@ -146,8 +146,13 @@ def test_heap_selection_equals_brute_force_scan():
         for i in range(200):
             op = rng.random()
             if op < 0.5:
-                r = Request(f"r{trial}-{i}", f"c{rng.randint(0, 9)}", [1] * rng.randint(1, 9),
-                            SamplingParams(max_tokens=4), 0.0)  # fmt: skip
+                r = Request(
+                    f"r{trial}-{i}",
+                    f"c{rng.randint(0, 9)}",
+                    [1] * rng.randint(1, 9),
+                    SamplingParams(max_tokens=4),
+                    0.0,
+                )
                 vtc.add(r, 0.0)
                 reqs.append(r)
             elif op < 0.8 and reqs:
@@ -187,8 +192,10 @@ def test_on_decode_charges_exactly_as_one_on_tokens_per_request(name):
     twins = []
     for i in range(40):
         client, n_p, n_q = f"c{rng.randint(0, 4)}", rng.randint(1, 30), rng.randint(1, 12)
-        pair = [Request(f"r{i}", client, [1] * n_p, SamplingParams(max_tokens=n_q), 0.0)
-                for _ in (batched, plain)]  # fmt: skip
+        pair = [
+            Request(f"r{i}", client, [1] * n_p, SamplingParams(max_tokens=n_q), 0.0)
+            for _ in (batched, plain)
+        ]
         for vtc, r in zip((batched, plain), pair, strict=True):
             vtc.add(r, 0.0)
             vtc.schedule(lambda req, vtc=vtc: vtc.on_tokens(req, req.num_prompt, 0) or True)
@@ -411,8 +418,13 @@ def test_forgetting_idle_clients_changes_no_decision(make):
     same dispatches, and every client still known has the same counter."""
     rng = random.Random(7)
     clients = [f"c{i}" for i in range(12)]
-    plan = [[(f"r{t}-{k}", rng.choice(clients), rng.randint(1, 20), rng.randint(1, 6))
-             for k in range(rng.choice([0, 0, 1, 1, 2]))] for t in range(400)]  # fmt: skip
+    plan = [
+        [
+            (f"r{t}-{k}", rng.choice(clients), rng.randint(1, 20), rng.randint(1, 6))
+            for k in range(rng.choice([0, 0, 1, 1, 2]))
+        ]
+        for t in range(400)
+    ]
     kept, forgetful = make(), make()
     order, _ = hook_run(kept, plan, forgetful=False)
     forgetful_order, forgotten = hook_run(forgetful, plan, forgetful=True)

@@ -91,12 +91,25 @@ def train_tokenizer(docs: list[str], work: Path, out: Path) -> spm.SentencePiece
     corpus = work / "corpus.txt"
     corpus.write_text("\n".join(docs), encoding="utf-8")
     spm.SentencePieceTrainer.train(
-        input=str(corpus), model_prefix=str(work / "tokenizer"), model_type="bpe",
-        vocab_size=VOCAB_SIZE, unk_id=0, bos_id=1, eos_id=2, pad_id=-1, byte_fallback=True,
-        split_digits=True, character_coverage=0.9995, normalization_rule_name="identity",
-        add_dummy_prefix=True, remove_extra_whitespaces=False, allow_whitespace_only_pieces=True,
-        max_sentence_length=16384, num_threads=2, minloglevel=2,
-    )  # fmt: skip
+        input=str(corpus),
+        model_prefix=str(work / "tokenizer"),
+        model_type="bpe",
+        vocab_size=VOCAB_SIZE,
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        byte_fallback=True,
+        split_digits=True,
+        character_coverage=0.9995,
+        normalization_rule_name="identity",
+        add_dummy_prefix=True,
+        remove_extra_whitespaces=False,
+        allow_whitespace_only_pieces=True,
+        max_sentence_length=16384,
+        num_threads=2,
+        minloglevel=2,
+    )
     (out / "tokenizer.model").write_bytes((work / "tokenizer.model").read_bytes())
     return spm.SentencePieceProcessor(model_file=str(out / "tokenizer.model"))
 
@@ -178,8 +191,10 @@ def evaluate(model: Llama, val_ids: torch.Tensor, args) -> float:
 
 def export(model: Llama, out: Path) -> None:
     """Hugging Face layout, so `transformers.LlamaForCausalLM.from_pretrained` reads it too."""
-    tensors = {f"model.{k}" if k != "lm_head.weight" else k: v.detach().contiguous()
-               for k, v in model.state_dict().items()}  # fmt: skip
+    tensors = {
+        f"model.{k}" if k != "lm_head.weight" else k: v.detach().contiguous()
+        for k, v in model.state_dict().items()
+    }
     save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
     (out / "config.json").write_text(json.dumps(model.config.to_hf(), indent=2) + "\n")
 

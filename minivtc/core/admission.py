@@ -88,8 +88,9 @@ class PeakReservation:
         if self.final_blocks + final > self.allocator.num_blocks:
             if self.peak_blocks(request) > self.allocator.num_blocks:
                 return False
-        self.allocator.allocate(request.request_id, request.num_tokens, request.prompt_ids,
-                                request.cache_salt)  # fmt: skip
+        self.allocator.allocate(
+            request.request_id, request.num_tokens, request.prompt_ids, request.cache_salt
+        )
         self.final_blocks += final
         self.spans[request.request_id] = self.span(request)
         return True
@@ -242,9 +243,11 @@ class Fair:
 VICTIMS = ("latest", "fair")
 
 
-
 def make_admission(
-    reservation: str, allocator: BlockAllocator, scheduler: Scheduler, victim: str = "latest",
+    reservation: str,
+    allocator: BlockAllocator,
+    scheduler: Scheduler,
+    victim: str = "latest",
     gap: float | None = None,
 ) -> FullReservation | PeakReservation | OnDemand:
     """The admission policy by name: "full", "peak" or "none" (on demand, with a victim; the

@@ -74,24 +74,37 @@ class Engine:
     """
 
     def __init__(
-        self, runner: Runner, allocator: BlockAllocator, scheduler: Scheduler,
-        max_positions: int, eos_id: int, tokenizer: Tokenizer | None = None,
-        clock: Callable[[], float] = time.monotonic, max_running: int = 256,
-        reservation: str = "full", victim: str = "latest", preempt_gap: float | None = None,
-        preemption: str = "recompute", swap_tokens: int | None = None, admit_every: int = 1,
-        check_invariants: bool = False, check_fairness: bool = False,
-    ) -> None:  # fmt: skip
+        self,
+        runner: Runner,
+        allocator: BlockAllocator,
+        scheduler: Scheduler,
+        max_positions: int,
+        eos_id: int,
+        tokenizer: Tokenizer | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        max_running: int = 256,
+        reservation: str = "full",
+        victim: str = "latest",
+        preempt_gap: float | None = None,
+        preemption: str = "recompute",
+        swap_tokens: int | None = None,
+        admit_every: int = 1,
+        check_invariants: bool = False,
+        check_fairness: bool = False,
+    ) -> None:
         self.runner, self.allocator, self.scheduler = runner, allocator, scheduler
         # The fair victim displaces clients running more than `preempt_gap` ahead of a
         # waiting one (`admission.Fair`); the policy says its default and adapts its lift.
         self.preempt_gap = None
         if reservation == "none" and victim == "fair":
             self.preempt_gap = scheduler.set_preempt_gap(preempt_gap, allocator.num_tokens)
-        self.admission = make_admission(reservation, allocator, scheduler, victim,
-                                        self.preempt_gap)  # fmt: skip
+        self.admission = make_admission(reservation, allocator, scheduler, victim, self.preempt_gap)
         self.max_positions, self.eos_id, self.tokenizer, self.clock = (
-            max_positions, eos_id, tokenizer, clock,
-        )  # fmt: skip
+            max_positions,
+            eos_id,
+            tokenizer,
+            clock,
+        )
         self.max_running, self.admit_every = max_running, admit_every
         self.preemption = Preemption(preemption, swap_tokens, allocator)  # what a victim keeps
         self.check_invariants, self.check_fairness = check_invariants, check_fairness
@@ -108,10 +121,14 @@ class Engine:
         self.ids = itertools.count()
 
     def add_request(
-        self, prompt: str | list[int], params: SamplingParams, client_id: str = "default",
-        request_id: str | None = None, arrival_time: float | None = None,
+        self,
+        prompt: str | list[int],
+        params: SamplingParams,
+        client_id: str = "default",
+        request_id: str | None = None,
+        arrival_time: float | None = None,
         cache_salt: str | None = None,
-    ) -> Request:  # fmt: skip
+    ) -> Request:
         """Queue a request. Raises `RequestRejected` (and changes nothing) if it cannot run.
 
         `arrival_time` defaults to now; a simulator replaying a trace passes the trace's time.
@@ -123,8 +140,9 @@ class Engine:
             raise RequestRejected(f"request id {request_id!r} is already in use")
         validate(prompt_ids, params, self.max_positions, self.allocator)
         arrival = self.clock() if arrival_time is None else arrival_time
-        request = Request(request_id, client_id, prompt_ids, params, arrival_time=arrival,
-                          cache_salt=cache_salt)  # fmt: skip
+        request = Request(
+            request_id, client_id, prompt_ids, params, arrival_time=arrival, cache_salt=cache_salt
+        )
         reason = self.scheduler.add(request, request.arrival_time)
         if reason is not None:
             raise RequestRejected(reason, kind="rate_limited")
@@ -209,16 +227,19 @@ class Engine:
             raise ValueError(
                 "check_fairness: no bound is stated for blocks on demand with the latest victim "
                 "(preempting the most recent request can break Lemma 4.3's); use victim='fair'"
-            )  # fmt: skip
+            )
         if reservation == "peak":
             raise ValueError(
                 "check_fairness: no bound is stated for the artifact's peak check (requests that "
                 "finish early let the others grow past M, and Lemma 4.3's U can fail); use "
                 "reservation='full' (the paper's model) or 'none' with victim='fair'"
-            )  # fmt: skip
+            )
         pool = self.allocator.num_tokens
-        self.scheduler.set_bound(max_input=min(self.max_positions, pool) - 1, pool_tokens=pool,
-                                 max_running=min(self.max_running, self.allocator.num_blocks))
+        self.scheduler.set_bound(
+            max_input=min(self.max_positions, pool) - 1,
+            pool_tokens=pool,
+            max_running=min(self.max_running, self.allocator.num_blocks),
+        )
 
     def check(self) -> None:
         """After a step: every invariant (check_invariants), or Lemma 4.3 (check_fairness)."""
@@ -301,8 +322,9 @@ class Engine:
             prefilled = request.num_computed < len(request.prompt_ids)
             request.num_computed = len(request.prompt_ids) + len(request.output_ids)
             if prefilled:  # its prompt's blocks are computed: a prefix cache may name them
-                self.allocator.cache_prompt(request.request_id, request.prompt_ids,
-                                            request.num_computed, request.cache_salt)  # fmt: skip
+                self.allocator.cache_prompt(
+                    request.request_id, request.prompt_ids, request.num_computed, request.cache_salt
+                )
             request.output_ids.append(token)
             if request.first_token_time is None:
                 request.first_token_time = self.clock()
@@ -310,8 +332,9 @@ class Engine:
             detok = self.detokenizers.get(request.request_id)
             if detok is not None:  # (None: token ids only, as in the simulator: no text)
                 request.text += detok.add(token)
-            reason = stop_reason(token, len(request.output_ids), request.text, request.params,
-                                 self.eos_id)  # fmt: skip
+            reason = stop_reason(
+                token, len(request.output_ids), request.text, request.params, self.eos_id
+            )
             if reason:
                 self.finish(request, reason)
         except Exception as e:

@@ -42,8 +42,9 @@ def validate(
     one whose prompt + max_tokens could never fit in the KV pool."""
     total = len(prompt_ids) + params.max_tokens
     if not prompt_ids:
-        raise RequestRejected("the prompt is empty: it needs one token at least", "invalid",
-                              "prompt")  # fmt: skip
+        raise RequestRejected(
+            "the prompt is empty: it needs one token at least", "invalid", "prompt"
+        )
     # Blame the prompt when it alone leaves no room for one output token, else max_tokens.
     limit = min(max_positions, allocator.num_tokens)
     param = "prompt" if len(prompt_ids) >= limit else "max_tokens"
@@ -52,5 +53,6 @@ def validate(
     if not allocator.blocks_needed(total) <= allocator.num_blocks:
         raise RequestRejected(
             f"prompt + max_tokens = {total} tokens can never fit in the KV pool of "
-            f"{allocator.num_tokens} tokens", param=param,
-        )  # fmt: skip
+            f"{allocator.num_tokens} tokens",
+            param=param,
+        )

@@ -62,9 +62,12 @@ class BlockAllocator:
         return self.blocks_needed(num_tokens) <= len(self.free_blocks)
 
     def allocate(
-        self, request_id: str, num_tokens: int, prompt_ids: list[int] | None = None,
+        self,
+        request_id: str,
+        num_tokens: int,
+        prompt_ids: list[int] | None = None,
         salt: str | None = None,
-    ) -> list[int]:  # fmt: skip
+    ) -> list[int]:
         """Give `request_id` enough blocks for `num_tokens` positions; its block table.
         (`prompt_ids`, `salt`: a prefix-caching pool, `prefix_cache.py`, starts with its
         cached blocks.)"""
@@ -137,10 +140,14 @@ class KVPool:
     """K and V tensors of shape (NL, NB, BS, K, D) and the allocator that hands out their blocks."""
 
     def __init__(
-        self, config: LlamaConfig, num_blocks: int, block_size: int,
-        dtype: torch.dtype | None = None, device: str | torch.device = "cpu",
+        self,
+        config: LlamaConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype | None = None,
+        device: str | torch.device = "cpu",
         prefix_caching: bool = False,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """`dtype` None: float32. `prefix_caching`: share cached prompt blocks between
         requests (`prefix_cache.py`)."""
         import torch
@@ -158,9 +165,11 @@ class KVPool:
             if isinstance(e, RuntimeError) and "memory" not in str(e).lower():
                 raise
             need = num_blocks * block_size * config.kv_bytes_per_token(dtype.itemsize)
-            raise ValueError(f"a KV pool of {num_blocks * block_size:,} tokens needs "
-                             f"{need / 2**30:,.1f} GiB on {device}, more than it could "
-                             "allocate: ask for fewer tokens") from None  # fmt: skip
+            raise ValueError(
+                f"a KV pool of {num_blocks * block_size:,} tokens needs "
+                f"{need / 2**30:,.1f} GiB on {device}, more than it could "
+                "allocate: ask for fewer tokens"
+            ) from None
 
     @classmethod
     def from_tokens(
@@ -168,8 +177,10 @@ class KVPool:
     ) -> KVPool:
         """A pool holding at least `num_tokens` tokens (rounded up to whole blocks)."""
         if num_tokens < 1:
-            raise ValueError(f"a KV pool of {num_tokens} tokens holds nothing: give at least one "
-                             f"block ({block_size} tokens)")  # fmt: skip
+            raise ValueError(
+                f"a KV pool of {num_tokens} tokens holds nothing: give at least one "
+                f"block ({block_size} tokens)"
+            )
         return cls(config, -(-num_tokens // block_size), block_size, **kw)
 
     @classmethod

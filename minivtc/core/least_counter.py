@@ -26,8 +26,9 @@ class LeastCounter:
     one per token charged). A counter that falls (a refund) needs a new entry: `push`.
     """
 
-    def __init__(self, counters: dict[str, float], rank: dict[str, int],
-                 queues: dict[str, deque[Request]]) -> None:  # fmt: skip
+    def __init__(
+        self, counters: dict[str, float], rank: dict[str, int], queues: dict[str, deque[Request]]
+    ) -> None:
         self.counters, self.rank, self.queues = counters, rank, queues
         self.heap: list[tuple[float, int, int, str]] = []
         self.versions: dict[str, int] = {}

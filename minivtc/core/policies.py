@@ -21,9 +21,12 @@ SCHEDULERS = (
 
 
 def make_scheduler(
-    name: str, weights: dict[str, float] | None = None, seed: int = 0, artifact: bool = False,
+    name: str,
+    weights: dict[str, float] | None = None,
+    seed: int = 0,
+    artifact: bool = False,
     cached_weight: float | None = None,
-) -> Scheduler:  # fmt: skip
+) -> Scheduler:
     """A scheduler from its command-line name. `weights` (operator-set) apply to the VTC family;
     `artifact=True` reproduces the official artifact's counter quirks (no lift to the last
     client to leave, an uncharged first token, an extra charge on finish events; see
@@ -42,8 +45,12 @@ def make_scheduler(
     base, profiled = (
         (name[: -len("-profile")], True) if name.endswith("-profile") else (name, False)
     )
-    options = {"weights": weights, "name": name, "cached_weight": cached_weight,
-               "cost": ProfiledCost() if profiled else LinearCost()}  # fmt: skip
+    options = {
+        "weights": weights,
+        "name": name,
+        "cached_weight": cached_weight,
+        "cost": ProfiledCost() if profiled else LinearCost(),
+    }
     if base == "vtc-artifact":  # VTC as the official artifact charges (artifact_deviations.md)
         base, artifact = "vtc", True
     kind = ArtifactVTC if artifact else VTC

@@ -60,8 +60,13 @@ class PrefixCachingAllocator(BlockAllocator):
         reused = sum(1 for b in hits if b in self.evictable)  # counted free, but not new
         return self.blocks_needed(num_tokens) - len(hits) <= self.num_free_blocks - reused
 
-    def allocate(self, request_id: str, num_tokens: int, prompt_ids: list[int] | None = None,
-                 salt: str | None = None) -> list[int]:  # fmt: skip
+    def allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        prompt_ids: list[int] | None = None,
+        salt: str | None = None,
+    ) -> list[int]:
         """Blocks for `num_tokens` positions: the longest cached prefix of `prompt_ids` (among
         blocks cached under the same `salt`) first (`cached_tokens(request_id)` says how many
         tokens it covers), then new blocks."""

@@ -95,7 +95,8 @@ class Request:
             f"Request({self.request_id!r}, client={self.client_id!r}, {self.status.value}, "
             f"prompt={self.num_prompt}, output={self.num_output}/{self.params.max_tokens}, "
             f"computed={self.num_computed}"
-            + (f", cached={self.num_cached}" if self.num_cached else "") + ")"
+            + (f", cached={self.num_cached}" if self.num_cached else "")
+            + ")"
         )
 
 

@@ -54,8 +54,10 @@ class ModelRunner:
         live = [r for r in requests if r.request_id not in failed]
         ids = [r.request_id for r in live]
         sampled = dict(zip(ids, self.forward(live, allocator), strict=True))
-        return [failed[r.request_id] if r.request_id in failed else sampled[r.request_id]
-                for r in requests]  # fmt: skip
+        return [
+            failed[r.request_id] if r.request_id in failed else sampled[r.request_id]
+            for r in requests
+        ]
 
     def forward(self, requests: list[Request], allocator: BlockAllocator) -> list[int | Exception]:
         """One forward pass over `requests`, one sampled token (or sampling failure) each."""
@@ -151,10 +153,13 @@ def build_group(
         block_tables.append([0] * n_blocks)
     as_tensor = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
     return AttentionGroup(
-        start=start, end=start + offset, token_rows=as_tensor(token_rows),
-        query_positions=as_tensor(query_positions), block_tables=as_tensor(block_tables),
+        start=start,
+        end=start + offset,
+        token_rows=as_tensor(token_rows),
+        query_positions=as_tensor(query_positions),
+        block_tables=as_tensor(block_tables),
         out_index=as_tensor(out_index),
-    )  # fmt: skip
+    )
 
 
 def bucket(n: int) -> int:

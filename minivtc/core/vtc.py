@@ -61,10 +61,14 @@ class VTC(Scheduler):
     Least = LeastCounter  # the selection structure (`LinearScan` in the reference tests)
 
     def __init__(
-        self, cost: Cost = PAPER_COST, weights: dict[str, float] | None = None,
-        lift: bool = True, predictor: Predictor | None = None, name: str = "vtc",
+        self,
+        cost: Cost = PAPER_COST,
+        weights: dict[str, float] | None = None,
+        lift: bool = True,
+        predictor: Predictor | None = None,
+        name: str = "vtc",
         cached_weight: float | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         w_p = weights_of(cost)[0]
         if cached_weight is not None and not 0 <= cached_weight <= w_p:
             raise ValueError(f"cached_weight must be in [0, w_p = {w_p}], got {cached_weight}")
@@ -176,7 +180,7 @@ class VTC(Scheduler):
                 "check_fairness: no bound is stated with a length predictor: a prediction above "
                 "the length reached is refunded, lowering a counter after others were lifted to "
                 "it, and Lemma 4.3's U can fail (Lesson 7)"
-            )  # fmt: skip
+            )
         w_p, w_q = weights_of(self.cost)
         scale = 1.0 / min(min(self.weights.values(), default=1.0), 1.0)
         if self.preempt_gap is None:
@@ -218,7 +222,7 @@ class VTC(Scheduler):
             assert ahead <= lead + gain + 1e-6, (
                 f"fair preemption violated: {client!r} ran {ahead:.1f} ahead of the smallest "
                 f"waiting counter, more than max(gap, w_p L_input) + its step {lead + gain:.1f}"
-            )  # fmt: skip
+            )
 
     def check_spread(self) -> float | None:
         """The waiting counters' spread is within the bound: U (Lemma 4.3), or with fair
@@ -237,7 +241,7 @@ class VTC(Scheduler):
         assert spread <= lead + self.step_charge + 1e-6, (
             f"the preemptive bound violated: waiting counters spread {spread:.1f} > max(gap, "
             f"w_p L_input) + w_q b = {lead:.1f} + {self.step_charge:.1f}"
-        )  # fmt: skip
+        )
         return least
 
     def forget(self, idle: list[str], now: float) -> list[str]:
@@ -250,8 +254,14 @@ class VTC(Scheduler):
         floor = self.lift_floor()
         if not self.lift or self.predictor is not None or floor is None:
             return []
-        gone = [c for c in idle if c in self.counters and not self.queues[c]
-                and c != self.last_left and self.counters[c] <= floor]  # fmt: skip
+        gone = [
+            c
+            for c in idle
+            if c in self.counters
+            and not self.queues[c]
+            and c != self.last_left
+            and self.counters[c] <= floor
+        ]
         for c in gone:
             del self.counters[c], self.queues[c]
             self.least.forget(c)

@@ -23,40 +23,74 @@ class Assignment:
 
 ASSIGNMENTS = (
     Assignment(
-        "a1_llama", "The Llama-2 pieces: RMSNorm, rotary positions, grouped-query attention",
-        (("core/model.py", "RMSNorm.forward"), ("core/model.py", "rotary_cos_sin"),
-         ("core/model.py", "apply_rotary"), ("core/model.py", "causal_attention")),
-        20, "2-3", "Lesson 1; graded against transformers' Llama, piece by piece and whole",
+        "a1_llama",
+        "The Llama-2 pieces: RMSNorm, rotary positions, grouped-query attention",
+        (
+            ("core/model.py", "RMSNorm.forward"),
+            ("core/model.py", "rotary_cos_sin"),
+            ("core/model.py", "apply_rotary"),
+            ("core/model.py", "causal_attention"),
+        ),
+        20,
+        "2-3",
+        "Lesson 1; graded against transformers' Llama, piece by piece and whole",
     ),
     Assignment(
-        "a2_blocks", "The block allocator and the slot mapping",
-        (("core/kv_pool.py", "BlockAllocator.allocate"), ("core/kv_pool.py", "BlockAllocator.grow"),
-         ("core/kv_pool.py", "BlockAllocator.free"), ("core/kv_pool.py", "BlockAllocator.slots")),
-        15, "1-2", "Lesson 2; graded by the allocator's invariants and paged == dense attention",
+        "a2_blocks",
+        "The block allocator and the slot mapping",
+        (
+            ("core/kv_pool.py", "BlockAllocator.allocate"),
+            ("core/kv_pool.py", "BlockAllocator.grow"),
+            ("core/kv_pool.py", "BlockAllocator.free"),
+            ("core/kv_pool.py", "BlockAllocator.slots"),
+        ),
+        15,
+        "1-2",
+        "Lesson 2; graded by the allocator's invariants and paged == dense attention",
     ),
     Assignment(
-        "a3_batching", "Admission and one continuous-batching step",
+        "a3_batching",
+        "Admission and one continuous-batching step",
         (("core/admission.py", "FullReservation.try_admit"), ("core/engine.py", "Engine.step")),
-        15, "2", "Lesson 3; graded through the engine with a stand-in runner and a real model",
+        15,
+        "2",
+        "Lesson 3; graded through the engine with a stand-in runner and a real model",
     ),
     Assignment(
-        "a4_vtc", "The Virtual Token Counter: pick, lift, charge, refund",
-        (("core/vtc.py", "VTC.schedule"), ("core/vtc.py", "VTC.lift_counter"),
-         ("core/vtc.py", "VTC.on_tokens"), ("core/vtc.py", "VTC.charge_outputs"),
-         ("core/vtc.py", "VTC.on_finish")),
-        30, "3-4", "Lesson 5; graded by Lemma 4.3, Theorem 4.4, the LCF counterexample and "
+        "a4_vtc",
+        "The Virtual Token Counter: pick, lift, charge, refund",
+        (
+            ("core/vtc.py", "VTC.schedule"),
+            ("core/vtc.py", "VTC.lift_counter"),
+            ("core/vtc.py", "VTC.on_tokens"),
+            ("core/vtc.py", "VTC.charge_outputs"),
+            ("core/vtc.py", "VTC.on_finish"),
+        ),
+        30,
+        "3-4",
+        "Lesson 5; graded by Lemma 4.3, Theorem 4.4, the LCF counterexample and "
         "Theorem 4.8's construction",
     ),
     Assignment(
-        "a5_metric", "The paper's metric: Table 2's Max / Avg / Var Diff",
+        "a5_metric",
+        "The paper's metric: Table 2's Max / Avg / Var Diff",
         (("harness/metrics.py", "table_metrics"),),
-        20, "1-2", "Lessons 4 and 6; graded against the artifact's measured A10G runs",
+        20,
+        "1-2",
+        "Lessons 4 and 6; graded against the artifact's measured A10G runs",
     ),
     Assignment(
-        "a6_drr", "Capstone: a fair policy of your own, Deficit Round Robin (Appendix C.2)",
-        (("core/drr.py", "DRR.add"), ("core/drr.py", "DRR.schedule"),
-         ("core/drr.py", "DRR.on_tokens"), ("core/drr.py", "DRR.on_decode")),
-        30, "4-6", "Lesson 5; graded on its stated bound 2(U + Q) through the engine and on the "
+        "a6_drr",
+        "Capstone: a fair policy of your own, Deficit Round Robin (Appendix C.2)",
+        (
+            ("core/drr.py", "DRR.add"),
+            ("core/drr.py", "DRR.schedule"),
+            ("core/drr.py", "DRR.on_tokens"),
+            ("core/drr.py", "DRR.on_decode"),
+        ),
+        30,
+        "4-6",
+        "Lesson 5; graded on its stated bound 2(U + Q) through the engine and on the "
         "paper's workloads in the simulator against VTC and FCFS",
     ),
-)  # fmt: skip
+)

@@ -8,28 +8,34 @@ import sys
 
 def add_course(sub) -> None:
     p = sub.add_parser(
-        "course", help="coursework: write the student edition, grade it, render the lessons",
+        "course",
+        help="coursework: write the student edition, grade it, render the lessons",
         description="Assignments in which students write the engine's mechanisms themselves "
         "(the Llama pieces, the block allocator, admission and one batching step, VTC, the "
         "paper's metric, and a capstone: Deficit Round Robin, a fair policy of their own). "
         "`release OUT` writes the student edition; `grade OUT` grades it "
         "(each assignment alone, with a time limit) and writes OUT/grades.json; `render OUT` "
         "runs the lessons and writes readable HTML copies (outputs in, solutions out).",
-    )  # fmt: skip
+    )
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     release = verbs.add_parser("release", help="write the student edition to OUT (a new dir)")
     release.add_argument("out", help="directory to create")
     release.set_defaults(run=run_release)
     grade = verbs.add_parser(
-        "grade", help="grade an edition (or --reference), print points, write grades.json",
+        "grade",
+        help="grade an edition (or --reference), print points, write grades.json",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
-    )  # fmt: skip
+    )
     grade.add_argument("edition", nargs="?", help="a student edition made by `course release`")
-    grade.add_argument("--reference", action="store_true",
-                       help="grade the package's own code (the reference solutions)")  # fmt: skip
+    grade.add_argument(
+        "--reference",
+        action="store_true",
+        help="grade the package's own code (the reference solutions)",
+    )
     grade.add_argument("--out", help="where grades.json goes (default: the edition)")
-    grade.add_argument("--time-limit", type=float, default=240.0,
-                       help="seconds per assignment before it scores 0")  # fmt: skip
+    grade.add_argument(
+        "--time-limit", type=float, default=240.0, help="seconds per assignment before it scores 0"
+    )
     grade.add_argument("--only", action="append", help="grade only this assignment (repeat)")
     grade.set_defaults(run=run_grade)
     add_render(verbs)
@@ -39,17 +45,22 @@ def add_render(verbs) -> None:
     from minivtc.course.render import LESSONS
 
     render = verbs.add_parser(
-        "render", help="run the lessons; write each as an HTML page to read without running",
+        "render",
+        help="run the lessons; write each as an HTML page to read without running",
         description="The lessons are stored without outputs. This runs each in a fresh kernel "
         "(MINIVTC_LESSON_QUICK=1, as the tests do), drops the exercises' solution cells and "
         "writes OUT/NN_name.html (figures embedded) and OUT/index.html linking them.",
-    )  # fmt: skip
+    )
     render.add_argument("out", help="directory for the pages (created if missing)")
-    render.add_argument("--only", action="append", metavar="NAME",
-                        help="render only the lessons whose name starts with NAME, e.g. 05 "
-                        "(repeat)")  # fmt: skip
-    render.add_argument("--lessons", default=str(LESSONS),
-                        help="the lessons' directory (default: %(default)s)")  # fmt: skip
+    render.add_argument(
+        "--only",
+        action="append",
+        metavar="NAME",
+        help="render only the lessons whose name starts with NAME, e.g. 05 (repeat)",
+    )
+    render.add_argument(
+        "--lessons", default=str(LESSONS), help="the lessons' directory (default: %(default)s)"
+    )
     render.set_defaults(run=run_render)
 
 
@@ -58,8 +69,10 @@ def run_release(args) -> int:
 
     out = release(args.out)
     print(f"wrote the student edition to {out}: see {out / 'README.md'}")
-    print("readable copies of the lessons for students (executed, solutions left out): "
-          "minivtc course render PAGES")  # fmt: skip
+    print(
+        "readable copies of the lessons for students (executed, solutions left out): "
+        "minivtc course render PAGES"
+    )
     return 0
 
 

@@ -48,8 +48,9 @@ def without_solutions(notebook: Path) -> None:
     answer alone (an untouched `answer = None` fails it). The repository's lessons keep them,
     so that they run top to bottom in CI: they are the instructor's edition."""
     book = json.loads(notebook.read_text())
-    book["cells"] = [c for c in book["cells"]
-                     if "solution" not in c.get("metadata", {}).get("tags", [])]  # fmt: skip
+    book["cells"] = [
+        c for c in book["cells"] if "solution" not in c.get("metadata", {}).get("tags", [])
+    ]
     notebook.write_text(json.dumps(book, indent=1, ensure_ascii=False) + "\n")
 
 
@@ -80,8 +81,9 @@ def find(tree: ast.Module, qualname: str) -> ast.FunctionDef:
     scope: list[ast.stmt] = tree.body
     node = None
     for part in qualname.split("."):
-        found = [n for n in scope if isinstance(n, (ast.ClassDef, ast.FunctionDef))
-                 and n.name == part]  # fmt: skip
+        found = [
+            n for n in scope if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == part
+        ]
         if not found:
             raise ValueError(f"no {qualname} here")
         node = found[0]
@@ -97,15 +99,18 @@ def first_line(node: ast.FunctionDef) -> int:
 
 def is_docstring(statement: ast.stmt) -> bool:
     value = getattr(statement, "value", None)
-    return isinstance(statement, ast.Expr) and isinstance(value, ast.Constant) and isinstance(
-        value.value, str
+    return (
+        isinstance(statement, ast.Expr)
+        and isinstance(value, ast.Constant)
+        and isinstance(value.value, str)
     )
 
 
 def readme() -> str:
     rows = "\n".join(
         f"| {a.key} | {a.title} | {a.max_points} | {a.hours} h | "
-        + ", ".join(f"`minivtc/{f}`: `{q}`" for f, q in a.functions) + " |"
+        + ", ".join(f"`minivtc/{f}`: `{q}`" for f, q in a.functions)
+        + " |"
         for a in ASSIGNMENTS
     )
     return f"""# minivtc: the student edition

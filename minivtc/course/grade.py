@@ -38,8 +38,12 @@ class Grade:
     note: str = ""
 
 
-def grade(edition: str | Path | None, out: str | Path, time_limit_s: float = TIME_LIMIT_S,
-          only: list[str] | None = None) -> dict:  # fmt: skip
+def grade(
+    edition: str | Path | None,
+    out: str | Path,
+    time_limit_s: float = TIME_LIMIT_S,
+    only: list[str] | None = None,
+) -> dict:
     """Grade `edition` (a directory made by `release`, with the student's work) or, with None,
     the reference; write `out/grades.json` and return its contents."""
     out = Path(out)
@@ -74,8 +78,16 @@ def grade_one(a: Assignment, edition: Path | None, time_limit_s: float) -> Grade
 def run_tests(a: Assignment, root: Path, time_limit_s: float) -> Grade:
     report = root / "report.xml"
     tests = root / "minivtc" / "course" / "graded" / f"test_{a.key}.py"
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-               f"--junitxml={report}", str(tests)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        f"--junitxml={report}",
+        str(tests),
+    ]
     env = {**os.environ, "PYTHONPATH": str(root)}  # the scratch package first on the path
     try:
         subprocess.run(command, cwd=root, env=env, capture_output=True, timeout=time_limit_s)
@@ -97,7 +109,9 @@ def table(result: dict) -> str:
     """The grades as a text table, for the terminal."""
     rows = [f"{'assignment':<14} {'points':>7} {'max':>5} {'tests passed':>13}  note"]
     for g in result["assignments"]:
-        rows.append(f"{g['name']:<14} {g['points']:>7.1f} {g['max_points']:>5} "
-                    f"{g['passed']:>6}/{g['tests']:<6}  {g['note']}")  # fmt: skip
+        rows.append(
+            f"{g['name']:<14} {g['points']:>7.1f} {g['max_points']:>5} "
+            f"{g['passed']:>6}/{g['tests']:<6}  {g['note']}"
+        )
     rows.append(f"{'total':<14} {result['total']:>7.1f} {result['max_total']:>5}")
     return "\n".join(rows)

@@ -78,8 +78,9 @@ def executed(path: Path) -> NotebookNode:
     from nbclient.exceptions import CellExecutionError
 
     book = nbformat.read(path, as_version=4)
-    client = NotebookClient(book, timeout=600, kernel_name="python3",
-                            resources={"metadata": {"path": str(path.parent)}})  # fmt: skip
+    client = NotebookClient(
+        book, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    )
     try:
         client.execute(env={**os.environ, **LESSON_ENV})
     except CellExecutionError as e:

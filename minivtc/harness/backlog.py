@@ -65,16 +65,19 @@ class BacklogWatch:
         self.running_diff = diffs
 
     def price(self, num_input: int, num_output: int, num_cached: int) -> float:
-        return (self.w_p * (num_input - num_cached) + self.w_c * num_cached
-                + self.w_q * num_output)  # fmt: skip
+        return self.w_p * (num_input - num_cached) + self.w_c * num_cached + self.w_q * num_output
 
     def waiting(self) -> set[str]:
         return {r.client_id for r in self.engine.scheduler.waiting()}
 
     def tokens(self, clients) -> dict[str, tuple[int, int, int]]:
         counts = self.engine.client_tokens
-        return {c: (counts[c].num_input, counts[c].num_output, counts[c].num_cached)
-                if c in counts else (0, 0, 0) for c in clients}  # fmt: skip
+        return {
+            c: (counts[c].num_input, counts[c].num_output, counts[c].num_cached)
+            if c in counts
+            else (0, 0, 0)
+            for c in clients
+        }
 
 
 def watch_rejoining(engine) -> set[str]:

@@ -71,8 +71,10 @@ def fit(samples: list[tuple[StepShape, float]], name: str = "measured") -> Measu
     Errors are relative (each row divided by its time): steps range from a millisecond (one
     decode) to a second (a batch of long prompts), and absolute errors would fit only the
     long prefills."""
-    x = torch.tensor([[1.0, s.prefill_tokens, s.num_requests, s.context_tokens]
-                      for s, _ in samples], dtype=torch.float64)  # fmt: skip
+    x = torch.tensor(
+        [[1.0, s.prefill_tokens, s.num_requests, s.context_tokens] for s, _ in samples],
+        dtype=torch.float64,
+    )
     y = torch.tensor([t for _, t in samples], dtype=torch.float64)
     x, y = x / y[:, None], torch.ones_like(y)  # (pred - t) / t = x/t @ coef - 1
     keep = list(range(4))
@@ -96,8 +98,9 @@ def check(model, tokenizer, cost: MeasuredStepTime, seed: int = 1) -> tuple[floa
     from minivtc.llm import build_engine
 
     rng = random.Random(seed)
-    trace = [TraceRequest(f"c{i % 3}", 0.0, rng.randint(8, 200), rng.randint(8, 64))
-             for i in range(24)]  # fmt: skip
+    trace = [
+        TraceRequest(f"c{i % 3}", 0.0, rng.randint(8, 200), rng.randint(8, 64)) for i in range(24)
+    ]
     kv_tokens = 4096
     engine = build_engine(model, tokenizer, "fcfs", kv_tokens=kv_tokens)
     start = time.perf_counter()
@@ -126,7 +129,9 @@ def main(out: str | Path = DEFAULT_PATH, quick: bool = False) -> MeasuredStepTim
     print(f"  per request         {1e6 * cost.per_request_s:8.2f} us")
     print(f"  per context token   {1e6 * cost.per_context_token_s:8.3f} us")
     real, simulated = check(model, tokenizer, cost)
-    print(f"held-out workload (24 requests): real {real:.2f} s, simulated {simulated:.2f} s "
-          f"({100 * (simulated / real - 1):+.0f}%)")  # fmt: skip
+    print(
+        f"held-out workload (24 requests): real {real:.2f} s, simulated {simulated:.2f} s "
+        f"({100 * (simulated / real - 1):+.0f}%)"
+    )
     print(f"wrote {cost.save(out)}; use it with `minivtc simulate --step-time measured`")
     return cost

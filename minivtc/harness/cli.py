@@ -22,16 +22,21 @@ def add_simulate(sub) -> None:
     add_trace_source(p)
     p.add_argument("--scheduler", default="vtc", help=f"policy: {SCHEDULERS} (default vtc)")
     p.add_argument(
-        "--step-time", "--cost-model", default="a10g-llama7b", dest="step_time",
+        "--step-time",
+        "--cost-model",
+        default="a10g-llama7b",
+        dest="step_time",
         help=f"{', '.join(STEP_TIME_MODELS)}, 'measured' (this machine: run `minivtc calibrate` "
         "first) or a .json file from calibrate (default a10g-llama7b)",
-    )  # fmt: skip
+    )
     p.add_argument("--kv-tokens", type=int, default=10000, help="KV pool in tokens (default 10000)")
     p.add_argument(
-        "--block-size", type=int, default=1,
+        "--block-size",
+        type=int,
+        default=1,
         help="tokens per KV block (default 1, S-LoRA's token-granular pool the paper ran on; "
         "a prefix cache shares whole blocks, so use e.g. 16 with --prefix-caching)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--seed", type=int, default=0, help="seed for randomised policies (vtc-oracle:p)"
     )
@@ -45,80 +50,114 @@ def add_memory_options(p, default: str) -> None:
     """--reservation, --victim, --preemption, --swap-tokens, --preempt-gap (the simulator's
     and the server's; `memory_options` reads them)."""
     p.add_argument(
-        "--reservation", choices=["full", "peak", "none"], default=default,
+        "--reservation",
+        choices=["full", "peak", "none"],
+        default=default,
         help="KV admission: 'full' reserves prompt + max_tokens (the paper's model), 'peak' "
         "the artifact's peak check, 'none' allocates blocks on demand and preempts a --victim "
         f"when they run out (default {default})",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--victim", choices=["latest", "fair"], default=None,
+        "--victim",
+        choices=["latest", "fair"],
+        default=None,
         help="with --reservation none, whom to preempt: 'latest' (vLLM's: the most recently "
         "admitted) or 'fair' (the running client with the highest counter, which is also "
         "preempted when it leads a waiting client by --preempt-gap) (default latest)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--preemption", choices=["recompute", "swap"], default=None,
+        "--preemption",
+        choices=["recompute", "swap"],
+        default=None,
         help="with --reservation none, what a preempted request keeps: nothing ('recompute': "
         "its prompt and tokens are prefilled again) or its keys and values, copied to host "
         "memory and back ('swap') (default recompute)",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--swap-tokens", type=int, default=None, metavar="N",
+        "--swap-tokens",
+        type=int,
+        default=None,
+        metavar="N",
         help="with --preemption swap: host memory for swapped keys and values, in tokens "
         "(default: as many as the KV pool holds); a preemption that would need more recomputes",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--preempt-gap", type=float, default=None, metavar="G",
+        "--preempt-gap",
+        type=float,
+        default=None,
+        metavar="G",
         help="with --victim fair: how far (in service units, w_p = 1 per prompt token, w_q = 2 "
         "per output token) a running client may lead a waiting one before it is preempted to "
         "make room; smaller is fairer (the bound is 2 (max(G, w_p L_input) + w_q B)) and "
         "recomputes more (default w_q M / 4, a quarter of the non-preemptive bound's M term)",
-    )  # fmt: skip
+    )
 
 
 def memory_options(args) -> dict:
     """The engine's memory options from --reservation, --victim, --preemption, --preempt-gap,
     --prefix-caching and --cached-weight, refusing those that would be silently ignored."""
-    on_demand = {"--victim": args.victim, "--preemption": args.preemption,
-                 "--preempt-gap": args.preempt_gap}  # fmt: skip
+    on_demand = {
+        "--victim": args.victim,
+        "--preemption": args.preemption,
+        "--preempt-gap": args.preempt_gap,
+    }
     if args.reservation != "none" and (given := [o for o, v in on_demand.items() if v is not None]):
         verb = "means" if len(given) == 1 else "mean"
-        raise ValueError(f"{', '.join(given)} only {verb} something with --reservation none "
-                         f"(blocks on demand), not {args.reservation}")  # fmt: skip
+        raise ValueError(
+            f"{', '.join(given)} only {verb} something with --reservation none "
+            f"(blocks on demand), not {args.reservation}"
+        )
     if args.swap_tokens is not None and args.preemption != "swap":
         raise ValueError("--swap-tokens only means something with --preemption swap")
     if args.preempt_gap is not None and args.victim != "fair":
         raise ValueError("--preempt-gap only means something with --victim fair")
     if args.cached_weight is not None and not args.prefix_caching:
         raise ValueError("--cached-weight only means something with --prefix-caching")
-    return {"reservation": args.reservation, "victim": args.victim or "latest",
-            "preempt_gap": args.preempt_gap, "preemption": args.preemption or "recompute",
-            "swap_tokens": args.swap_tokens, "prefix_caching": args.prefix_caching}  # fmt: skip
+    return {
+        "reservation": args.reservation,
+        "victim": args.victim or "latest",
+        "preempt_gap": args.preempt_gap,
+        "preemption": args.preemption or "recompute",
+        "swap_tokens": args.swap_tokens,
+        "prefix_caching": args.prefix_caching,
+    }
 
 
 def add_prefix_options(p) -> None:
     """--prefix-caching and --cached-weight (the simulator's and the server's)."""
     p.add_argument(
-        "--prefix-caching", action="store_true",
+        "--prefix-caching",
+        action="store_true",
         help="cache full prompt blocks and share them between requests with the same prefix "
         "(their prefill starts after it); cached blocks nobody holds are evicted, least "
         "recently used first, before any running work is preempted",
-    )  # fmt: skip
+    )
     p.add_argument(
-        "--cached-weight", type=float, default=None, metavar="W",
+        "--cached-weight",
+        type=float,
+        default=None,
+        metavar="W",
         help="what VTC charges for a prompt token found in the prefix cache, 0 <= W <= w_p "
         "(w_p = 1 with the paper's cost; default w_p: caching changes no one's charge; 0: "
         "cached tokens are free)",
-    )  # fmt: skip
+    )
 
 
 def run_simulate(args) -> int:
     from minivtc.harness.report import simulate_to_dir
 
-    summary = simulate_to_dir(args.workload, args.trace, args.scheduler, args.step_time,
-                              args.kv_tokens, args.seed, args.out, block_size=args.block_size,
-                              cached_weight=args.cached_weight,
-                              **memory_options(args))  # fmt: skip
+    summary = simulate_to_dir(
+        args.workload,
+        args.trace,
+        args.scheduler,
+        args.step_time,
+        args.kv_tokens,
+        args.seed,
+        args.out,
+        block_size=args.block_size,
+        cached_weight=args.cached_weight,
+        **memory_options(args),
+    )
     print_summary(summary)
     print(f"wrote {args.out}/requests.csv, metrics.json, service.png, response.png, gap.png")
     return 0
@@ -131,9 +170,10 @@ def add_trace_source(p) -> None:
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--workload", choices=list(WORKLOADS), help="one of the paper's workloads")
     src.add_argument(
-        "--trace", help="a CSV with columns client,arrival_s,input_tokens,output_tokens "
+        "--trace",
+        help="a CSV with columns client,arrival_s,input_tokens,output_tokens "
         "(and optionally max_tokens: the request's limit, when it ends before it; prefix_id "
-        "and prefix_tokens: requests with the same prefix_id share their first prefix_tokens)"
+        "and prefix_tokens: requests with the same prefix_id share their first prefix_tokens)",
     )
 
 
@@ -154,7 +194,8 @@ def add_reproduce(sub) -> None:
         "figures as PNGs. About 2 minutes on a 2-core laptop; --only picks some.",
     )
     p.add_argument(
-        "--only", action="append",
+        "--only",
+        action="append",
         help="comma-separated keys, or the option repeated (default: all): fig3 ... fig10, "
         "fig12, fig13 (13-14), fig15, fig16, table2 ... table6 (table5 includes Figure 19), "
         "validate (the simulator against the artifact's measured A10G runs), prefix_caching "

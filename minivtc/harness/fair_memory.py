@@ -30,36 +30,49 @@ from minivtc.harness.workloads import TraceRequest, workload
 MAX_TOKENS = 1024
 POOL = 10000
 # (reservation, victim, gap, preemption): the constructions use the first four
-RUNS = (("full", "latest", None, "recompute"), ("peak", "latest", None, "recompute"),
-        ("none", "latest", None, "recompute"), ("none", "fair", None, "recompute"),
-        ("none", "fair", 1000.0, "recompute"), ("none", "fair", None, "swap"))  # fmt: skip
+RUNS = (
+    ("full", "latest", None, "recompute"),
+    ("peak", "latest", None, "recompute"),
+    ("none", "latest", None, "recompute"),
+    ("none", "fair", None, "recompute"),
+    ("none", "fair", 1000.0, "recompute"),
+    ("none", "fair", None, "swap"),
+)
 UNIT_STEP = MeasuredStepTime("one second a step", 1.0, 0.0, 0.0, 0.0)  # the theorems' clock
 CONSTRUCTION_POOL = 100
 
 
 def fair_memory(out: Path, show: bool = False) -> list[str]:
-    lines = ["## Fair memory: reservation against blocks on demand with preemption", "",
-             "VTC throughout. *Gap* is the worst |W_f - W_g| of two clients over an interval "
-             "in which both were backlogged (Definition 4.1), measured from the tokens "
-             "served; *bound* is what the configuration guarantees for it: 2U (Theorem 4.4) "
-             "with a reservation, 2 U_P = 2 (max(gap, w_p L_input) + w_q B) with fair "
-             "preemption (`cost.preemptive_bound`; L_input and B, the most requests one client "
-             "ran at once, as the run measured them), none with the latest victim or the "
-             "artifact's peak check (under which requests that finish early let the others "
-             "grow past M: Lemma 4.3 can fail). Each bound was asserted after every step of "
-             "its run.", ""]  # fmt: skip
+    lines = [
+        "## Fair memory: reservation against blocks on demand with preemption",
+        "",
+        "VTC throughout. *Gap* is the worst |W_f - W_g| of two clients over an interval "
+        "in which both were backlogged (Definition 4.1), measured from the tokens "
+        "served; *bound* is what the configuration guarantees for it: 2U (Theorem 4.4) "
+        "with a reservation, 2 U_P = 2 (max(gap, w_p L_input) + w_q B) with fair "
+        "preemption (`cost.preemptive_bound`; L_input and B, the most requests one client "
+        "ran at once, as the run measured them), none with the latest victim or the "
+        "artifact's peak check (under which requests that finish early let the others "
+        "grow past M: Lemma 4.3 can fail). Each bound was asserted after every step of "
+        "its run.",
+        "",
+    ]
     real, ratio, within = real_trace(out, show)
     construction, shrink = theorem_4_8()
     breaking, broken = latest_breaks_the_bound()
     lines += real + construction + breaking
-    lines += ["**Verdicts:**", "",
-              f"- blocks on demand with the fair victim serve {ratio:.2f}x the tokens/s of full "
-              f"reservation (goal >= 1.3x) with every backlogged gap within its bound: "
-              f"{'yes' if ratio >= 1.3 and within else 'NO'};",
-              f"- on Theorem 4.8's construction fair preemption's gap is {shrink:.2f}x the "
-              f"non-preemptive one (goal <= 0.5x): {'yes' if shrink <= 0.5 else 'NO'};",
-              f"- the latest victim breaks Theorem 4.4's bound where the fair one keeps its "
-              f"own: {'yes' if broken else 'NO'}.", ""]  # fmt: skip
+    lines += [
+        "**Verdicts:**",
+        "",
+        f"- blocks on demand with the fair victim serve {ratio:.2f}x the tokens/s of full "
+        f"reservation (goal >= 1.3x) with every backlogged gap within its bound: "
+        f"{'yes' if ratio >= 1.3 and within else 'NO'};",
+        f"- on Theorem 4.8's construction fair preemption's gap is {shrink:.2f}x the "
+        f"non-preemptive one (goal <= 0.5x): {'yes' if shrink <= 0.5 else 'NO'};",
+        f"- the latest victim breaks Theorem 4.4's bound where the fair one keeps its "
+        f"own: {'yes' if broken else 'NO'}.",
+        "",
+    ]
     return lines
 
 
@@ -67,12 +80,16 @@ def real_trace(out: Path, show: bool) -> tuple[list[str], float, bool]:
     """Part 1: the rows and their figure, fair's throughput over full reservation's, every gap
     within bound."""
     trace = [dataclasses.replace(t, max_tokens=MAX_TOKENS) for t in workload("real").make()]
-    lines = [f"### The real trace, `max_tokens` {MAX_TOKENS}", "",
-             f"Every request may generate up to {MAX_TOKENS} tokens and ends at its traced "
-             f"length; {POOL:,}-token pool, `a10g-llama7b` step times.", "",
-             "| reservation | victim (gap) | tokens/s | Max / Avg / Var Diff | gap | bound | "
-             "preemptions | recomputed (swapped) tokens |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        f"### The real trace, `max_tokens` {MAX_TOKENS}",
+        "",
+        f"Every request may generate up to {MAX_TOKENS} tokens and ends at its traced "
+        f"length; {POOL:,}-token pool, `a10g-llama7b` step times.",
+        "",
+        "| reservation | victim (gap) | tokens/s | Max / Avg / Var Diff | gap | bound | "
+        "preemptions | recomputed (swapped) tokens |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
     throughput, within, bars = {}, True, []
     for reservation, victim, gap, preemption in RUNS:
         r = run(trace, reservation, victim, gap, POOL, "a10g-llama7b", show, preemption)
@@ -80,19 +97,27 @@ def real_trace(out: Path, show: bool) -> tuple[list[str], float, bool]:
         tokens = sum(s.input_tokens + s.output_tokens for s in r.served)
         throughput[reservation, victim, gap, preemption] = m.throughput
         moved = r.recomputed_tokens + r.swapped_tokens
-        name = {"full": "full reservation", "peak": "peak check"}.get(reservation) or \
-            f"on demand, {shown(reservation, victim, gap, preemption)}"
+        name = {"full": "full reservation", "peak": "peak check"}.get(
+            reservation
+        ) or f"on demand, {shown(reservation, victim, gap, preemption)}"
         bars.append((name, m.throughput, r.backlogged_gap, r.bound))
         within &= r.bound is None or r.backlogged_gap <= r.bound
-        lines.append(f"| {reservation} | {shown(reservation, victim, gap, preemption)} | "
-                     f"{m.throughput:.0f} | {m.max_diff:.1f} / {m.avg_diff:.1f} / "
-                     f"{m.diff_var:.0f} | {r.backlogged_gap:,.0f} | {bound_text(r)} | "
-                     f"{r.preemptions} | {moved_text(r)} ({moved / tokens:.0%} of served) "
-                     "|")  # fmt: skip
-    ratio = (throughput["none", "fair", None, "recompute"]
-             / throughput["full", "latest", None, "recompute"])  # fmt: skip
-    plots.tradeoff_plot(bars, out / "fair_memory_tradeoff.png",
-                        f"the real trace, max_tokens {MAX_TOKENS}: throughput against fairness")
+        lines.append(
+            f"| {reservation} | {shown(reservation, victim, gap, preemption)} | "
+            f"{m.throughput:.0f} | {m.max_diff:.1f} / {m.avg_diff:.1f} / "
+            f"{m.diff_var:.0f} | {r.backlogged_gap:,.0f} | {bound_text(r)} | "
+            f"{r.preemptions} | {moved_text(r)} ({moved / tokens:.0%} of served) "
+            "|"
+        )
+    ratio = (
+        throughput["none", "fair", None, "recompute"]
+        / throughput["full", "latest", None, "recompute"]
+    )
+    plots.tradeoff_plot(
+        bars,
+        out / "fair_memory_tradeoff.png",
+        f"the real trace, max_tokens {MAX_TOKENS}: throughput against fairness",
+    )
     lines += ["", "![fair memory: throughput and gap](fair_memory_tradeoff.png)"]
     return lines + [""], ratio, within
 
@@ -105,12 +130,16 @@ def theorem_4_8() -> tuple[list[str], float]:
     ]
     gaps, lines = construction_rows(trace)
     shrink = gaps["none", "fair"] / gaps["full", "latest"]
-    intro = [f"### Theorem 4.8's construction, M = {m}", "",
-             f"F sends one request of 1 + {m - 1} tokens, which fills the pool; a moment "
-             f"later F and G send three more each. Every step takes one second. Any "
-             f"non-preemptive, work-conserving policy leaves G about w_q M = {W_Q * m:.0f} "
-             "behind; the fair victim displaces F's requests once F leads by its gap, "
-             f"w_q M / 4 = {W_Q * m / 4:.0f}.", ""]  # fmt: skip
+    intro = [
+        f"### Theorem 4.8's construction, M = {m}",
+        "",
+        f"F sends one request of 1 + {m - 1} tokens, which fills the pool; a moment "
+        f"later F and G send three more each. Every step takes one second. Any "
+        f"non-preemptive, work-conserving policy leaves G about w_q M = {W_Q * m:.0f} "
+        "behind; the fair victim displaces F's requests once F leads by its gap, "
+        f"w_q M / 4 = {W_Q * m / 4:.0f}.",
+        "",
+    ]
     return intro + lines + [""], shrink
 
 
@@ -124,32 +153,49 @@ def latest_breaks_the_bound() -> tuple[list[str], bool]:
     gaps, lines = construction_rows(trace)
     two_u = 2 * fairness_bound(m - 1, m)
     broken = gaps["none", "latest"] > two_u >= gaps["full", "latest"]
-    intro = [f"### Where the latest victim breaks the bound, M = {m}", "",
-             "F starts 32 requests of 1 + 99 tokens; a moment later F and G send 20 each. "
-             "Blocks on demand admit G's requests at once, and the latest victim preempts "
-             "them, the newest, whenever F's older requests need to grow; G falls behind by "
-             f"more than Theorem 4.4's 2U = {two_u:.0f}, which holds with a reservation.",
-             ""]  # fmt: skip
+    intro = [
+        f"### Where the latest victim breaks the bound, M = {m}",
+        "",
+        "F starts 32 requests of 1 + 99 tokens; a moment later F and G send 20 each. "
+        "Blocks on demand admit G's requests at once, and the latest victim preempts "
+        "them, the newest, whenever F's older requests need to grow; G falls behind by "
+        f"more than Theorem 4.4's 2U = {two_u:.0f}, which holds with a reservation.",
+        "",
+    ]
     return intro + lines + [""], broken
 
 
 def construction_rows(trace: list[TraceRequest]) -> tuple[dict[tuple[str, str], float], list[str]]:
-    lines = ["| reservation | victim (gap) | F-G gap | bound | preemptions |",
-             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "| reservation | victim (gap) | F-G gap | bound | preemptions |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     gaps = {}
     for reservation, victim, gap, preemption in RUNS[:4]:
         r = run(trace, reservation, victim, gap, CONSTRUCTION_POOL, UNIT_STEP, False)
         gaps[reservation, victim] = r.backlogged_gap
-        lines.append(f"| {reservation} | {shown(reservation, victim, gap, preemption)} | "
-                     f"{r.backlogged_gap:.0f} | {bound_text(r)} | {r.preemptions} |")  # fmt: skip
+        lines.append(
+            f"| {reservation} | {shown(reservation, victim, gap, preemption)} | "
+            f"{r.backlogged_gap:.0f} | {bound_text(r)} | {r.preemptions} |"
+        )
     return gaps, lines
 
 
 def run(trace, reservation, victim, gap, pool, step_time, show, preemption="recompute"):
     checked = reservation == "full" or victim == "fair"  # where a bound is stated
-    return simulate(trace, "vtc", step_time, pool, reservation=reservation, victim=victim,
-                    preempt_gap=gap, preemption=preemption, check_fairness=checked,
-                    watch_backlog=True, progress=show)  # fmt: skip
+    return simulate(
+        trace,
+        "vtc",
+        step_time,
+        pool,
+        reservation=reservation,
+        victim=victim,
+        preempt_gap=gap,
+        preemption=preemption,
+        check_fairness=checked,
+        watch_backlog=True,
+        progress=show,
+    )
 
 
 def shown(reservation: str, victim: str, gap: float | None, preemption: str) -> str:

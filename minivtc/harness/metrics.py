@@ -25,9 +25,13 @@ from pathlib import Path
 from minivtc.core.cost import ProfiledCost
 
 COLUMNS = [
-    "client", "arrival_s", "input_tokens", "output_tokens", "first_token_latency_s",
+    "client",
+    "arrival_s",
+    "input_tokens",
+    "output_tokens",
+    "first_token_latency_s",
     "request_latency_s",
-]  # fmt: skip
+]
 CACHED = "cached_tokens"  # written after COLUMNS; optional when read (the measured runs lack it)
 
 
@@ -75,11 +79,17 @@ def read_requests(path: str | Path) -> list[Served]:
     if rows and set(COLUMNS) - set(rows[0]):
         raise ValueError(f"{path}: missing columns {sorted(set(COLUMNS) - set(rows[0]))}")
     return [
-        Served(r["client"], float(r["arrival_s"]), int(r["input_tokens"]), int(r["output_tokens"]),
-               float(r["first_token_latency_s"]), float(r["request_latency_s"]),
-               int(r.get(CACHED) or 0))
+        Served(
+            r["client"],
+            float(r["arrival_s"]),
+            int(r["input_tokens"]),
+            int(r["output_tokens"]),
+            float(r["first_token_latency_s"]),
+            float(r["request_latency_s"]),
+            int(r.get(CACHED) or 0),
+        )
         for r in rows
-    ]  # fmt: skip
+    ]
 
 
 def write_requests(path: str | Path, served: Iterable[Served]) -> None:
@@ -88,8 +98,16 @@ def write_requests(path: str | Path, served: Iterable[Served]) -> None:
         w.writerow([*COLUMNS, CACHED])
         for r in served:
             latencies = f"{r.first_token_latency_s:.6f}", f"{r.request_latency_s:.6f}"
-            w.writerow([r.client, f"{r.arrival_s:.6f}", r.input_tokens, r.output_tokens,
-                        *latencies, r.cached_tokens])  # fmt: skip
+            w.writerow(
+                [
+                    r.client,
+                    f"{r.arrival_s:.6f}",
+                    r.input_tokens,
+                    r.output_tokens,
+                    *latencies,
+                    r.cached_tokens,
+                ]
+            )
 
 
 def clients_of(served: Iterable[Served]) -> list[str]:
@@ -125,9 +143,12 @@ def demand(
 
 
 def service_rates(
-    served: list[Served], horizon: float, num_x: int = 30, cost: Cost = linear_cost,
+    served: list[Served],
+    horizon: float,
+    num_x: int = 30,
+    cost: Cost = linear_cost,
     window: float = 60.0,
-):  # fmt: skip
+):
     """Per-client service rate (cost/s) in windows centred on ticks: ticks, {client: rates}.
     The paper's window is 60 s; a one-minute demo uses shorter ones."""
     ticks = [horizon * i / num_x for i in range(num_x + 1)]
@@ -136,9 +157,12 @@ def service_rates(
 
 
 def demand_rates(
-    served: list[Served], horizon: float, num_x: int = 30, cost: Cost = linear_cost,
+    served: list[Served],
+    horizon: float,
+    num_x: int = 30,
+    cost: Cost = linear_cost,
     window: float = 60.0,
-):  # fmt: skip
+):
     ticks = [horizon * i / num_x for i in range(num_x + 1)]
     per_tick = [demand(served, x - window / 2, x + window / 2, cost) for x in ticks]
     return ticks, {c: [w[c] / window for w in per_tick] for c in clients_of(served)}
@@ -158,9 +182,12 @@ def response_times(served: list[Served], horizon: float, num_x: int = 30):
 
 
 def accumulated_service_diff(
-    served: list[Served], horizon: float | None = None, num_x: int = 20, skip_before: float = 1.0,
+    served: list[Served],
+    horizon: float | None = None,
+    num_x: int = 20,
+    skip_before: float = 1.0,
     cost: Cost = linear_cost,
-) -> tuple[list[float], list[float]]:  # fmt: skip
+) -> tuple[list[float], list[float]]:
     """max_j A_j(x) - min_j A_j(x), A_j(x) = client j's service over [0, x] (Fig. 3a, 7b, 8b)."""
     kept = [r for r in served if r.end_s >= skip_before]
     horizon = horizon if horizon is not None else float(int(max(r.arrival_s for r in served)))
@@ -184,10 +211,14 @@ class TableMetrics:
 
 
 def table_metrics(
-    served: list[Served], total_time: float | None = None, horizon: float = 600.0,
-    warmup: float = 30.0, num_x: int = 20, cost: Cost = linear_cost,
+    served: list[Served],
+    total_time: float | None = None,
+    horizon: float = 600.0,
+    warmup: float = 30.0,
+    num_x: int = 20,
+    cost: Cost = linear_cost,
     demand_cost: Cost = linear_cost,
-) -> TableMetrics:  # fmt: skip
+) -> TableMetrics:
     """Max/Avg/Var Diff and throughput as in the paper's Tables 2-6.
 
     At 19 ticks x_i = (horizon - warmup) * i / num_x, over the window [x_i, x_i + 60]: s_j and
@@ -207,8 +238,9 @@ def table_metrics(
     if total_time is None:
         total_time = max(r.end_s for r in served) - min(r.arrival_s for r in served)
     tokens = sum(r.input_tokens + r.output_tokens for r in served)
-    return TableMetrics(max(diffs), statistics.fmean(diffs), statistics.pvariance(diffs),
-                        tokens / total_time)  # fmt: skip
+    return TableMetrics(
+        max(diffs), statistics.fmean(diffs), statistics.pvariance(diffs), tokens / total_time
+    )
 
 
 def mean_ttft(served: Iterable[Served]) -> dict[str, float]:

@@ -24,10 +24,15 @@ def fig12(out: Path, show: bool = False) -> list[str]:
         counts[t.client] = counts.get(t.client, 0) + 1
     ranked = sorted(counts, key=lambda c: (counts[c], c))  # ascending request count
     shown = [ranked[i] for i in (12, 13, 25, 26)]
-    lines = ["## Figure 12: real trace, response time of four clients", "",
-             f"Clients of ascending-count ranks 12, 13 (medium) and 25, 26 (heaviest): "
-             f"{', '.join(f'`{c}` ({counts[c]} requests)' for c in shown)}.", "",
-             "| scheduler | " + " | ".join(shown) + " |", "| --- |" + " --- |" * len(shown)]  # fmt: skip
+    lines = [
+        "## Figure 12: real trace, response time of four clients",
+        "",
+        f"Clients of ascending-count ranks 12, 13 (medium) and 25, 26 (heaviest): "
+        f"{', '.join(f'`{c}` ({counts[c]} requests)' for c in shown)}.",
+        "",
+        "| scheduler | " + " | ".join(shown) + " |",
+        "| --- |" + " --- |" * len(shown),
+    ]
     ttfts = {}
     for name in ("fcfs", "vtc"):
         served = simulate(trace, name, progress=show).served
@@ -38,16 +43,29 @@ def fig12(out: Path, show: bool = False) -> list[str]:
         plots.response_plot(mine, 600, path, f"fig12: {name}, mean time to first token")
     v, f = ttfts["vtc"], ttfts["fcfs"]
     ok = max(v[c] for c in shown[:2]) < 0.25 * min(v[c] for c in shown[2:]) and min(
-        f[c] for c in shown[:2]) > 4 * max(v[c] for c in shown[:2])  # fmt: skip
-    lines += ["", "Paper: VTC medium clients 2.9 s and 3.4 s, heavy 135 s and 68 s; FCFS 77, 55, 58, "
-              "46 s.", "", f"**Verdict:** under VTC only the heavy clients wait; under FCFS everyone "
-              f"does: {'yes' if ok else 'NO'}.", "",
-              "![fig12 fcfs](fig12_response_fcfs.png)", "![fig12 vtc](fig12_response_vtc.png)", ""]  # fmt: skip
+        f[c] for c in shown[:2]
+    ) > 4 * max(v[c] for c in shown[:2])
+    lines += [
+        "",
+        "Paper: VTC medium clients 2.9 s and 3.4 s, heavy 135 s and 68 s; FCFS 77, 55, 58, 46 s.",
+        "",
+        f"**Verdict:** under VTC only the heavy clients wait; under FCFS everyone "
+        f"does: {'yes' if ok else 'NO'}.",
+        "",
+        "![fig12 fcfs](fig12_response_fcfs.png)",
+        "![fig12 vtc](fig12_response_vtc.png)",
+        "",
+    ]
     return lines
 
 
-RPM_PAPER = {5: (0.2, 340, 581), 10: (0.5, 532, 900), 15: (1.7, 626, 1053), 20: (3.7, 694, 1158),
-             30: (19.9, 747, 1324)}  # threshold: (mean TTFT s, tokens/s, served of 1500)  # fmt: skip
+RPM_PAPER = {
+    5: (0.2, 340, 581),
+    10: (0.5, 532, 900),
+    15: (1.7, 626, 1053),
+    20: (3.7, 694, 1158),
+    30: (19.9, 747, 1324),
+}  # threshold: (mean TTFT s, tokens/s, served of 1500)
 
 
 def fig13_14(out: Path, show: bool = False) -> list[str]:
@@ -55,16 +73,21 @@ def fig13_14(out: Path, show: bool = False) -> list[str]:
     from minivtc.harness.plots import plt, save
 
     trace = workload("real").make()
-    lines = ["## Figures 13-14: RPM thresholds on the real trace", "",
-             "| scheduler | mean TTFT | tokens/s | served of 1500 | paper: TTFT / tokens/s / served |",
-             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "## Figures 13-14: RPM thresholds on the real trace",
+        "",
+        "| scheduler | mean TTFT | tokens/s | served of 1500 | paper: TTFT / tokens/s / served |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     thr = {}
     for limit, (p_ttft, p_thr, p_served) in RPM_PAPER.items():
         r = simulate(trace, f"rpm:{limit}", progress=show)
         ttft = mean_of(r.served)
         thr[limit] = metrics.table_metrics(r.served, r.total_time).throughput
-        lines.append(f"| rpm:{limit} | {ttft:.1f} s | {thr[limit]:.0f} | {len(r.served)} | "
-                     f"{p_ttft} s / {p_thr} / {p_served} |")  # fmt: skip
+        lines.append(
+            f"| rpm:{limit} | {ttft:.1f} s | {thr[limit]:.0f} | {len(r.served)} | "
+            f"{p_ttft} s / {p_thr} / {p_served} |"
+        )
     r = simulate(trace, "vtc", progress=show)
     vtc = metrics.table_metrics(r.served, r.total_time).throughput
     lines.append(
@@ -73,15 +96,23 @@ def fig13_14(out: Path, show: bool = False) -> list[str]:
     fig, ax = plt.subplots(figsize=(6, 3.5))
     ax.plot(list(thr), list(thr.values()), "o-", label="RPM(threshold)")
     ax.axhline(vtc, color="C1", linestyle="--", label=f"VTC ({vtc:.0f})")
-    ax.set(xlabel="requests per minute per client", ylabel="tokens/s",
-           title="fig14: throughput under RPM limits")  # fmt: skip
+    ax.set(
+        xlabel="requests per minute per client",
+        ylabel="tokens/s",
+        title="fig14: throughput under RPM limits",
+    )
     ax.legend()
     save(fig, out / "fig14_throughput.png")
     rising = all(a < b for a, b in itertools.pairwise(thr.values()))
     ok = rising and max(thr.values()) < vtc
-    lines += ["", "**Verdict:** every RPM threshold wastes capacity (throughput rises with the "
-              f"threshold and stays below VTC's): {'yes' if ok else 'NO'}.", "",
-              "![fig14](fig14_throughput.png)", ""]  # fmt: skip
+    lines += [
+        "",
+        "**Verdict:** every RPM threshold wastes capacity (throughput rises with the "
+        f"threshold and stays below VTC's): {'yes' if ok else 'NO'}.",
+        "",
+        "![fig14](fig14_throughput.png)",
+        "",
+    ]
     return lines
 
 
@@ -95,8 +126,12 @@ ABLATION = {  # name: (pool tokens, rates, length each way); Section 5.4, A100-8
     "pool 35000, 256/256": (35000, [3.0, 6.0], 256),
     "pool 35000, 768/768": (35000, [1.0, 2.0], 768),
 }
-ABLATION_PAPER = {"pool 35000, 512/512": (50.5, 22.1), "pool 65000, 512/512": (89.4, 40.2),
-                  "pool 35000, 256/256": (32.0, 13.0), "pool 35000, 768/768": (50.3, 21.7)}  # fmt: skip
+ABLATION_PAPER = {
+    "pool 35000, 512/512": (50.5, 22.1),
+    "pool 65000, 512/512": (89.4, 40.2),
+    "pool 35000, 256/256": (32.0, 13.0),
+    "pool 35000, 768/768": (50.3, 21.7),
+}
 
 
 def fig15(out: Path, show: bool = False) -> list[str]:
@@ -104,28 +139,37 @@ def fig15(out: Path, show: bool = False) -> list[str]:
     the `a100-llama13b` roofline is not calibrated, so compare shapes, not numbers)."""
     from minivtc.harness.workloads import uniform
 
-    lines = ["## Figure 15: ablation on the pool size and the request length", "",
-             "Llama-2-13B on an A100-80G (`a100-llama13b` roofline, uncalibrated), VTC, 600 s; "
-             "requests ending before 120 s skipped, as the paper does.", "",
-             "| run | max acc. gap | mean acc. gap | 2U | paper max / mean |",
-             "| --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "## Figure 15: ablation on the pool size and the request length",
+        "",
+        "Llama-2-13B on an A100-80G (`a100-llama13b` roofline, uncalibrated), VTC, 600 s; "
+        "requests ending before 120 s skipped, as the paper does.",
+        "",
+        "| run | max acc. gap | mean acc. gap | 2U | paper max / mean |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     gaps, served_by = {}, {}
     for name, (pool, rates, n) in ABLATION.items():
         trace = uniform(rates, 600, lengths=(n, n))
-        served = simulate(
-            trace, "vtc", "a100-llama13b", kv_tokens=pool, progress=show
-        ).served
+        served = simulate(trace, "vtc", "a100-llama13b", kv_tokens=pool, progress=show).served
         num_x = 50 if n == 512 else 20
         _, g = metrics.accumulated_service_diff(served, 600, num_x=num_x, skip_before=120)
         gaps[name] = (max(g), sum(g) / len(g))
         served_by[name] = served
         p_max, p_mean = ABLATION_PAPER[name]
-        lines.append(f"| {name} | {max(g) / 1e3:.1f}k | {gaps[name][1] / 1e3:.1f}k | "
-                     f"{2 * fairness_bound(n, pool) / 1e3:.0f}k | {p_max}k / {p_mean}k |")  # fmt: skip
+        lines.append(
+            f"| {name} | {max(g) / 1e3:.1f}k | {gaps[name][1] / 1e3:.1f}k | "
+            f"{2 * fairness_bound(n, pool) / 1e3:.0f}k | {p_max}k / {p_mean}k |"
+        )
     pool_ok = gaps["pool 65000, 512/512"][1] > gaps["pool 35000, 512/512"][1]
     length_ok = gaps["pool 35000, 512/512"][1] > gaps["pool 35000, 256/256"][1]
     plots.gap_plot({k: served_by[k] for k in ABLATION}, 600, out / "fig15_gap.png")
-    lines += ["", f"**Verdict:** a larger pool gives a larger gap: {'yes' if pool_ok else 'NO'}; "
-              f"longer requests give a larger gap (512 vs 256): {'yes' if length_ok else 'NO'}.", "",
-              "![fig15](fig15_gap.png)", ""]  # fmt: skip
+    lines += [
+        "",
+        f"**Verdict:** a larger pool gives a larger gap: {'yes' if pool_ok else 'NO'}; "
+        f"longer requests give a larger gap (512 vs 256): {'yes' if length_ok else 'NO'}.",
+        "",
+        "![fig15](fig15_gap.png)",
+        "",
+    ]
     return lines

@@ -53,8 +53,11 @@ def response_plot(served: list[Served], horizon: float, path: str | Path, title:
     fig, ax = plt.subplots(figsize=(7, 4))
     for i, c in enumerate(shown):
         ax.plot(ticks, [float("nan") if v is None else v for v in ttft[c]], f"C{i}", label=c)
-    ax.set(xlabel="time (s)", ylabel="mean time to first token (s)",
-           title=title or f"response time per client{more(served, shown)}")  # fmt: skip
+    ax.set(
+        xlabel="time (s)",
+        ylabel="mean time to first token (s)",
+        title=title or f"response time per client{more(served, shown)}",
+    )
     ax.legend(fontsize=7, ncol=2)
     return save(fig, path)
 
@@ -69,8 +72,11 @@ def gap_plot(
         ax.plot(ticks, diffs, f"C{i}", marker="o", markersize=3, label=name)
     if bound is not None:
         ax.axhline(bound, color="gray", linestyle="--", label=f"2U = {bound:,.0f}")
-    ax.set(xlabel="time (s)", ylabel="max - min accumulated service (tokens)",
-           title="absolute difference in accumulated service")  # fmt: skip
+    ax.set(
+        xlabel="time (s)",
+        ylabel="max - min accumulated service (tokens)",
+        title="absolute difference in accumulated service",
+    )
     ax.legend(fontsize=8)
     return save(fig, path)
 
@@ -88,8 +94,9 @@ def save(fig, path: str | Path) -> Path:
     return path
 
 
-def tradeoff_plot(rows: list[tuple[str, float, float, float | None]], path: str | Path,
-                  title: str = "") -> Path:  # fmt: skip
+def tradeoff_plot(
+    rows: list[tuple[str, float, float, float | None]], path: str | Path, title: str = ""
+) -> Path:
     """One bar pair per configuration `(name, tokens/s, worst backlogged gap, bound or None)`:
     throughput on the left, the gap on the right with its stated bound marked (Fair memory)."""
     names = [r[0] for r in rows]
@@ -112,16 +119,22 @@ def tradeoff_plot(rows: list[tuple[str, float, float, float | None]], path: str 
     return save(fig, path)
 
 
-def shares_plot(panels: dict[str, dict[str, list[float]]], clients: list[str],
-                path: str | Path, title: str = "") -> Path:  # fmt: skip
+def shares_plot(
+    panels: dict[str, dict[str, list[float]]], clients: list[str], path: str | Path, title: str = ""
+) -> Path:
     """Grouped bars: in each panel, for each configuration, every client's service rate."""
     fig, axes = plt.subplots(1, len(panels), figsize=(4.5 * len(panels), 3.5), sharey=True)
     axes = axes if len(panels) > 1 else [axes]
     width = 0.8 / len(clients)
     for ax, (panel, runs) in zip(axes, panels.items(), strict=True):
         for k, client in enumerate(clients):
-            ax.bar([i + k * width for i in range(len(runs))], [v[k] for v in runs.values()],
-                   width, color=f"C{k}", label=client)  # fmt: skip
+            ax.bar(
+                [i + k * width for i in range(len(runs))],
+                [v[k] for v in runs.values()],
+                width,
+                color=f"C{k}",
+                label=client,
+            )
         ax.set_xticks([i + width * (len(clients) - 1) / 2 for i in range(len(runs))])
         ax.set_xticklabels(list(runs), fontsize=8)
         ax.set_title(panel, fontsize=9)

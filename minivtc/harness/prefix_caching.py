@@ -38,8 +38,11 @@ def shared_prompt_trace(sharing: str, seed: int = 0) -> list[TraceRequest]:
         while t < DURATION:
             own, output = rng.randint(20, 200), rng.randint(20, 200)
             if client in sharing:
-                trace.append(TraceRequest(client, t, SYSTEM_PROMPT + own, output, None,
-                                          "system", SYSTEM_PROMPT))  # fmt: skip
+                trace.append(
+                    TraceRequest(
+                        client, t, SYSTEM_PROMPT + own, output, None, "system", SYSTEM_PROMPT
+                    )
+                )
             else:
                 trace.append(TraceRequest(client, t, 100 + own, output))
             t += rng.expovariate(RATE)
@@ -47,40 +50,58 @@ def shared_prompt_trace(sharing: str, seed: int = 0) -> list[TraceRequest]:
 
 
 def prefix_caching(out: Path, show: bool = False) -> list[str]:
-    lines = ["## Prefix caching: what should a cached prompt token cost?", "",
-             f"Three clients each send {RATE:g} requests/s for {DURATION:.0f} s (20-200 tokens "
-             f"of their own prompt, 20-200 output tokens) into a 10,000-token pool (blocks of "
-             f"16, `a10g-llama7b` step times), VTC. *Service* is per second over {WINDOW[0]:.0f}-"
-             f"{WINDOW[1]:.0f} s, w_p per prompt token, cached or not, and w_q per output "
-             "token (what a client gets); *gap* is the worst backlogged service gap, priced "
-             "as the counters price it (a cached prompt token at w_c), within Theorem 4.4's "
-             "2U, which caching leaves unchanged. The miss that fills the cache is paid by the "
-             "request that computes the prefix (w_p per token, as without a cache); every "
-             "later hit pays w_c, whichever client sends it: with two clients sharing a "
-             "prefix, the first to send it pays for both. Lemma 4.3 held after every step of "
-             "every run (asserted).", ""]  # fmt: skip
+    lines = [
+        "## Prefix caching: what should a cached prompt token cost?",
+        "",
+        f"Three clients each send {RATE:g} requests/s for {DURATION:.0f} s (20-200 tokens "
+        f"of their own prompt, 20-200 output tokens) into a 10,000-token pool (blocks of "
+        f"16, `a10g-llama7b` step times), VTC. *Service* is per second over {WINDOW[0]:.0f}-"
+        f"{WINDOW[1]:.0f} s, w_p per prompt token, cached or not, and w_q per output "
+        "token (what a client gets); *gap* is the worst backlogged service gap, priced "
+        "as the counters price it (a cached prompt token at w_c), within Theorem 4.4's "
+        "2U, which caching leaves unchanged. The miss that fills the cache is paid by the "
+        "request that computes the prefix (w_p per token, as without a cache); every "
+        "later hit pays w_c, whichever client sends it: with two clients sharing a "
+        "prefix, the first to send it pays for both. Lemma 4.3 held after every step of "
+        "every run (asserted).",
+        "",
+    ]
     speedups, within, panels = [], True, {}
-    workloads = (("A", f"A sends a {SYSTEM_PROMPT:,}-token system prompt with every request"),
-                 ("AB", "A and B share one system prompt"))  # fmt: skip
+    workloads = (
+        ("A", f"A sends a {SYSTEM_PROMPT:,}-token system prompt with every request"),
+        ("AB", "A and B share one system prompt"),
+    )
     for sharing, title in workloads:
         rows, speedup, ok, panels[title] = compare(shared_prompt_trace(sharing), show)
         speedups.append(speedup)
         within &= ok
-        lines += [f"### {title}", "", "| prefix cache | w_c | tokens/s | hit rate | service A / "
-                  "B / C (per s) | gap | 2U |", "| --- | --- | --- | --- | --- | --- | --- |",
-                  *rows, ""]  # fmt: skip
-    plots.shares_plot(panels, list(CLIENTS), out / "prefix_caching_service.png",
-                      f"service per client, {WINDOW[0]:.0f}-{WINDOW[1]:.0f} s, by cached weight")
+        lines += [
+            f"### {title}",
+            "",
+            "| prefix cache | w_c | tokens/s | hit rate | service A / B / C (per s) | gap | 2U |",
+            "| --- | --- | --- | --- | --- | --- | --- |",
+            *rows,
+            "",
+        ]
+    plots.shares_plot(
+        panels,
+        list(CLIENTS),
+        out / "prefix_caching_service.png",
+        f"service per client, {WINDOW[0]:.0f}-{WINDOW[1]:.0f} s, by cached weight",
+    )
     lines += ["![prefix caching: service per client](prefix_caching_service.png)", ""]
-    lines += ["**Verdict:** the prefix cache serves "
-              f"{' and '.join(f'{s:.2f}x' for s in speedups)} the tokens/s of no cache (goal >= "
-              f"1.5x), every gap within 2U: {'yes' if min(speedups) >= 1.5 and within else 'NO'}. "
-              "With w_c = w_p caching is invisible to fairness: every client gets the same "
-              "service and the cache's gain is shared equally. The smaller w_c, the more the "
-              "clients whose prompts hit the cache receive, at the others' expense: at w_c = 0 "
-              "the others get less than with no cache at all. A cached prefix is still read "
-              "by attention at every decode step of its request, and w_c = 0 prices none of "
-              "that work.", ""]  # fmt: skip
+    lines += [
+        "**Verdict:** the prefix cache serves "
+        f"{' and '.join(f'{s:.2f}x' for s in speedups)} the tokens/s of no cache (goal >= "
+        f"1.5x), every gap within 2U: {'yes' if min(speedups) >= 1.5 and within else 'NO'}. "
+        "With w_c = w_p caching is invisible to fairness: every client gets the same "
+        "service and the cache's gain is shared equally. The smaller w_c, the more the "
+        "clients whose prompts hit the cache receive, at the others' expense: at w_c = 0 "
+        "the others get less than with no cache at all. A cached prefix is still read "
+        "by attention at every decode step of its request, and w_c = 0 prices none of "
+        "that work.",
+        "",
+    ]
     return lines
 
 
@@ -90,9 +111,18 @@ def compare(
     """The table's rows, caching's worst speedup, every gap within 2U, each run's shares."""
     rows, throughput, within, shares = [], {}, True, {}
     for cache, w_c in RUNS:
-        r = simulate(trace, "vtc", kv_tokens=10000, block_size=16, reservation="full",
-                     check_fairness=True, watch_backlog=True, prefix_caching=cache,
-                     cached_weight=w_c if cache else None, progress=show)  # fmt: skip
+        r = simulate(
+            trace,
+            "vtc",
+            kv_tokens=10000,
+            block_size=16,
+            reservation="full",
+            check_fairness=True,
+            watch_backlog=True,
+            prefix_caching=cache,
+            cached_weight=w_c if cache else None,
+            progress=show,
+        )
         table = metrics.table_metrics(r.served, r.total_time)
         throughput[cache, w_c] = table.throughput
         rate = metrics.service(r.served, *WINDOW)  # every prompt token at w_p, cached or not
@@ -101,8 +131,10 @@ def compare(
         shares["no cache" if not cache else f"w_c = {w_c:g}"] = per_client
         service = " / ".join(f"{v:.0f}" for v in per_client)
         within &= r.backlogged_gap <= r.bound
-        rows.append(f"| {'yes' if cache else 'no'} | {'-' if not cache else f'{w_c:g}'} | "
-                    f"{table.throughput:.0f} | {r.prefix_hit_rate:.0%} | {service} | "
-                    f"{r.backlogged_gap:,.0f} | {r.bound:,.0f} |")  # fmt: skip
+        rows.append(
+            f"| {'yes' if cache else 'no'} | {'-' if not cache else f'{w_c:g}'} | "
+            f"{table.throughput:.0f} | {r.prefix_hit_rate:.0%} | {service} | "
+            f"{r.backlogged_gap:,.0f} | {r.bound:,.0f} |"
+        )
     speedup = min(throughput[c] for c in RUNS if c[0]) / throughput[False, None]
     return rows, speedup, within, shares

@@ -26,12 +26,22 @@ from minivtc.harness.workloads import A10G_RUNS, TraceRequest, read_trace, workl
 
 
 def simulate_to_dir(
-    workload_name: str | None, trace_path: str | None, scheduler: str, step_time: str,
-    kv_tokens: int, seed: int, out: str | Path, reservation: str = "peak", victim: str = "latest",
-    preempt_gap: float | None = None, block_size: int = 1, prefix_caching: bool = False,
-    cached_weight: float | None = None, preemption: str = "recompute",
+    workload_name: str | None,
+    trace_path: str | None,
+    scheduler: str,
+    step_time: str,
+    kv_tokens: int,
+    seed: int,
+    out: str | Path,
+    reservation: str = "peak",
+    victim: str = "latest",
+    preempt_gap: float | None = None,
+    block_size: int = 1,
+    prefix_caching: bool = False,
+    cached_weight: float | None = None,
+    preemption: str = "recompute",
     swap_tokens: int | None = None,
-) -> dict:  # fmt: skip
+) -> dict:
     """Simulate, then write requests.csv, metrics.json and the plots to `out`. VTC asserts
     its bound after every step where the configuration states one (`bound` in metrics.json:
     2U with a reservation, 2 U_P with fair preemption, null otherwise)."""
@@ -43,21 +53,46 @@ def simulate_to_dir(
     else:
         trace = read_trace(trace_path)
         horizon, weights = float(int(trace[-1].arrival_s)), None
-    checked = scheduler == "vtc" and (reservation, victim) in (("full", "latest"), ("full", "fair"),
-                                                                ("none", "fair"))  # fmt: skip
-    result = simulate(trace, scheduler, step_time, kv_tokens, block_size, weights=weights,
-                      seed=seed, reservation=reservation, victim=victim,
-                      preempt_gap=preempt_gap, check_fairness=checked, watch_backlog=True,
-                      progress=True, prefix_caching=prefix_caching,
-                      cached_weight=cached_weight, preemption=preemption,
-                      swap_tokens=swap_tokens)  # fmt: skip
+    checked = scheduler == "vtc" and (reservation, victim) in (
+        ("full", "latest"),
+        ("full", "fair"),
+        ("none", "fair"),
+    )
+    result = simulate(
+        trace,
+        scheduler,
+        step_time,
+        kv_tokens,
+        block_size,
+        weights=weights,
+        seed=seed,
+        reservation=reservation,
+        victim=victim,
+        preempt_gap=preempt_gap,
+        check_fairness=checked,
+        watch_backlog=True,
+        progress=True,
+        prefix_caching=prefix_caching,
+        cached_weight=cached_weight,
+        preemption=preemption,
+        swap_tokens=swap_tokens,
+    )
     metrics.write_requests(out / "requests.csv", result.served)
     summary = summarize(result, horizon, kv_tokens, max(t.input_tokens for t in trace))
-    summary.update(workload=workload_name or trace_path, scheduler=scheduler, step_time=step_time,
-                   kv_tokens=kv_tokens, reservation=reservation, victim=victim,
-                   preempt_gap=preempt_gap, block_size=block_size, preemption=preemption,
-                   swap_tokens=swap_tokens,
-                   prefix_caching=prefix_caching, cached_weight=cached_weight)  # fmt: skip
+    summary.update(
+        workload=workload_name or trace_path,
+        scheduler=scheduler,
+        step_time=step_time,
+        kv_tokens=kv_tokens,
+        reservation=reservation,
+        victim=victim,
+        preempt_gap=preempt_gap,
+        block_size=block_size,
+        preemption=preemption,
+        swap_tokens=swap_tokens,
+        prefix_caching=prefix_caching,
+        cached_weight=cached_weight,
+    )
     (out / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n")
     title = f"{scheduler} on {workload_name or Path(trace_path).name}"
     plots.service_plot(result.served, horizon, out / "service.png", f"{title}: service rate")
@@ -67,9 +102,12 @@ def simulate_to_dir(
 
 
 def summarize(
-    result: SimResult, horizon: float, kv_tokens: int, max_input: int,
+    result: SimResult,
+    horizon: float,
+    kv_tokens: int,
+    max_input: int,
     cost: metrics.Cost = metrics.linear_cost,
-) -> dict:  # fmt: skip
+) -> dict:
     """metrics.json's numbers. `cost` prices service (the "profile" tables use h; their demand
     stays linear, as in the artifact's script for Tables 3-4)."""
     served = result.served
@@ -97,7 +135,9 @@ def summarize(
         "steps": result.steps,
         # Theorem 4.4's quantity, measured, and the bound the configuration guarantees it
         # (null: none stated, e.g. FCFS, or blocks on demand with the latest victim)
-        "backlogged_gap": None if result.backlogged_gap is None else round(result.backlogged_gap, 1),
+        "backlogged_gap": None
+        if result.backlogged_gap is None
+        else round(result.backlogged_gap, 1),
         "bound": None if result.bound is None else round(result.bound, 1),
         "prefix_hit_rate": round(result.prefix_hit_rate, 4),  # of admitted prompt tokens
         "prefill_tokens_saved": result.cached_tokens,
@@ -131,16 +171,21 @@ def validate(out: Path) -> list[str]:
     all time every client's total is the same in both)."""
     runs_dir = A10G_RUNS
     index = json.loads((runs_dir / "index.json").read_text())
-    lines = ["## Validation: the simulator against the measured A10G runs", "",
-             "| run | measured tokens/s | simulated | error | clients compared | worst client's "
-             "service error |", "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        "## Validation: the simulator against the measured A10G runs",
+        "",
+        "| run | measured tokens/s | simulated | error | clients compared | worst client's "
+        "service error |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     worst_throughput = worst_service = 0.0
     for run in index:
         name = run["run"]
         scheduler = {"VTC": "vtc-artifact", "FCFS": "fcfs"}[name.split("__")[0]]
         measured = metrics.read_requests(runs_dir / f"{name}.csv")
-        result = simulate(measured_trace(run["config"]), scheduler, admit_every=10,
-                          progress=show_simulations())  # fmt: skip
+        result = simulate(
+            measured_trace(run["config"]), scheduler, admit_every=10, progress=show_simulations()
+        )
         want = metrics.table_metrics(measured, run["total_time_s"]).throughput
         got = metrics.table_metrics(result.served, result.total_time).throughput
         served_m = metrics.service(measured, 0, 600)
@@ -150,27 +195,43 @@ def validate(out: Path) -> list[str]:
         client = max(errors, key=lambda c: abs(errors[c]))
         worst_throughput = max(worst_throughput, abs(got / want - 1))
         worst_service = max(worst_service, abs(errors[client]))
-        lines.append(f"| {name} ({scheduler}) | {want:.0f} | {got:.0f} | {got / want - 1:+.1%} | "
-                     f"{len(big)} | {errors[client]:+.1%} (`{client}`) |")  # fmt: skip
+        lines.append(
+            f"| {name} ({scheduler}) | {want:.0f} | {got:.0f} | {got / want - 1:+.1%} | "
+            f"{len(big)} | {errors[client]:+.1%} (`{client}`) |"
+        )
     ok = worst_throughput <= 0.10 and worst_service <= 0.10
-    lines += ["", f"**Verdict:** throughput within 10% on every run (worst {worst_throughput:.1%}) "
-              f"and each client's service within 10% (worst {worst_service:.1%}): "
-              f"{'yes' if ok else 'NO'}.", ""]  # fmt: skip
+    lines += [
+        "",
+        f"**Verdict:** throughput within 10% on every run (worst {worst_throughput:.1%}) "
+        f"and each client's service within 10% (worst {worst_service:.1%}): "
+        f"{'yes' if ok else 'NO'}.",
+        "",
+    ]
     return lines
 
 
 SPECIAL: dict[str, tuple[str, Callable[[Path], list[str]]]] = {
-    "fig12": ("Figure 12: real trace, response time of four clients",
-              lambda out: fig12(out, show_simulations())),
-    "fig13": ("Figures 13-14: RPM thresholds, response time and throughput",
-              lambda out: fig13_14(out, show_simulations())),
-    "fig15": ("Figure 15: ablation, pool size and request length (13B, A100)",
-              lambda out: fig15(out, show_simulations())),
+    "fig12": (
+        "Figure 12: real trace, response time of four clients",
+        lambda out: fig12(out, show_simulations()),
+    ),
+    "fig13": (
+        "Figures 13-14: RPM thresholds, response time and throughput",
+        lambda out: fig13_14(out, show_simulations()),
+    ),
+    "fig15": (
+        "Figure 15: ablation, pool size and request length (13B, A100)",
+        lambda out: fig15(out, show_simulations()),
+    ),
     "validate": ("Validation against the measured A10G runs", validate),
-    "fair_memory": ("Fair memory: reservation vs blocks on demand with preemption",
-                    lambda out: fair_memory(out, show_simulations())),
-    "prefix_caching": ("Prefix caching: what a cached prompt token should cost",
-                       lambda out: prefix_caching(out, show_simulations())),
+    "fair_memory": (
+        "Fair memory: reservation vs blocks on demand with preemption",
+        lambda out: fair_memory(out, show_simulations()),
+    ),
+    "prefix_caching": (
+        "Prefix caching: what a cached prompt token should cost",
+        lambda out: prefix_caching(out, show_simulations()),
+    ),
 }
 
 
@@ -184,10 +245,14 @@ def reproduce(out: str | Path, only: list[str] | None = None) -> Path:
         raise ValueError(f"unknown experiments {sorted(unknown)}; choose from {keys}")
     chosen = [e for e in EXPERIMENTS if not only or e.key in only]
     special = [k for k in SPECIAL if not only or k in only]
-    lines = ["# minivtc reproduces the paper", "",
-             "Simulated with the `a10g-llama7b` step-time model (Llama-2-7B on an A10G, 10000-token "
-             "pool, w_p = 1, w_q = 2), the same engine and scheduler code that serves real tokens. "
-             "Metrics as in the paper's Table 2: columns Max Diff / Avg Diff / Diff Var / tokens/s.", ""]  # fmt: skip
+    lines = [
+        "# minivtc reproduces the paper",
+        "",
+        "Simulated with the `a10g-llama7b` step-time model (Llama-2-7B on an A10G, 10000-token "
+        "pool, w_p = 1, w_q = 2), the same engine and scheduler code that serves real tokens. "
+        "Metrics as in the paper's Table 2: columns Max Diff / Avg Diff / Diff Var / tokens/s.",
+        "",
+    ]
     steps = [(e.key, e.title, functools.partial(run_experiment, e)) for e in chosen]
     steps += [(key, *SPECIAL[key]) for key in special]
     with progress_bar(len(steps), "reproducing", "experiment") as bar:
@@ -218,12 +283,19 @@ def run_experiment(e: Experiment, out: Path) -> list[str]:
         runs[name] = summarize(
             result, w.duration, 10000, max(t.input_tokens for t in trace), e.cost
         )
-    lines = [f"## {e.title}", "", f"Workload `{e.workload}`: {w.description}.", "",
-             "| scheduler | Max Diff | Avg Diff | Diff Var | tokens/s | max acc. gap |",
-             "| --- | --- | --- | --- | --- | --- |"]  # fmt: skip
+    lines = [
+        f"## {e.title}",
+        "",
+        f"Workload `{e.workload}`: {w.description}.",
+        "",
+        "| scheduler | Max Diff | Avg Diff | Diff Var | tokens/s | max acc. gap |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for name, s in runs.items():
-        lines.append(f"| {name} | {s['max_diff']:.2f} | {s['avg_diff']:.2f} | {s['diff_var']:.2f} | "
-                     f"{s['throughput_tok_s']:.0f} | {s['max_accumulated_gap'] / 1e3:.1f}k |")  # fmt: skip
+        lines.append(
+            f"| {name} | {s['max_diff']:.2f} | {s['avg_diff']:.2f} | {s['diff_var']:.2f} | "
+            f"{s['throughput_tok_s']:.0f} | {s['max_accumulated_gap'] / 1e3:.1f}k |"
+        )
     lines += ["", f"Paper: {e.paper}.", "", f"**Verdict:** {e.verdict(runs)}.", ""]
     for fig in e.figures:
         for name in e.schedulers if fig != "gap" else ["all"]:

@@ -56,8 +56,12 @@ class VirtualClock:
 class StepTimeRunner:
     """The engine's runner, simulated: advance the clock by the step's modelled time."""
 
-    def __init__(self, step_time: StepTimeModel, clock: VirtualClock,
-                 swap_s_per_token: float = SWAP_S_PER_TOKEN) -> None:  # fmt: skip
+    def __init__(
+        self,
+        step_time: StepTimeModel,
+        clock: VirtualClock,
+        swap_s_per_token: float = SWAP_S_PER_TOKEN,
+    ) -> None:
         self.step_time, self.clock, self.swap_s_per_token = step_time, clock, swap_s_per_token
         # Requests with a limit above their length: request id -> the output length at which
         # they end (with EOS). Others run to max_tokens with EOS ignored, as in the paper.
@@ -68,8 +72,10 @@ class StepTimeRunner:
         if not self.ends:  # (the paper's traces)
             return [SIM_TOKEN] * len(requests)
         ends = self.ends
-        return [SIM_EOS if ends.get(r.request_id) == len(r.output_ids) + 1 else SIM_TOKEN
-                for r in requests]  # fmt: skip
+        return [
+            SIM_EOS if ends.get(r.request_id) == len(r.output_ids) + 1 else SIM_TOKEN
+            for r in requests
+        ]
 
     def release(self, request: Request) -> None:
         self.ends.pop(request.request_id, None)
@@ -137,30 +143,56 @@ def simulate(
     clock = VirtualClock()
     runner = StepTimeRunner(model, clock)
     pool = PrefixCachingAllocator if prefix_caching else BlockAllocator
-    engine = Engine(runner, pool(-(-kv_tokens // block_size), block_size), policy,
-                    max_positions=1 << 30, eos_id=SIM_EOS, clock=clock, max_running=1 << 30,
-                    check_fairness=check_fairness, reservation=reservation, victim=victim,
-                    preempt_gap=preempt_gap, preemption=preemption, swap_tokens=swap_tokens,
-                    admit_every=admit_every)  # fmt: skip
+    engine = Engine(
+        runner,
+        pool(-(-kv_tokens // block_size), block_size),
+        policy,
+        max_positions=1 << 30,
+        eos_id=SIM_EOS,
+        clock=clock,
+        max_running=1 << 30,
+        check_fairness=check_fairness,
+        reservation=reservation,
+        victim=victim,
+        preempt_gap=preempt_gap,
+        preemption=preemption,
+        swap_tokens=swap_tokens,
+        admit_every=admit_every,
+    )
     start = time.perf_counter()
     watch = BacklogWatch(engine, w_c=cached_weight) if watch_backlog else None
     with gc_paused():  # PERF: 15-20% of a long simulation went to full collections
-        served, rejected, steps = replay(engine, clock, trace, progress,
-                                         watch.step if watch else engine.step,
-                                         prefix_caching)  # fmt: skip
+        served, rejected, steps = replay(
+            engine, clock, trace, progress, watch.step if watch else engine.step, prefix_caching
+        )
     first = trace[0].arrival_s if trace else 0.0
     total = max((s.end_s for s in served), default=first) - first
     counters = {c: n for c, (n, _) in policy.accounts().items() if n is not None}
     wall = time.perf_counter() - start
-    return SimResult(served, rejected, total, wall, steps, counters, engine.num_preemptions,
-                     engine.recomputed_tokens, policy.gap_bound(),
-                     watch.worst if watch else None, engine.num_prompt_tokens,
-                     engine.num_cached_tokens, engine.swapped_tokens)  # fmt: skip
+    return SimResult(
+        served,
+        rejected,
+        total,
+        wall,
+        steps,
+        counters,
+        engine.num_preemptions,
+        engine.recomputed_tokens,
+        policy.gap_bound(),
+        watch.worst if watch else None,
+        engine.num_prompt_tokens,
+        engine.num_cached_tokens,
+        engine.swapped_tokens,
+    )
 
 
 def replay(
-    engine: Engine, clock: VirtualClock, trace: list[TraceRequest], progress: bool,
-    step: Callable[[], list[Request]], distinct_prompts: bool = False,
+    engine: Engine,
+    clock: VirtualClock,
+    trace: list[TraceRequest],
+    progress: bool,
+    step: Callable[[], list[Request]],
+    distinct_prompts: bool = False,
 ) -> tuple[list[Served], list[TraceRequest], int]:
     """Add each arrival once the clock reaches it, step the engine, record requests as they end.
 
@@ -180,10 +212,12 @@ def replay(
             try:
                 limited = t.max_tokens is not None and t.max_tokens > t.output_tokens
                 params = params_of(t.max_tokens if limited else t.output_tokens, limited)
-                prompt = (prompt_ids(t, i, prefix_tokens) if distinct_prompts
-                          else prompt_of(t.input_tokens))  # fmt: skip
-                r = engine.add_request(prompt, params, client_id=t.client,
-                                       arrival_time=t.arrival_s)  # fmt: skip
+                prompt = (
+                    prompt_ids(t, i, prefix_tokens)
+                    if distinct_prompts
+                    else prompt_of(t.input_tokens)
+                )
+                r = engine.add_request(prompt, params, client_id=t.client, arrival_time=t.arrival_s)
                 live[r.request_id] = (r, t)
                 if limited:  # it ends with EOS after output_tokens, not at max_tokens
                     engine.runner.ends[r.request_id] = t.output_tokens
@@ -223,8 +257,16 @@ def progress_bar(total: float, desc: str, unit: str, enabled: bool = True) -> tq
     """A tqdm bar on stderr, or a silent one when not `enabled`. On a terminal it redraws in
     place; in a log or CI, where every redraw lengthens one line, it redraws every 30 s."""
     interval = 0.1 if sys.stderr.isatty() else 30.0
-    return tqdm(total=total, desc=desc, unit=unit, file=sys.stderr, disable=not enabled,
-                mininterval=interval, leave=None, dynamic_ncols=True)  # fmt: skip
+    return tqdm(
+        total=total,
+        desc=desc,
+        unit=unit,
+        file=sys.stderr,
+        disable=not enabled,
+        mininterval=interval,
+        leave=None,
+        dynamic_ncols=True,
+    )
 
 
 @contextmanager
@@ -243,5 +285,6 @@ def gc_paused() -> Iterator[None]:
 
 def record(request: Request, t: TraceRequest) -> Served:
     ttft, latency = request.first_token_time - t.arrival_s, request.finish_time - t.arrival_s
-    return Served(t.client, t.arrival_s, t.input_tokens, t.output_tokens, ttft, latency,
-                  request.num_cached)  # fmt: skip
+    return Served(
+        t.client, t.arrival_s, t.input_tokens, t.output_tokens, ttft, latency, request.num_cached
+    )

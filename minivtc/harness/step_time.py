@@ -42,10 +42,11 @@ class MeasuredStepTime:
 
     def step_time(self, step: StepShape) -> float:
         return (
-            self.overhead_s + self.per_prefill_token_s * step.prefill_tokens
+            self.overhead_s
+            + self.per_prefill_token_s * step.prefill_tokens
             + self.per_request_s * step.num_requests
             + self.per_context_token_s * step.context_tokens
-        )  # fmt: skip
+        )
 
     def save(self, path: str | Path) -> Path:
         path = Path(path)
@@ -112,8 +113,16 @@ class Roofline:
 
 
 def llama_roofline(name, n_params, n_layers, dim, dtype_bytes, bandwidth, flops, overhead, note=""):
-    return Roofline(name, n_params, n_params * dtype_bytes, 2 * n_layers * dim * dtype_bytes,
-                    bandwidth, flops, overhead, note)  # fmt: skip
+    return Roofline(
+        name,
+        n_params,
+        n_params * dtype_bytes,
+        2 * n_layers * dim * dtype_bytes,
+        bandwidth,
+        flops,
+        overhead,
+        note,
+    )
 
 
 # Datasheet bandwidth and dense fp16/bf16 rate, times achievable fractions (0.8 of bandwidth,
@@ -125,13 +134,22 @@ STEP_TIME_MODELS: dict[str, Roofline] = {
         # A10G: 600 GB/s, 125 TFLOP/s fp16. The fractions (0.72, 0.5) and the 2 ms per step were
         # chosen so the artifact's measured VTC/FCFS runs on the real trace and the 256/256
         # overload are reproduced (`minivtc reproduce --only validate` prints the comparison).
-        llama_roofline("a10g-llama7b", 6.74e9, 32, 4096, 2, 600e9 * 0.72, 125e12 * 0.5, 0.002,
-                       "calibrated on the artifact's A10G runs (data/a10g_runs)"),
+        llama_roofline(
+            "a10g-llama7b",
+            6.74e9,
+            32,
+            4096,
+            2,
+            600e9 * 0.72,
+            125e12 * 0.5,
+            0.002,
+            "calibrated on the artifact's A10G runs (data/a10g_runs)",
+        ),
         llama_roofline("a100-llama13b", 13.0e9, 40, 5120, 2, 2.0e12 * 0.8, 312e12 * 0.6, 0.005),
         llama_roofline("h100-llama7b", 6.74e9, 32, 4096, 2, 3.35e12 * 0.8, 990e12 * 0.6, 0.005),
         llama_roofline("h200-llama7b", 6.74e9, 32, 4096, 2, 4.8e12 * 0.8, 990e12 * 0.6, 0.005),
     ]
-}  # fmt: skip
+}
 
 
 class StepTimeModel(Protocol):

@@ -83,9 +83,11 @@ def write_trace(path: str | Path, trace: list[TraceRequest]) -> None:
     prefixes = any(r.prefix_id is not None for r in trace)
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["client", "arrival_s", "input_tokens", "output_tokens"]
-                   + (["max_tokens"] if limits else [])
-                   + (["prefix_id", "prefix_tokens"] if prefixes else []))  # fmt: skip
+        w.writerow(
+            ["client", "arrival_s", "input_tokens", "output_tokens"]
+            + (["max_tokens"] if limits else [])
+            + (["prefix_id", "prefix_tokens"] if prefixes else [])
+        )
         for r in trace:
             row = [r.client, f"{r.arrival_s:.6f}", r.input_tokens, r.output_tokens]
             row += [r.max_tokens or ""] if limits else []
@@ -97,9 +99,12 @@ def write_trace(path: str | Path, trace: list[TraceRequest]) -> None:
 
 
 def uniform(
-    rates: list[float], duration: float, lengths: tuple[int, int] = (256, 256),
-    on_off: float | None = None, seed: int = SEED,
-) -> list[TraceRequest]:  # fmt: skip
+    rates: list[float],
+    duration: float,
+    lengths: tuple[int, int] = (256, 256),
+    on_off: float | None = None,
+    seed: int = SEED,
+) -> list[TraceRequest]:
     """Evenly spaced arrivals per client (the artifact's "uniform"); with `on_off`, client 0 is
     ON for `on_off` seconds, OFF for the next `on_off`, and so on (its OFF arrivals dropped)."""
     rng = random.Random(seed)
@@ -177,32 +182,67 @@ class Workload:
 WORKLOADS: dict[str, Workload] = {
     w.name: w
     for w in [
-        Workload("overload", lambda: uniform([1.5, 3.0], 360), 360,
-                 "2 clients at 90 and 180 rpm, 256/256: both above their fair share (Fig. 3)"),
-        Workload("overload-multi", lambda: uniform([0.4] * 3 + [0.6] * 5, 360), 360,
-                 "8 clients: 3 at 24 rpm, 5 at 36 rpm, 256/256 (Table 6)"),
-        Workload("overload-weighted", lambda: uniform([0.8, 0.8, 1.2, 1.6], 360), 360,
-                 "4 clients at 48/48/72/96 rpm, weights 1:2:3:4 (Fig. 16)",
-                 weights={client_name(i): float(i + 1) for i in range(4)}),
-        Workload("proportional", lambda: uniform([0.25, 0.5, 1.5], 600), 600,
-                 "3 clients at 15/30/90 rpm: two under their share, one over (Fig. 4)"),
-        Workload("on_off_less", lambda: uniform([0.5, 2.0], 600, on_off=60), 600,
-                 "client 0 at 30 rpm ON/OFF every 60 s, client 1 at 120 rpm (Fig. 5)"),
-        Workload("on_off_overload", lambda: uniform([2.0, 3.0], 600, on_off=60), 600,
-                 "client 0 at 120 rpm ON/OFF every 60 s, client 1 at 180 rpm (Fig. 6)"),
-        Workload("poisson_short_long",
-                 lambda: poisson([8.0, 1.5], 600, [(64, 64), (256, 256)]), 600,
-                 "Poisson: 480 rpm of 64/64 and 90 rpm of 256/256 (Fig. 7)"),
-        Workload("poisson_short_long_2",
-                 lambda: poisson([8.0, 1.5], 600, [(512, 32), (32, 512)]), 600,
-                 "Poisson: 480 rpm of 512-in/32-out and 90 rpm of 32-in/512-out (Fig. 8)"),
-        Workload("increase", lambda: increase(0.5, 2.0, 600), 600,
-                 "client 0 at 30 rpm; client 1 ramps from 12 to 120 rpm (Fig. 9)"),
-        Workload("dist_shift", dist_shift, 900,
-                 "15 min in three phases of demand (Fig. 10: VTC vs LCF)"),
+        Workload(
+            "overload",
+            lambda: uniform([1.5, 3.0], 360),
+            360,
+            "2 clients at 90 and 180 rpm, 256/256: both above their fair share (Fig. 3)",
+        ),
+        Workload(
+            "overload-multi",
+            lambda: uniform([0.4] * 3 + [0.6] * 5, 360),
+            360,
+            "8 clients: 3 at 24 rpm, 5 at 36 rpm, 256/256 (Table 6)",
+        ),
+        Workload(
+            "overload-weighted",
+            lambda: uniform([0.8, 0.8, 1.2, 1.6], 360),
+            360,
+            "4 clients at 48/48/72/96 rpm, weights 1:2:3:4 (Fig. 16)",
+            weights={client_name(i): float(i + 1) for i in range(4)},
+        ),
+        Workload(
+            "proportional",
+            lambda: uniform([0.25, 0.5, 1.5], 600),
+            600,
+            "3 clients at 15/30/90 rpm: two under their share, one over (Fig. 4)",
+        ),
+        Workload(
+            "on_off_less",
+            lambda: uniform([0.5, 2.0], 600, on_off=60),
+            600,
+            "client 0 at 30 rpm ON/OFF every 60 s, client 1 at 120 rpm (Fig. 5)",
+        ),
+        Workload(
+            "on_off_overload",
+            lambda: uniform([2.0, 3.0], 600, on_off=60),
+            600,
+            "client 0 at 120 rpm ON/OFF every 60 s, client 1 at 180 rpm (Fig. 6)",
+        ),
+        Workload(
+            "poisson_short_long",
+            lambda: poisson([8.0, 1.5], 600, [(64, 64), (256, 256)]),
+            600,
+            "Poisson: 480 rpm of 64/64 and 90 rpm of 256/256 (Fig. 7)",
+        ),
+        Workload(
+            "poisson_short_long_2",
+            lambda: poisson([8.0, 1.5], 600, [(512, 32), (32, 512)]),
+            600,
+            "Poisson: 480 rpm of 512-in/32-out and 90 rpm of 32-in/512-out (Fig. 8)",
+        ),
+        Workload(
+            "increase",
+            lambda: increase(0.5, 2.0, 600),
+            600,
+            "client 0 at 30 rpm; client 1 ramps from 12 to 120 rpm (Fig. 9)",
+        ),
+        Workload(
+            "dist_shift", dist_shift, 900, "15 min in three phases of demand (Fig. 10: VTC vs LCF)"
+        ),
         Workload("real", real, 600, "the LMSYS Arena trace: 27 clients, 1500 requests (Table 2)"),
     ]
-}  # fmt: skip
+}
 
 
 def workload(name: str) -> Workload:

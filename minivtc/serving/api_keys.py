@@ -66,8 +66,12 @@ def read_keys(path: str | Path) -> dict[str, Key]:
         client, weight = entry.get("client"), entry.get("weight", 1.0)
         if not isinstance(client, str) or not 0 < len(client) <= MAX_CLIENT_ID_CHARS:
             raise ValueError(f"{where}: 'client' must be 1 to {MAX_CLIENT_ID_CHARS} characters")
-        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not (
-            0 < weight < math.inf  # (json reads Infinity and NaN: neither is a share)
+        if (
+            isinstance(weight, bool)
+            or not isinstance(weight, (int, float))
+            or not (
+                0 < weight < math.inf  # (json reads Infinity and NaN: neither is a share)
+            )
         ):
             raise ValueError(f"{where}: 'weight' must be a number > 0 and finite")
         if not isinstance(entry.get("admin", False), bool):
@@ -93,8 +97,9 @@ class Gate:
         self.keys = None if keys is None else {digest(k): v for k, v in keys.items()}
         self.trust_client_header = trust_client_header
 
-    def caller(self, authorization: str | None, client_header: str | None = None,
-               user: str | None = None) -> Caller:  # fmt: skip
+    def caller(
+        self, authorization: str | None, client_header: str | None = None, user: str | None = None
+    ) -> Caller:
         """Who sent a request; raises APIError 401 for a missing or unknown key (with keys),
         400 for a client id that is too long."""
         if self.keys is None:
@@ -106,8 +111,11 @@ class Gate:
     def key(self, authorization: str | None) -> Key:
         scheme, _, token = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not token.strip():
-            raise APIError(401, "You didn't provide an API key: send 'Authorization: Bearer "
-                           "YOUR_KEY'.", code="missing_api_key")  # fmt: skip
+            raise APIError(
+                401,
+                "You didn't provide an API key: send 'Authorization: Bearer YOUR_KEY'.",
+                code="missing_api_key",
+            )
         key = self.keys.get(digest(token.strip()))
         if key is None:
             raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")
@@ -119,8 +127,12 @@ def named(client_header: str | None, user: str | None) -> str | None:
     for value, param in ((client_header, "X-Client-Id"), (user, "user")):
         if value:
             if len(value) > MAX_CLIENT_ID_CHARS:
-                raise APIError(400, f"a client id is at most {MAX_CLIENT_ID_CHARS} characters; "
-                               f"this one has {len(value)}", param)  # fmt: skip
+                raise APIError(
+                    400,
+                    f"a client id is at most {MAX_CLIENT_ID_CHARS} characters; "
+                    f"this one has {len(value)}",
+                    param,
+                )
             return value
     return None
 

@@ -92,9 +92,13 @@ def calibrate(model, tokenizer) -> float:
 
 
 def serve_once(
-    model, tokenizer, scheduler: str, trace: list[TraceRequest], drain: float | None,
+    model,
+    tokenizer,
+    scheduler: str,
+    trace: list[TraceRequest],
+    drain: float | None,
     progress: bool = True,
-) -> ReplayResult:  # fmt: skip
+) -> ReplayResult:
     """A fresh engine and server under `scheduler`, the trace replayed against it."""
     engine = build_engine(
         model, tokenizer, scheduler, kv_tokens=BATCH * (INPUT_TOKENS + OUTPUT_TOKENS)
@@ -158,12 +162,22 @@ def plot(runs: dict[str, ReplayResult], plan: Plan, path: Path) -> Path:
             top.plot(ticks, rates.get(client, [0.0] * len(ticks)), f"C{i}", label=client)
             top.axhline(offered[client] * cost, color=f"C{i}", linestyle=":", alpha=0.7)
             mine = [r for r in run.served if r.client == client]
-            bottom.plot([r.arrival_s for r in mine], [r.first_token_latency_s for r in mine],
-                        f"C{i}.", markersize=3, label=client)  # fmt: skip
-        top.set(title=f"{name.upper()}: service rate (dotted: what was asked)",
-                ylabel="tokens/s (input + 2 x output)")  # fmt: skip
-        bottom.set(title=f"{name.upper()}: time to first token", xlabel="arrival time (s)",
-                   ylabel="seconds")  # fmt: skip
+            bottom.plot(
+                [r.arrival_s for r in mine],
+                [r.first_token_latency_s for r in mine],
+                f"C{i}.",
+                markersize=3,
+                label=client,
+            )
+        top.set(
+            title=f"{name.upper()}: service rate (dotted: what was asked)",
+            ylabel="tokens/s (input + 2 x output)",
+        )
+        bottom.set(
+            title=f"{name.upper()}: time to first token",
+            xlabel="arrival time (s)",
+            ylabel="seconds",
+        )
         top.legend(fontsize=8)
         bottom.legend(fontsize=8)
     return save(fig, path)

@@ -66,8 +66,11 @@ class Door:
         return b"".join(parts)
 
     def too_large(self) -> APIError:
-        return APIError(413, f"the request body is over {self.max_body_bytes} bytes "
-                        "(--max-body-bytes)", code="request_too_large")  # fmt: skip
+        return APIError(
+            413,
+            f"the request body is over {self.max_body_bytes} bytes (--max-body-bytes)",
+            code="request_too_large",
+        )
 
 
 def add_error_handlers(app: FastAPI) -> None:

@@ -74,9 +74,12 @@ class EngineLoop:
     """Runs `engine` on a daemon thread until `stop()`. Every public method is thread-safe."""
 
     def __init__(
-        self, engine: Engine, idle_wait_s: float = 0.05,
-        on_fatal: Callable[[BaseException], None] | None = None, forget_every_s: float = 10.0,
-    ) -> None:  # fmt: skip
+        self,
+        engine: Engine,
+        idle_wait_s: float = 0.05,
+        on_fatal: Callable[[BaseException], None] | None = None,
+        forget_every_s: float = 10.0,
+    ) -> None:
         """`on_fatal(error)` runs on the loop thread if the engine fails in a way that leaves
         shared state unsound (the loop has ended; `minivtc serve` then exits non-zero).
         Every `forget_every_s` the loop forgets idle clients (`Engine.forget_idle_clients`)."""
@@ -116,15 +119,20 @@ class EngineLoop:
     # --- called from the event loop ---------------------------------------------------------
 
     async def add(
-        self, prompt_ids: list[int], params: SamplingParams, client_id: str, request_id: str,
+        self,
+        prompt_ids: list[int],
+        params: SamplingParams,
+        client_id: str,
+        request_id: str,
         cache_salt: str | None = None,
-    ) -> Stream:  # fmt: skip
+    ) -> Stream:
         """Queue a request; raises `RequestRejected` exactly as `Engine.add_request` would."""
         event_loop = asyncio.get_running_loop()
 
         def add() -> Stream:
-            request = self.engine.add_request(prompt_ids, params, client_id, request_id,
-                                              cache_salt=cache_salt)  # fmt: skip
+            request = self.engine.add_request(
+                prompt_ids, params, client_id, request_id, cache_salt=cache_salt
+            )
             stream = Stream(request, asyncio.Queue(), event_loop)
             self.streams[request_id] = stream
             return stream
@@ -251,14 +259,25 @@ class EngineLoop:
             rows.setdefault(r.client_id, ClientRow()).running += 1
         a = engine.allocator
         return Snapshot(
-            engine.scheduler.name, rows, a.num_used_blocks, a.num_blocks, a.block_size,
-            dict(self.finished), self.ttft.cumulative(), self.ttft.total,
-            self.latency.cumulative(), self.latency.total,
+            engine.scheduler.name,
+            rows,
+            a.num_used_blocks,
+            a.num_blocks,
+            a.block_size,
+            dict(self.finished),
+            self.ttft.cumulative(),
+            self.ttft.total,
+            self.latency.cumulative(),
+            self.latency.total,
             ClientRow(None, 1.0, 0, 0, self.forgotten.input_tokens, self.forgotten.output_tokens),
-            engine.num_preemptions, engine.recomputed_tokens, engine.swapped_tokens,
-            engine.num_prompt_tokens, engine.num_cached_tokens, engine.preemption.host_tokens,
+            engine.num_preemptions,
+            engine.recomputed_tokens,
+            engine.swapped_tokens,
+            engine.num_prompt_tokens,
+            engine.num_cached_tokens,
+            engine.preemption.host_tokens,
             engine.preemption.swap_tokens if engine.preemption.mode == "swap" else 0,
-        )  # fmt: skip
+        )
 
     def record(self, request: Request) -> None:
         if request.first_token_time is not None:

@@ -67,10 +67,17 @@ def prompt_ids(t: TraceRequest, rng: random.Random, prefixes: dict[str, list[int
 
 
 async def replay(
-    url: str, trace: list[TraceRequest], speedup: float = 1.0, duration: float | None = None,
-    drain_s: float | None = None, model: str | None = None, ignore_eos: bool = True,
-    temperature: float = 0.0, seed: int = 0, progress: bool = True,
-) -> ReplayResult:  # fmt: skip
+    url: str,
+    trace: list[TraceRequest],
+    speedup: float = 1.0,
+    duration: float | None = None,
+    drain_s: float | None = None,
+    model: str | None = None,
+    ignore_eos: bool = True,
+    temperature: float = 0.0,
+    seed: int = 0,
+    progress: bool = True,
+) -> ReplayResult:
     """Send each request at `arrival_s / speedup` seconds after the start (those arriving
     before `duration`, in trace time), then wait up to `drain_s` for the last to finish."""
     if speedup <= 0:
@@ -79,8 +86,7 @@ async def replay(
     if not trace:
         raise ValueError("the trace has no requests to send (check --duration)")
     rng, prefixes = random.Random(seed), {}
-    bodies = [body(t, prompt_ids(t, rng, prefixes), model, ignore_eos, temperature)
-              for t in trace]  # fmt: skip
+    bodies = [body(t, prompt_ids(t, rng, prefixes), model, ignore_eos, temperature) for t in trace]
     result = ReplayResult(served=[])
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     with trace_bar(math.ceil(trace[-1].arrival_s), progress) as bar:
@@ -112,17 +118,28 @@ def trace_bar(trace_s: int, enabled: bool) -> tqdm:
     30 s. miniters=0: a redraw may show new counts while the trace time stands still (drain)."""
     interval = 0.1 if sys.stderr.isatty() else 30.0
     look = "{desc}: {percentage:3.0f}%|{bar}| {n}/{total} s of the trace [{elapsed}{postfix}]"
-    return tqdm(total=max(trace_s, 1), desc="replaying", bar_format=look, file=sys.stderr,
-                disable=not enabled, mininterval=interval, miniters=0,
-                dynamic_ncols=True)  # fmt: skip
+    return tqdm(
+        total=max(trace_s, 1),
+        desc="replaying",
+        bar_format=look,
+        file=sys.stderr,
+        disable=not enabled,
+        mininterval=interval,
+        miniters=0,
+        dynamic_ncols=True,
+    )
 
 
-def body(t: TraceRequest, ids: list[int], model: str | None, ignore_eos: bool, temperature: float
-         ) -> dict:  # fmt: skip
+def body(
+    t: TraceRequest, ids: list[int], model: str | None, ignore_eos: bool, temperature: float
+) -> dict:
     b = {
-        "prompt": ids, "max_tokens": t.output_tokens, "temperature": temperature, "stream": True,
+        "prompt": ids,
+        "max_tokens": t.output_tokens,
+        "temperature": temperature,
+        "stream": True,
         "stream_options": {"include_usage": True},
-    }  # fmt: skip
+    }
     if model:
         b["model"] = model
     if ignore_eos:
@@ -131,9 +148,13 @@ def body(t: TraceRequest, ids: list[int], model: str | None, ignore_eos: bool, t
 
 
 async def one(
-    http: httpx.AsyncClient, t: TraceRequest, payload: dict, send_at: float, start: float,
+    http: httpx.AsyncClient,
+    t: TraceRequest,
+    payload: dict,
+    send_at: float,
+    start: float,
     result: ReplayResult,
-) -> None:  # fmt: skip
+) -> None:
     await asyncio.sleep(max(0.0, send_at - time.monotonic()))
     sent = time.monotonic()
     first = None
@@ -172,7 +193,7 @@ async def one(
             first - sent,
             end - sent,
             cached_tokens,  # what the server's prefix cache held (0 without one)
-        )  # fmt: skip
+        )
     )
 
 
@@ -198,9 +219,11 @@ async def report(
 
 def counts(tasks: list[asyncio.Task], result: ReplayResult, done: bool = False) -> str:
     failed = sum(result.failed.values())
-    rest = f"{result.unfinished} cancelled" if done else (
-        f"{sum(not t.done() for t in tasks)} in flight or not sent yet"
-    )  # fmt: skip
+    rest = (
+        f"{result.unfinished} cancelled"
+        if done
+        else (f"{sum(not t.done() for t in tasks)} in flight or not sent yet")
+    )
     return f"{len(result.served)} finished, {failed} failed, {rest}, of {len(tasks)}"
 
 
@@ -213,9 +236,11 @@ def write_run(result: ReplayResult, out: str | Path) -> dict:
     served = result.served
     metrics.write_requests(out / "requests.csv", served)
     summary: dict = {
-        "served": len(served), "failed": sum(result.failed.values()),
-        "unfinished": result.unfinished, "wall_s": round(result.wall_s, 1),
-    }  # fmt: skip
+        "served": len(served),
+        "failed": sum(result.failed.values()),
+        "unfinished": result.unfinished,
+        "wall_s": round(result.wall_s, 1),
+    }
     if served:
         horizon = max(r.end_s for r in served)  # the whole run, to the last token
         _, gaps = metrics.accumulated_service_diff(served, horizon, skip_before=0.0)

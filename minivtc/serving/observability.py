@@ -48,10 +48,14 @@ class ClientRow:
 
     def as_dict(self) -> dict:
         return {
-            "counter": self.counter, "weight": self.weight, "waiting": self.waiting,
-            "running": self.running, "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens, "service": self.service,
-        }  # fmt: skip
+            "counter": self.counter,
+            "weight": self.weight,
+            "waiting": self.waiting,
+            "running": self.running,
+            "input_tokens": self.input_tokens,
+            "output_tokens": self.output_tokens,
+            "service": self.service,
+        }
 
 
 @dataclass
@@ -79,10 +83,14 @@ class Snapshot:
 def fairness_view(snap: Snapshot, only: str | None = None) -> dict:
     """`/fairness`: per client, counter, weight, waiting, running, tokens and service so far.
     `only`: show just that client's row (a tenant's key sees only its own usage)."""
-    clients = {c: row.as_dict() for c, row in sorted(snap.clients.items())
-               if only is None or c == only}  # fmt: skip
-    kv = {"used_blocks": snap.used_blocks, "total_blocks": snap.total_blocks,
-          "block_size": snap.block_size}  # fmt: skip
+    clients = {
+        c: row.as_dict() for c, row in sorted(snap.clients.items()) if only is None or c == only
+    }
+    kv = {
+        "used_blocks": snap.used_blocks,
+        "total_blocks": snap.total_blocks,
+        "block_size": snap.block_size,
+    }
     return {"scheduler": snap.scheduler, "kv": kv, "clients": clients}
 
 
@@ -111,25 +119,46 @@ def families(snap: Snapshot, top: int) -> Iterable[Metric]:
             family.add_metric([client], value(row))
         return family
 
-    yield per_client(CounterMetricFamily, "minivtc_client_input_tokens", "Prompt tokens processed.",
-                     lambda r: r.input_tokens)  # fmt: skip
-    yield per_client(CounterMetricFamily, "minivtc_client_output_tokens", "Tokens generated.",
-                     lambda r: r.output_tokens)  # fmt: skip
-    yield per_client(CounterMetricFamily, "minivtc_client_service",
-                     f"Service delivered: w_p*input + w_q*output (w_p={W_P:g}, w_q={W_Q:g}).",
-                     lambda r: r.service)  # fmt: skip
-    counters = GaugeMetricFamily("minivtc_client_counter", "VTC's virtual token counter.",
-                                 labels=["client"])  # fmt: skip
+    yield per_client(
+        CounterMetricFamily,
+        "minivtc_client_input_tokens",
+        "Prompt tokens processed.",
+        lambda r: r.input_tokens,
+    )
+    yield per_client(
+        CounterMetricFamily,
+        "minivtc_client_output_tokens",
+        "Tokens generated.",
+        lambda r: r.output_tokens,
+    )
+    yield per_client(
+        CounterMetricFamily,
+        "minivtc_client_service",
+        f"Service delivered: w_p*input + w_q*output (w_p={W_P:g}, w_q={W_Q:g}).",
+        lambda r: r.service,
+    )
+    counters = GaugeMetricFamily(
+        "minivtc_client_counter", "VTC's virtual token counter.", labels=["client"]
+    )
     for client, row in rows.items():
         if row.counter is not None and client != OTHER:  # a sum of counters means nothing
             counters.add_metric([client], row.counter)
     yield counters
-    yield per_client(GaugeMetricFamily, "minivtc_requests_waiting",
-                     "Requests waiting to be admitted.", lambda r: r.waiting)  # fmt: skip
-    yield per_client(GaugeMetricFamily, "minivtc_requests_running",
-                     "Requests in the running batch.", lambda r: r.running)  # fmt: skip
-    finished = CounterMetricFamily("minivtc_requests_finished", "Requests finished, by reason.",
-                                   labels=["client", "reason"])  # fmt: skip
+    yield per_client(
+        GaugeMetricFamily,
+        "minivtc_requests_waiting",
+        "Requests waiting to be admitted.",
+        lambda r: r.waiting,
+    )
+    yield per_client(
+        GaugeMetricFamily,
+        "minivtc_requests_running",
+        "Requests in the running batch.",
+        lambda r: r.running,
+    )
+    finished = CounterMetricFamily(
+        "minivtc_requests_finished", "Requests finished, by reason.", labels=["client", "reason"]
+    )
     by_label: dict[tuple[str, str], int] = {}
     for (client, reason), n in snap.finished.items():
         key = (client if client in rows else OTHER, reason)
@@ -140,38 +169,52 @@ def families(snap: Snapshot, top: int) -> Iterable[Metric]:
     histograms = (
         ("minivtc_time_to_first_token_seconds", snap.ttft, snap.ttft_sum, "Arrival to 1st token."),
         ("minivtc_request_latency_seconds", snap.latency, snap.latency_sum, "Arrival to last."),
-    )  # fmt: skip
+    )
     for name, buckets, total, what in histograms:
         yield HistogramMetricFamily(name, what, buckets=buckets, sum_value=total)
-    yield GaugeMetricFamily("minivtc_kv_blocks_used", "KV blocks held by requests.",
-                            value=snap.used_blocks)  # fmt: skip
-    yield GaugeMetricFamily("minivtc_kv_blocks_total", "KV blocks in the pool.",
-                            value=snap.total_blocks)  # fmt: skip
-    yield CounterMetricFamily("minivtc_preemptions", "Requests preempted to free KV blocks.",
-                              value=snap.preemptions)  # fmt: skip
-    yield CounterMetricFamily("minivtc_recomputed_tokens",
-                              "Tokens whose keys and values were computed again after a "
-                              "preemption threw them away.",
-                              value=snap.recomputed_tokens)  # fmt: skip
-    yield CounterMetricFamily("minivtc_swapped_tokens",
-                              "Tokens whose keys and values a preemption swapped to host memory "
-                              "(counted out and in).", value=snap.swapped_tokens)  # fmt: skip
-    yield GaugeMetricFamily("minivtc_swap_tokens_used",
-                            "Tokens of keys and values swapped out to host memory now.",
-                            value=snap.host_tokens)  # fmt: skip
-    yield GaugeMetricFamily("minivtc_swap_tokens_total",
-                            "Tokens of keys and values host memory may hold (0: no swapping; "
-                            "a preemption that would need more recomputes).",
-                            value=snap.swap_tokens)  # fmt: skip
-    yield CounterMetricFamily("minivtc_prompt_tokens", "Prompt tokens of the requests admitted.",
-                              value=snap.prompt_tokens)  # fmt: skip
-    yield CounterMetricFamily("minivtc_prefix_cache_hit_tokens",
-                              "Prompt tokens found in the prefix cache (prefill skipped).",
-                              value=snap.cached_tokens)  # fmt: skip
-    yield GaugeMetricFamily("minivtc_prefix_cache_hit_rate",
-                            "Share of admitted prompt tokens found in the prefix cache.",
-                            value=snap.cached_tokens / snap.prompt_tokens if snap.prompt_tokens
-                            else 0.0)  # fmt: skip
+    yield GaugeMetricFamily(
+        "minivtc_kv_blocks_used", "KV blocks held by requests.", value=snap.used_blocks
+    )
+    yield GaugeMetricFamily(
+        "minivtc_kv_blocks_total", "KV blocks in the pool.", value=snap.total_blocks
+    )
+    yield CounterMetricFamily(
+        "minivtc_preemptions", "Requests preempted to free KV blocks.", value=snap.preemptions
+    )
+    yield CounterMetricFamily(
+        "minivtc_recomputed_tokens",
+        "Tokens whose keys and values were computed again after a preemption threw them away.",
+        value=snap.recomputed_tokens,
+    )
+    yield CounterMetricFamily(
+        "minivtc_swapped_tokens",
+        "Tokens whose keys and values a preemption swapped to host memory (counted out and in).",
+        value=snap.swapped_tokens,
+    )
+    yield GaugeMetricFamily(
+        "minivtc_swap_tokens_used",
+        "Tokens of keys and values swapped out to host memory now.",
+        value=snap.host_tokens,
+    )
+    yield GaugeMetricFamily(
+        "minivtc_swap_tokens_total",
+        "Tokens of keys and values host memory may hold (0: no swapping; "
+        "a preemption that would need more recomputes).",
+        value=snap.swap_tokens,
+    )
+    yield CounterMetricFamily(
+        "minivtc_prompt_tokens", "Prompt tokens of the requests admitted.", value=snap.prompt_tokens
+    )
+    yield CounterMetricFamily(
+        "minivtc_prefix_cache_hit_tokens",
+        "Prompt tokens found in the prefix cache (prefill skipped).",
+        value=snap.cached_tokens,
+    )
+    yield GaugeMetricFamily(
+        "minivtc_prefix_cache_hit_rate",
+        "Share of admitted prompt tokens found in the prefix cache.",
+        value=snap.cached_tokens / snap.prompt_tokens if snap.prompt_tokens else 0.0,
+    )
 
 
 def labelled_rows(snap: Snapshot, top: int) -> dict[str, ClientRow]:

@@ -94,13 +94,21 @@ class APIError(Exception):
     """An error answered as OpenAI does: `{"error": {"message", "type", "param", "code"}}`."""
 
     def __init__(
-        self, status: int, message: str, param: str | None = None, code: str | None = None,
+        self,
+        status: int,
+        message: str,
+        param: str | None = None,
+        code: str | None = None,
         kind: str = "invalid_request_error",
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(message)
         self.status, self.message, self.param, self.code, self.kind = (
-            status, message, param, code, kind,
-        )  # fmt: skip
+            status,
+            message,
+            param,
+            code,
+            kind,
+        )
 
     def body(self) -> dict:
         error = {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}
@@ -139,18 +147,25 @@ def check_unsupported(body: Sampling, model_name: str) -> None:
     """Refuse what this server does not do, rather than silently ignoring it."""
     if body.model is not None and body.model != model_name:
         raise APIError(
-            404, f"the model '{body.model}' does not exist; this server serves '{model_name}'",
-            "model", "model_not_found",
-        )  # fmt: skip
+            404,
+            f"the model '{body.model}' does not exist; this server serves '{model_name}'",
+            "model",
+            "model_not_found",
+        )
     if body.n != 1:
         raise APIError(400, "n > 1 is not supported: send one request per completion", "n")
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "stream_options is only allowed with stream: true", "stream_options")
     # Accepted only at a value that changes nothing: anything else is refused, never ignored.
     harmless = {
-        "presence_penalty": (0.0,), "frequency_penalty": (0.0,), "logprobs": (None, False, 0),
-        "logit_bias": (None, {}), "echo": (False,), "best_of": (None, 1), "suffix": (None, ""),
-    }  # fmt: skip
+        "presence_penalty": (0.0,),
+        "frequency_penalty": (0.0,),
+        "logprobs": (None, False, 0),
+        "logit_bias": (None, {}),
+        "echo": (False,),
+        "best_of": (None, 1),
+        "suffix": (None, ""),
+    }
     for name, allowed in harmless.items():
         if getattr(body, name, allowed[0]) not in allowed:
             raise APIError(400, f"'{name}' is not supported by this server", name)
@@ -189,7 +204,8 @@ class ChunkShape:
 def usage(num_prompt: int, num_output: int, num_cached: int = 0) -> dict:
     """OpenAI's usage block; `num_cached`: prompt tokens served from the prefix cache."""
     return {
-        "prompt_tokens": num_prompt, "completion_tokens": num_output,
+        "prompt_tokens": num_prompt,
+        "completion_tokens": num_output,
         "total_tokens": num_prompt + num_output,
         "prompt_tokens_details": {"cached_tokens": num_cached},
-    }  # fmt: skip
+    }

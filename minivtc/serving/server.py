@@ -67,10 +67,15 @@ class ServerState:
 
 
 def make_app(
-    engine: Engine, tokenizer: Tokenizer, model_name: str = "minivtc-tiny", *,
-    gate: Gate | None = None, max_body_bytes: int = MAX_BODY_BYTES,
-    on_fatal=None, forget_every_s: float = 10.0,
-) -> FastAPI:  # fmt: skip
+    engine: Engine,
+    tokenizer: Tokenizer,
+    model_name: str = "minivtc-tiny",
+    *,
+    gate: Gate | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    on_fatal=None,
+    forget_every_s: float = 10.0,
+) -> FastAPI:
     """The app over `engine` (which it starts on a thread at startup and stops at shutdown).
 
     `gate`: API keys (default: none, every caller names itself: local use). `on_fatal(error)`:
@@ -78,14 +83,19 @@ def make_app(
     room = min(engine.max_positions, engine.allocator.num_tokens)
     longest_piece = max(len(tokenizer.sp.id_to_piece(i)) for i in range(tokenizer.vocab_size))
     state = ServerState(
-        EngineLoop(engine, on_fatal=on_fatal, forget_every_s=forget_every_s), tokenizer,
-        model_name, int(time.time()), gate or Gate(), room,
+        EngineLoop(engine, on_fatal=on_fatal, forget_every_s=forget_every_s),
+        tokenizer,
+        model_name,
+        int(time.time()),
+        gate or Gate(),
+        room,
         max_prompt_chars=room * longest_piece * CHARS_PER_TOKEN_BOUND,
-    )  # fmt: skip
+    )
     app = FastAPI(
-        title="minivtc", lifespan=lifespan(state),
+        title="minivtc",
+        lifespan=lifespan(state),
         description="OpenAI-compatible completions over minivtc's engine, scheduled fairly.",
-    )  # fmt: skip
+    )
     app.state.minivtc = state
     add_error_handlers(app)
     app.add_middleware(Door, gate=state.gate, max_body_bytes=max_body_bytes)
@@ -133,8 +143,9 @@ async def completions(body: CompletionBody, http: Request):
         check_length(state, len(prompt), "prompt")
         prompt_ids = await asyncio.to_thread(state.tokenizer.encode, prompt)  # off the event loop
     params = sampling_params(body, body.max_tokens or 16)
-    return await respond(state.loop, state.model_name, http, body, prompt_ids, params, caller,
-                         chat=False)  # fmt: skip
+    return await respond(
+        state.loop, state.model_name, http, body, prompt_ids, params, caller, chat=False
+    )
 
 
 async def chat_completions(body: ChatBody, http: Request):
@@ -150,14 +161,19 @@ async def chat_completions(body: ChatBody, http: Request):
     room = state.context_room - len(prompt_ids)
     max_tokens = body.max_completion_tokens or body.max_tokens or max(room, 1)
     params = sampling_params(body, max_tokens)
-    return await respond(state.loop, state.model_name, http, body, prompt_ids, params, caller,
-                         chat=True)  # fmt: skip
+    return await respond(
+        state.loop, state.model_name, http, body, prompt_ids, params, caller, chat=True
+    )
 
 
 async def models(http: Request):
     state: ServerState = http.app.state.minivtc
-    card = {"id": state.model_name, "object": "model", "created": state.created,
-            "owned_by": "minivtc"}  # fmt: skip
+    card = {
+        "id": state.model_name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "minivtc",
+    }
     return {"object": "list", "data": [card]}
 
 
@@ -191,8 +207,9 @@ async def metrics(http: Request):
 
 
 def identify(state: ServerState, http: Request, user: str | None) -> Caller:
-    return state.gate.caller(http.headers.get("authorization"), http.headers.get("x-client-id"),
-                             user)  # fmt: skip
+    return state.gate.caller(
+        http.headers.get("authorization"), http.headers.get("x-client-id"), user
+    )
 
 
 def check_length(state: ServerState, num_chars: int, param: str) -> None:
@@ -200,9 +217,12 @@ def check_length(state: ServerState, num_chars: int, param: str) -> None:
     covers at most `longest_piece` characters (after normalization)."""
     if num_chars > state.max_prompt_chars:
         raise APIError(
-            400, f"the text is {num_chars} characters: it cannot fit the {state.context_room} "
-            "tokens one request may hold", param, "context_length_exceeded",
-        )  # fmt: skip
+            400,
+            f"the text is {num_chars} characters: it cannot fit the {state.context_room} "
+            "tokens one request may hold",
+            param,
+            "context_length_exceeded",
+        )
 
 
 async def snapshot(state: ServerState):
@@ -218,9 +238,14 @@ def sampling_params(body: Sampling, max_tokens: int) -> SamplingParams:
     if any(not s for s in stop):
         raise APIError(400, "stop sequences must be non-empty strings", "stop")
     return SamplingParams(
-        temperature=body.temperature, top_p=body.top_p, top_k=body.top_k, max_tokens=max_tokens,
-        stop=stop, seed=body.seed, ignore_eos=body.ignore_eos,
-    )  # fmt: skip
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        max_tokens=max_tokens,
+        stop=stop,
+        seed=body.seed,
+        ignore_eos=body.ignore_eos,
+    )
 
 
 # --- running it ----------------------------------------------------------------------------------
@@ -231,15 +256,24 @@ class Server:
     in-flight requests finish; after `shutdown_timeout` seconds the rest end with an error event
     (or a 500) and the process exits. `run()` returns the exit code: 1 if the engine failed."""
 
-    def __init__(self, engine: Engine, tokenizer: Tokenizer, model_name: str, host: str,
-                 port: int, shutdown_timeout: float = 30.0, **app_options) -> None:  # fmt: skip
+    def __init__(
+        self,
+        engine: Engine,
+        tokenizer: Tokenizer,
+        model_name: str,
+        host: str,
+        port: int,
+        shutdown_timeout: float = 30.0,
+        **app_options,
+    ) -> None:
         import uvicorn
 
         self.app = make_app(engine, tokenizer, model_name, on_fatal=self.fatal, **app_options)
         self.loop: EngineLoop = self.app.state.minivtc.loop
         self.shutdown_timeout = shutdown_timeout
-        config = uvicorn.Config(self.app, host=host, port=port,
-                                timeout_graceful_shutdown=shutdown_timeout + 5)  # fmt: skip
+        config = uvicorn.Config(
+            self.app, host=host, port=port, timeout_graceful_shutdown=shutdown_timeout + 5
+        )
         self.server = uvicorn.Server(config)
         self.server.handle_exit = self.handle_exit  # type: ignore[method-assign]
 
@@ -249,8 +283,10 @@ class Server:
 
     def handle_exit(self, sig: int, frame) -> None:
         if not self.server.should_exit:  # the first signal: start the clock
-            print(f"shutting down: in-flight requests have {self.shutdown_timeout:g} s",
-                  file=sys.stderr)  # fmt: skip
+            print(
+                f"shutting down: in-flight requests have {self.shutdown_timeout:g} s",
+                file=sys.stderr,
+            )
             timer = threading.Timer(self.shutdown_timeout, self.give_up)
             timer.daemon = True  # the process may end before it fires
             timer.start()

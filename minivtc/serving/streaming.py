@@ -25,9 +25,15 @@ from minivtc.serving.openai_api import FINISH_REASONS, APIError, ChunkShape, Sam
 
 
 async def respond(
-    loop: EngineLoop, model_name: str, http: Request, body: Sampling, prompt_ids: list[int],
-    params: SamplingParams, caller: Caller, chat: bool,
-):  # fmt: skip
+    loop: EngineLoop,
+    model_name: str,
+    http: Request,
+    body: Sampling,
+    prompt_ids: list[int],
+    params: SamplingParams,
+    caller: Caller,
+    chat: bool,
+):
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     try:
         stream = await loop.add(prompt_ids, params, caller.client, request_id, caller.cache_salt)
@@ -60,8 +66,9 @@ async def next_output(stream: Stream) -> StepOutput:
     return item
 
 
-async def sse(loop: EngineLoop, stream: Stream, shape: ChunkShape, include_usage: bool
-              ) -> AsyncIterator[str]:  # fmt: skip
+async def sse(
+    loop: EngineLoop, stream: Stream, shape: ChunkShape, include_usage: bool
+) -> AsyncIterator[str]:
     """One `data:` event per generated token (text may be empty while a character is
     incomplete or a stop sequence might be starting), then usage if asked, then [DONE]."""
     finished, first = False, True

@@ -52,9 +52,17 @@ class UnitRunner:
 def drive(scheduler, arrivals, kv_tokens, fairness=False, max_positions=10**6, **options):
     """`options`: the engine's memory options (reservation, victim, preempt_gap)."""
     clock = [0.0]
-    engine = Engine(UnitRunner(clock), BlockAllocator(kv_tokens, 1), scheduler, max_positions,
-                    eos_id=-1, clock=lambda: clock[0], check_invariants=True,
-                    check_fairness=fairness, **options)  # fmt: skip
+    engine = Engine(
+        UnitRunner(clock),
+        BlockAllocator(kv_tokens, 1),
+        scheduler,
+        max_positions,
+        eos_id=-1,
+        clock=lambda: clock[0],
+        check_invariants=True,
+        check_fairness=fairness,
+        **options,
+    )
     pending = deque(sorted(arrivals, key=lambda a: a.time))
     steps, rejected = [], []
     rejoined = watch_rejoining(engine)
@@ -75,8 +83,11 @@ def drive(scheduler, arrivals, kv_tokens, fairness=False, max_positions=10**6, *
         rejoined.clear()
         engine.step()
         after = snapshot(engine)
-        service = {c: W_P * (after[c][0] - before[1].get(c, (0, 0))[0])
-                   + W_Q * (after[c][1] - before[1].get(c, (0, 0))[1]) for c in after}  # fmt: skip
+        service = {
+            c: W_P * (after[c][0] - before[1].get(c, (0, 0))[0])
+            + W_Q * (after[c][1] - before[1].get(c, (0, 0))[1])
+            for c in after
+        }
         steps.append(Step(before[0] & waiting_clients(scheduler) - rejoined, service))
     assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
     return engine, steps, rejected
@@ -108,13 +119,15 @@ def bound_u(max_input: int, kv_tokens: int) -> float:
     return max(W_P * max_input, W_Q * kv_tokens)
 
 
-workloads = st.fixed_dictionaries({
-    "n_clients": st.integers(2, 5),
-    "n_requests": st.integers(5, 60),
-    "kv_tokens": st.integers(40, 160),
-    "seed": st.integers(0, 10**6),
-    "bursty": st.booleans(),
-})  # fmt: skip
+workloads = st.fixed_dictionaries(
+    {
+        "n_clients": st.integers(2, 5),
+        "n_requests": st.integers(5, 60),
+        "kv_tokens": st.integers(40, 160),
+        "seed": st.integers(0, 10**6),
+        "bursty": st.booleans(),
+    }
+)
 
 
 def random_arrivals(w):

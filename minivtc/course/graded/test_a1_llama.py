@@ -22,10 +22,26 @@ from minivtc.core.weights import BUNDLED_WEIGHTS, load_model
 transformers = pytest.importorskip("transformers")
 from transformers.models.llama import modeling_llama as hf  # noqa: E402
 
-GQA = LlamaConfig(vocab_size=4096, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=96,
-                  max_positions=256, rope_theta=500000.0)  # fmt: skip
-MHA = LlamaConfig(vocab_size=4096, dim=64, n_layers=2, n_heads=4, n_kv_heads=4, ffn_dim=96,
-                  max_positions=256, rope_theta=10000.0)  # fmt: skip
+GQA = LlamaConfig(
+    vocab_size=4096,
+    dim=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=2,
+    ffn_dim=96,
+    max_positions=256,
+    rope_theta=500000.0,
+)
+MHA = LlamaConfig(
+    vocab_size=4096,
+    dim=64,
+    n_layers=2,
+    n_heads=4,
+    n_kv_heads=4,
+    ffn_dim=96,
+    max_positions=256,
+    rope_theta=10000.0,
+)
 
 
 def hf_config(config: LlamaConfig):
@@ -52,8 +68,9 @@ def test_rotary_positions_match_transformers(config):
     cos, sin = rotary_cos_sin(positions, config)
     rotary = hf.LlamaRotaryEmbedding(config=hf_config(config))
     hf_cos, hf_sin = rotary(q, positions[None])  # (1, T, D)
-    theirs, _ = hf.apply_rotary_pos_emb(q.transpose(0, 1)[None], q.transpose(0, 1)[None],
-                                        hf_cos, hf_sin)  # fmt: skip
+    theirs, _ = hf.apply_rotary_pos_emb(
+        q.transpose(0, 1)[None], q.transpose(0, 1)[None], hf_cos, hf_sin
+    )
     torch.testing.assert_close(apply_rotary(q, cos, sin), theirs[0].transpose(0, 1))
 
 
@@ -63,8 +80,11 @@ def test_causal_attention_with_grouped_queries(heads, kv_heads):
     and each token the earlier tokens of its own sequence."""
     torch.manual_seed(2)
     s, d = 5, 8
-    q, k, v = torch.randn(2 * s, heads, d), torch.randn(2 * s, kv_heads, d), torch.randn(
-        2 * s, kv_heads, d)  # fmt: skip
+    q, k, v = (
+        torch.randn(2 * s, heads, d),
+        torch.randn(2 * s, kv_heads, d),
+        torch.randn(2 * s, kv_heads, d),
+    )
     expected = []
     for seq in range(2):
         rows = slice(seq * s, (seq + 1) * s)

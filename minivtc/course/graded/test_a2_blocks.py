@@ -65,8 +65,17 @@ def test_random_operations_keep_the_invariants(block_size):
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_paged_engine_gives_the_tokens_of_dense_attention(block_size):
     torch.manual_seed(0)
-    model = Llama(LlamaConfig(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                              ffn_dim=48, max_positions=128)).eval()  # fmt: skip
+    model = Llama(
+        LlamaConfig(
+            vocab_size=256,
+            dim=32,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            ffn_dim=48,
+            max_positions=128,
+        )
+    ).eval()
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
     engine = build_engine(model, None, kv_tokens=300, block_size=block_size, check_invariants=True)
     prompts = [[3 + i, 40 + 2 * i, 7, 90 + i][: 2 + i % 3] for i in range(5)]

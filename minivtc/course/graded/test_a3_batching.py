@@ -33,8 +33,15 @@ def test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing():
 
 def unit_engine(kv_tokens: int) -> Engine:
     clock = [0.0]
-    return Engine(UnitRunner(clock), BlockAllocator(kv_tokens, 1), FCFS(), 10**6, eos_id=-1,
-                  clock=lambda: clock[0], check_invariants=True)  # fmt: skip
+    return Engine(
+        UnitRunner(clock),
+        BlockAllocator(kv_tokens, 1),
+        FCFS(),
+        10**6,
+        eos_id=-1,
+        clock=lambda: clock[0],
+        check_invariants=True,
+    )
 
 
 def test_one_step_admits_runs_appends_and_retires():
@@ -68,8 +75,17 @@ def test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it():
 
 def test_continuous_batching_gives_each_request_its_tokens_alone():
     torch.manual_seed(0)
-    model = Llama(LlamaConfig(vocab_size=256, dim=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                              ffn_dim=48, max_positions=128)).eval()  # fmt: skip
+    model = Llama(
+        LlamaConfig(
+            vocab_size=256,
+            dim=32,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=2,
+            ffn_dim=48,
+            max_positions=128,
+        )
+    ).eval()
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     engine = build_engine(model, None, kv_tokens=200, block_size=4, check_invariants=True)
     prompts = [[3, 9, 27], [50, 60], [7, 8, 9, 10, 11], [100], [42, 43]]

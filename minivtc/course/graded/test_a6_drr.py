@@ -57,8 +57,9 @@ def test_on_the_papers_workloads_as_fair_as_vtc_and_as_fast(name):
     table = {}
     for policy in ("fcfs", "vtc", DRR()):
         r = simulate(trace, policy)
-        table[getattr(policy, "name", policy)] = metrics.table_metrics(r.served, r.total_time,
-                                                                       horizon=w.duration)
+        table[getattr(policy, "name", policy)] = metrics.table_metrics(
+            r.served, r.total_time, horizon=w.duration
+        )
     drr, vtc, fcfs = table["drr:256"], table["vtc"], table["fcfs"]
     assert drr.max_diff <= 1.1 * vtc.max_diff and drr.avg_diff <= 1.1 * vtc.avg_diff
     assert drr.avg_diff < 0.7 * fcfs.avg_diff
