@@ -214,24 +214,16 @@ def populate(vtc: VTC, n_clients: int) -> list[Request]:
 
 
 def time_decisions(vtc: VTC, n_clients: int, quick: bool) -> float:
-    """One decision = select the minimum, admit one request, charge its prompt, refill."""
+    """One decision = peek at the minimum, dispatch it (charge its prompt), refill its queue."""
     populate(vtc, n_clients)
     rounds = 200 if n_clients >= 10_000 and not quick else 2000
-    admitted: list[Request] = []
-
-    def admit_one(r: Request) -> bool:
-        if admitted and admitted[-1] is not None:
-            return False  # the round ends after one admission
-        vtc.on_tokens(r, r.num_prompt, 0)
-        admitted.append(r)
-        return True
-
     refills = [Request(f"new-{k}", "", [1] * 8, SamplingParams(), 0.0) for k in range(rounds)]
     start = time.perf_counter()
     for refill in refills:
-        admitted.append(None)
-        vtc.schedule(admit_one)
-        refill.client_id = admitted[-1].client_id  # keep every client waiting
+        request = vtc.peek()
+        assert request is not None
+        vtc.dispatch(request)
+        refill.client_id = request.client_id  # keep every client waiting
         vtc.add(refill, 0.0)
     return 1e6 * (time.perf_counter() - start) / rounds
 
@@ -239,14 +231,14 @@ def time_decisions(vtc: VTC, n_clients: int, quick: bool) -> float:
 def time_charges(vtc: VTC, n_clients: int) -> float:
     """One output token charged to a running request of a client that also has requests waiting."""
     requests = populate(vtc, n_clients)
-    for r in requests:
-        vtc.on_tokens(r, r.num_prompt, 0)  # dispatched: VTC charges outputs of running requests
+    for r in requests:  # as if dispatched: a token's charge starts from what dispatch charged
+        vtc.charged[r.request_id] = (0.0, vtc.cost(r.num_prompt, 0))
     rounds = 20_000
     start = time.perf_counter()
     for k in range(rounds):
         r = requests[(k * 104729) % len(requests)]
         r.output_ids.append(1)
-        vtc.on_tokens(r, 0, 1)
+        vtc.on_decode([r])
     return 1e6 * (time.perf_counter() - start) / rounds
 
 

@@ -9,15 +9,20 @@ Lesson 3 teaches it.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from minivtc.core.engine import Engine
-from minivtc.core.kv_pool import KVPool
+from minivtc.core.kv_pool import BlockAllocator, KVPool
 from minivtc.core.model import Llama
+from minivtc.core.options import EngineOptions
 from minivtc.core.policies import make_scheduler
+from minivtc.core.prefix_cache import PrefixCachingAllocator
 from minivtc.core.request import Request
 from minivtc.core.runner import ModelRunner
 from minivtc.core.sampler import SamplingParams
@@ -38,7 +43,9 @@ def build_engine(
     compile_attention: bool | None = None,
     client_weights: dict[str, float] | None = None,
     prefix_caching: bool = False,
-    **engine_options,
+    clock: Callable[[], float] = time.monotonic,
+    options: EngineOptions | None = None,
+    **engine_options: Any,
 ) -> Engine:
     """An engine over `model`. The pool holds `kv_tokens` tokens, or fills `kv_bytes` bytes.
 
@@ -48,15 +55,17 @@ def build_engine(
     its prefill (`prefix_cache.py`).
 
     `compile_attention=None` means on for CUDA, off for CPU (compiling costs more than it saves
-    on a laptop CPU). Other keywords go to `Engine` (max_running, check_invariants, clock).
+    on a laptop CPU). `options`, or the keywords that build them (`EngineOptions`: reservation,
+    victim, max_running, check_invariants, ...), say how the engine admits and preempts.
     """
+    options = options or EngineOptions(**engine_options)
     if kv_tokens is not None and kv_bytes is not None:
         raise ValueError("give kv_tokens or kv_bytes, not both")
     weight = model.embed_tokens.weight
     pool_options = {
         "dtype": weight.dtype,
         "device": weight.device,
-        "prefix_caching": prefix_caching,
+        "allocator": PrefixCachingAllocator if prefix_caching else BlockAllocator,
     }
     if kv_bytes is not None:
         pool = KVPool.from_bytes(model.config, kv_bytes, block_size, **pool_options)
@@ -80,7 +89,8 @@ def build_engine(
         max_positions=model.config.max_positions,
         eos_id=model.config.eos_id,
         tokenizer=tokenizer,
-        **engine_options,
+        clock=clock,
+        options=options,
     )
 
 
@@ -134,7 +144,7 @@ class LLM:
         dtype: str = "fp32",
         device: str = "cpu",
         weights_dir: str | Path | None = None,
-        **engine_options,
+        **engine_options: Any,
     ) -> None:
         checkpoint = checkpoint_dir(model, weights_dir)
         llama, tokenizer = load_model(checkpoint, dtype, device)

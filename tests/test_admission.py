@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from minivtc.core.admission import PeakReservation
 from minivtc.core.engine import Engine
 from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.options import EngineOptions
 from minivtc.core.params import SamplingParams
 from minivtc.core.request import Request
 from minivtc.core.scheduler import FCFS
@@ -66,8 +67,7 @@ def test_peak_blocks_is_the_most_the_batch_then_holds(specs, block_size):
         FCFS(),
         10**5,
         eos_id=2,
-        reservation="peak",
-        check_invariants=True,
+        options=EngineOptions(reservation="peak", check_invariants=True),
     )
     for prompt, max_tokens, wait in specs:
         engine.add_request([1] * prompt, SamplingParams(max_tokens=max_tokens))
@@ -100,9 +100,11 @@ def test_every_request_the_engine_accepts_finishes(specs, block_size, memory):
         FCFS(),
         10**5,
         eos_id=2,
-        reservation=reservation,
-        victim=victim,
-        check_invariants=True,
+        options=EngineOptions(
+            reservation=reservation,
+            victim=victim if reservation == "none" else None,
+            check_invariants=True,
+        ),
     )
     requests = []
     for prompt, max_tokens in specs:

@@ -10,11 +10,13 @@ from hypothesis import strategies as st
 
 from minivtc.core.engine import Engine
 from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.options import EngineOptions
 from minivtc.core.params import SamplingParams
 from minivtc.core.vtc import VTC
 from minivtc.course.graded import harness
 from minivtc.course.graded.harness import UnitRunner, drive, max_gap, random_arrivals, workloads
 from minivtc.harness.backlog import BacklogWatch, watch_rejoining
+from tests.test_engine import memory
 
 
 @settings(max_examples=40, deadline=None)
@@ -38,7 +40,7 @@ def test_the_watch_measures_what_max_gap_measures_over_every_pair(w, reservation
 
     harness.Engine.step = step
     try:
-        _, steps, _ = drive(VTC(), arrivals, w["kv_tokens"], reservation=reservation, victim="fair")
+        _, steps, _ = drive(VTC(), arrivals, w["kv_tokens"], **memory(reservation, victim="fair"))
     finally:
         harness.Engine.step = engine_step
     clients = sorted({a.client for a in arrivals})
@@ -59,8 +61,7 @@ def pool_full_of_f() -> Engine:
         10**6,
         eos_id=-1,
         clock=lambda: clock[0],
-        reservation="none",
-        victim="latest",
+        options=EngineOptions(reservation="none", victim="latest"),
     )
     for _ in range(2):
         engine.add_request([5] * 9, PARAMS, client_id="F")

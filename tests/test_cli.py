@@ -165,14 +165,14 @@ def test_serve_refuses_inconsistent_trust_options():
         (["--kv-tokens", "100000000000"], "more than it could allocate"),
         (["--port", "99999"], "a port is a number from 1 to 65535"),
         (["--shutdown-timeout", "nan"], "--shutdown-timeout must be seconds >= 0"),
-        (["--victim", "fair"], "--victim only means something with --reservation none"),
+        (["--victim", "fair"], "victim only means something with reservation 'none'"),
         (
             ["--reservation", "peak", "--preemption", "swap", "--preempt-gap", "9"],
-            "--preemption, --preempt-gap only mean something with --reservation none",
+            "preempt_gap, preemption only mean something with reservation 'none'",
         ),
         (
             ["--reservation", "none", "--preempt-gap", "9"],
-            "only means something with --victim fair",
+            "preempt_gap only means something with victim 'fair'",
         ),
         (["--cached-weight", "0"], "only means something with --prefix-caching"),
     ],

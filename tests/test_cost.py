@@ -48,8 +48,8 @@ def test_the_profiled_cost_is_the_least_squares_fit_of_the_artifacts_a10g_profil
 
 
 def test_the_profiled_costs_linear_terms_are_its_w_p_and_w_q():
-    """set_bound reads w_p and w_q off the cost to size U: for the profiled h they must be its
-    linear coefficients. h(x, y) is linear in x at y = 0, quadratic in y at x = 0."""
+    """The fairness check reads w_p and w_q off the cost to size U: for the profiled h they
+    must be its linear coefficients. h(x, y) is linear in x at y = 0, quadratic in y at x = 0."""
     h = ProfiledCost()
     assert h(1, 0) - h(0, 0) == pytest.approx(h.w_p, rel=1e-9)
     assert h(2, 0) - h(1, 0) == pytest.approx(h.w_p, rel=1e-9)

@@ -7,6 +7,7 @@ from __future__ import annotations
 from minivtc.core.drr import DRR
 from minivtc.core.params import SamplingParams
 from minivtc.core.request import Request
+from tests.test_scheduler import admission_round
 
 
 def request(rid: str, client: str, n_p: int = 10, n_q: int = 4) -> Request:
@@ -15,7 +16,6 @@ def request(rid: str, client: str, n_p: int = 10, n_q: int = 4) -> Request:
 
 def admit_all(drr: DRR, admitted: list[str]):
     def admit(r: Request) -> bool:
-        drr.on_tokens(r, r.num_prompt, 0)
         admitted.append(r.request_id)
         return True
 
@@ -28,7 +28,7 @@ def test_a_turn_lasts_while_the_deficit_is_positive_then_passes():
         drr.add(request(f"a{i}", "a"), 0.0)
         drr.add(request(f"b{i}", "b"), 0.0)
     drr.add(request("c0", "c", n_p=100), 0.0)
-    drr.schedule(admit_all(drr, admitted))
+    admission_round(drr, admit_all(drr, admitted))
     # a: 25 -> 15 -> 5 -> -5 (three prompts of 10), then b the same, then c: 25 - 100.
     assert admitted == ["a0", "a1", "a2", "b0", "b1", "b2", "c0"]
     assert drr.deficits == {"a": -5.0, "b": -5.0, "c": -75.0} and not drr.active
@@ -40,7 +40,7 @@ def test_decode_tokens_are_charged_and_a_negative_deficit_waits_turns():
     a, b = request("a0", "a", n_p=2), request("b0", "b", n_p=2)
     drr.add(a, 0.0)
     drr.add(b, 0.0)
-    drr.schedule(lambda r: r is a and admit_all(drr, admitted)(r))  # a fits, b does not
+    admission_round(drr, lambda r: r is a and admit_all(drr, admitted)(r))  # a fits, b does not
     a.output_ids += [7, 7, 7]
     drr.on_decode([a])  # three tokens at w_q = 2
     assert drr.deficits["a"] == 10 - 2 - 6
@@ -54,7 +54,7 @@ def test_a_client_rejoining_keeps_its_debt_even_when_preempted():
     drr, admitted = DRR(quantum=10.0), []
     a = request("a0", "a", n_p=2)
     drr.add(a, 0.0)
-    drr.schedule(admit_all(drr, admitted))
+    admission_round(drr, admit_all(drr, admitted))
     a.output_ids += [7] * 7
     drr.on_decode([a])  # 10 - 2 - 14
     assert drr.deficits["a"] == -6.0 and not drr.active
@@ -69,10 +69,10 @@ def test_a_refused_head_ends_the_round_without_losing_the_turn():
     drr = DRR(quantum=50.0)
     drr.add(request("a0", "a"), 0.0)
     drr.add(request("b0", "b"), 0.0)
-    drr.schedule(lambda r: False)
+    admission_round(drr, lambda r: False)
     assert drr.deficits["a"] == 50.0 and drr.turn_begun and list(drr.active) == ["a", "b"]
     admitted = []
-    drr.schedule(admit_all(drr, admitted))  # the same turn goes on: no second quantum
+    admission_round(drr, admit_all(drr, admitted))  # the same turn goes on: no second quantum
     assert admitted == ["a0", "b0"] and drr.deficits["a"] == 40.0
 
 
@@ -82,7 +82,7 @@ def test_abort_requeue_and_forget_keep_the_round_consistent():
     drr.add(a0, 0.0)
     drr.add(a1, 0.0)
     drr.remove(a1)
-    drr.schedule(admit_all(drr, admitted))
+    admission_round(drr, admit_all(drr, admitted))
     assert admitted == ["a0"] and not drr.active
     drr.requeue(a0)  # preempted: back at the head, the client back in the round
     assert list(drr.waiting()) == [a0] and list(drr.active) == ["a"]

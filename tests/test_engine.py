@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -11,6 +13,7 @@ from minivtc.core.config import LlamaConfig
 from minivtc.core.engine import RequestRejected
 from minivtc.core.generate import generate_plain
 from minivtc.core.model import Llama
+from minivtc.core.options import EngineOptions
 from minivtc.core.request import Status
 from minivtc.core.sampler import SamplingParams
 from minivtc.core.tokenizer import Tokenizer
@@ -122,7 +125,13 @@ class ScriptedRunner:
         pass
 
 
-def scripted_engine(script, tokenizer=None, **kw):
+def memory(reservation: str, **on_demand) -> dict:
+    """Memory options for drawn combinations: blocks on demand's own only where they mean
+    something (`EngineOptions` refuses a victim with a reservation)."""
+    return {"reservation": reservation, **(on_demand if reservation == "none" else {})}
+
+
+def scripted_engine(script, tokenizer=None, clock=None, **kw):
     from minivtc.core.engine import Engine
     from minivtc.core.kv_pool import BlockAllocator
     from minivtc.core.scheduler import FCFS
@@ -134,8 +143,8 @@ def scripted_engine(script, tokenizer=None, **kw):
         max_positions=400,
         eos_id=2,
         tokenizer=tokenizer,
-        check_invariants=True,
-        **kw,
+        clock=clock or time.monotonic,
+        options=EngineOptions(check_invariants=True, **kw),
     )
 
 
@@ -227,9 +236,7 @@ def test_random_add_step_abort_keeps_invariants(
         block_size=block_size,
         max_running=4,
         check_invariants=True,
-        reservation=reservation,
-        victim=victim,
-        preemption=preemption,
+        **memory(reservation, victim=victim, preemption=preemption),
         prefix_caching=prefix_caching,
     )
     added = []
@@ -289,7 +296,7 @@ def test_recomputed_tokens_are_the_positions_a_request_computed_twice(
         reservation="none",
         victim=victim,
         preemption=preemption,
-        swap_tokens=swap_tokens,
+        swap_tokens=swap_tokens if preemption == "swap" else None,
         prefix_caching=prefix_caching,
     )
     seen, twice, run, preempt = {}, [0], engine.runner.run, engine.preempt
@@ -453,7 +460,7 @@ def test_aborting_a_swapped_out_request_frees_its_host_copy(tiny):
 
 def test_preemption_must_be_recompute_or_swap(tiny):
     with pytest.raises(ValueError, match="preemption must be"):
-        build_engine(tiny, None, kv_tokens=64, preemption="drop")
+        build_engine(tiny, None, kv_tokens=64, reservation="none", preemption="drop")
 
 
 def test_aborting_a_preempted_request_frees_everything(tiny):

@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from minivtc.core.cost import preemptive_bound
 from minivtc.core.engine import Engine
 from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.options import EngineOptions
 from minivtc.core.params import SamplingParams
 from minivtc.core.vtc import VTC
 from minivtc.course.graded.harness import (
@@ -50,8 +51,9 @@ def test_the_preemptive_bound_holds_after_every_step_and_bounds_every_backlogged
         preempt_gap=gap,
     )
     clients = sorted({a.client for a in arrivals})
-    two_u_p = vtc.gap_bound()
-    assert two_u_p == 2 * (max(engine.preempt_gap, vtc.dispatch_charge) + vtc.step_charge)
+    check = engine.fairness
+    two_u_p = check.gap_bound()
+    assert two_u_p == 2 * (max(engine.preempt_gap, check.dispatch_charge) + check.step_charge)
     for f in clients:
         for g in clients:
             if f < g:
@@ -64,7 +66,7 @@ def test_weighted_clients_keep_the_preemptive_bound_in_counter_units(w):
     arrivals = random_arrivals(w)
     weights = {f"c{i}": float(i + 1) for i in range(w["n_clients"])}
     vtc = VTC(weights=weights)
-    drive(
+    engine, _, _ = drive(
         vtc,
         arrivals,
         w["kv_tokens"],
@@ -73,7 +75,7 @@ def test_weighted_clients_keep_the_preemptive_bound_in_counter_units(w):
         victim="fair",
         preempt_gap=10.0,
     )  # the engine asserts the bound every step
-    assert vtc.gap_bound() is not None
+    assert engine.fairness.gap_bound() > 0
 
 
 def construction(num_long: int, num_each: int, m: int = 100) -> list[Arrival]:
@@ -93,8 +95,8 @@ def gaps(arrivals, m: int = 100) -> dict[str, tuple[float, float | None]]:
         ("fair", {"reservation": "none", "victim": "fair"}),
     ]:
         vtc = VTC()
-        _, steps, _ = drive(vtc, arrivals, m, fairness=name != "latest", **options)
-        out[name] = (max_gap(steps, "F", "G"), vtc.gap_bound())
+        engine, steps, _ = drive(vtc, arrivals, m, fairness=name != "latest", **options)
+        out[name] = (max_gap(steps, "F", "G"), engine.fairness and engine.fairness.gap_bound())
     return out
 
 
@@ -137,10 +139,9 @@ def engine_with(vtc: VTC, pool: int, gap: float) -> tuple[Engine, list[float]]:
         10**6,
         eos_id=-1,
         clock=lambda: clock[0],
-        check_invariants=True,
-        reservation="none",
-        victim="fair",
-        preempt_gap=gap,
+        options=EngineOptions(
+            check_invariants=True, reservation="none", victim="fair", preempt_gap=gap
+        ),
     )
     return engine, clock
 
@@ -192,9 +193,9 @@ def test_a_client_joining_an_empty_queue_is_lifted_to_within_the_gap_of_those_ru
             vtc,
             10**6,
             eos_id=-1,
-            reservation="none",
-            victim=victim,
-            preempt_gap=20.0,
+            options=EngineOptions(
+                reservation="none", victim=victim, preempt_gap=20.0 if victim == "fair" else None
+            ),
         )
         long_request(engine, "F", 1, 60)
         engine.step()
@@ -216,9 +217,7 @@ def test_check_fairness_refuses_the_latest_victim_which_states_no_bound():
             VTC(),
             100,
             eos_id=-1,
-            reservation="none",
-            victim="latest",
-            check_fairness=True,
+            options=EngineOptions(reservation="none", victim="latest", check_fairness=True),
         )
 
 
@@ -233,8 +232,7 @@ def test_a_policy_without_counters_displaces_nothing():
         10**6,
         eos_id=-1,
         clock=lambda: clock[0],
-        reservation="none",
-        victim="fair",
+        options=EngineOptions(reservation="none", victim="fair"),
     )
     assert engine.preempt_gap == float("inf")
 
@@ -283,7 +281,5 @@ def test_a_negative_or_nan_gap_is_refused(gap):
             VTC(),
             100,
             eos_id=-1,
-            reservation="none",
-            victim="fair",
-            preempt_gap=gap,
+            options=EngineOptions(reservation="none", victim="fair", preempt_gap=gap),
         )

@@ -21,7 +21,8 @@ from minivtc.course.graded.harness import UnitRunner
 from minivtc.harness.sim import simulate
 from minivtc.harness.workloads import TraceRequest
 from minivtc.llm import build_engine
-from tests.test_engine import run_to_end, tiny  # noqa: F401 (a fixture)
+from tests.test_engine import memory, run_to_end, tiny  # noqa: F401 (a fixture)
+from tests.test_scheduler import admission_round
 
 PREFIXES = [[7] * 24, [8] * 40, [7] * 16 + [9] * 16]  # the first and third share a block (of 8)
 
@@ -46,8 +47,8 @@ def test_random_operations_keep_the_allocators_invariants(ops):
     for i, (op, k, n) in enumerate(ops):
         if op == "add":
             prompt = PREFIXES[k] + [100 + i] * n
-            if alloc.can_allocate(len(prompt), prompt):
-                alloc.allocate(f"r{i}", len(prompt), prompt)
+            if alloc.can_allocate_cached(len(prompt), prompt):
+                alloc.allocate_cached(f"r{i}", len(prompt), prompt)
                 live[f"r{i}"] = prompt
                 hits = alloc.cached_tokens(f"r{i}")
                 assert hits % 8 == 0 and hits < len(prompt)  # whole blocks, never the last token
@@ -73,17 +74,17 @@ def test_random_operations_keep_the_allocators_invariants(ops):
 def test_a_shared_prefix_is_found_block_by_block_and_never_its_last_token():
     alloc = PrefixCachingAllocator(num_blocks=10, block_size=4)
     a = [1, 2, 3, 4, 5, 6, 7, 8, 9]
-    alloc.allocate("a", len(a), a)
+    alloc.allocate_cached("a", len(a), a)
     assert alloc.cached_tokens("a") == 0  # a cold cache
     alloc.cache_prompt("a", a, len(a))  # blocks [1-4] and [5-8] are named
     b = [1, 2, 3, 4, 5, 6, 7, 8, 10, 11]
-    table = alloc.allocate("b", len(b), b)
+    table = alloc.allocate_cached("b", len(b), b)
     assert alloc.cached_tokens("b") == 8 and table[:2] == alloc.block_tables["a"][:2]
     c = [1, 2, 3, 4, 5, 6, 7, 8]  # equal to a's first two blocks, but its last token must run
-    alloc.allocate("c", len(c), c)
+    alloc.allocate_cached("c", len(c), c)
     assert alloc.cached_tokens("c") == 4
     d = [9, 2, 3, 4, 5, 6, 7, 8, 9]  # same second block, other first: the chain differs
-    alloc.allocate("d", len(d), d)
+    alloc.allocate_cached("d", len(d), d)
     assert alloc.cached_tokens("d") == 0
     alloc.check_invariants()
 
@@ -91,16 +92,16 @@ def test_a_shared_prefix_is_found_block_by_block_and_never_its_last_token():
 def test_unheld_cached_blocks_are_evicted_least_recently_used_first_and_only_when_needed():
     alloc = PrefixCachingAllocator(num_blocks=6, block_size=2)
     for rid, prompt in (("a", [1, 1, 1]), ("b", [2, 2, 2])):
-        alloc.allocate(rid, 3, prompt)
+        alloc.allocate_cached(rid, 3, prompt)
         alloc.cache_prompt(rid, prompt, 3)  # each names its first block
     alloc.free("a")  # a's cached block becomes evictable first, then b's
     alloc.free("b")
     assert alloc.num_free_blocks == 6 and len(alloc.evictable) == 2
-    alloc.allocate("c", 10, [3] * 10)  # 5 blocks: the 4 free ones, then the LRU cached one
+    alloc.allocate_cached("c", 10, [3] * 10)  # 5 blocks: the 4 free ones, then the LRU cached one
     assert alloc.num_evicted == 1
     alloc.free("c")
     for rid, prompt, hit in (("a2", [1, 1, 1], 0), ("b2", [2, 2, 2], 2)):  # a's was evicted
-        alloc.allocate(rid, 3, prompt)
+        alloc.allocate_cached(rid, 3, prompt)
         assert alloc.cached_tokens(rid) == hit, rid
     alloc.check_invariants()
 
@@ -144,7 +145,7 @@ def test_vtc_charges_a_cached_prompt_token_w_c():
         r = Request("r", "a", [1] * 100, SamplingParams(max_tokens=3), 0.0)
         r.num_cached = 40
         vtc.add(r, 0.0)
-        vtc.schedule(lambda req, vtc=vtc: vtc.on_tokens(req, req.num_prompt, 0) or True)
+        admission_round(vtc, lambda req, vtc=vtc: True)
         for _ in range(3):
             r.output_ids.append(5)
             vtc.on_decode([r])
@@ -184,8 +185,7 @@ def test_lemma_4_3_holds_with_a_prefix_cache_for_every_cached_weight(seed, w_c, 
         "a10g-llama7b",
         kv_tokens=400,
         block_size=8,
-        reservation=reservation,
-        victim="fair",
+        **memory(reservation, victim="fair"),
         check_fairness=True,
         watch_backlog=True,
         prefix_caching=True,
@@ -334,10 +334,10 @@ def test_a_salt_scopes_sharing():
     key's client: a tenant cannot learn from `cached_tokens` what another one sent)."""
     alloc = PrefixCachingAllocator(num_blocks=20, block_size=4)
     prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9]
-    alloc.allocate("a", 9, prompt, salt="alice")
+    alloc.allocate_cached("a", 9, prompt, salt="alice")
     alloc.cache_prompt("a", prompt, 9, salt="alice")
     for rid, salt, hit in (("b", "bob", 0), ("c", None, 0), ("d", "alice", 8)):
-        alloc.allocate(rid, 9, prompt, salt)
+        alloc.allocate_cached(rid, 9, prompt, salt)
         assert alloc.cached_tokens(rid) == hit, salt
     alloc.check_invariants()
 

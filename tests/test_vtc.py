@@ -18,6 +18,8 @@ import pytest
 from minivtc.core import vtc as vtc_module
 from minivtc.core.artifact import ArtifactVTC
 from minivtc.core.cost import LinearCost, ProfiledCost
+from minivtc.core.engine import Engine
+from minivtc.core.fairness_check import FairnessCheck
 from minivtc.core.least_counter import LeastCounter, LinearScan
 from minivtc.core.policies import make_scheduler
 from minivtc.core.predictors import MeanOfLast, MovingAverage, Oracle
@@ -25,6 +27,7 @@ from minivtc.core.request import Request
 from minivtc.core.sampler import SamplingParams
 from minivtc.core.vtc import VTC
 from minivtc.course.graded.harness import Arrival, drive
+from tests.test_scheduler import admission_round
 
 W_P, W_Q = 1.0, 2.0  # the paper's weights
 CLIENTS = [f"c{i}" for i in range(5)]
@@ -35,8 +38,8 @@ def request(rid: str, client: str, n_p: int = 1, n_q: int = 4) -> Request:
 
 
 def admit_all(vtc):
-    """The engine's admit callback when everything fits: charge the prompt, say yes."""
-    return lambda r: vtc.on_tokens(r, r.num_prompt, 0) or True
+    """Everything fits (the round's `fits`): every peeked request is dispatched."""
+    return lambda r: True
 
 
 def admit_some(vtc, n: int):
@@ -45,7 +48,7 @@ def admit_some(vtc, n: int):
 
     def admit(r) -> bool:
         left[0] -= 1
-        return left[0] >= 0 and (vtc.on_tokens(r, r.num_prompt, 0) or True)
+        return left[0] >= 0 and True
 
     return admit
 
@@ -79,7 +82,7 @@ def test_least_counter_picks_as_linear_scan_under_random_operations(seed):
         elif op == "nudge" and waiting:
             vtc.charge(max(waiting, key=vtc.counters.__getitem__), -0.01)
         elif op == "schedule":
-            vtc.schedule(admit_some(vtc, rng.randint(0, 3)))
+            admission_round(vtc, admit_some(vtc, rng.randint(0, 3)))
         elif op == "remove" and waiting:
             vtc.remove(rng.choice(list(vtc.waiting())))
         elif op == "forget":
@@ -108,11 +111,11 @@ def test_ties_go_to_the_client_seen_first(kind):
 
     vtc = Zero(cost=lambda n_p, n_q: 0.0)  # every counter stays 0: every pick is a tie
     vtc.add(request("b1", "b"), 0.0)
-    vtc.schedule(admit_all(vtc))  # b is seen first, then leaves Q
+    admission_round(vtc, admit_all(vtc))  # b is seen first, then leaves Q
     for rid, client in [("a1", "a"), ("c1", "c"), ("b2", "b"), ("a2", "a")]:
         vtc.add(request(rid, client), 0.0)
     order = []
-    vtc.schedule(lambda r: order.append(r.request_id) or True)
+    admission_round(vtc, lambda r: order.append(r.request_id) or True)
     assert order == ["b2", "a1", "a2", "c1"]  # by first sight: not by name, nor by rejoining
 
 
@@ -169,10 +172,9 @@ def test_heap_selection_equals_brute_force_scan():
                     budget[0] -= 1
                     if budget[0] < 0:
                         return False
-                    vtc.on_tokens(r, r.num_prompt, 0)
                     return True
 
-                vtc.schedule(admit)
+                admission_round(vtc, admit)
             waiting = [c for c, q in vtc.queues.items() if q]
             brute = min(waiting, key=lambda c: (vtc.counters[c], vtc.first_seen[c]), default=None)
             assert vtc.least.least() == brute
@@ -185,8 +187,8 @@ def test_heap_selection_equals_brute_force_scan():
 @pytest.mark.parametrize(
     "name", ["vtc", "vtc-artifact", "vtc-predict", "vtc-oracle:0.5", "vtc-profile", "lcf"]
 )
-def test_on_decode_charges_exactly_as_one_on_tokens_per_request(name):
-    """The engine's per-step hook (one call per step) equals the plain per-request hook."""
+def test_on_decode_of_a_batch_charges_exactly_as_one_call_per_request(name):
+    """The engine's per-step hook (one call for the batch) equals one call per request."""
     rng = random.Random(1)
     batched, plain = make_scheduler(name, seed=3), make_scheduler(name, seed=3)
     twins = []
@@ -198,7 +200,7 @@ def test_on_decode_charges_exactly_as_one_on_tokens_per_request(name):
         ]
         for vtc, r in zip((batched, plain), pair, strict=True):
             vtc.add(r, 0.0)
-            vtc.schedule(lambda req, vtc=vtc: vtc.on_tokens(req, req.num_prompt, 0) or True)
+            admission_round(vtc, lambda req, vtc=vtc: True)
         twins.append(pair)
     while twins:
         for pair in twins:
@@ -206,7 +208,7 @@ def test_on_decode_charges_exactly_as_one_on_tokens_per_request(name):
                 r.output_ids.append(1)
         batched.on_decode([a for a, _ in twins])
         for _, b in twins:
-            plain.on_tokens(b, 0, 1)
+            plain.on_decode([b])
         for pair in [p for p in twins if p[0].num_output == p[0].params.max_tokens]:
             twins.remove(pair)
             for vtc, r in zip((batched, plain), pair, strict=True):
@@ -219,10 +221,10 @@ def finished(vtc, client, n_p, n_q, rid="x"):
     """Run one request through the hooks as the engine would: dispatch, n_q tokens, finish."""
     r = Request(rid, client, [1] * n_p, SamplingParams(max_tokens=n_q), 0.0)
     vtc.add(r, 0.0)
-    vtc.schedule(lambda req: vtc.on_tokens(req, req.num_prompt, 0) or True)
+    admission_round(vtc, lambda req: True)
     for _ in range(n_q):
         r.output_ids.append(1)
-        vtc.on_tokens(r, 0, 1)
+        vtc.on_decode([r])
     r.finish_reason = "length"
     vtc.on_finish(r)
     return r
@@ -247,7 +249,7 @@ def test_prediction_is_charged_at_dispatch():
     vtc = VTC(predictor=Oracle())
     r = Request("x", "a", [1] * 10, SamplingParams(max_tokens=40), 0.0)
     vtc.add(r, 0.0)
-    vtc.schedule(lambda req: vtc.on_tokens(req, req.num_prompt, 0) or True)
+    admission_round(vtc, lambda req: True)
     assert vtc.counters["a"] == W_P * 10 + W_Q * 40  # the whole cost up front (the oracle)
 
 
@@ -307,7 +309,7 @@ def test_only_algorithm_2_charges_the_first_output_token(kind, first_token_charg
     vtc = kind()
     r = request("r", "a", n_p=10, n_q=5)
     vtc.add(r, 0.0)
-    vtc.schedule(admit_all(vtc))
+    admission_round(vtc, admit_all(vtc))
     assert vtc.counters["a"] == W_P * 10
     r.output_ids.append(1)
     vtc.on_decode([r])
@@ -325,7 +327,7 @@ def test_only_the_artifact_charges_the_batch_once_per_step_with_a_finish(kind, f
     batch = [request(f"r{c}", c, n_p=3, n_q=n_q) for c, n_q in (("a", 2), ("b", 2), ("c", 4))]
     for r in batch:
         vtc.add(r, 0.0)
-    vtc.schedule(admit_all(vtc))
+    admission_round(vtc, admit_all(vtc))
     for step in range(1, 5):
         running = [r for r in batch if r.finish_reason is None]
         for r in running:
@@ -350,7 +352,7 @@ def forget_setup(vtc) -> list[str]:
     """One client of each kind the rule tells apart, and one it never saw. Returns them all."""
     for client in ("above", "gone", "waiting", "last"):
         vtc.add(request(f"{client}1", client, n_p=10), 0.0)
-    vtc.schedule(admit_some(vtc, 1))  # "above" is dispatched: charged 10, over the floor 0
+    admission_round(vtc, admit_some(vtc, 1))  # "above" is dispatched: charged 10, over the floor 0
     vtc.remove(vtc.queues["gone"][0])  # idle at 0
     vtc.remove(vtc.queues["last"][0])  # idle at 0, and the last to leave Q
     return ["above", "gone", "waiting", "last", "never-seen"]
@@ -388,13 +390,12 @@ def hook_run(vtc, plan, forgetful: bool) -> tuple[list[str], int]:
             return False
         running.append(r)
         order.append(r.request_id)
-        vtc.on_tokens(r, r.num_prompt, 0)
         return True
 
     for arrivals in plan:
         for rid, client, n_p, n_q in arrivals:
             vtc.add(request(rid, client, n_p, n_q), 0.0)
-        vtc.schedule(admit)
+        admission_round(vtc, admit)
         for r in running:
             r.output_ids.append(1)
         vtc.on_decode(running)
@@ -438,15 +439,15 @@ def test_forgetting_idle_clients_changes_no_decision(make):
 
 def test_lemma_4_3_is_checked_against_u_in_counter_units():
     vtc = VTC(weights={"a": 0.5, "b": 4.0})
-    vtc.set_bound(max_input=10, pool_tokens=100)
-    assert vtc.bound == max(W_P * 10, W_Q * 100) / 0.5  # a weight below 1 stretches U
+    check = FairnessCheck(vtc, 10, 100, 1, reservation="full", preempt_gap=None)
+    assert check.bound == max(W_P * 10, W_Q * 100) / 0.5  # a weight below 1 stretches U
     for client in "ab":
         vtc.add(request(f"{client}1", client), 0.0)
     vtc.charge("a", 0.5 * 400)  # a's counter: 400, the bound exactly
-    vtc.check_invariants()
+    check.check()
     vtc.charge("a", 0.5 * 1)
     with pytest.raises(AssertionError, match="Lemma 4.3 violated"):
-        vtc.check_invariants()
+        check.check()
 
 
 def test_an_aborted_request_teaches_the_predictor_nothing():
@@ -454,7 +455,7 @@ def test_an_aborted_request_teaches_the_predictor_nothing():
     finished(vtc, "a", 5, 8, rid="done")
     r = request("cut", "a", n_p=5, n_q=100)
     vtc.add(r, 0.0)
-    vtc.schedule(admit_all(vtc))
+    admission_round(vtc, admit_all(vtc))
     r.output_ids.append(1)
     vtc.on_decode([r])
     r.finish_reason = "abort"
@@ -474,7 +475,7 @@ def algorithm_2_methods() -> list[str]:
 @pytest.mark.parametrize("name", algorithm_2_methods())
 def test_the_docstring_maps_algorithm_2_to_methods_that_exist(name):
     owner, _, attr = name.rpartition(".")
-    cls = {"": VTC, "LeastCounter": LeastCounter}[owner]
+    cls = {"": VTC, "LeastCounter": LeastCounter, "Engine": Engine}[owner]
     assert callable(getattr(cls, attr, None)), f"{cls.__name__} has no method {attr}()"
 
 

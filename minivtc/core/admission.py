@@ -1,4 +1,4 @@
-"""Admission: may a request join the running batch, given the KV blocks it will need?
+"""Admission: may a request's KV blocks be reserved now, and which blocks does a step need?
 
 Owns the checks the engine can make, each a small policy object over the block allocator:
 
@@ -8,32 +8,23 @@ Owns the checks the engine can make, each a small policy object over the block a
 - `PeakReservation` (the official artifact's check; lessons/artifact_deviations.md): admit if
   the pool's *peak* fits, with every running request growing to its max_tokens in order of
   what it has left; blocks are allocated as requests grow, and the check guarantees they can be.
-
 - `OnDemand` (vLLM's and SGLang's way; the paper's Appendix C.3 asks for it): admit when the
-  request's tokens plus one block of headroom fit; allocate blocks as requests grow; when a
-  step's growth does not fit, preempt running requests, chosen by a victim policy, until it
-  does. A preempted request is recomputed: its blocks are freed, it waits at the head of its
-  client's queue keeping the tokens it generated, and on re-admission its prompt and those
-  tokens are prefilled again (or, with the engine's preemption="swap", its keys and values
-  go to host memory and come back: `Engine.preempt`). Victims: `Latest` (vLLM's: the most
-  recently admitted) or `Fair` (a request of the running client with the highest counter,
-  its youngest).
+  request's tokens plus one block of headroom fit; allocate blocks as requests grow. When a
+  step's growth does not fit (`blocks_short`), the engine preempts victims (`preemption.py`).
 
-Each answers three calls: `try_admit(request)` (reserve its blocks if they fit),
-`grow(batch, preempt)` (before a step: blocks for the positions it writes, preempting through
-the engine's `preempt` if they do not fit) and `release(request)`. Does not own the blocks
-(`kv_pool.py`) or who is running (`engine.py`). Plain Python: no tensors. Lessons 3 and 9.
+Each answers `reserve(request)` (take its blocks if they fit; else take nothing),
+`blocks_short(batch)` (how many blocks the coming step lacks), `grow(batch)` (blocks for the
+positions the step writes) and `release(request)`. None calls the engine back: it answers, the
+engine decides. With a prefix-caching pool (`prefix_cache.py`) a request starts with its
+prompt's cached blocks (`reserve_blocks`). Does not own the blocks (`kv_pool.py`) or who is
+running (`engine.py`). Plain Python: no tensors. Lessons 3 and 9.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.prefix_cache import PrefixCachingAllocator
 from minivtc.core.request import Request
-from minivtc.core.scheduler import Scheduler
-
-Preempt = Callable[[Request], None]
 
 
 class FullReservation:
@@ -44,19 +35,15 @@ class FullReservation:
     def __init__(self, allocator: BlockAllocator) -> None:
         self.allocator = allocator
 
-    def try_admit(self, request: Request) -> bool:
+    def reserve(self, request: Request) -> bool:
         """Reserve blocks for prompt + max_tokens if they are free; else take nothing."""
-        prompt, salt = request.prompt_ids, request.cache_salt  # (for a prefix cache)
-        if not self.allocator.can_allocate(request.max_num_tokens, prompt, salt):
-            return False
-        self.allocator.allocate(request.request_id, request.max_num_tokens, prompt, salt)
-        return True
+        return reserve_blocks(self.allocator, request, request.max_num_tokens)
 
-    def grow(self, batch: list[Request], preempt: Preempt) -> None:
-        pass  # everything was reserved at admission
+    def blocks_short(self, batch: list[Request]) -> int:
+        return 0  # everything was reserved at admission
 
-    def displace(self, request: Request, running: list[Request]) -> Request | None:
-        return None  # never preempts
+    def grow(self, batch: list[Request]) -> None:
+        pass
 
     def release(self, request: Request) -> None:
         self.allocator.free(request.request_id)
@@ -81,29 +68,27 @@ class PeakReservation:
         self.spans: dict[str, tuple[int, int]] = {}  # request id -> (last, base)
         self.final_blocks = 0  # blocks the running requests will hold at their last step
 
-    def try_admit(self, request: Request) -> bool:
+    def reserve(self, request: Request) -> bool:
         # If every running request and this one fit at their final lengths, the peak fits
         # too (it is at most that sum); only a tight pool needs the peak itself.
         final = self.allocator.blocks_needed(request.max_num_tokens - 1)
         if self.final_blocks + final > self.allocator.num_blocks:
             if self.peak_blocks(request) > self.allocator.num_blocks:
                 return False
-        self.allocator.allocate(
-            request.request_id, request.num_tokens, request.prompt_ids, request.cache_salt
-        )
+        reserve_blocks(self.allocator, request, request.num_tokens, check=False)
         self.final_blocks += final
         self.spans[request.request_id] = self.span(request)
         return True
 
-    def grow(self, batch: list[Request], preempt: Preempt) -> None:
+    def blocks_short(self, batch: list[Request]) -> int:
+        return 0  # the peak check made sure
+
+    def grow(self, batch: list[Request]) -> None:
         if not batch:
             return  # no step runs: no step is counted
         self.num_steps += 1
         for r in batch:  # this step writes K/V for positions < num_tokens
             self.allocator.grow(r.request_id, len(r.prompt_ids) + len(r.output_ids))
-
-    def displace(self, request: Request, running: list[Request]) -> Request | None:
-        return None  # never preempts
 
     def release(self, request: Request) -> None:
         self.final_blocks -= self.allocator.blocks_needed(request.max_num_tokens - 1)
@@ -148,34 +133,30 @@ class PeakReservation:
 
 
 class OnDemand:
-    """Blocks as requests grow; when a step's growth does not fit, preempt by recompute."""
+    """Blocks as requests grow; when a step's growth does not fit, the engine preempts."""
 
     name = "none"  # reserve nothing ahead
 
-    def __init__(self, allocator: BlockAllocator, victim: Latest | Fair) -> None:
-        self.allocator, self.victim = allocator, victim
+    def __init__(self, allocator: BlockAllocator) -> None:
+        self.allocator = allocator
 
-    def try_admit(self, request: Request) -> bool:
+    def reserve(self, request: Request) -> bool:
         # One block of headroom: a request admitted into the last free block would be the
         # next step's victim. Never more than the request can ever hold, or one that fits the
         # pool only without headroom would wait forever in an empty engine.
         headroom = min(request.num_tokens + self.allocator.block_size, request.max_num_tokens)
-        prompt = request.prompt_ids
-        if not self.allocator.can_allocate(headroom, prompt, request.cache_salt):
-            return False
-        self.allocator.allocate(request.request_id, request.num_tokens, prompt, request.cache_salt)
-        return True
+        return reserve_blocks(self.allocator, request, request.num_tokens, fit=headroom)
 
-    def grow(self, batch: list[Request], preempt: Preempt) -> None:
-        """`batch` is the engine's running list: `preempt` takes a victim out of it."""
-        while self.blocks_short(batch) > 0:
-            preempt(self.victim.choose(batch))
+    def blocks_short(self, batch: list[Request]) -> int:
+        """Blocks the coming step needs beyond the free ones (it writes positions <
+        num_tokens of every request in `batch`)."""
+        tables, blocks = self.allocator.block_tables, self.allocator.blocks_needed
+        wanted = sum(blocks(r.num_tokens) - len(tables[r.request_id]) for r in batch)
+        return wanted - self.allocator.num_free_blocks
+
+    def grow(self, batch: list[Request]) -> None:
         for r in batch:  # this step writes K/V for positions < num_tokens
             self.allocator.grow(r.request_id, len(r.prompt_ids) + len(r.output_ids))
-
-    def displace(self, request: Request, running: list[Request]) -> Request | None:
-        """A running request to preempt so that waiting `request` may be admitted, or None."""
-        return self.victim.displace(request, running)
 
     def release(self, request: Request) -> None:
         self.allocator.free(request.request_id)
@@ -185,79 +166,37 @@ class OnDemand:
             held = len(self.allocator.block_tables[r.request_id]) * self.allocator.block_size
             assert held >= r.num_computed, f"{r} holds {held} positions, fewer than it computed"
 
-    def blocks_short(self, batch: list[Request]) -> int:
-        tables, blocks = self.allocator.block_tables, self.allocator.blocks_needed
-        wanted = sum(blocks(r.num_tokens) - len(tables[r.request_id]) for r in batch)
-        return wanted - self.allocator.num_free_blocks
 
-
-class Latest:
-    """vLLM's victim: the most recently admitted request (the last of the running list)."""
-
-    name = "latest"
-
-    def choose(self, running: list[Request]) -> Request:
-        return running[-1]
-
-    def displace(self, request: Request, running: list[Request]) -> Request | None:
-        return None  # preempts only when running requests outgrow the pool
-
-
-class Fair:
-    """The fair victim: a request of the running client whose counter is highest (it has
-    received the most), the youngest of that client's requests.
-
-    It is also chosen to make room for a waiting client (`displace`): when the request the
-    scheduler offers does not fit, a running request of a client more than `gap` ahead of
-    the waiting one (in counter units) is preempted, highest counter first, until it fits.
-    That is Appendix C.3's "preempt high-counter clients": a client running ahead can no
-    longer keep its blocks while a client far behind it waits, which replaces the M term of
-    Lemma 4.3 by `gap` (`cost.preemptive_bound`). `gap` trades fairness for recomputation:
-    a request displaced at gap g is readmitted only when its client is the smallest waiting,
-    so each displacement of a client follows g of service gained over the one it made room
-    for. `gap=None`: never displace (preempt only when the pool runs out).
-    """
-
-    name = "fair"
-
-    def __init__(self, scheduler: Scheduler, gap: float | None = None) -> None:
-        self.scheduler, self.gap = scheduler, gap
-
-    def choose(self, running: list[Request]) -> Request:
-        counter = self.counters()
-        # max() keeps the first of equals: scan youngest first, so ties go to the youngest.
-        return max(reversed(running), key=lambda r: counter.get(r.client_id, 0.0))
-
-    def displace(self, request: Request, running: list[Request]) -> Request | None:
-        if self.gap is None or not running:
-            return None
-        counter = self.counters()
-        victim = self.choose(running)
-        above = counter.get(victim.client_id, 0.0) - counter.get(request.client_id, 0.0)
-        return victim if above > self.gap else None
-
-    def counters(self) -> dict[str, float]:
-        return {c: n or 0.0 for c, (n, _) in self.scheduler.accounts().items()}
-
-
-VICTIMS = ("latest", "fair")
-
-
-def make_admission(
-    reservation: str,
+def reserve_blocks(
     allocator: BlockAllocator,
-    scheduler: Scheduler,
-    victim: str = "latest",
-    gap: float | None = None,
-) -> FullReservation | PeakReservation | OnDemand:
-    """The admission policy by name: "full", "peak" or "none" (on demand, with a victim; the
-    fair victim also displaces running clients more than `gap` ahead of a waiting one)."""
+    request: Request,
+    num_tokens: int,
+    fit: int | None = None,
+    check: bool = True,
+) -> bool:
+    """Give `request` blocks for `num_tokens` positions if `fit` positions (default the same)
+    would fit; else take nothing. A prefix-caching pool starts it with its prompt's cached
+    blocks, shared with the requests of the same salt, and counts only the new ones."""
+    fit = num_tokens if fit is None else fit
+    if isinstance(allocator, PrefixCachingAllocator):
+        prompt, salt = request.prompt_ids, request.cache_salt
+        if check and not allocator.can_allocate_cached(fit, prompt, salt):
+            return False
+        allocator.allocate_cached(request.request_id, num_tokens, prompt, salt)
+        return True
+    if check and not allocator.can_allocate(fit):
+        return False
+    allocator.allocate(request.request_id, num_tokens)
+    return True
+
+
+Admission = FullReservation | PeakReservation | OnDemand
+
+
+def make_admission(reservation: str, allocator: BlockAllocator) -> Admission:
+    """The admission policy by name ("full", "peak" or "none": `options.EngineOptions`)."""
     if reservation == "full":
         return FullReservation(allocator)
     if reservation == "peak":
         return PeakReservation(allocator)
-    if reservation != "none":
-        raise ValueError(f"reservation must be 'full', 'peak' or 'none', got {reservation!r}")
-    if victim not in VICTIMS:
-        raise ValueError(f"victim must be 'latest' or 'fair', got {victim!r}")
-    return OnDemand(allocator, Latest() if victim == "latest" else Fair(scheduler, gap))
+    return OnDemand(allocator)

@@ -31,20 +31,17 @@ class ArtifactVTC(VTC):
         client = self.least.least()  # no floor when Q is empty
         return None if client is None else self.counters[client]
 
-    def on_tokens(self, request: Request, num_prompt: int, num_output: int) -> None:
-        """Tokens were processed for a running request: its prompt at dispatch (charge
-        h(n_p, predicted), predicted 0 without a predictor), then output tokens."""
-        if num_prompt:
-            self.running[request.request_id] = request
-        super().on_tokens(request, num_prompt, num_output)
+    def dispatch(self, request: Request) -> None:
+        self.running[request.request_id] = request  # (a readmitted request is there already)
+        super().dispatch(request)
 
-    def charge_outputs(self, requests: list[Request], num_output: int) -> None:
-        self.tokens_charged += num_output * len(requests)
+    def charge_outputs(self, requests: list[Request]) -> None:
+        self.tokens_charged += len(requests)
         for r in requests:  # a first token: mark it charged for without charging the client
             q, _ = self.charged[r.request_id]
             if len(r.output_ids) == 1 and q < 1:
                 self.charged[r.request_id] = (1, self.cost(len(r.prompt_ids), 1))
-        super().charge_outputs(requests, num_output)
+        super().charge_outputs(requests)
 
     def on_finish(self, request: Request) -> None:
         if self.tokens_charged != self.finish_charged_at:  # once per step

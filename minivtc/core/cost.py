@@ -1,10 +1,13 @@
 """What serving a client costs, in the paper's units: the cost function h and the bound U.
 
-Owns: the paper's weights (w_p = 1 per prompt token, w_q = 2 per output token, Section 3.1),
-written here once; `LinearCost` (h(n_p, n_q) = w_p n_p + w_q n_q), `ProfiledCost` (the
-artifact's h fitted to A10G step times, Section 4.2 and Appendix B.2), and `fairness_bound`,
-Lemma 4.3's U. A leaf module: it imports nothing of the package, so the scheduler, the
-metrics, the server's reports and the report generator all price service the same way.
+Owns every price of service, written here once: the paper's weights (w_p = 1 per prompt
+token, w_q = 2 per output token, Section 3.1); `LinearCost` (h(n_p, n_q) = w_p n_p + w_q n_q);
+`ProfiledCost` (the artifact's h fitted to A10G step times, Section 4.2 and Appendix B.2); a
+cached prompt token's price w_c (`cache_discount`); the linear price the metrics and
+`BacklogWatch` measure service by (`linear_price`); and the bounds, Lemma 4.3's U
+(`fairness_bound`) and fair preemption's U_P (`preemptive_bound`). A leaf module: it imports
+nothing of the package, so the scheduler, the fairness check, the metrics, the server's
+reports and the report generator all price service the same way.
 
 Not to be confused with the simulator's step-time models (`sim.py`): those say how long a step
 takes on a GPU; this says how much service a client received.
@@ -58,6 +61,30 @@ PAPER_COST = LinearCost()  # h with the paper's weights: the default everywhere
 def weights_of(cost: Cost) -> tuple[float, float]:
     """(w_p, w_q): the linear terms of h (the paper's, for a cost that names none)."""
     return getattr(cost, "w_p", W_P), getattr(cost, "w_q", W_Q)
+
+
+def cache_discount(cost: Cost, cached_weight: float | None, num_cached: int) -> float:
+    """What `num_cached` prompt tokens found in the prefix cache take off a dispatch charge:
+    (w_p - w_c) each (w_c None: w_p, no discount). Lemma 4.3's U is unchanged: a dispatch
+    still costs at most w_p L_input. The miss that fills the cache is paid at w_p by the
+    request that computes it."""
+    if cached_weight is None:
+        return 0.0
+    return (weights_of(cost)[0] - cached_weight) * num_cached
+
+
+def linear_price(
+    num_input: int,
+    num_output: int,
+    num_cached: int = 0,
+    cost: Cost = PAPER_COST,
+    cached_weight: float | None = None,
+) -> float:
+    """Service as the linear h prices it: w_p per prompt token, w_q per output token, and a
+    cached prompt token at w_c (`cache_discount`). What the metrics and `BacklogWatch`
+    measure clients by, independently of any scheduler's counters."""
+    w_p, w_q = weights_of(cost)
+    return w_p * num_input + w_q * num_output - cache_discount(cost, cached_weight, num_cached)
 
 
 def fairness_bound(max_input: int, pool_tokens: int, w_p: float = W_P, w_q: float = W_Q) -> float:

@@ -1,12 +1,15 @@
 """The engine: iteration-level continuous batching over a paged KV pool, driven by a scheduler.
 
 Owns the request lifecycle (`request.py`) and the step loop. Between any two steps requests may
-join (admission) and leave (finish, abort) the running batch. One step:
+join (admission) and leave (finish, abort) the running batch. One step (Algorithm 1):
 
-    schedule -> run -> append -> charge -> retire
+    schedule -> grow -> run -> append -> charge -> retire
 
-- schedule: the scheduler offers waiting requests in its order; the admission policy
-  (`admission.py`) reserves each one's blocks if they fit, and the first misfit ends the round;
+- schedule: Algorithm 2's admission round, written here as the paper writes it: ask the
+  scheduler which request is next (`peek`), make room for it (or stop the round: never skip
+  to another), reserve its blocks, `dispatch` it (the scheduler charges its prompt);
+- grow: blocks for the positions the step writes (blocks on demand: preempting a victim
+  when they run out);
 - run: the runner computes every running request's new tokens in one forward pass (a prompt
   for the newly admitted, one token for the rest) and samples one token each;
 - append: each token is appended and detokenized, and the stop rules (`params.py`) say whether
@@ -14,13 +17,15 @@ join (admission) and leave (finish, abort) the running batch. One step:
 - charge: the step's tokens are charged to their clients, in one scheduler call;
 - retire: finished requests leave the batch and give their blocks back.
 
-The runner is the only part that touches tensors; `sim.py` replaces it with a step-time model
-and `time.monotonic` with a virtual clock, so a simulation runs this same code, policy and all.
-A fault in one request's own work (its sampler, its detokenizer) ends that request alone, with
-finish_reason "error"; a fault in shared work (the forward pass, the pool, the scheduler)
-propagates, and whoever runs the engine must stop. Does not own: the policy (`scheduler.py`),
-blocks (`kv_pool.py`), attention (`attention.py`), what a preempted request keeps
-(`preemption.py`), the checks before a request is queued (`intake.py`). Lesson 3.
+Control flows down: the engine asks the scheduler, the admission policy, the victim and the
+pool; none of them calls back. The runner is the only part that touches tensors; `sim.py`
+replaces it with a step-time model and `time.monotonic` with a virtual clock, so a simulation
+runs this same code, policy and all. A fault in one request's own work (its sampler, its
+detokenizer) ends that request alone, with finish_reason "error"; a fault in shared work (the
+forward pass, the pool, the scheduler) propagates, and whoever runs the engine must stop.
+Does not own: the policy (`scheduler.py`), whether blocks may be reserved (`admission.py`),
+blocks (`kv_pool.py`), whom to preempt and what a victim keeps (`preemption.py`), the fairness
+check (`fairness_check.py`), the checks before a request is queued (`intake.py`). Lesson 3.
 """
 
 from __future__ import annotations
@@ -28,49 +33,34 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from minivtc.core.admission import make_admission
+from minivtc.core.fairness_check import FairnessCheck
 from minivtc.core.intake import RequestRejected, encode, validate
 from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.options import EngineOptions
 from minivtc.core.params import SamplingParams, releasable, stop_reason, trim_stop
-from minivtc.core.preemption import Preemption
+from minivtc.core.preemption import Preemption, make_victim
+from minivtc.core.prefix_cache import PrefixCachingAllocator
 from minivtc.core.request import ClientTokens, Request, Status, StepOutput
 from minivtc.core.scheduler import Scheduler
 
-if TYPE_CHECKING:  # the engine only calls it: the simulator runs without a tokenizer
-    from minivtc.core.tokenizer import Tokenizer
+if TYPE_CHECKING:  # the engine only calls them: the simulator runs without torch or tokenizer
+    from minivtc.core.runner import Runner
+    from minivtc.core.tokenizer import Detokenizer, Tokenizer
 
+__all__ = ["Engine", "EngineOptions", "RequestRejected"]
 
-class Runner(Protocol):
-    def run(self, requests: list[Request], allocator: BlockAllocator) -> list[int | Exception]:
-        """One new token per request, or the exception that ended that request's own part."""
-        ...
-
-    def release(self, request: Request) -> None: ...
-
-    # preemption="swap" only: a request's computed keys and values to host memory, and back
-    # from position `start` (those before it a prefix cache holds)
-    def swap_out(self, request: Request, allocator: BlockAllocator) -> None: ...
-
-    def swap_in(self, request: Request, allocator: BlockAllocator, start: int) -> None: ...
+DEFAULTS = EngineOptions()  # frozen: one value serves every engine
 
 
 class Engine:
-    """Continuous batching: `add_request`, `step`, `abort`.
+    """Continuous batching: `add_request`, `step`, `abort`, `output`.
 
     Collaborators: `runner` (a forward pass, or the simulator's step-time model), `allocator`
-    (the KV blocks), `scheduler` (the policy). Options: `reservation` "full" (the paper's),
-    "peak" (the artifact's check) or "none" (blocks on demand, preempting a `victim`, "latest"
-    or "fair", when they run out; `admission.py`); `preempt_gap` (the fair victim also
-    preempts a client leading a waiting one by more, to admit it; default the policy's, w_q M
-    / 4 for VTC); `preemption` "recompute" (a preempted request is prefilled again) or "swap"
-    (its keys and values go to host memory and back), with `swap_tokens` of host memory
-    (default the pool's size; a preemption that would need more recomputes); `admit_every`
-    (the artifact admits every 10 steps); `check_invariants` (every invariant after every
-    step, for tests);
-    `check_fairness` (the policy's bound after every step: Lemma 4.3, or the preemptive
-    bound; a VTC-family scheduler).
+    (the KV blocks; a `PrefixCachingAllocator` caches prompt blocks), `scheduler` (the
+    policy); `options` say how it admits, preempts and checks (`options.py`).
     """
 
     def __init__(
@@ -82,43 +72,45 @@ class Engine:
         eos_id: int,
         tokenizer: Tokenizer | None = None,
         clock: Callable[[], float] = time.monotonic,
-        max_running: int = 256,
-        reservation: str = "full",
-        victim: str = "latest",
-        preempt_gap: float | None = None,
-        preemption: str = "recompute",
-        swap_tokens: int | None = None,
-        admit_every: int = 1,
-        check_invariants: bool = False,
-        check_fairness: bool = False,
+        options: EngineOptions = DEFAULTS,
     ) -> None:
-        self.runner, self.allocator, self.scheduler = runner, allocator, scheduler
-        # The fair victim displaces clients running more than `preempt_gap` ahead of a
-        # waiting one (`admission.Fair`); the policy says its default and adapts its lift.
-        self.preempt_gap = None
-        if reservation == "none" and victim == "fair":
-            self.preempt_gap = scheduler.set_preempt_gap(preempt_gap, allocator.num_tokens)
-        self.admission = make_admission(reservation, allocator, scheduler, victim, self.preempt_gap)
+        self.runner, self.allocator, self.scheduler, self.options = (
+            runner,
+            allocator,
+            scheduler,
+            options,
+        )
         self.max_positions, self.eos_id, self.tokenizer, self.clock = (
             max_positions,
             eos_id,
             tokenizer,
             clock,
         )
-        self.max_running, self.admit_every = max_running, admit_every
-        self.preemption = Preemption(preemption, swap_tokens, allocator)  # what a victim keeps
-        self.check_invariants, self.check_fairness = check_invariants, check_fairness
-        if check_fairness:
-            self.set_bound(reservation)
+        self.cache = allocator if isinstance(allocator, PrefixCachingAllocator) else None
+        # The fair victim displaces clients running more than `preempt_gap` ahead of a
+        # waiting one; the policy says its default and adapts its lift.
+        self.preempt_gap = None
+        if options.fair_victim:
+            self.preempt_gap = scheduler.set_preempt_gap(options.preempt_gap, allocator.num_tokens)
+        self.admission = make_admission(options.reservation, allocator)
+        self.victim = make_victim(options, scheduler, self.preempt_gap)
+        self.preemption = Preemption(options, allocator, self.cache)  # what a victim keeps
+        self.fairness = self.fairness_check() if options.check_fairness else None
         self.running: list[Request] = []  # the batch
         self.requests: dict[str, Request] = {}  # every live request (waiting or running) by id
         self.client_tokens: dict[str, ClientTokens] = {}
-        self.detokenizers: dict = {}  # request id -> Detokenizer (none without a tokenizer)
+        self.detokenizers: dict[str, Detokenizer] = {}  # (none without a tokenizer)
         self.steps_since_admission = 0
         self.num_preemptions = 0  # requests preempted (reservation "none")
         self.num_prompt_tokens = 0  # prompt tokens of the requests admitted (once each)
         self.num_cached_tokens = 0  # of which found in the prefix cache: prefill saved
         self.ids = itertools.count()
+
+    @property
+    def max_model_len(self) -> int:
+        """The most positions one request can ever hold here: the model's context, or the
+        whole pool if that is smaller (vLLM's name)."""
+        return min(self.max_positions, self.allocator.num_tokens)
 
     def add_request(
         self,
@@ -138,32 +130,32 @@ class Engine:
         request_id = request_id if request_id is not None else f"req-{next(self.ids)}"
         if request_id in self.requests:
             raise RequestRejected(f"request id {request_id!r} is already in use")
-        validate(prompt_ids, params, self.max_positions, self.allocator)
+        validate(prompt_ids, params, self.max_positions, self.max_model_len, self.allocator)
         arrival = self.clock() if arrival_time is None else arrival_time
-        request = Request(
-            request_id, client_id, prompt_ids, params, arrival_time=arrival, cache_salt=cache_salt
-        )
+        request = Request(request_id, client_id, prompt_ids, params, arrival, cache_salt=cache_salt)
         reason = self.scheduler.add(request, request.arrival_time)
         if reason is not None:
             raise RequestRejected(reason, kind="rate_limited")
+        if self.fairness is not None:
+            self.fairness.check_spread()  # its client may have joined Q, lifted
         self.requests[request_id] = request
         if self.tokenizer is not None:
             self.detokenizers[request_id] = self.tokenizer.detokenizer(prompt_ids)
         return request
 
     def step(self) -> list[Request]:
-        """One iteration: schedule -> run -> append -> charge -> retire. Returns the requests
-        that ran, each with its new token (`output_ids[-1]`); finished ones have their
-        `finish_reason`. A server streams `output(request)` for each."""
-        self.schedule()  # admit waiting requests while they fit
-        self.admission.grow(self.running, self.preempt)  # blocks for the positions it writes
+        """One iteration: schedule -> grow -> run -> append -> charge -> retire. Returns the
+        requests that ran, each with its new token (`output_ids[-1]`); finished ones have
+        their `finish_reason`. A server streams `output(request)` for each."""
+        self.schedule()  # Algorithm 2: admit waiting requests while they fit
+        self.grow()  # blocks for the positions this step writes
         batch = list(self.running)
         if not batch:
             return []
         tokens = self.runner.run(batch, self.allocator)  # one forward pass, a token each
         for request, token in zip(batch, tokens, strict=True):
             self.append(request, token)  # detokenize; the stop rules
-        self.scheduler.on_decode(batch)  # charge the step's tokens to their clients
+        self.charge(batch)  # the step's tokens to their clients
         for request in batch:
             # PERF: finish_reason, not `is_finished` (an Enum read per token): -3% instructions
             if request.finish_reason is not None:
@@ -187,29 +179,26 @@ class Engine:
 
     def output(self, request: Request) -> StepOutput:
         """What the last step gave `request`: its token, and the text it may release now (held
-        back while it could still turn out to be the start of a stop sequence). A failure here
-        is the request's own: it ends with reason "error"."""
+        back while it could still turn out to be the start of a stop sequence: `append`
+        decided how much). Reading it hands that text out."""
         last = request.output_ids[-1] if request.output_ids else -1
-        if request.finish_reason != "error":
-            try:
-                finished = request.finish_reason is not None
-                upto = releasable(request.text, request.params.stop, finished=finished)
-                delta = request.text[request.num_text_sent : max(upto, request.num_text_sent)]
-                request.num_text_sent += len(delta)
-                return StepOutput(request.request_id, last, delta, finished, request.finish_reason)
-            except Exception as e:
-                self.fail(request, e)
-                if request in self.running:
-                    self.retire(request)
-        return StepOutput(request.request_id, last, "", True, "error", request.error)
+        if request.finish_reason == "error":
+            return StepOutput(request.request_id, last, "", True, "error", request.error)
+        delta = request.text[request.num_text_sent : request.num_text_ready]
+        request.num_text_sent += len(delta)
+        finished = request.finish_reason is not None
+        return StepOutput(request.request_id, last, delta, finished, request.finish_reason)
 
-    # The waste a preemption costs (`preemption.py`), counted with the engine's own numbers
-    recomputed_tokens = property(lambda self: self.preemption.recomputed_tokens)
-    swapped_tokens = property(lambda self: self.preemption.swapped_tokens)
+    @property
+    def recomputed_tokens(self) -> int:
+        return self.preemption.recomputed_tokens  # the waste a preemption costs
+
+    @property
+    def swapped_tokens(self) -> int:
+        return self.preemption.swapped_tokens
 
     def has_unfinished(self) -> bool:
-        # Called every step: ask for one waiting request, not for a count of them all.
-        return bool(self.running) or next(iter(self.scheduler.waiting()), None) is not None
+        return bool(self.running) or self.scheduler.peek() is not None
 
     def forget_idle_clients(self) -> dict[str, ClientTokens]:
         """Drop what the engine and the policy keep about clients with nothing waiting or
@@ -220,41 +209,6 @@ class Engine:
         gone = self.scheduler.forget(idle, self.clock())
         return {c: self.client_tokens.pop(c, ClientTokens()) for c in gone}
 
-    def set_bound(self, reservation: str) -> None:
-        """check_fairness: the scheduler asserts its bound after every step. L_input is the
-        longest prompt that can ever be admitted, M the pool, B the most requests at once."""
-        if reservation == "none" and self.preempt_gap is None:
-            raise ValueError(
-                "check_fairness: no bound is stated for blocks on demand with the latest victim "
-                "(preempting the most recent request can break Lemma 4.3's); use victim='fair'"
-            )
-        if reservation == "peak":
-            raise ValueError(
-                "check_fairness: no bound is stated for the artifact's peak check (requests that "
-                "finish early let the others grow past M, and Lemma 4.3's U can fail); use "
-                "reservation='full' (the paper's model) or 'none' with victim='fair'"
-            )
-        pool = self.allocator.num_tokens
-        self.scheduler.set_bound(
-            max_input=min(self.max_positions, pool) - 1,
-            pool_tokens=pool,
-            max_running=min(self.max_running, self.allocator.num_blocks),
-        )
-
-    def check(self) -> None:
-        """After a step: every invariant (check_invariants), or Lemma 4.3 (check_fairness)."""
-        if self.check_invariants:
-            self.check_shared_state()
-            held = set(self.allocator.block_tables)
-            assert held == {r.request_id for r in self.running}, (
-                f"blocks held by {sorted(held)} but running {[r.request_id for r in self.running]}"
-            )
-            assert all(r.status is Status.RUNNING for r in self.running)
-            self.admission.check(self.running)
-            self.preemption.check(self.requests)
-        elif self.check_fairness:
-            self.scheduler.check_invariants()
-
     def check_shared_state(self) -> None:
         """The pool and the scheduler are sound. If not, this raises, and whoever runs the
         engine must stop: it can no longer be trusted."""
@@ -264,38 +218,53 @@ class Engine:
     # --- the step's parts ------------------------------------------------------------------------
 
     def schedule(self) -> None:
-        """Let the scheduler admit waiting requests: every step (the artifact: `admit_every`
-        steps after a successful admission, every step while a try admits nothing)."""
-        if not self.running or self.steps_since_admission + 1 >= self.admit_every:
-            before = len(self.running)
-            self.scheduler.schedule(self.admit)
-            if len(self.running) > before:
-                self.steps_since_admission = -1
+        """Algorithm 2's admission round: peek; make room, or stop (never skip to another
+        request: the bound's "one dispatch raises the minimum by at most w_p L_input" would
+        break); reserve; dispatch. Every step (the artifact: `admit_every` steps after a
+        successful admission, every step while a round admits nothing)."""
         self.steps_since_admission += 1
+        if self.running and self.steps_since_admission < self.options.admit_every:
+            return
+        while (request := self.scheduler.peek()) is not None and self.make_room(request):
+            self.admit(request)  # running, its blocks reserved
+            self.scheduler.dispatch(request)  # out of Q; c_k <- c_k + h(n_p, 0)
+            if self.fairness is not None:
+                self.fairness.dispatched(request)
+            self.steps_since_admission = 0
 
-    def admit(self, request: Request) -> bool:
-        """The scheduler's callback: admit `request` if the batch has room and its blocks fit.
-        The prompt is charged now, before the next pick (Algorithm 2)."""
-        while len(self.running) >= self.max_running or not self.admission.try_admit(request):
-            victim = self.admission.displace(request, self.running)  # the fair victim only
+    def make_room(self, request: Request) -> bool:
+        """Reserve `request`'s blocks if the batch has room and they fit; the fair victim may
+        displace running clients far ahead of it until they do. False: they do not fit."""
+        while len(self.running) >= self.options.max_running or not self.admission.reserve(request):
+            victim = self.victim.displace(request, self.running) if self.victim else None
             if victim is None:
                 return False
             self.preempt(victim)
+        return True
+
+    def admit(self, request: Request) -> None:
+        """`request`, its blocks reserved, joins the batch. Back from a preemption it gets its
+        keys and values back (swap) or starts again after what the cache holds (recompute);
+        new, its prefill starts after the prompt blocks the prefix cache holds."""
         request.status, request.admitted_time = Status.RUNNING, self.clock()
         self.running.append(request)
-        cached = self.allocator.cached_tokens(request.request_id)
-        if self.preemption.readmit(request, cached, self.runner):
-            return True  # back after a preemption: its prompt was charged once, at first
-        # A prefix cache may hold its prompt's first blocks: its prefill starts after them.
-        request.num_computed = cached
-        request.num_cached = request.num_computed  # the scheduler may price them (w_c)
+        cached = self.cache.cached_tokens(request.request_id) if self.cache else 0
+        if request.num_preemptions:
+            self.preemption.readmit(request, cached, self.runner)
+            return
+        request.num_computed = request.num_cached = cached  # the scheduler may price them (w_c)
         self.num_prompt_tokens += request.num_prompt
-        self.num_cached_tokens += request.num_cached
+        self.num_cached_tokens += cached
         tokens = self.client_tokens.setdefault(request.client_id, ClientTokens())
         tokens.num_input += request.num_prompt
-        tokens.num_cached += request.num_cached
-        self.scheduler.on_tokens(request, request.num_prompt, 0)
-        return True
+        tokens.num_cached += cached
+
+    def grow(self) -> None:
+        """Blocks for the positions this step writes; with blocks on demand, preempt victims
+        until they fit."""
+        while self.victim and self.admission.blocks_short(self.running) > 0:
+            self.preempt(self.victim.choose(self.running))
+        self.admission.grow(self.running)
 
     def preempt(self, request: Request) -> None:
         """Make room (reservation "none"): `request` leaves the batch, its blocks are freed,
@@ -310,35 +279,53 @@ class Engine:
         request.num_preemptions += 1
         self.num_preemptions += 1
         self.scheduler.requeue(request)
+        if self.fairness is not None:
+            self.fairness.check_spread()  # its client may have joined Q, lifted
 
     def append(self, request: Request, token: int | Exception) -> None:
         """Give `request` its new token; finish it if that token ends it. A fault in the
-        request's own work (its sampling, its text) ends it alone, with reason "error"."""
+        request's own work (its sampling, as the runner reports, or its text) ends it alone,
+        with reason "error"."""
+        if isinstance(token, Exception):  # its sampler failed (the runner caught it)
+            self.fail(request, token)
+            return
         try:
-            if isinstance(token, Exception):  # its sampler failed (the runner caught it)
-                raise token
-            # PERF: len(), not the num_tokens property, on the per-token lines (a property
-            # call costs more than the addition): -7% instructions in `minivtc bench sim`.
-            prefilled = request.num_computed < len(request.prompt_ids)
-            request.num_computed = len(request.prompt_ids) + len(request.output_ids)
-            if prefilled:  # its prompt's blocks are computed: a prefix cache may name them
-                self.allocator.cache_prompt(
-                    request.request_id, request.prompt_ids, request.num_computed, request.cache_salt
-                )
-            request.output_ids.append(token)
-            if request.first_token_time is None:
-                request.first_token_time = self.clock()
-            self.client_tokens[request.client_id].num_output += 1
-            detok = self.detokenizers.get(request.request_id)
-            if detok is not None:  # (None: token ids only, as in the simulator: no text)
-                request.text += detok.add(token)
+            self.record_token(request, token)
             reason = stop_reason(
                 token, len(request.output_ids), request.text, request.params, self.eos_id
             )
             if reason:
                 self.finish(request, reason)
+            finished = request.finish_reason is not None
+            request.num_text_ready = releasable(request.text, request.params.stop, finished)
         except Exception as e:
             self.fail(request, e)
+
+    def record_token(self, request: Request, token: int) -> None:
+        """`token` joins the request: its positions are computed, its text grows."""
+        # PERF: len(), not the num_tokens property, on the per-token lines (a property
+        # call costs more than the addition): -7% instructions in `minivtc bench sim`.
+        prefilled = request.num_computed < len(request.prompt_ids)
+        request.num_computed = len(request.prompt_ids) + len(request.output_ids)
+        if prefilled and self.cache:  # its prompt's blocks are computed: the cache names them
+            self.cache.cache_prompt(
+                request.request_id, request.prompt_ids, request.num_computed, request.cache_salt
+            )
+        request.output_ids.append(token)
+        if request.first_token_time is None:
+            request.first_token_time = self.clock()
+        self.client_tokens[request.client_id].num_output += 1
+        detok = self.detokenizers.get(request.request_id)
+        if detok is not None:  # (None: token ids only, as in the simulator: no text)
+            request.text += detok.add(token)
+
+    def charge(self, batch: list[Request]) -> None:
+        """Algorithm 2's "c_i <- c_i + the cost of i's new tokens", one scheduler call."""
+        if self.fairness is None:
+            self.scheduler.on_decode(batch)
+            return
+        with self.fairness.step(batch):  # each client's charge in this step
+            self.scheduler.on_decode(batch)
 
     def finish(self, request: Request, reason: str) -> None:
         """Mark finished; flush held-back text and cut the stop sequence off the text."""
@@ -370,3 +357,33 @@ class Engine:
         self.runner.release(request)
         self.requests.pop(request.request_id, None)
         self.detokenizers.pop(request.request_id, None)
+
+    # --- checks --------------------------------------------------------------------------------
+
+    def fairness_check(self) -> FairnessCheck:
+        """check_fairness: the bound with L_input the longest prompt that can ever be
+        admitted, M the pool, B the most requests at once."""
+        pool = self.allocator.num_tokens
+        most = min(self.options.max_running, self.allocator.num_blocks)
+        return FairnessCheck(
+            self.scheduler,
+            self.max_model_len - 1,
+            pool,
+            most,
+            self.options.reservation,
+            self.preempt_gap,
+        )
+
+    def check(self) -> None:
+        """After a step: every invariant (check_invariants), the bound (check_fairness)."""
+        if self.options.check_invariants:
+            self.check_shared_state()
+            held = set(self.allocator.block_tables)
+            assert held == {r.request_id for r in self.running}, (
+                f"blocks held by {sorted(held)} but running {[r.request_id for r in self.running]}"
+            )
+            assert all(r.status is Status.RUNNING for r in self.running)
+            self.admission.check(self.running)
+            self.preemption.check(self.requests)
+        if self.fairness is not None:
+            self.fairness.check()

@@ -36,18 +36,22 @@ def encode(prompt: str | list[int], tokenizer: Tokenizer | None) -> list[int]:
 
 
 def validate(
-    prompt_ids: list[int], params: SamplingParams, max_positions: int, allocator: BlockAllocator
+    prompt_ids: list[int],
+    params: SamplingParams,
+    max_positions: int,
+    max_model_len: int,
+    allocator: BlockAllocator,
 ) -> None:
     """Refuse a request that can never run: an empty prompt, one past the model's context, or
-    one whose prompt + max_tokens could never fit in the KV pool."""
+    one whose prompt + max_tokens could never fit in the KV pool (`max_model_len`: the
+    smaller of the two, `Engine.max_model_len`)."""
     total = len(prompt_ids) + params.max_tokens
     if not prompt_ids:
         raise RequestRejected(
             "the prompt is empty: it needs one token at least", "invalid", "prompt"
         )
     # Blame the prompt when it alone leaves no room for one output token, else max_tokens.
-    limit = min(max_positions, allocator.num_tokens)
-    param = "prompt" if len(prompt_ids) >= limit else "max_tokens"
+    param = "prompt" if len(prompt_ids) >= max_model_len else "max_tokens"
     if error := context_error(len(prompt_ids), params.max_tokens, max_positions):
         raise RequestRejected(error, param=param)
     if not allocator.blocks_needed(total) <= allocator.num_blocks:

@@ -18,7 +18,7 @@ Shape legend: NL layers, NB blocks, BS block size, K key/value heads, D head dim
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from minivtc.core.config import LlamaConfig
 
@@ -55,22 +55,12 @@ class BlockAllocator:
     def blocks_needed(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)  # ceil division
 
-    def can_allocate(
-        self, num_tokens: int, prompt_ids: list[int] | None = None, salt: str | None = None
-    ) -> bool:
-        """Would `allocate` succeed? (`prompt_ids`, `salt`: for a pool that caches prefixes.)"""
-        return self.blocks_needed(num_tokens) <= len(self.free_blocks)
+    def can_allocate(self, num_tokens: int) -> bool:
+        """Would `allocate` succeed?"""
+        return self.blocks_needed(num_tokens) <= self.num_free_blocks
 
-    def allocate(
-        self,
-        request_id: str,
-        num_tokens: int,
-        prompt_ids: list[int] | None = None,
-        salt: str | None = None,
-    ) -> list[int]:
-        """Give `request_id` enough blocks for `num_tokens` positions; its block table.
-        (`prompt_ids`, `salt`: a prefix-caching pool, `prefix_cache.py`, starts with its
-        cached blocks.)"""
+    def allocate(self, request_id: str, num_tokens: int) -> list[int]:
+        """Give `request_id` enough blocks for `num_tokens` positions; its block table."""
         assert request_id not in self.block_tables, f"request {request_id!r} already holds blocks"
         n = self.blocks_needed(num_tokens)
         assert n <= len(self.free_blocks), (
@@ -99,21 +89,6 @@ class BlockAllocator:
             f"double free or unknown request: {request_id!r} holds no blocks"
         )
         self.free_blocks.extend(reversed(self.block_tables.pop(request_id)))
-
-    def cached_tokens(self, request_id: str) -> int:
-        """Prompt tokens whose keys and values `allocate` found in the pool: none here."""
-        return 0
-
-    def named_tokens(self, request_id: str, num_computed: int) -> int:
-        """Of the request's first `num_computed` positions, how many lie in blocks a cache
-        names (they outlive the request, until evicted): none here."""
-        return 0
-
-    def cache_prompt(
-        self, request_id: str, prompt_ids: list[int], num_computed: int, salt: str | None = None
-    ) -> None:
-        """The request's prompt is computed up to `num_computed`: a pool without a prefix
-        cache names nothing (`prefix_cache.PrefixCachingAllocator` does)."""
 
     def slots(self, request_id: str, start: int, end: int) -> list[int]:
         """Flat slot indices of positions start..end-1 of a request (where its K/V go)."""
@@ -146,18 +121,15 @@ class KVPool:
         block_size: int,
         dtype: torch.dtype | None = None,
         device: str | torch.device = "cpu",
-        prefix_caching: bool = False,
+        allocator: type[BlockAllocator] = BlockAllocator,
     ) -> None:
-        """`dtype` None: float32. `prefix_caching`: share cached prompt blocks between
-        requests (`prefix_cache.py`)."""
+        """`dtype` None: float32. `allocator`: the allocator's class (a pool that caches
+        prompt blocks passes `prefix_cache.PrefixCachingAllocator`)."""
         import torch
-
-        from minivtc.core.prefix_cache import PrefixCachingAllocator
 
         dtype = dtype or torch.float32
         shape = (config.n_layers, num_blocks, block_size, config.n_kv_heads, config.head_dim)
         try:
-            allocator = PrefixCachingAllocator if prefix_caching else BlockAllocator
             self.allocator = allocator(num_blocks, block_size)
             self.k = torch.zeros(shape, dtype=dtype, device=device)  # (NL, NB, BS, K, D)
             self.v = torch.zeros(shape, dtype=dtype, device=device)  # (NL, NB, BS, K, D)
@@ -173,7 +145,7 @@ class KVPool:
 
     @classmethod
     def from_tokens(
-        cls, config: LlamaConfig, num_tokens: int, block_size: int = 16, **kw
+        cls, config: LlamaConfig, num_tokens: int, block_size: int = 16, **kw: Any
     ) -> KVPool:
         """A pool holding at least `num_tokens` tokens (rounded up to whole blocks)."""
         if num_tokens < 1:
@@ -184,7 +156,9 @@ class KVPool:
         return cls(config, -(-num_tokens // block_size), block_size, **kw)
 
     @classmethod
-    def from_bytes(cls, config: LlamaConfig, num_bytes: int, block_size: int = 16, **kw) -> KVPool:
+    def from_bytes(
+        cls, config: LlamaConfig, num_bytes: int, block_size: int = 16, **kw: Any
+    ) -> KVPool:
         """As many whole blocks as fit in `num_bytes` of K and V."""
         import torch
 

@@ -1,12 +1,20 @@
-"""What a preempted request keeps, and what that costs the server (blocks on demand,
-reservation "none"; the paper's Appendix C.3 asks for fair preemption).
+"""Preemption, with blocks on demand (reservation "none"; the paper's Appendix C.3 asks for
+fair preemption): whom to preempt, and what a preempted request keeps.
 
-Owns `Preemption`: by recompute, a victim keeps nothing but its tokens, and is prefilled again
-when it is admitted again, from what a prefix cache still holds then; by swap, its keys and
-values are copied to host memory and back, within `swap_tokens` of host memory (past that it
-recomputes). It counts the waste: `recomputed_tokens` (positions a request had held, computed
-again) and `swapped_tokens` (copied out, and back in). Whom to preempt is `admission.py`'s
-choice, when is the engine's; nothing here is charged to a client. Lesson 9.
+Owns the victims and `Preemption`:
+
+- `Latest` (vLLM's): the most recently admitted request, when running requests outgrow the
+  pool;
+- `Fair`: a request of the running client with the highest counter, its youngest; it also
+  displaces a running client more than `gap` ahead of a waiting one, to admit it;
+- `Preemption`: by recompute, a victim keeps nothing but its tokens, and is prefilled again
+  when it is admitted again, from what a prefix cache still holds then; by swap, its keys and
+  values are copied to host memory and back, within `swap_tokens` of host memory (past that
+  it recomputes). It counts the waste: `recomputed_tokens` (positions a request had held,
+  computed again) and `swapped_tokens` (copied out, and back in).
+
+Each victim answers the engine's questions (`choose`, `displace`); the engine preempts. Nothing
+here is charged to a client. Lesson 9.
 """
 
 from __future__ import annotations
@@ -14,21 +22,88 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.options import EngineOptions
+from minivtc.core.prefix_cache import PrefixCachingAllocator
 from minivtc.core.request import Request
+from minivtc.core.scheduler import Scheduler
 
 if TYPE_CHECKING:
-    from minivtc.core.engine import Runner
+    from minivtc.core.runner import Runner
+
+
+class Latest:
+    """vLLM's victim: the most recently admitted request (the last of the running list)."""
+
+    name = "latest"
+
+    def choose(self, running: list[Request]) -> Request:
+        return running[-1]
+
+    def displace(self, request: Request, running: list[Request]) -> Request | None:
+        return None  # preempts only when running requests outgrow the pool
+
+
+class Fair:
+    """The fair victim: a request of the running client whose counter is highest (it has
+    received the most), the youngest of that client's requests.
+
+    It is also chosen to make room for a waiting client (`displace`): when the request the
+    scheduler offers does not fit, a running request of a client more than `gap` ahead of
+    the waiting one (in counter units) is preempted, highest counter first, until it fits.
+    That is Appendix C.3's "preempt high-counter clients": a client running ahead can no
+    longer keep its blocks while a client far behind it waits, which replaces the M term of
+    Lemma 4.3 by `gap` (`cost.preemptive_bound`). `gap` trades fairness for recomputation:
+    a request displaced at gap g is readmitted only when its client is the smallest waiting,
+    so each displacement of a client follows g of service gained over the one it made room
+    for.
+    """
+
+    name = "fair"
+
+    def __init__(self, scheduler: Scheduler, gap: float) -> None:
+        self.scheduler, self.gap = scheduler, gap
+
+    def choose(self, running: list[Request]) -> Request:
+        counter = self.counters()
+        # max() keeps the first of equals: scan youngest first, so ties go to the youngest.
+        return max(reversed(running), key=lambda r: counter.get(r.client_id, 0.0))
+
+    def displace(self, request: Request, running: list[Request]) -> Request | None:
+        """A running request to preempt so that waiting `request` may be admitted, or None."""
+        if not running:
+            return None
+        counter = self.counters()
+        victim = self.choose(running)
+        above = counter.get(victim.client_id, 0.0) - counter.get(request.client_id, 0.0)
+        return victim if above > self.gap else None
+
+    def counters(self) -> dict[str, float]:
+        return {c: n or 0.0 for c, (n, _) in self.scheduler.accounts().items()}
+
+
+def make_victim(
+    options: EngineOptions, scheduler: Scheduler, gap: float | None
+) -> Latest | Fair | None:
+    """The victim policy blocks on demand preempt by (None with a reservation: it never
+    preempts)."""
+    if options.reservation != "none":
+        return None
+    return Fair(scheduler, gap) if options.fair_victim and gap is not None else Latest()
 
 
 class Preemption:
-    def __init__(self, mode: str, swap_tokens: int | None, allocator: BlockAllocator) -> None:
-        if mode not in ("recompute", "swap"):
-            raise ValueError(f"preemption must be 'recompute' or 'swap', got {mode!r}")
-        if swap_tokens is not None and not swap_tokens >= 0:
-            raise ValueError(f"swap_tokens must be >= 0, got {swap_tokens}")
-        self.mode, self.allocator = mode, allocator
+    """What a victim keeps (`options.preemption`), and the waste that costs."""
+
+    def __init__(
+        self,
+        options: EngineOptions,
+        allocator: BlockAllocator,
+        cache: PrefixCachingAllocator | None = None,
+    ) -> None:
+        self.swaps, self.allocator, self.cache = options.swaps, allocator, cache
         # Host memory for swapped-out keys and values, in tokens, and the requests whose keys
         # and values are there (num_computed tokens each).
+        swap_tokens = options.swap_tokens
         self.swap_tokens = allocator.num_tokens if swap_tokens is None else swap_tokens
         self.on_host: set[str] = set()
         self.host_tokens = 0
@@ -45,8 +120,8 @@ class Preemption:
         # Positions in blocks the prefix cache names outlive the request (evictable): one
         # with nothing past them (preempted before its prefill) has nothing to keep. The copy
         # holds them too, as the cache may evict them before the request comes back.
-        own = n - self.allocator.named_tokens(request.request_id, n)
-        if self.mode == "swap" and own > 0 and n <= self.swap_tokens - self.host_tokens:
+        named = self.cache.named_tokens(request.request_id, n) if self.cache else 0
+        if self.swaps and n - named > 0 and n <= self.swap_tokens - self.host_tokens:
             runner.swap_out(request, self.allocator)
             self.on_host.add(request.request_id)
             self.host_tokens += n
@@ -55,22 +130,19 @@ class Preemption:
             self.thrown[request.request_id] = n
             request.num_computed = 0
 
-    def readmit(self, request: Request, cached: int, runner: Runner) -> bool:
-        """`request` was admitted; False if it was never preempted. Swapped out, its keys and
-        values come back past the `cached` positions the prefix cache holds; recomputed, its
-        prefill starts after them, and what it had held beyond them counts as recomputed."""
+    def readmit(self, request: Request, cached: int, runner: Runner) -> None:
+        """`request`, preempted, was admitted again. Swapped out, its keys and values come
+        back past the `cached` positions the prefix cache holds; recomputed, its prefill
+        starts after them, and what it had held beyond them counts as recomputed."""
         if request.request_id in self.on_host:
             self.on_host.remove(request.request_id)
             self.host_tokens -= request.num_computed
             back = min(cached, request.num_computed)
             runner.swap_in(request, self.allocator, back)
             self.swapped_tokens += request.num_computed - back
-            return True
-        if request.request_id in self.thrown:
-            request.num_computed = cached
-            self.recomputed_tokens += max(self.thrown.pop(request.request_id) - cached, 0)
-            return True
-        return False
+            return
+        request.num_computed = cached
+        self.recomputed_tokens += max(self.thrown.pop(request.request_id) - cached, 0)
 
     def forget(self, request: Request) -> None:
         """`request` is gone (finished or aborted): its host copy's room is free again (the

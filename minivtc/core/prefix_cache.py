@@ -53,25 +53,22 @@ class PrefixCachingAllocator(BlockAllocator):
     def num_used_blocks(self) -> int:
         return self.num_blocks - self.num_free_blocks  # held by requests (cached ones are free)
 
-    def can_allocate(
-        self, num_tokens: int, prompt_ids: list[int] | None = None, salt: str | None = None
+    def can_allocate_cached(
+        self, num_tokens: int, prompt_ids: list[int], salt: str | None = None
     ) -> bool:
-        hits = self.hits(prompt_ids, salt) if prompt_ids else []
+        """Would `allocate_cached` succeed? Cached blocks of the prompt are not new ones."""
+        hits = self.hits(prompt_ids, salt)
         reused = sum(1 for b in hits if b in self.evictable)  # counted free, but not new
         return self.blocks_needed(num_tokens) - len(hits) <= self.num_free_blocks - reused
 
-    def allocate(
-        self,
-        request_id: str,
-        num_tokens: int,
-        prompt_ids: list[int] | None = None,
-        salt: str | None = None,
+    def allocate_cached(
+        self, request_id: str, num_tokens: int, prompt_ids: list[int], salt: str | None = None
     ) -> list[int]:
         """Blocks for `num_tokens` positions: the longest cached prefix of `prompt_ids` (among
         blocks cached under the same `salt`) first (`cached_tokens(request_id)` says how many
         tokens it covers), then new blocks."""
         assert request_id not in self.block_tables, f"request {request_id!r} already holds blocks"
-        table = self.hits(prompt_ids, salt) if prompt_ids else []
+        table = self.hits(prompt_ids, salt)
         for b in table:
             self.evictable.pop(b, None)  # held again: no longer evictable
             self.ref_count[b] += 1
@@ -79,11 +76,15 @@ class PrefixCachingAllocator(BlockAllocator):
         new = self.blocks_needed(num_tokens) - len(table)
         assert new <= self.num_free_blocks, (
             f"request {request_id!r} needs {new} new blocks, only {self.num_free_blocks} free: "
-            "callers check can_allocate() first"
+            "callers check can_allocate_cached() first"
         )
         table += [self.take() for _ in range(new)]
         self.block_tables[request_id] = table
         return table
+
+    def allocate(self, request_id: str, num_tokens: int) -> list[int]:
+        """New blocks only (no prompt to look up), evicting cached ones when none is free."""
+        return self.allocate_cached(request_id, num_tokens, [])
 
     def grow(self, request_id: str, num_tokens: int) -> None:
         table = self.block_tables[request_id]
@@ -111,9 +112,12 @@ class PrefixCachingAllocator(BlockAllocator):
                 self.free_blocks.append(b)
 
     def cached_tokens(self, request_id: str) -> int:
+        """Prompt tokens whose keys and values `allocate_cached` found in the pool."""
         return self.num_cached.get(request_id, 0)
 
     def named_tokens(self, request_id: str, num_computed: int) -> int:
+        """Of the request's first `num_computed` positions, how many lie in blocks the cache
+        names (they outlive the request, until evicted)."""
         named = itertools.takewhile(lambda b: b in self.hash_of, self.block_tables[request_id])
         return min(sum(1 for _ in named) * self.block_size, num_computed)
 
@@ -132,7 +136,7 @@ class PrefixCachingAllocator(BlockAllocator):
 
     def hits(self, prompt_ids: list[int], salt: str | None = None) -> list[int]:
         """The cached blocks of `prompt_ids`' longest cached prefix (shareable blocks only)."""
-        blocks = []
+        blocks: list[int] = []
         for h in self.chain(prompt_ids, (len(prompt_ids) - 1) // self.block_size, salt):
             b = self.cached.get(h)
             if b is None:

@@ -47,6 +47,7 @@ class Request:
     arrival_time: float
     output_ids: list[int] = field(default_factory=list)
     text: str = ""  # generated text so far (empty when the engine runs without a tokenizer)
+    num_text_ready: int = 0  # characters of `text` that may be handed out (`params.releasable`)
     num_text_sent: int = 0  # characters of `text` already handed out in StepOutputs
     status: Status = Status.WAITING
     num_computed: int = 0

@@ -18,6 +18,8 @@ NB blocks per block-table row, H query heads, D head dim.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
 from minivtc.core.attention import AttentionGroup, PagedAttention, attend_group
@@ -25,6 +27,23 @@ from minivtc.core.kv_pool import BlockAllocator, KVPool
 from minivtc.core.model import Llama
 from minivtc.core.request import Request
 from minivtc.core.sampler import sample_each
+
+
+class Runner(Protocol):
+    """What the engine asks of a runner: this module's `ModelRunner`, or the simulator's
+    step-time model (`harness/sim.py`), which the engine cannot tell apart."""
+
+    def run(self, requests: list[Request], allocator: BlockAllocator) -> list[int | Exception]:
+        """One new token per request, or the exception that ended that request's own part."""
+        ...
+
+    def release(self, request: Request) -> None: ...
+
+    # preemption="swap" only: a request's computed keys and values to host memory, and back
+    # from position `start` (those before it a prefix cache holds)
+    def swap_out(self, request: Request, allocator: BlockAllocator) -> None: ...
+
+    def swap_in(self, request: Request, allocator: BlockAllocator, start: int) -> None: ...
 
 
 class ModelRunner:

@@ -1,33 +1,32 @@
 """Who runs next: the scheduler interface the engine calls, and the policies side by side.
 
-Owns the waiting queue and every policy's state. The engine calls a scheduler at four moments
-(Appendix C.1's "three hooks" of Algorithm 4, plus finish):
+Owns the waiting queue and every policy's state. The engine asks; a scheduler never calls
+back (Algorithm 2's loop is `Engine.schedule`, Appendix C.1's hooks are these methods):
 
-1. `add(request, now)`       a request arrives; may reject it (a reason string, e.g. RPM);
-2. `schedule(admit)`         pick waiting requests in policy order, calling `admit(request)`
-                             for each; `admit` returns False when the request does not fit in
-                             the KV budget, and the round stops there (head-of-line, as the
-                             paper's Algorithm 2 and the artifact's `break`);
-3. `on_tokens(request, num_prompt, num_output)`  tokens were processed for a running request:
-                             the engine calls it with the prompt at admission, and
-   `on_decode(requests)`     once per step with the batch, each of which got one output token
-                             (by default `on_tokens(request, 0, 1)` for each);
-4. `on_finish(request)`      a running request finished or was aborted.
+1. `add(request, now)`     a request arrives; may reject it (a reason string, e.g. RPM);
+2. `peek()`                the request the policy would dispatch next, or None (Q is empty);
+   `dispatch(request)`     the engine admitted the peeked request: take it out of Q and
+                           charge its prompt, h(n_p, 0) (Algorithm 2's c_k <- c_k + h(n_p, 0));
+3. `on_decode(requests)`   once per step: each of `requests` got one output token;
+4. `on_finish(request)`    a running request finished or was aborted;
+   `requeue(request)`      a running request was preempted: it waits again, first of its client;
+   `remove(request)`       a waiting request was aborted.
 
-A scheduler never sees tensors (importing this module imports no torch; a test checks it).
-The VTC family is `vtc.py`'s, the names on the command line `policies.py`'s. Does not own: KV
-blocks (`kv_pool.py`) or running requests (`engine.py`). Lessons 3-5 teach it.
+The engine stops its admission round at the first peeked request that does not fit
+(head-of-line, as Algorithm 2 and the artifact's `break`), so a policy never has to undo a
+pick. A scheduler never sees tensors (importing this module imports no torch; a test checks
+it). The VTC family is `vtc.py`'s, DRR `drr.py`'s, the names on the command line
+`policies.py`'s. Does not own: KV blocks (`kv_pool.py`) or running requests (`engine.py`).
+Lessons 3-5 teach it.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 from minivtc.core.request import Request
-
-Admit = Callable[[Request], bool]
 
 
 class Scheduler:
@@ -38,7 +37,12 @@ class Scheduler:
     def add(self, request: Request, now: float) -> str | None:
         raise NotImplementedError
 
-    def schedule(self, admit: Admit) -> None:
+    def peek(self) -> Request | None:
+        """The request `dispatch` would take next (the same one until something changes)."""
+        raise NotImplementedError
+
+    def dispatch(self, request: Request) -> None:
+        """`request`, the one `peek` offered, was admitted: out of Q, its prompt charged."""
         raise NotImplementedError
 
     def remove(self, request: Request) -> None:
@@ -53,14 +57,9 @@ class Scheduler:
     def waiting(self) -> Iterator[Request]:
         raise NotImplementedError
 
-    def on_tokens(self, request: Request, num_prompt: int, num_output: int) -> None:
-        pass
-
     def on_decode(self, requests: list[Request]) -> None:
         """One step gave each of `requests` one output token (one call per step, not per token:
         the simulator makes millions of tokens)."""
-        for request in requests:
-            self.on_tokens(request, 0, 1)
 
     def on_finish(self, request: Request) -> None:
         pass
@@ -78,14 +77,10 @@ class Scheduler:
         change a decision, and return them: a server meets unboundedly many clients."""
         return list(idle)  # no per-client state
 
-    def set_bound(self, max_input: int, pool_tokens: int, max_running: int = 0) -> None:
-        """Check Lemma 4.3's bound after every step (the engine's check_fairness): only a
-        policy with counters has one."""
-        raise ValueError(f"check_fairness needs a VTC-family scheduler, not {self.name}")
-
-    def gap_bound(self) -> float | None:
-        """The service-gap bound this run guarantees two backlogged clients, where the policy
-        states one and the engine checks it (check_fairness); None elsewhere."""
+    def gap_bound(self, u: float) -> float | None:
+        """The service gap this policy promises two backlogged clients, given Lemma 4.3's U
+        for this run (`cost.fairness_bound`): the engine's check_fairness reports it. None:
+        the policy states no bound (FCFS, RPM)."""
         return None
 
     def set_preempt_gap(self, gap: float | None, pool_tokens: int) -> float:
@@ -112,9 +107,12 @@ class FCFS(Scheduler):
         self.queue.append(request)
         return None
 
-    def schedule(self, admit: Admit) -> None:
-        while self.queue and admit(self.queue[0]):
-            self.queue.popleft()
+    def peek(self) -> Request | None:
+        return self.queue[0] if self.queue else None
+
+    def dispatch(self, request: Request) -> None:
+        taken = self.queue.popleft()  # arrival order needs no token counts
+        assert taken is request, "dispatch takes the request peek offered"
 
     def remove(self, request: Request) -> None:
         self.queue.remove(request)
@@ -124,9 +122,6 @@ class FCFS(Scheduler):
 
     def waiting(self) -> Iterator[Request]:
         return iter(self.queue)
-
-    def on_decode(self, requests: list[Request]) -> None:
-        pass  # arrival order needs no token counts
 
     @property
     def num_waiting(self) -> int:

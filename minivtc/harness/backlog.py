@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from minivtc.core.cost import W_P, W_Q
+from minivtc.core.cost import W_P, W_Q, LinearCost, linear_price
 from minivtc.core.request import Request
 
 
@@ -30,8 +30,7 @@ class BacklogWatch:
     def __init__(
         self, engine, w_p: float = W_P, w_q: float = W_Q, w_c: float | None = None
     ) -> None:
-        self.engine, self.w_p, self.w_q = engine, w_p, w_q
-        self.w_c = w_p if w_c is None else w_c
+        self.engine, self.cost, self.w_c = engine, LinearCost(w_p, w_q), w_c
         self.rejoined = watch_rejoining(engine)
         self.running_diff: dict[tuple[str, str], tuple[float, float, float]] = {}
         self.worst, self.pair = 0.0, None  # the largest gap so far, and between whom
@@ -65,7 +64,7 @@ class BacklogWatch:
         self.running_diff = diffs
 
     def price(self, num_input: int, num_output: int, num_cached: int) -> float:
-        return self.w_p * (num_input - num_cached) + self.w_c * num_cached + self.w_q * num_output
+        return linear_price(num_input, num_output, num_cached, self.cost, self.w_c)
 
     def waiting(self) -> set[str]:
         return {r.client_id for r in self.engine.scheduler.waiting()}

@@ -94,33 +94,21 @@ def add_memory_options(p, default: str) -> None:
 
 
 def memory_options(args) -> dict:
-    """The engine's memory options from --reservation, --victim, --preemption, --preempt-gap,
-    --prefix-caching and --cached-weight, refusing those that would be silently ignored."""
-    on_demand = {
-        "--victim": args.victim,
-        "--preemption": args.preemption,
-        "--preempt-gap": args.preempt_gap,
-    }
-    if args.reservation != "none" and (given := [o for o, v in on_demand.items() if v is not None]):
-        verb = "means" if len(given) == 1 else "mean"
-        raise ValueError(
-            f"{', '.join(given)} only {verb} something with --reservation none "
-            f"(blocks on demand), not {args.reservation}"
-        )
-    if args.swap_tokens is not None and args.preemption != "swap":
-        raise ValueError("--swap-tokens only means something with --preemption swap")
-    if args.preempt_gap is not None and args.victim != "fair":
-        raise ValueError("--preempt-gap only means something with --victim fair")
+    """The engine's options (`EngineOptions`, which refuses what would be silently ignored)
+    from --reservation, --victim, --preemption, --swap-tokens and --preempt-gap, and the pool's
+    --prefix-caching (--cached-weight needs it)."""
+    from minivtc.core.options import EngineOptions
+
     if args.cached_weight is not None and not args.prefix_caching:
         raise ValueError("--cached-weight only means something with --prefix-caching")
-    return {
-        "reservation": args.reservation,
-        "victim": args.victim or "latest",
-        "preempt_gap": args.preempt_gap,
-        "preemption": args.preemption or "recompute",
-        "swap_tokens": args.swap_tokens,
-        "prefix_caching": args.prefix_caching,
-    }
+    options = EngineOptions(
+        reservation=args.reservation,
+        victim=args.victim,
+        preempt_gap=args.preempt_gap,
+        preemption=args.preemption,
+        swap_tokens=args.swap_tokens,
+    )
+    return {"options": options, "prefix_caching": args.prefix_caching}
 
 
 def add_prefix_options(p) -> None:

@@ -183,15 +183,14 @@ def construction_rows(trace: list[TraceRequest]) -> tuple[dict[tuple[str, str], 
 
 def run(trace, reservation, victim, gap, pool, step_time, show, preemption="recompute"):
     checked = reservation == "full" or victim == "fair"  # where a bound is stated
+    on_demand = {"victim": victim, "preempt_gap": gap, "preemption": preemption}
     return simulate(
         trace,
         "vtc",
         step_time,
         pool,
         reservation=reservation,
-        victim=victim,
-        preempt_gap=gap,
-        preemption=preemption,
+        **(on_demand if reservation == "none" else {}),
         check_fairness=checked,
         watch_backlog=True,
         progress=show,

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from minivtc.core.cost import ProfiledCost
+from minivtc.core.cost import LinearCost, ProfiledCost, linear_price
 
 COLUMNS = [
     "client",
@@ -58,13 +58,14 @@ Cost = Callable[[Served], float]
 
 
 def linear_cost(r: Served, w_p: float = 1.0, w_q: float = 2.0) -> float:
-    return w_p * r.input_tokens + w_q * r.output_tokens
+    return linear_price(r.input_tokens, r.output_tokens, cost=LinearCost(w_p, w_q))
 
 
 def charged_cost(w_c: float, w_p: float = 1.0, w_q: float = 2.0) -> Cost:
     """Service priced as VTC(cached_weight=w_c) charges it: a cached prompt token at w_c. With
     w_c = w_p it is `linear_cost`, what a client receives, cached or not."""
-    return lambda r: linear_cost(r, w_p, w_q) - (w_p - w_c) * r.cached_tokens
+    h = LinearCost(w_p, w_q)
+    return lambda r: linear_price(r.input_tokens, r.output_tokens, r.cached_tokens, h, w_c)
 
 
 def profiled_cost(r: Served) -> float:

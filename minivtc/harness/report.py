@@ -13,9 +13,11 @@ import functools
 import json
 import sys
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from minivtc.core.cost import fairness_bound
+from minivtc.core.options import EngineOptions
 from minivtc.harness import metrics, plots
 from minivtc.harness.experiments import EXPERIMENTS, TWO_U_10K, Experiment
 from minivtc.harness.fair_memory import fair_memory
@@ -33,14 +35,10 @@ def simulate_to_dir(
     kv_tokens: int,
     seed: int,
     out: str | Path,
-    reservation: str = "peak",
-    victim: str = "latest",
-    preempt_gap: float | None = None,
+    options: EngineOptions | None = None,
     block_size: int = 1,
     prefix_caching: bool = False,
     cached_weight: float | None = None,
-    preemption: str = "recompute",
-    swap_tokens: int | None = None,
 ) -> dict:
     """Simulate, then write requests.csv, metrics.json and the plots to `out`. VTC asserts
     its bound after every step where the configuration states one (`bound` in metrics.json:
@@ -53,11 +51,9 @@ def simulate_to_dir(
     else:
         trace = read_trace(trace_path)
         horizon, weights = float(int(trace[-1].arrival_s)), None
-    checked = scheduler == "vtc" and (reservation, victim) in (
-        ("full", "latest"),
-        ("full", "fair"),
-        ("none", "fair"),
-    )
+    options = options or EngineOptions(reservation="peak")
+    reservation, victim = options.reservation, options.victim or "latest"
+    checked = scheduler == "vtc" and (reservation == "full" or options.fair_victim)
     result = simulate(
         trace,
         scheduler,
@@ -66,16 +62,11 @@ def simulate_to_dir(
         block_size,
         weights=weights,
         seed=seed,
-        reservation=reservation,
-        victim=victim,
-        preempt_gap=preempt_gap,
-        check_fairness=checked,
+        options=replace(options, check_fairness=checked),
         watch_backlog=True,
         progress=True,
         prefix_caching=prefix_caching,
         cached_weight=cached_weight,
-        preemption=preemption,
-        swap_tokens=swap_tokens,
     )
     metrics.write_requests(out / "requests.csv", result.served)
     summary = summarize(result, horizon, kv_tokens, max(t.input_tokens for t in trace))
@@ -86,10 +77,10 @@ def simulate_to_dir(
         kv_tokens=kv_tokens,
         reservation=reservation,
         victim=victim,
-        preempt_gap=preempt_gap,
+        preempt_gap=options.preempt_gap,
         block_size=block_size,
-        preemption=preemption,
-        swap_tokens=swap_tokens,
+        preemption=options.preemption or "recompute",
+        swap_tokens=options.swap_tokens,
         prefix_caching=prefix_caching,
         cached_weight=cached_weight,
     )

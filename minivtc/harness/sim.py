@@ -20,12 +20,14 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from tqdm import tqdm
 
 from minivtc.core.engine import Engine
 from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.options import EngineOptions
 from minivtc.core.params import SamplingParams
 from minivtc.core.policies import make_scheduler
 from minivtc.core.prefix_cache import PrefixCachingAllocator
@@ -115,74 +117,61 @@ def simulate(
     step_time: str | StepTimeModel = "a10g-llama7b",
     kv_tokens: int = 10000,
     block_size: int = 1,
+    *,
     weights: dict[str, float] | None = None,
     seed: int = 0,
-    check_fairness: bool = False,
-    reservation: str = "peak",
-    victim: str = "latest",
-    preempt_gap: float | None = None,
-    preemption: str = "recompute",
-    swap_tokens: int | None = None,
-    admit_every: int = 1,
     progress: bool = False,
     watch_backlog: bool = False,
     prefix_caching: bool = False,
     cached_weight: float | None = None,
+    options: EngineOptions | None = None,
+    **engine_options: Any,
 ) -> SimResult:
     """Replay `trace` through the engine on a virtual clock; every request's client-side record.
+
+    `options`, or the keywords that build them (`EngineOptions`: reservation, default "peak"
+    here, the artifact's; victim, preemption, admit_every, check_fairness, ...): the engine's.
     `watch_backlog`: also measure the worst service gap of two backlogged clients (slower).
     `prefix_caching`: the pool caches prompt blocks (requests sharing a `prefix_id` share
     their first `prefix_tokens`); `cached_weight`: VTC's charge for a cached prompt token."""
+    options = options or EngineOptions(**{"reservation": "peak", **engine_options})
     trace = sorted(trace, key=lambda r: r.arrival_s)
     model = step_time_model(step_time) if isinstance(step_time, str) else step_time
-    policy = (
-        make_scheduler(scheduler, weights=weights, seed=seed, cached_weight=cached_weight)
-        if isinstance(scheduler, str)
-        else scheduler
-    )
+    if isinstance(scheduler, str):
+        policy = make_scheduler(scheduler, weights=weights, seed=seed, cached_weight=cached_weight)
+    else:
+        policy = scheduler
     clock = VirtualClock()
-    runner = StepTimeRunner(model, clock)
     pool = PrefixCachingAllocator if prefix_caching else BlockAllocator
     engine = Engine(
-        runner,
+        StepTimeRunner(model, clock),
         pool(-(-kv_tokens // block_size), block_size),
         policy,
         max_positions=1 << 30,
         eos_id=SIM_EOS,
         clock=clock,
-        max_running=1 << 30,
-        check_fairness=check_fairness,
-        reservation=reservation,
-        victim=victim,
-        preempt_gap=preempt_gap,
-        preemption=preemption,
-        swap_tokens=swap_tokens,
-        admit_every=admit_every,
+        options=replace(options, max_running=1 << 30),
     )
     start = time.perf_counter()
     watch = BacklogWatch(engine, w_c=cached_weight) if watch_backlog else None
     with gc_paused():  # PERF: 15-20% of a long simulation went to full collections
-        served, rejected, steps = replay(
-            engine, clock, trace, progress, watch.step if watch else engine.step, prefix_caching
-        )
+        step = watch.step if watch else engine.step
+        served, rejected, steps = replay(engine, clock, trace, progress, step, prefix_caching)
     first = trace[0].arrival_s if trace else 0.0
-    total = max((s.end_s for s in served), default=first) - first
-    counters = {c: n for c, (n, _) in policy.accounts().items() if n is not None}
-    wall = time.perf_counter() - start
     return SimResult(
-        served,
-        rejected,
-        total,
-        wall,
-        steps,
-        counters,
-        engine.num_preemptions,
-        engine.recomputed_tokens,
-        policy.gap_bound(),
-        watch.worst if watch else None,
-        engine.num_prompt_tokens,
-        engine.num_cached_tokens,
-        engine.swapped_tokens,
+        served=served,
+        rejected=rejected,
+        total_time=max((s.end_s for s in served), default=first) - first,
+        wall_s=time.perf_counter() - start,
+        steps=steps,
+        counters={c: n for c, (n, _) in policy.accounts().items() if n is not None},
+        preemptions=engine.num_preemptions,
+        recomputed_tokens=engine.recomputed_tokens,
+        bound=engine.fairness.gap_bound() if engine.fairness else None,
+        backlogged_gap=watch.worst if watch else None,
+        prompt_tokens=engine.num_prompt_tokens,
+        cached_tokens=engine.num_cached_tokens,
+        swapped_tokens=engine.swapped_tokens,
     )
 
 

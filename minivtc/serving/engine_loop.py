@@ -276,7 +276,7 @@ class EngineLoop:
             engine.num_prompt_tokens,
             engine.num_cached_tokens,
             engine.preemption.host_tokens,
-            engine.preemption.swap_tokens if engine.preemption.mode == "swap" else 0,
+            engine.preemption.swap_tokens if engine.options.swaps else 0,
         )
 
     def record(self, request: Request) -> None:

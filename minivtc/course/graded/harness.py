@@ -19,8 +19,16 @@ from hypothesis import strategies as st
 from minivtc.core.cost import W_P, W_Q
 from minivtc.core.engine import Engine, RequestRejected
 from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.options import EngineOptions
 from minivtc.core.params import SamplingParams
 from minivtc.harness.backlog import watch_rejoining
+
+
+def admission_round(scheduler, fits=lambda r: True) -> None:
+    """The engine's admission round (`Engine.schedule`) without memory: dispatch the peeked
+    request while `fits` says it fits; stop at the first that does not."""
+    while (r := scheduler.peek()) is not None and fits(r):
+        scheduler.dispatch(r)
 
 
 @dataclass(frozen=True)
@@ -59,9 +67,7 @@ def drive(scheduler, arrivals, kv_tokens, fairness=False, max_positions=10**6, *
         max_positions,
         eos_id=-1,
         clock=lambda: clock[0],
-        check_invariants=True,
-        check_fairness=fairness,
-        **options,
+        options=EngineOptions(check_invariants=True, check_fairness=fairness, **options),
     )
     pending = deque(sorted(arrivals, key=lambda a: a.time))
     steps, rejected = [], []

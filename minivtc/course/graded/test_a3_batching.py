@@ -14,6 +14,7 @@ from minivtc.core.engine import Engine
 from minivtc.core.generate import generate_plain
 from minivtc.core.kv_pool import BlockAllocator
 from minivtc.core.model import Llama
+from minivtc.core.options import EngineOptions
 from minivtc.core.params import SamplingParams
 from minivtc.core.request import Request, Status
 from minivtc.core.scheduler import FCFS
@@ -40,7 +41,7 @@ def unit_engine(kv_tokens: int) -> Engine:
         10**6,
         eos_id=-1,
         clock=lambda: clock[0],
-        check_invariants=True,
+        options=EngineOptions(check_invariants=True),
     )
 
 

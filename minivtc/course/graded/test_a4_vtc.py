@@ -20,6 +20,7 @@ from minivtc.course.graded.harness import (
     W_P,
     W_Q,
     Arrival,
+    admission_round,
     bound_u,
     drive,
     idle_then_return,
@@ -104,7 +105,7 @@ def test_an_over_predicted_length_is_refunded():
     vtc = VTC(predictor=Oracle())
     r = Request("r", "a", [1] * 10, SamplingParams(max_tokens=50), 0.0)
     vtc.add(r, 0.0)
-    vtc.schedule(lambda req: vtc.on_tokens(req, req.num_prompt, 0) or True)
+    admission_round(vtc, lambda req: True)
     assert vtc.counters["a"] == W_P * 10 + W_Q * 50  # the prediction, charged at dispatch
     r.output_ids += [1] * 20
     vtc.on_decode([r])  # within the prediction: nothing more
