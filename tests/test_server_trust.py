@@ -12,6 +12,8 @@ mistakes), every input tried and what the server answers:
 | a forward pass that fails (not one request's fault) | 500 for those in flight; `minivtc serve` exits with 1 |
 | a 10 MB body, with Content-Length or streamed without | 413 before parsing; `/health` answers meanwhile (3-30 ms on an idle machine) |
 | a prompt or chat text too long to ever fit | 400 before tokenizing (param `prompt` / `messages`) |
+| three chats of 80,001 one-character messages at once, a stream running (`test_server_hardening`) | 400 (more messages than the context has room for) before any per-message work, bodies parsed off the event loop; /health 41 ms, largest stream gap 84 ms (were 1.28 s and 1.37 s) |
+| a 1 MB `model` or field name; 20,000 messages with bad roles; "system, system, user"; an empty body (`test_server_hardening`) | a short error (input quoted up to 200 characters) that says what is wrong: `messages[1] is 'system' where 'user' must be`, `the body is empty` |
 | a lone surrogate in `user`, `prompt` (text or list), `model`, `stop`, a message's `content` | 400 naming the field; `/fairness` and `/metrics` stay up |
 | a 5000-digit integer; JSON nested 100k deep; a list or a string as the body | 400, OpenAI's error body |
 | `stream_options` without `stream: true` | 400 |

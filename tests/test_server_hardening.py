@@ -1,0 +1,144 @@
+"""The server under the second audit's attacks: what one request may cost everyone else.
+
+Each test starts a real uvicorn server on the bundled model and attacks it the way the audit
+did; the rows they add to the audit table are in `tests/test_server_trust.py`'s docstring.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from minivtc.llm import build_engine
+from minivtc.serving.server import BackgroundServer, make_app
+from tests.test_server_trust import openai_error
+
+
+@pytest.fixture(scope="module")
+def open_server(bundled):
+    """An open server (no keys), the default body limit (4 MiB), room for the whole context
+    (2048 tokens: 80,001 characters may fit, so only the count refuses them unread)."""
+    model, tokenizer = bundled
+    engine = build_engine(model, tokenizer, "vtc", kv_tokens=2048, check_invariants=True)
+    with BackgroundServer(make_app(engine, tokenizer)) as url:
+        yield url
+        assert httpx.get(url + "/health").status_code == 200, "the engine loop died"
+
+
+def many_messages(n: int = 80_001) -> bytes:
+    """n one-character messages, user and assistant alternating, ending with the user: 2.7 MB,
+    under the body limit."""
+    roles = ["user" if i % 2 == 0 else "assistant" for i in range(n)]
+    return json.dumps({"messages": [{"role": r, "content": "a"} for r in roles]}).encode()
+
+
+def test_many_small_messages_are_refused_before_any_per_message_work(open_server):
+    """Three 80,001-message chats at once, while a stream runs and /health is probed: each is a
+    400 (too many messages for the context), and neither the probes nor the stream stall. The
+    audit measured /health at 2.44 s and a 6.4 s gap in the stream; the goal is under 100 ms
+    for both (printed; the assertion is generous, for a loaded machine)."""
+    url, body = open_server, many_messages()
+    answers, probes, gaps = [], [], []
+    attack_on, attack_over = threading.Event(), threading.Event()
+
+    def stream() -> None:
+        request = {"prompt": "x", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=request, timeout=60) as r:
+            last = None
+            for _ in r.iter_lines():
+                now = time.monotonic()
+                if attack_on.is_set() and last is not None:
+                    gaps.append(now - last)
+                last = now
+                if attack_over.is_set():
+                    return
+                attack_on.set()  # the stream is flowing: start the attack
+
+    def attack() -> None:
+        headers = {"content-type": "application/json"}
+        answers.append(httpx.post(url + "/v1/chat/completions", content=body, headers=headers))
+
+    streamer = threading.Thread(target=stream)
+    streamer.start()
+    assert attack_on.wait(timeout=30)
+    attackers = [threading.Thread(target=attack) for _ in range(3)]
+    for t in attackers:
+        t.start()
+    while any(t.is_alive() for t in attackers):
+        probes.append(httpx.get(url + "/health", timeout=10).elapsed.total_seconds())
+    attack_over.set()
+    streamer.join(timeout=60)
+    for r in answers:
+        error = openai_error(r, 400)
+        assert error["param"] == "messages" and "at most 343 messages" in error["message"], error
+    print(
+        f"\nthree 80,001-message chats refused: /health slowest {1000 * max(probes):.1f} ms "
+        f"({len(probes)} probes), largest stream gap {1000 * max(gaps):.1f} ms (goal: 100 ms)"
+    )
+    assert max(probes) < 0.5 and max(gaps) < 0.5, "the event loop stalled"
+
+
+BOUNDED_ECHO = [  # (what, path, body): each error message must quote at most ~200 characters
+    ("a 1 MB model", "/v1/completions", {"prompt": "x", "model": "m" * 1_000_000}),
+    ("a 1 MB unknown field", "/v1/completions", {"prompt": "x", "f" * 1_000_000: 1}),
+    (
+        "20,000 messages with bad roles",
+        "/v1/chat/completions",
+        {"messages": [{"role": "system", "content": "a"}] * 20_000},
+    ),
+    (
+        "170 messages with bad roles",
+        "/v1/chat/completions",
+        {"messages": [{"role": "system", "content": "a"}] * 170},
+    ),
+]
+
+TRUE_MESSAGES = [  # (what, path, raw body, what the message must say)
+    (
+        "system, system, user",
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {"role": "system", "content": "a"},
+                {"role": "system", "content": "b"},
+                {"role": "user", "content": "c"},
+            ]
+        },
+        "messages[1] is 'system' where 'user' must be",
+    ),
+    (
+        "only a system message",
+        "/v1/chat/completions",
+        {"messages": [{"role": "system", "content": "a"}]},
+        "a system message must be followed by a user message",
+    ),
+    (
+        "ending with the assistant",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+        "the last message must be from the user",
+    ),
+    ("an empty body", "/v1/completions", b"", "the body is empty"),
+    ("an empty chat body", "/v1/chat/completions", b"", "the body is empty"),
+    ("a body that is a list", "/v1/completions", b"[1]", "must be a JSON object"),
+    ("bytes that are not UTF-8", "/v1/completions", b'{"prompt": "\xff"}', "not valid JSON"),
+]
+
+
+def test_error_messages_are_bounded_and_true(open_server):
+    for what, path, body in BOUNDED_ECHO:
+        r = httpx.post(open_server + path, json=body, timeout=30)
+        assert 400 <= r.status_code < 500 and len(r.content) < 1000, (what, len(r.content))
+        assert openai_error(r, r.status_code)["message"], what
+    for what, path, body, says in TRUE_MESSAGES:
+        if isinstance(body, bytes):
+            headers = {"content-type": "application/json"}
+            r = httpx.post(open_server + path, content=body, headers=headers)
+        else:
+            r = httpx.post(open_server + path, json=body)
+        message = openai_error(r, 400)["message"]
+        assert says in message and "None" not in message, (what, message)
