@@ -123,8 +123,9 @@ def add_serve(sub) -> None:
     p.add_argument(
         "--trust-client-header",
         action="store_true",
-        help="with --api-keys: take the client from X-Client-Id / 'user' (a trusted proxy in "
-        "front sets them), the key's client otherwise",
+        help="without --api-keys only (where every caller names its client anyway): take the "
+        "client from X-Client-Id / 'user'. With --api-keys trust is a key's: mark a trusted "
+        'proxy\'s key with "proxy": true in the keys file',
     )
     p.add_argument(
         "--max-body-bytes",
@@ -161,8 +162,11 @@ def run_serve(args) -> int:
     memory = memory_options(args)
     if args.api_keys and args.client_weights:
         raise ValueError("give weights in the --api-keys file, not also --client-weights")
-    if args.trust_client_header and not args.api_keys:
-        raise ValueError("--trust-client-header only means something with --api-keys")
+    if args.trust_client_header and args.api_keys:
+        raise ValueError(
+            "--trust-client-header would let every key name any client: mark the trusted "
+            'proxy\'s key with "proxy": true in the --api-keys file instead'
+        )
     keys = read_keys(args.api_keys) if args.api_keys else None
     weights = weights_of(keys) if keys else None
     if args.client_weights:
@@ -191,7 +195,7 @@ def run_serve(args) -> int:
             "any client (and take its share) and can read every client's usage",
             file=sys.stderr,
         )
-    gate = Gate(keys, args.trust_client_header)
+    gate = Gate(keys)
     server = Server(
         engine,
         tokenizer,

@@ -22,6 +22,7 @@ mistakes), every input tried and what the server answers:
 | 300 client ids, each used once | idle ones forgotten; `/metrics` sums them under `(other)`, no token lost |
 | with keys: no key, an unknown key | 401 (`missing_api_key`, `invalid_api_key`) |
 | with keys: a tenant claiming another client (header, `user`) | charged to its own key's client |
+| with keys: any key but a `"proxy": true` one naming a client (`test_api_keys`); `--trust-client-header` with keys (`test_cli`) | charged to its own key's client; only the proxy's key names its end users; the flag is refused, pointing to `"proxy": true` |
 | with keys: a tenant reading `/metrics`, `/fairness` | 403; only its own row |
 | a fresh `X-Client-Id` per request (Sybil) against a victim | open: the attacker takes most dispatches; with keys: 10-14 of 24 for the victim |
 | 40,000 commands to an engine loop as it dies | every one answered or refused, none hangs |
