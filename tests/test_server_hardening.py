@@ -142,3 +142,62 @@ def test_error_messages_are_bounded_and_true(open_server):
             r = httpx.post(open_server + path, json=body)
         message = openai_error(r, 400)["message"]
         assert says in message and "None" not in message, (what, message)
+
+
+KEYS = {
+    "sk-alice-000001": {"client": "alice", "weight": 2},
+    "sk-bob-00000001": {"client": "bob"},
+    "sk-gateway-0001": {"client": "gateway", "proxy": True},
+    "sk-operator-001": {"client": "ops", "admin": True},
+}
+
+
+def bearer(client: str, **headers: str) -> dict[str, str]:
+    key = next(k for k, v in KEYS.items() if v["client"] == client)
+    return {"Authorization": f"Bearer {key}", **headers}
+
+
+@pytest.fixture(scope="module")
+def keyed(bundled):
+    """A server with API keys that forgets idle clients every 0.2 s."""
+    from minivtc.serving.api_keys import Gate, Key
+
+    model, tokenizer = bundled
+    engine = build_engine(model, tokenizer, "vtc", kv_tokens=1024, check_invariants=True)
+    gate = Gate({k: Key(**v) for k, v in KEYS.items()})
+    with BackgroundServer(make_app(engine, tokenizer, gate=gate, forget_every_s=0.2)) as url:
+        yield url
+        assert httpx.get(url + "/health").status_code == 200, "the engine loop died"
+
+
+def complete(url: str, headers: dict[str, str], max_tokens: int = 4) -> None:
+    body = {"prompt": "x", "max_tokens": max_tokens, "ignore_eos": True}
+    r = httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+def admin_rows(url: str) -> dict[str, dict]:
+    return httpx.get(url + "/fairness", headers=bearer("ops")).json()["clients"]
+
+
+def test_a_tenant_with_a_key_is_never_forgotten(keyed):
+    """alice works, then idles while the server forgets idle clients (the proxy's end user
+    `visitor` is forgotten: forgetting ran); alice's row, weight and label stay, and her totals
+    only grow. Only the proxy's key names a client: bob claiming to be alice is bob."""
+    complete(keyed, bearer("gateway", **{"X-Client-Id": "visitor"}))
+    complete(keyed, bearer("alice"))
+    complete(keyed, bearer("bob", **{"X-Client-Id": "alice"}))  # last to leave: VTC keeps it
+    assert admin_rows(keyed)["visitor"]["output_tokens"] == 4
+    deadline = time.monotonic() + 10
+    while "visitor" in admin_rows(keyed):
+        assert time.monotonic() < deadline, "idle clients were not forgotten"
+        time.sleep(0.1)
+    time.sleep(0.5)  # two more rounds of forgetting
+    own = httpx.get(keyed + "/fairness", headers=bearer("alice")).json()["clients"]
+    assert list(own) == ["alice"] and own["alice"]["output_tokens"] == 4, own
+    assert own["alice"]["weight"] == 2.0 and own["alice"]["input_tokens"] == 2
+    assert admin_rows(keyed)["bob"]["output_tokens"] == 4  # (bob was charged, not alice)
+    metrics = httpx.get(keyed + "/metrics", headers=bearer("ops")).text
+    assert 'minivtc_client_output_tokens_total{client="alice"} 4.0' in metrics, metrics
+    complete(keyed, bearer("alice"), max_tokens=3)
+    assert admin_rows(keyed)["alice"]["output_tokens"] == 7  # grows from where it was

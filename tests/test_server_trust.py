@@ -20,6 +20,7 @@ mistakes), every input tried and what the server answers:
 | an unknown route; the wrong method | 404; 405; OpenAI's error body |
 | a client id over 128 characters (header or `user`) | 400 |
 | 300 client ids, each used once | idle ones forgotten; `/metrics` sums them under `(other)`, no token lost |
+| with keys: a tenant idle while the server forgets idle clients (`test_server_hardening`) | never forgotten: its `/fairness` row, weight and `/metrics` label stay, its totals only grow; a proxy's end users are forgotten as before |
 | with keys: no key, an unknown key | 401 (`missing_api_key`, `invalid_api_key`) |
 | with keys: a tenant claiming another client (header, `user`) | charged to its own key's client |
 | with keys: any key but a `"proxy": true` one naming a client (`test_api_keys`); `--trust-client-header` with keys (`test_cli`) | charged to its own key's client; only the proxy's key names its end users; the flag is refused, pointing to `"proxy": true` |

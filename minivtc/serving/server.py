@@ -39,7 +39,7 @@ from fastapi.responses import JSONResponse, Response
 
 from minivtc.core.engine import Engine
 from minivtc.core.tokenizer import Tokenizer
-from minivtc.serving.api_keys import Caller, Gate
+from minivtc.serving.api_keys import Caller, Gate, weights_of
 from minivtc.serving.door import Door, add_error_handlers
 from minivtc.serving.engine_loop import EngineLoop
 from minivtc.serving.observability import fairness_view, prometheus_text
@@ -80,12 +80,14 @@ def make_app(
 
     `gate`: API keys (default: none, every caller names itself: local use). `on_fatal(error)`:
     called if the engine fails beyond one request (`serve` uses it to exit non-zero)."""
+    gate = gate or Gate()
+    tenants = weights_of(gate.keys) if gate.keys is not None else None  # never forgotten
     state = ServerState(
-        EngineLoop(engine, on_fatal=on_fatal, forget_every_s=forget_every_s),
+        EngineLoop(engine, on_fatal=on_fatal, forget_every_s=forget_every_s, tenants=tenants),
         tokenizer,
         model_name,
         int(time.time()),
-        gate or Gate(),
+        gate,
         PromptRoom.of(engine, tokenizer),
     )
     app = FastAPI(
