@@ -160,11 +160,19 @@ def bearer(client: str, **headers: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def keyed(bundled):
     """A server with API keys that forgets idle clients every 0.2 s."""
-    from minivtc.serving.api_keys import Gate, Key
+    from minivtc.serving.api_keys import Gate, Key, weights_of
 
     model, tokenizer = bundled
-    engine = build_engine(model, tokenizer, "vtc", kv_tokens=1024, check_invariants=True)
-    gate = Gate({k: Key(**v) for k, v in KEYS.items()})
+    keys = {k: Key(**v) for k, v in KEYS.items()}
+    engine = build_engine(
+        model,
+        tokenizer,
+        "vtc",
+        kv_tokens=1024,
+        check_invariants=True,
+        client_weights=weights_of(keys),
+    )
+    gate = Gate(keys)
     with BackgroundServer(make_app(engine, tokenizer, gate=gate, forget_every_s=0.2)) as url:
         yield url
         assert httpx.get(url + "/health").status_code == 200, "the engine loop died"
@@ -187,12 +195,12 @@ def test_a_tenant_with_a_key_is_never_forgotten(keyed):
     complete(keyed, bearer("gateway", **{"X-Client-Id": "visitor"}))
     complete(keyed, bearer("alice"))
     complete(keyed, bearer("bob", **{"X-Client-Id": "alice"}))  # last to leave: VTC keeps it
-    assert admin_rows(keyed)["visitor"]["output_tokens"] == 4
     deadline = time.monotonic() + 10
     while "visitor" in admin_rows(keyed):
         assert time.monotonic() < deadline, "idle clients were not forgotten"
         time.sleep(0.1)
     time.sleep(0.5)  # two more rounds of forgetting
+    assert admin_rows(keyed)["gateway"]["output_tokens"] == 0  # (visitor was charged)
     own = httpx.get(keyed + "/fairness", headers=bearer("alice")).json()["clients"]
     assert list(own) == ["alice"] and own["alice"]["output_tokens"] == 4, own
     assert own["alice"]["weight"] == 2.0 and own["alice"]["input_tokens"] == 2
@@ -201,3 +209,30 @@ def test_a_tenant_with_a_key_is_never_forgotten(keyed):
     assert 'minivtc_client_output_tokens_total{client="alice"} 4.0' in metrics, metrics
     complete(keyed, bearer("alice"), max_tokens=3)
     assert admin_rows(keyed)["alice"]["output_tokens"] == 7  # grows from where it was
+
+
+def test_a_tenant_sees_nothing_of_the_others_load(keyed):
+    """The audit read another tenant's prompt sizes off `used_blocks` (9, 52, 102 blocks for
+    101-, 801- and 1601-token prompts). Now, while bob streams with a 801-token prompt, alice's
+    view is what it was before he started; the admin sees bob's blocks."""
+    alice = bearer("alice")
+
+    def alices_view() -> dict:  # (less her counter: the engine may forget her meanwhile)
+        view = httpx.get(keyed + "/fairness", headers=alice).json()
+        del view["clients"]["alice"]["counter"]
+        return view
+
+    before = alices_view()
+    assert set(before["kv"]) == {"total_blocks", "block_size"}, before
+    body = {"prompt": [1] + [450] * 800, "max_tokens": 50, "ignore_eos": True, "stream": True}
+    with httpx.stream(
+        "POST", keyed + "/v1/completions", json=body, headers=bearer("bob"), timeout=60
+    ) as r:
+        chunks = 0
+        for line in r.iter_lines():
+            chunks += line.startswith("data: {")
+            if chunks == 3:
+                assert alices_view() == before
+                view = httpx.get(keyed + "/fairness", headers=bearer("ops")).json()
+                assert view["clients"]["bob"]["blocks"] == view["kv"]["used_blocks"] > 50
+                break

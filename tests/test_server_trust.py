@@ -25,6 +25,7 @@ mistakes), every input tried and what the server answers:
 | with keys: a tenant claiming another client (header, `user`) | charged to its own key's client |
 | with keys: any key but a `"proxy": true` one naming a client (`test_api_keys`); `--trust-client-header` with keys (`test_cli`) | charged to its own key's client; only the proxy's key names its end users; the flag is refused, pointing to `"proxy": true` |
 | with keys: a tenant reading `/metrics`, `/fairness` | 403; only its own row |
+| with keys: a tenant reading `/fairness` while another streams a 801-token prompt (`test_server_hardening`) | its view unchanged: its own row (with the KV blocks it holds), the pool's size, no pool-wide `used_blocks` |
 | a fresh `X-Client-Id` per request (Sybil) against a victim | open: the attacker takes most dispatches; with keys: 10-14 of 24 for the victim |
 | 40,000 commands to an engine loop as it dies | every one answered or refused, none hangs |
 | SIGTERM with a stream in flight, `--shutdown-timeout 1` | the stream ends with an error event about 1 s later; the process exits |

@@ -269,6 +269,12 @@ class EngineLoop:
             rows.setdefault(r.client_id, ClientRow()).waiting += 1
         for r in engine.running:
             rows.setdefault(r.client_id, ClientRow()).running += 1
+        held: dict[str, set[int]] = {}  # per client, the KV blocks its requests hold
+        for request_id, table in engine.allocator.block_tables.items():
+            if request_id in engine.requests:
+                held.setdefault(engine.requests[request_id].client_id, set()).update(table)
+        for client, blocks in held.items():
+            rows.setdefault(client, ClientRow()).blocks = len(blocks)
         a = engine.allocator
         return Snapshot(
             engine.scheduler.name,

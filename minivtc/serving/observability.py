@@ -39,6 +39,7 @@ class ClientRow:
     running: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    blocks: int = 0  # KV blocks its requests hold now (blocks one prefix shares count once)
 
     @property
     def service(self) -> float:
@@ -56,6 +57,7 @@ class ClientRow:
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "service": self.service,
+            "blocks": self.blocks,
         }
 
 
@@ -83,16 +85,20 @@ class Snapshot:
 
 
 def fairness_view(snap: Snapshot, only: str | None = None) -> dict:
-    """`/fairness`: per client, counter, weight, waiting, running, tokens and service so far.
-    `only`: show just that client's row (a tenant's key sees only its own usage)."""
+    """`/fairness`: per client, counter, weight, waiting, running, tokens, service so far and
+    KV blocks held now, and the pool's use. `only`: a tenant's view, that client's row alone
+    and no pool-wide use (the pool's `used_blocks` told one tenant another's prompt sizes).
+
+    What a tenant's view still shares with the others: the pool's size and block size and the
+    scheduler's name (the server's configuration), and through its own counter, their load: VTC
+    lifts a client that comes back from idle to the smallest counter among those waiting
+    (Algorithm 2), so a counter that jumps on return says how much the others were served."""
     clients = {
         c: row.as_dict() for c, row in sorted(snap.clients.items()) if only is None or c == only
     }
-    kv = {
-        "used_blocks": snap.used_blocks,
-        "total_blocks": snap.total_blocks,
-        "block_size": snap.block_size,
-    }
+    kv = {"total_blocks": snap.total_blocks, "block_size": snap.block_size}
+    if only is None:
+        kv = {"used_blocks": snap.used_blocks, **kv}
     return {"scheduler": snap.scheduler, "kv": kv, "clients": clients}
 
 
