@@ -133,6 +133,30 @@ def add_serve(sub) -> None:
         default=4 * 1024 * 1024,
         help="larger request bodies get 413 before parsing (default 4 MiB)",
     )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds a connection has to send a request's line and headers, from when it "
+        "opens or its last response ends; then it is closed (default 10)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds a request has to send its whole body once its headers are in; then "
+        "it gets 408 (default 30)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=256,
+        metavar="N",
+        help="connections open at once, streams included (uvicorn's limit_concurrency): "
+        "a request beyond them gets 503 (default 256)",
+    )
     add_memory_options(p, default="full")
     add_prefix_options(p)
     p.add_argument(
@@ -153,10 +177,12 @@ def run_serve(args) -> int:
     from minivtc.core.weights import load_model
     from minivtc.llm import build_engine
     from minivtc.serving.api_keys import Gate, read_keys, weights_of
+    from minivtc.serving.connections import Limits
     from minivtc.serving.server import Server
 
-    if args.max_body_bytes < 1024:
-        raise ValueError(f"--max-body-bytes must be >= 1024, not {args.max_body_bytes}")
+    limits = Limits(
+        args.max_body_bytes, args.header_timeout, args.body_timeout, args.max_connections
+    )
     if not 0 <= args.shutdown_timeout < float("inf"):
         raise ValueError(f"--shutdown-timeout must be seconds >= 0, not {args.shutdown_timeout}")
     memory = memory_options(args)
@@ -204,7 +230,7 @@ def run_serve(args) -> int:
         args.port,
         args.shutdown_timeout,
         gate=gate,
-        max_body_bytes=args.max_body_bytes,
+        limits=limits,
     )
     return server.run()
 

@@ -6,6 +6,7 @@ did; the rows they add to the audit table are in `tests/test_server_trust.py`'s 
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
 import time
@@ -236,3 +237,97 @@ def test_a_tenant_sees_nothing_of_the_others_load(keyed):
                 view = httpx.get(keyed + "/fairness", headers=bearer("ops")).json()
                 assert view["clients"]["bob"]["blocks"] == view["kv"]["used_blocks"] > 50
                 break
+
+
+async def chunked(data: bytes):
+    """`data` sent as a chunked body: no Content-Length, so the door counts."""
+    for i in range(0, len(data), 65536):
+        yield data[i : i + 65536]
+
+
+def test_a_refused_body_is_an_answer_every_client_can_read(open_server, keyed):
+    """The server used to answer 413 and close while the client was still sending: the async
+    OpenAI client saw APIConnectionError (after uploading 5 MB three times), async httpx a
+    ReadError. The door now drops the rest of the body before it answers."""
+    import openai
+
+    url = open_server
+
+    async def main() -> None:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused")  # (it retries)
+        with pytest.raises(openai.APIStatusError) as e:
+            await client.completions.create(
+                model="minivtc-tiny", prompt="x" * 5_000_000, max_tokens=1
+            )
+        assert e.value.status_code == 413 and "--max-body-bytes" in str(e.value), e.value
+        await client.close()
+        headers = {"content-type": "application/json"}
+        async with httpx.AsyncClient(timeout=60) as http:
+            for size in (6_000_000, 10_500_000, 20_000_000):
+                big = b'{"prompt": "' + b"x" * size + b'"}'
+                r = await http.post(url + "/v1/completions", content=big, headers=headers)
+                assert openai_error(r, 413)["code"] == "request_too_large"
+                r = await http.post(url + "/v1/completions", content=chunked(big), headers=headers)
+                assert openai_error(r, 413)["code"] == "request_too_large"  # no Content-Length
+            stranger = {**headers, "Authorization": "Bearer sk-not-a-key"}
+            r = await http.post(keyed + "/v1/completions", content=big, headers=stranger)
+            assert openai_error(r, 401)["code"] == "invalid_api_key"
+
+    asyncio.run(main())
+    assert httpx.get(url + "/health").status_code == 200
+
+
+def test_slow_clients_are_cut_off_and_connections_are_capped(bundled):
+    """The audit held 300 connections for 60 s by sending partial heads or bodies. Now, with a
+    1 s head deadline, a 1 s body deadline and at most 20 connections: 30 trickling heads make
+    the server answer 503 beyond 20 until the deadline closes them all; a body that stops
+    half-way gets 408; then the server serves as before."""
+    import socket
+
+    from minivtc.serving.connections import Limits
+
+    model, tokenizer = bundled
+    engine = build_engine(model, tokenizer, "vtc", kv_tokens=1024)
+    limits = Limits(header_timeout_s=1.0, body_timeout_s=1.0, max_connections=20)
+    with BackgroundServer(make_app(engine, tokenizer, limits=limits)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        slow = [socket.create_connection((host, int(port))) for _ in range(30)]
+        started = time.monotonic()
+        for s in slow:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+        assert httpx.get(url + "/health").status_code == 503  # uvicorn's limit_concurrency
+        for s in slow:
+            s.settimeout(5)
+            assert s.recv(1) == b"", "the server should close a connection that sends no head"
+            s.close()
+        closed_after = time.monotonic() - started
+        assert httpx.get(url + "/health").status_code == 200
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                b'\r\nContent-Length: 100\r\n\r\n{"prompt": '
+            )
+            s.settimeout(5)
+            answer = b"".join(iter(lambda: s.recv(65536), b"")).decode()  # until it closes
+        assert answer.startswith("HTTP/1.1 408") and "--body-timeout" in answer, answer
+        body = {"prompt": "x", "max_tokens": 2}
+        assert httpx.post(url + "/v1/completions", json=body, timeout=30).status_code == 200
+    print(f"\n30 connections sending no head: all closed after {closed_after:.2f} s")
+    assert closed_after < 4
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        ({"max_body_bytes": 100}, "--max-body-bytes must be >= 1024"),
+        ({"header_timeout_s": 0}, "--header-timeout must be seconds > 0"),
+        ({"body_timeout_s": float("inf")}, "--body-timeout must be seconds > 0"),
+        ({"body_timeout_s": float("nan")}, "--body-timeout must be seconds > 0"),
+        ({"max_connections": 0}, "--max-connections must be >= 1"),
+    ],
+)
+def test_limits_refuse_what_cannot_work(options, why):
+    from minivtc.serving.connections import Limits
+
+    with pytest.raises(ValueError, match=why):
+        Limits(**options)

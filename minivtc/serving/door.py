@@ -9,36 +9,42 @@ OpenAI's error body. Does not own who the caller is (`api_keys.py`) or routes (`
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from minivtc.serving.api_keys import Gate
+from minivtc.serving.connections import Limits
 from minivtc.serving.openai_api import APIError, validation_error
+
+DRAIN_BYTES = 64 * 1024 * 1024  # dropped after a refusal, so a client still sending can read it
 
 
 class Door:
     """ASGI middleware, before any parsing: with API keys, a request without a valid key gets
     401 (everything but /health); a body over `max_body_bytes` gets 413 -- at once when
-    Content-Length says so, else as soon as the bytes read pass the limit. The body is read
-    here (at most the limit) and handed to the app whole."""
+    Content-Length says so, else as soon as the bytes read pass the limit; a body that has not
+    all arrived `body_timeout_s` after the head gets 408. The body is read here (at most the
+    limit) and handed to the app whole.
 
-    def __init__(self, app, gate: Gate, max_body_bytes: int) -> None:
-        self.app, self.gate, self.max_body_bytes = app, gate, max_body_bytes
+    A refused client may still be sending its body: closing the connection then would reset
+    it, and the client would see a broken connection, not the answer (and retry: the OpenAI
+    SDK uploaded a 5 MB body three times). So before answering, the door reads and drops what
+    is still coming, up to `DRAIN_BYTES` and within the body's deadline."""
+
+    def __init__(self, app, gate: Gate, limits: Limits) -> None:
+        self.app, self.gate, self.limits = app, gate, limits
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        try:
-            if self.gate.keys is not None and scope["path"] != "/health":
-                self.gate.key(headers.get("authorization"))
-            length = headers.get("content-length", "")
-            if length.isdigit() and int(length) > self.max_body_bytes:
-                raise self.too_large()
-            body = await self.read_body(receive)
-        except APIError as e:
-            return await e.response({"connection": "close"})(scope, receive, send)
+        body = await self.admit(scope, headers, receive)
+        if isinstance(body, APIError):
+            return await body.response({"connection": "close"})(scope, receive, send)
         if body is None:
             return  # the client went away while sending
         sent = False
@@ -52,6 +58,26 @@ class Door:
 
         await self.app(scope, replay, send)
 
+    async def admit(self, scope, headers: dict[str, str], receive) -> bytes | APIError | None:
+        """The body, or the refusal to answer once the rest of the body is dropped (None: the
+        client went away)."""
+        try:
+            async with asyncio.timeout(self.limits.body_timeout_s):
+                if self.gate.keys is not None and scope["path"] != "/health":
+                    self.gate.key(headers.get("authorization"))
+                length = headers.get("content-length", "")
+                if length.isdigit() and int(length) > self.limits.max_body_bytes:
+                    raise self.too_large()
+                return await self.read_body(receive)
+        except TimeoutError:
+            return APIError(408, self.too_slow(), code="request_timeout")
+        except APIError as e:
+            if headers.get("expect", "").lower() != "100-continue":  # else it sends no body
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.limits.body_timeout_s):
+                        await drain(receive)
+            return e
+
     async def read_body(self, receive) -> bytes | None:
         parts, size, more = [], 0, True
         while more:
@@ -60,7 +86,7 @@ class Door:
                 return None
             parts.append(message.get("body", b""))
             size += len(parts[-1])
-            if size > self.max_body_bytes:
+            if size > self.limits.max_body_bytes:
                 raise self.too_large()
             more = message.get("more_body", False)
         return b"".join(parts)
@@ -68,9 +94,25 @@ class Door:
     def too_large(self) -> APIError:
         return APIError(
             413,
-            f"the request body is over {self.max_body_bytes} bytes (--max-body-bytes)",
+            f"the request body is over {self.limits.max_body_bytes} bytes (--max-body-bytes)",
             code="request_too_large",
         )
+
+    def too_slow(self) -> str:
+        return (
+            f"the request body did not arrive within {self.limits.body_timeout_s:g} s "
+            "(--body-timeout)"
+        )
+
+
+async def drain(receive) -> None:
+    """Read and drop the rest of a refused request's body, up to `DRAIN_BYTES`."""
+    dropped = 0
+    while dropped <= DRAIN_BYTES:
+        message = await receive()
+        dropped += len(message.get("body", b""))
+        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+            return
 
 
 def add_error_handlers(app: FastAPI) -> None:

@@ -2,23 +2,25 @@
 
 Owns: the FastAPI app (`make_app`), its thin routes, and running it (`Server` in the foreground
 with a shutdown time limit, `BackgroundServer` on a thread). The door every request passes
-first (body size, API key) and the error answers are `door.py`'s; what a body becomes (checked
-body, prompt, sampling params) is `prompts.py`'s; streaming or collecting a
-request's outputs is `streaming.py`'s; the bodies and error shape `openai_api.py`'s; who the
-caller is `api_keys.py`'s; the reports `observability.py`'s. The engine runs on
+first (body size and deadline, API key) and the error answers are `door.py`'s; what one
+connection may cost (`Limits`, and the uvicorn settings made from them) `connections.py`'s;
+what a body becomes (checked body, prompt, sampling params) `prompts.py`'s; streaming or
+collecting a request's outputs `streaming.py`'s; the bodies and error shape `openai_api.py`'s;
+who the caller is `api_keys.py`'s; the reports `observability.py`'s. The engine runs on
 `engine_loop.EngineLoop`'s thread, and nothing here touches it: handlers send the loop
 commands, and read engine state only through a snapshot taken there. Lesson 8 uses it.
 
-Follow one request: the door refuses a body over `max_body_bytes` (413) or a missing key (401)
-before anything is parsed; `completions()` parses and validates the body on a worker thread
-(`prompts.py`; a bad field is a 400 with an OpenAI error body), names the client
+Follow one request: uvicorn answers 503 beyond `max_connections` and closes a connection slow
+to send its head; the door refuses a body over `max_body_bytes` (413), one slow to arrive
+(408) or a missing key (401) before anything is parsed; `completions()` parses and validates
+the body on a worker thread (a bad field is a 400 with an OpenAI error body), names the client
 (`api_keys.Gate`), tokenizes the prompt on a worker thread (a long prompt must not stall other
-streams), and `EngineLoop.add` queues it; the scheduler
-decides when it runs; each step's `StepOutput` arrives on the request's queue and becomes an
-SSE chunk (or, when not streaming, is collected into one response). A client that goes away is
-aborted at once and its KV blocks return to the pool. A fault in one request's own work ends
-that request alone (an error event, or a 500); one that leaves the engine unsound ends the
-loop, `/health` answers 503, and `minivtc serve` exits non-zero for a supervisor to restart it.
+streams), and `EngineLoop.add` queues it; the scheduler decides when it runs; each step's
+`StepOutput` arrives on the request's queue and becomes an SSE chunk (or, when not streaming,
+is collected into one response). A client that goes away is aborted at once and its KV blocks
+return to the pool. A fault in one request's own work ends that request alone (an error event,
+or a 500); one that leaves the engine unsound ends the loop, `/health` answers 503, and
+`minivtc serve` exits non-zero for a supervisor to restart it.
 
 Client weights come from the server's configuration (the keys file or `--client-weights`),
 never from requests: a client cannot raise its own share.
@@ -40,6 +42,7 @@ from fastapi.responses import JSONResponse, Response
 from minivtc.core.engine import Engine
 from minivtc.core.tokenizer import Tokenizer
 from minivtc.serving.api_keys import Caller, Gate, weights_of
+from minivtc.serving.connections import Limits
 from minivtc.serving.door import Door, add_error_handlers
 from minivtc.serving.engine_loop import EngineLoop
 from minivtc.serving.observability import fairness_view, prometheus_text
@@ -53,8 +56,6 @@ from minivtc.serving.prompts import (
 )
 from minivtc.serving.streaming import respond
 
-MAX_BODY_BYTES = 4 * 1024 * 1024  # a 2048-token prompt is ~10 kB of text: 4 MB is generous
-
 
 @dataclass
 class ServerState:
@@ -64,6 +65,7 @@ class ServerState:
     created: int
     gate: Gate
     room: PromptRoom  # how much one request may hold
+    limits: Limits  # what one connection may cost (uvicorn's settings are made from it)
 
 
 def make_app(
@@ -72,15 +74,17 @@ def make_app(
     model_name: str = "minivtc-tiny",
     *,
     gate: Gate | None = None,
-    max_body_bytes: int = MAX_BODY_BYTES,
+    limits: Limits | None = None,
     on_fatal=None,
     forget_every_s: float = 10.0,
 ) -> FastAPI:
     """The app over `engine` (which it starts on a thread at startup and stops at shutdown).
 
-    `gate`: API keys (default: none, every caller names itself: local use). `on_fatal(error)`:
-    called if the engine fails beyond one request (`serve` uses it to exit non-zero)."""
-    gate = gate or Gate()
+    `gate`: API keys (default: none, every caller names itself: local use). `limits`: what one
+    connection may cost (default `Limits()`; `Server` and `BackgroundServer` make uvicorn's
+    settings from them). `on_fatal(error)`: called if the engine fails beyond one request
+    (`serve` uses it to exit non-zero)."""
+    gate, limits = gate or Gate(), limits or Limits()
     tenants = weights_of(gate.keys) if gate.keys is not None else None  # never forgotten
     state = ServerState(
         EngineLoop(engine, on_fatal=on_fatal, forget_every_s=forget_every_s, tenants=tenants),
@@ -89,6 +93,7 @@ def make_app(
         int(time.time()),
         gate,
         PromptRoom.of(engine, tokenizer),
+        limits,
     )
     app = FastAPI(
         title="minivtc",
@@ -97,7 +102,7 @@ def make_app(
     )
     app.state.minivtc = state
     add_error_handlers(app)
-    app.add_middleware(Door, gate=state.gate, max_body_bytes=max_body_bytes)
+    app.add_middleware(Door, gate=state.gate, limits=limits)
     app.post("/v1/completions")(completions)
     app.post("/v1/chat/completions")(chat_completions)
     app.get("/v1/models")(models)
@@ -241,7 +246,11 @@ class Server:
         self.loop: EngineLoop = self.app.state.minivtc.loop
         self.shutdown_timeout = shutdown_timeout
         config = uvicorn.Config(
-            self.app, host=host, port=port, timeout_graceful_shutdown=shutdown_timeout + 5
+            self.app,
+            host=host,
+            port=port,
+            timeout_graceful_shutdown=shutdown_timeout + 5,
+            **self.app.state.minivtc.limits.uvicorn_options(),
         )
         self.server = uvicorn.Server(config)
         self.server.handle_exit = self.handle_exit  # type: ignore[method-assign]
@@ -285,7 +294,12 @@ class BackgroundServer:
         self.socket.bind((host, port))
         host, port = self.socket.getsockname()[:2]
         self.url = f"http://{host}:{port}"
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            timeout_graceful_shutdown=1,
+            **app.state.minivtc.limits.uvicorn_options(),
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True
