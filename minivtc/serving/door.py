@@ -1,10 +1,11 @@
 """The door every request passes before it is parsed, and how every error is answered.
 
-Owns: `Door`, ASGI middleware that refuses a body over the size limit (413) and, with API
-keys, a request without a valid key (401) before FastAPI reads anything, so a 10 MB body or a
-stranger costs the event loop nothing; and `add_error_handlers`, which answers every error,
-whatever raised it (ours, pydantic's, routing's 404 and 405, the body parser's, a bug), in
-OpenAI's error body. Does not own who the caller is (`api_keys.py`) or routes (`server.py`).
+Owns: `Door`, ASGI middleware that refuses a body over the size limit (413), a body slow to
+arrive (408) and, with API keys, a request without a valid key (401) before FastAPI reads
+anything, so a 10 MB body or a stranger costs the event loop nothing; and `add_error_handlers`,
+which answers every error, whatever raised it (ours, pydantic's, routing's 404 and 405, a bug),
+in OpenAI's error body. Does not own who the caller is (`api_keys.py`), the limits
+(`connections.py`) or routes (`server.py`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from starlette.exceptions import HTTPException
 
 from minivtc.serving.api_keys import Gate
 from minivtc.serving.connections import Limits
-from minivtc.serving.openai_api import APIError, validation_error
+from minivtc.serving.openai_api import APIError, clip, validation_error
 
 DRAIN_BYTES = 64 * 1024 * 1024  # dropped after a refusal, so a client still sending can read it
 
@@ -116,8 +117,9 @@ async def drain(receive) -> None:
 
 
 def add_error_handlers(app: FastAPI) -> None:
-    """Every error in OpenAI's body, whatever raised it: ours, pydantic's, routing's (404,
-    405), the body parser's (a 5000-digit integer, JSON nested 100k deep), or a bug (500)."""
+    """Every error in OpenAI's body, whatever raised it: ours (the body parser's included: a
+    5000-digit integer, JSON nested 100k deep), pydantic's, routing's (404, 405), or a bug
+    (500)."""
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
@@ -131,10 +133,8 @@ def add_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, e: HTTPException):
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         message = e.detail if isinstance(e.detail, str) else "invalid request"
-        if e.status_code == 400:
-            message = "the body could not be parsed as JSON (too deep, or a number too long?)"
         return APIError(e.status_code, message, kind=kind).response(e.headers)
 
     @app.exception_handler(Exception)
     async def bug(request: Request, e: Exception):
-        return APIError(500, f"internal error: {e!r}", kind="server_error").response()
+        return APIError(500, f"internal error: {clip(repr(e))}", kind="server_error").response()

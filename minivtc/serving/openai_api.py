@@ -2,9 +2,10 @@
 
 Owns: the pydantic bodies of `/v1/completions` and `/v1/chat/completions` (OpenAI's field names,
 unknown fields refused as OpenAI does), `APIError` (every error the server answers, in OpenAI's
-shape `{"error": {"message", "type", "param", "code"}}`), the translation of a validation failure
-into one sentence that names the field, and the shape of the response objects and stream chunks.
-Does not own: routes, the engine, who the caller is (`server.py`, `api_keys.py`). Lesson 8.
+shape `{"error": {"message", "type", "param", "code"}}`), parsing a body (`parse_json`,
+`validate`) with each failure as one sentence that names the field and quotes at most
+`ECHO_CHARS` of the input, and the shape of the response objects and stream chunks. Does not
+own: routes, the engine, who the caller is (`server.py`, `api_keys.py`). Lesson 8.
 
 Every string a caller sends must be text that UTF-8 can carry: JSON may spell a lone surrogate
 (`"\\ud800"`), which Python keeps in a `str` and which then fails to encode much later, inside
@@ -181,11 +182,7 @@ def validation_error(errors) -> APIError:
     # each member the value is not: the first complaint that is not one says what is wrong
     # (not valid Unicode; more than 4 stop sequences).
     first = next((e for e in errors if not e["type"].endswith("_type")), errors[0])
-    if first["type"] == "json_invalid":
-        return APIError(400, f"the body is not valid JSON: {first.get('msg', '')}")
     loc = [str(x) for x in first["loc"] if x != "body"]
-    if not loc and first["type"] in ("model_attributes_type", "dict_type", "model_type"):
-        return APIError(400, "the body must be a JSON object")
     # A union (str | list[int] | ...) reports one error per member: name the field, not them.
     loc = [x for x in loc if x not in ("str", "int", "float", "bool") and "[" not in x]
     loc = [x for x in loc if not x.startswith("function-after")]  # the Text validator's name
