@@ -182,7 +182,11 @@ def validation_error(errors) -> APIError:
     # each member the value is not: the first complaint that is not one says what is wrong
     # (not valid Unicode; more than 4 stop sequences).
     first = next((e for e in errors if not e["type"].endswith("_type")), errors[0])
+    if first["type"] == "json_invalid":  # (FastAPI's body parsing; the routes use parse_json)
+        return APIError(400, f"the body is not valid JSON: {clip(first.get('msg', ''))}")
     loc = [str(x) for x in first["loc"] if x != "body"]
+    if not loc and first["type"] in ("model_attributes_type", "dict_type", "model_type"):
+        return APIError(400, "the body must be a JSON object")
     # A union (str | list[int] | ...) reports one error per member: name the field, not them.
     loc = [x for x in loc if x not in ("str", "int", "float", "bool") and "[" not in x]
     loc = [x for x in loc if not x.startswith("function-after")]  # the Text validator's name
