@@ -123,14 +123,39 @@ def add_serve(sub) -> None:
     p.add_argument(
         "--trust-client-header",
         action="store_true",
-        help="with --api-keys: take the client from X-Client-Id / 'user' (a trusted proxy in "
-        "front sets them), the key's client otherwise",
+        help="without --api-keys only (where every caller names its client anyway): take the "
+        "client from X-Client-Id / 'user'. With --api-keys trust is a key's: mark a trusted "
+        'proxy\'s key with "proxy": true in the keys file',
     )
     p.add_argument(
         "--max-body-bytes",
         type=int,
         default=4 * 1024 * 1024,
         help="larger request bodies get 413 before parsing (default 4 MiB)",
+    )
+    p.add_argument(
+        "--header-timeout",
+        type=float,
+        default=10.0,
+        metavar="S",
+        help="seconds a connection has to send a request's line and headers, from when it "
+        "opens or its last response ends; then it is closed (default 10)",
+    )
+    p.add_argument(
+        "--body-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds a request has to send its whole body once its headers are in; then "
+        "it gets 408 (default 30)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=256,
+        metavar="N",
+        help="connections open at once, streams included (uvicorn's limit_concurrency): "
+        "a request beyond them gets 503 (default 256)",
     )
     add_memory_options(p, default="full")
     add_prefix_options(p)
@@ -152,17 +177,22 @@ def run_serve(args) -> int:
     from minivtc.core.weights import load_model
     from minivtc.llm import build_engine
     from minivtc.serving.api_keys import Gate, read_keys, weights_of
+    from minivtc.serving.connections import Limits
     from minivtc.serving.server import Server
 
-    if args.max_body_bytes < 1024:
-        raise ValueError(f"--max-body-bytes must be >= 1024, not {args.max_body_bytes}")
+    limits = Limits(
+        args.max_body_bytes, args.header_timeout, args.body_timeout, args.max_connections
+    )
     if not 0 <= args.shutdown_timeout < float("inf"):
         raise ValueError(f"--shutdown-timeout must be seconds >= 0, not {args.shutdown_timeout}")
     memory = memory_options(args)
     if args.api_keys and args.client_weights:
         raise ValueError("give weights in the --api-keys file, not also --client-weights")
-    if args.trust_client_header and not args.api_keys:
-        raise ValueError("--trust-client-header only means something with --api-keys")
+    if args.trust_client_header and args.api_keys:
+        raise ValueError(
+            "--trust-client-header would let every key name any client: mark the trusted "
+            'proxy\'s key with "proxy": true in the --api-keys file instead'
+        )
     keys = read_keys(args.api_keys) if args.api_keys else None
     weights = weights_of(keys) if keys else None
     if args.client_weights:
@@ -191,7 +221,7 @@ def run_serve(args) -> int:
             "any client (and take its share) and can read every client's usage",
             file=sys.stderr,
         )
-    gate = Gate(keys, args.trust_client_header)
+    gate = Gate(keys)
     server = Server(
         engine,
         tokenizer,
@@ -200,7 +230,7 @@ def run_serve(args) -> int:
         args.port,
         args.shutdown_timeout,
         gate=gate,
-        max_body_bytes=args.max_body_bytes,
+        limits=limits,
     )
     return server.run()
 

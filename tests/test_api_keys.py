@@ -18,6 +18,7 @@ KEYS = {
     "sk-alice-0001": Key("alice", 2.0),
     "sk-bob-000001": Key("bob"),
     "sk-ops-000001": Key("ops", admin=True),
+    "sk-gateway-01": Key("gateway", proxy=True),
 }
 
 
@@ -36,12 +37,13 @@ def write(tmp_path: Path, text: str) -> Path:
 
 def test_the_readmes_keys_file_is_read(tmp_path):
     keys = read_keys(write(tmp_path, readme_keys_file()))
-    assert sorted((k.client, k.weight, k.admin) for k in keys.values()) == [
-        ("alice", 2.0, False),
-        ("bob", 1.0, False),
-        ("ops", 1.0, True),
+    assert sorted((k.client, k.weight, k.admin, k.proxy) for k in keys.values()) == [
+        ("alice", 2.0, False, False),
+        ("bob", 1.0, False, False),
+        ("gateway", 1.0, False, True),
+        ("ops", 1.0, True, False),
     ]
-    assert weights_of(keys) == {"alice": 2.0, "bob": 1.0, "ops": 1.0}
+    assert weights_of(keys) == {"alice": 2.0, "bob": 1.0, "gateway": 1.0, "ops": 1.0}
 
 
 def test_one_client_may_hold_several_keys_of_one_weight(tmp_path):
@@ -67,6 +69,7 @@ MALFORMED = {
     "bool weight": ({LONG_KEY: {"client": "a", "weight": True}}, "'weight' must be a number"),
     "admin as text": ({LONG_KEY: {"client": "a", "admin": "yes"}}, "'admin' must be true or"),
     "admin as 1": ({LONG_KEY: {"client": "a", "admin": 1}}, "'admin' must be true or false"),
+    "proxy as text": ({LONG_KEY: {"client": "a", "proxy": "yes"}}, "'proxy' must be true or"),
     "unknown field": ({LONG_KEY: {"client": "a", "role": "x"}}, "want {'client': str"),
     "entry not object": ({LONG_KEY: "alice"}, "want {'client': str"),
     "two weights": (
@@ -141,20 +144,22 @@ def test_with_keys_the_client_is_the_keys_whatever_the_request_says():
     assert gate.caller("Bearer sk-alice-0001", long).client == "alice"  # ignored, not checked
 
 
-def test_a_trusted_proxy_names_the_client_but_still_needs_a_key():
-    gate = Gate(KEYS, trust_client_header=True)
+def test_a_proxy_key_names_the_client_but_no_other_key_can():
+    """Trust is the key's: the proxy's requests are charged to the client they name, every
+    other key's to the key's own client, whatever they name."""
+    gate = Gate(KEYS)
+    proxy = "Bearer sk-gateway-01"
     # (the prefix cache stays the key's: the proxy's clients share it, other keys do not)
-    assert gate.caller("Bearer sk-bob-000001", "carol", "dave") == Caller("carol", False, "bob")
-    assert gate.caller("Bearer sk-bob-000001", None, "dave") == Caller("dave", False, "bob")
-    assert gate.caller("Bearer sk-ops-000001") == Caller("ops", True, "ops")  # none named
+    assert gate.caller(proxy, "carol", "dave") == Caller("carol", False, "gateway")
+    assert gate.caller(proxy, None, "dave") == Caller("dave", False, "gateway")
+    assert gate.caller(proxy) == Caller("gateway", False, "gateway")  # none named
+    assert gate.caller("Bearer sk-bob-000001", "alice", "ops") == Caller("bob", False, "bob")
     assert unauthorized(gate, None).code == "missing_api_key"
 
 
-@pytest.mark.parametrize(
-    "gate", [Gate(), Gate(KEYS, trust_client_header=True)], ids=["no keys", "trusted header"]
-)
+@pytest.mark.parametrize("gate", [Gate(), Gate(KEYS)], ids=["no keys", "a proxy key"])
 def test_a_client_id_is_at_most_128_characters(gate):
-    key = "Bearer sk-bob-000001"
+    key = "Bearer sk-gateway-01"
     ok = "c" * MAX_CLIENT_ID_CHARS
     assert gate.caller(key, ok).client == ok and gate.caller(key, None, ok).client == ok
     for header, user, param in ((ok + "c", None, "X-Client-Id"), (None, ok + "c", "user")):

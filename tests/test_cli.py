@@ -149,7 +149,7 @@ def test_serve_command_answers_over_http(tmp_path):
 
 def test_serve_refuses_inconsistent_trust_options():
     for options, why in (
-        (["--trust-client-header"], "only means something with --api-keys"),
+        (["--api-keys", "k.json", "--trust-client-header"], '"proxy": true in the --api-keys'),
         (["--api-keys", "k.json", "--client-weights", "w.json"], "not also --client-weights"),
     ):
         result = subprocess.run(

@@ -213,6 +213,11 @@ def test_snapshot_counts_waiting_and_running_per_client(make_loop):
         )
     assert snap.clients["a"].weight == 2.0 and snap.scheduler == "vtc"
     assert snap.used_blocks == engine.allocator.num_used_blocks > 0
+    held = Counter()  # each client's blocks (no prefix caching here: none shared)
+    for r in engine.running:
+        held[r.client_id] += len(engine.allocator.block_tables[r.request_id])
+    assert {c: row.blocks for c, row in snap.clients.items() if row.blocks} == dict(held)
+    assert sum(held.values()) == snap.used_blocks
 
 
 def test_forgotten_clients_totals_move_to_forgotten(make_loop):

@@ -75,13 +75,16 @@ def test_the_fairness_view_shows_every_client_sorted():
         "input_tokens": 10,
         "output_tokens": 5,
         "service": W_P * 10 + W_Q * 5,
+        "blocks": 0,
     }
 
 
-def test_the_fairness_view_of_one_client_shows_only_its_row():
+def test_the_fairness_view_of_one_client_shows_only_its_own_numbers():
+    """Its own row (with the blocks it holds), and of the pool only its configuration: the
+    pool's use revealed other tenants' prompt sizes."""
     assert list(fairness_view(SNAP, only="bob")["clients"]) == ["bob"]
     assert fairness_view(SNAP, only="nobody")["clients"] == {}
-    assert fairness_view(SNAP, only="bob")["kv"] == fairness_view(SNAP)["kv"]
+    assert fairness_view(SNAP, only="bob")["kv"] == {"total_blocks": 10, "block_size": 16}
 
 
 rows = st.builds(

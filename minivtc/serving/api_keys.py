@@ -9,15 +9,18 @@ whatever the caller says (`X-Client-Id`, else the body's `user`, else "default")
 laptop, but a caller who sends a fresh id per request looks like many light clients and takes
 their shares (a Sybil attack), and one who names another tenant spends that tenant's counter.
 With keys the client is the key's, and what a request says about itself is ignored — unless
-`trust_client_header` is set because a trusted proxy in front of the server authenticates end
-users and names them in `X-Client-Id`.
+the key is a `proxy`'s: a trusted proxy in front of the server authenticates end users and
+names them in `X-Client-Id` (or `user`). Trust is a property of one key, never of the server:
+any other key holder who could name a client could spend that client's counter.
 
 The keys file is a JSON object from key to its client:
 
-    {"sk-alice": {"client": "alice", "weight": 2}, "sk-ops": {"client": "ops", "admin": true}}
+    {"sk-alice": {"client": "alice", "weight": 2}, "sk-ops": {"client": "ops", "admin": true},
+     "sk-gateway": {"client": "gateway", "proxy": true}}
 
 `weight` (default 1) is the client's share under the VTC family; `admin` keys may read
-`/metrics` and every client's row of `/fairness` (any other key sees only its own row).
+`/metrics` and every client's row of `/fairness` (any other key sees only its own row); a
+`proxy` key's requests are charged to the client they name (the key's own when they name none).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minivtc.serving.openai_api import MAX_CLIENT_ID_CHARS, APIError
+
+FIELDS = {"client": "str", "weight": "number", "admin": "bool", "proxy": "bool"}  # of an entry
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,7 @@ class Key:
     client: str
     weight: float = 1.0
     admin: bool = False
+    proxy: bool = False  # its requests name their client (a trusted proxy's end users)
 
 
 def read_keys(path: str | Path) -> dict[str, Key]:
@@ -61,8 +67,9 @@ def read_keys(path: str | Path) -> dict[str, Key]:
         where = f"{path}: key {key[:3]!r}..."  # (no more: the message may reach a log)
         if len(key) < 8:
             raise ValueError(f"{where} is shorter than 8 characters: too easy to guess")
-        if not isinstance(entry, dict) or not set(entry) <= {"client", "weight", "admin"}:
-            raise ValueError(f"{where}: want {{'client': str, 'weight': number, 'admin': bool}}")
+        if not isinstance(entry, dict) or not set(entry) <= set(FIELDS):
+            fields = ", ".join(f"'{name}': {kind}" for name, kind in FIELDS.items())
+            raise ValueError(f"{where}: want {{{fields}}}")
         client, weight = entry.get("client"), entry.get("weight", 1.0)
         if not isinstance(client, str) or not 0 < len(client) <= MAX_CLIENT_ID_CHARS:
             raise ValueError(f"{where}: 'client' must be 1 to {MAX_CLIENT_ID_CHARS} characters")
@@ -74,9 +81,10 @@ def read_keys(path: str | Path) -> dict[str, Key]:
             )
         ):
             raise ValueError(f"{where}: 'weight' must be a number > 0 and finite")
-        if not isinstance(entry.get("admin", False), bool):
-            raise ValueError(f"{where}: 'admin' must be true or false")
-        keys[key] = Key(client, float(weight), entry.get("admin", False))
+        for flag in ("admin", "proxy"):
+            if not isinstance(entry.get(flag, False), bool):
+                raise ValueError(f"{where}: '{flag}' must be true or false")
+        keys[key] = Key(client, float(weight), entry.get("admin", False), entry.get("proxy", False))
     weights = {}
     for k in keys.values():
         if weights.setdefault(k.client, k.weight) != k.weight:
@@ -92,10 +100,9 @@ def weights_of(keys: dict[str, Key]) -> dict[str, float]:
 class Gate:
     """Names the caller of each request. `keys=None`: no authentication (local use)."""
 
-    def __init__(self, keys: dict[str, Key] | None = None, trust_client_header: bool = False):
+    def __init__(self, keys: dict[str, Key] | None = None):
         # Keys are looked up by their SHA-256, so a lookup's timing says nothing about the keys.
         self.keys = None if keys is None else {digest(k): v for k, v in keys.items()}
-        self.trust_client_header = trust_client_header
 
     def caller(
         self, authorization: str | None, client_header: str | None = None, user: str | None = None
@@ -105,7 +112,7 @@ class Gate:
         if self.keys is None:
             return Caller(named(client_header, user) or "default", admin=True)
         key = self.key(authorization)
-        claimed = named(client_header, user) if self.trust_client_header else None
+        claimed = named(client_header, user) if key.proxy else None
         return Caller(claimed or key.client, key.admin, cache_salt=key.client)
 
     def key(self, authorization: str | None) -> Key:

@@ -1,44 +1,51 @@
 """The door every request passes before it is parsed, and how every error is answered.
 
-Owns: `Door`, ASGI middleware that refuses a body over the size limit (413) and, with API
-keys, a request without a valid key (401) before FastAPI reads anything, so a 10 MB body or a
-stranger costs the event loop nothing; and `add_error_handlers`, which answers every error,
-whatever raised it (ours, pydantic's, routing's 404 and 405, the body parser's, a bug), in
-OpenAI's error body. Does not own who the caller is (`api_keys.py`) or routes (`server.py`).
+Owns: `Door`, ASGI middleware that refuses a body over the size limit (413), a body slow to
+arrive (408) and, with API keys, a request without a valid key (401) before FastAPI reads
+anything, so a 10 MB body or a stranger costs the event loop nothing; and `add_error_handlers`,
+which answers every error, whatever raised it (ours, pydantic's, routing's 404 and 405, a bug),
+in OpenAI's error body. Does not own who the caller is (`api_keys.py`), the limits
+(`connections.py`) or routes (`server.py`).
 """
 
 from __future__ import annotations
+
+import asyncio
+import contextlib
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from minivtc.serving.api_keys import Gate
-from minivtc.serving.openai_api import APIError, validation_error
+from minivtc.serving.connections import Limits
+from minivtc.serving.openai_api import APIError, clip, validation_error
+
+DRAIN_BYTES = 64 * 1024 * 1024  # dropped after a refusal, so a client still sending can read it
 
 
 class Door:
     """ASGI middleware, before any parsing: with API keys, a request without a valid key gets
     401 (everything but /health); a body over `max_body_bytes` gets 413 -- at once when
-    Content-Length says so, else as soon as the bytes read pass the limit. The body is read
-    here (at most the limit) and handed to the app whole."""
+    Content-Length says so, else as soon as the bytes read pass the limit; a body that has not
+    all arrived `body_timeout_s` after the head gets 408. The body is read here (at most the
+    limit) and handed to the app whole.
 
-    def __init__(self, app, gate: Gate, max_body_bytes: int) -> None:
-        self.app, self.gate, self.max_body_bytes = app, gate, max_body_bytes
+    A refused client may still be sending its body: closing the connection then would reset
+    it, and the client would see a broken connection, not the answer (and retry: the OpenAI
+    SDK uploaded a 5 MB body three times). So before answering, the door reads and drops what
+    is still coming, up to `DRAIN_BYTES` and within the body's deadline."""
+
+    def __init__(self, app, gate: Gate, limits: Limits) -> None:
+        self.app, self.gate, self.limits = app, gate, limits
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-        try:
-            if self.gate.keys is not None and scope["path"] != "/health":
-                self.gate.key(headers.get("authorization"))
-            length = headers.get("content-length", "")
-            if length.isdigit() and int(length) > self.max_body_bytes:
-                raise self.too_large()
-            body = await self.read_body(receive)
-        except APIError as e:
-            return await e.response({"connection": "close"})(scope, receive, send)
+        body = await self.admit(scope, headers, receive)
+        if isinstance(body, APIError):
+            return await body.response({"connection": "close"})(scope, receive, send)
         if body is None:
             return  # the client went away while sending
         sent = False
@@ -52,6 +59,26 @@ class Door:
 
         await self.app(scope, replay, send)
 
+    async def admit(self, scope, headers: dict[str, str], receive) -> bytes | APIError | None:
+        """The body, or the refusal to answer once the rest of the body is dropped (None: the
+        client went away)."""
+        try:
+            async with asyncio.timeout(self.limits.body_timeout_s):
+                if self.gate.keys is not None and scope["path"] != "/health":
+                    self.gate.key(headers.get("authorization"))
+                length = headers.get("content-length", "")
+                if length.isdigit() and int(length) > self.limits.max_body_bytes:
+                    raise self.too_large()
+                return await self.read_body(receive)
+        except TimeoutError:
+            return APIError(408, self.too_slow(), code="request_timeout")
+        except APIError as e:
+            if headers.get("expect", "").lower() != "100-continue":  # else it sends no body
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(self.limits.body_timeout_s):
+                        await drain(receive)
+            return e
+
     async def read_body(self, receive) -> bytes | None:
         parts, size, more = [], 0, True
         while more:
@@ -60,7 +87,7 @@ class Door:
                 return None
             parts.append(message.get("body", b""))
             size += len(parts[-1])
-            if size > self.max_body_bytes:
+            if size > self.limits.max_body_bytes:
                 raise self.too_large()
             more = message.get("more_body", False)
         return b"".join(parts)
@@ -68,14 +95,31 @@ class Door:
     def too_large(self) -> APIError:
         return APIError(
             413,
-            f"the request body is over {self.max_body_bytes} bytes (--max-body-bytes)",
+            f"the request body is over {self.limits.max_body_bytes} bytes (--max-body-bytes)",
             code="request_too_large",
         )
 
+    def too_slow(self) -> str:
+        return (
+            f"the request body did not arrive within {self.limits.body_timeout_s:g} s "
+            "(--body-timeout)"
+        )
+
+
+async def drain(receive) -> None:
+    """Read and drop the rest of a refused request's body, up to `DRAIN_BYTES`."""
+    dropped = 0
+    while dropped <= DRAIN_BYTES:
+        message = await receive()
+        dropped += len(message.get("body", b""))
+        if message["type"] == "http.disconnect" or not message.get("more_body", False):
+            return
+
 
 def add_error_handlers(app: FastAPI) -> None:
-    """Every error in OpenAI's body, whatever raised it: ours, pydantic's, routing's (404,
-    405), the body parser's (a 5000-digit integer, JSON nested 100k deep), or a bug (500)."""
+    """Every error in OpenAI's body, whatever raised it: ours (the body parser's included: a
+    5000-digit integer, JSON nested 100k deep), pydantic's, routing's (404, 405), or a bug
+    (500)."""
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, e: APIError):
@@ -89,10 +133,8 @@ def add_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, e: HTTPException):
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         message = e.detail if isinstance(e.detail, str) else "invalid request"
-        if e.status_code == 400:
-            message = "the body could not be parsed as JSON (too deep, or a number too long?)"
         return APIError(e.status_code, message, kind=kind).response(e.headers)
 
     @app.exception_handler(Exception)
     async def bug(request: Request, e: Exception):
-        return APIError(500, f"internal error: {e!r}", kind="server_error").response()
+        return APIError(500, f"internal error: {clip(repr(e))}", kind="server_error").response()

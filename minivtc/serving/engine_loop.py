@@ -79,16 +79,23 @@ class EngineLoop:
         idle_wait_s: float = 0.05,
         on_fatal: Callable[[BaseException], None] | None = None,
         forget_every_s: float = 10.0,
+        tenants: dict[str, float] | None = None,
     ) -> None:
         """`on_fatal(error)` runs on the loop thread if the engine fails in a way that leaves
         shared state unsound (the loop has ended; `minivtc serve` then exits non-zero).
-        Every `forget_every_s` the loop forgets idle clients (`Engine.forget_idle_clients`)."""
+        Every `forget_every_s` the loop forgets idle clients (`Engine.forget_idle_clients`),
+        except that `tenants` (client -> weight: the API keys' clients, a fixed set, so
+        forgetting them saves nothing) keep their rows and totals for the life of the loop."""
         self.engine = engine
         self.idle_wait_s = idle_wait_s
         self.on_fatal = on_fatal
         self.forget_every_s = forget_every_s
         self.next_forget = time.monotonic() + forget_every_s
         self.forgotten = ClientRow()  # token totals of forgotten clients (monotone metrics)
+        self.tenants = dict(tenants or {})
+        # A tenant's totals from before the engine last forgot it (loop thread only): the
+        # engine counts afresh when it comes back, and the sum only ever grows.
+        self.kept = {c: ClientRow(None, weight) for c, weight in self.tenants.items()}
         self.commands: queue.SimpleQueue[tuple[Callable[[], object], Future]] = queue.SimpleQueue()
         # Held while a command is queued and while the loop closes: a command is either queued
         # before the loop's last drain (and answered by it) or refused (never left hanging).
@@ -236,10 +243,11 @@ class EngineLoop:
         """Between steps: forget idle clients; their totals move to `forgotten`."""
         self.next_forget = time.monotonic() + self.forget_every_s
         gone = self.engine.forget_idle_clients()
-        for tokens in gone.values():
-            self.forgotten.input_tokens += tokens.num_input
-            self.forgotten.output_tokens += tokens.num_output
-        for key in [k for k in self.finished if k[0] in gone]:
+        for client, tokens in gone.items():
+            row = self.kept.get(client, self.forgotten)
+            row.input_tokens += tokens.num_input
+            row.output_tokens += tokens.num_output
+        for key in [k for k in self.finished if k[0] in gone and k[0] not in self.tenants]:
             other = (OTHER, key[1])
             self.finished[other] = self.finished.get(other, 0) + self.finished.pop(key)
         return list(gone)
@@ -253,30 +261,43 @@ class EngineLoop:
         for client, tokens in engine.client_tokens.items():
             row = rows.setdefault(client, ClientRow())
             row.input_tokens, row.output_tokens = tokens.num_input, tokens.num_output
+        for client, kept in self.kept.items():  # (counter None: the scheduler forgot it, idle)
+            row = rows.setdefault(client, ClientRow(None, kept.weight))
+            row.input_tokens += kept.input_tokens
+            row.output_tokens += kept.output_tokens
         for r in engine.scheduler.waiting():
             rows.setdefault(r.client_id, ClientRow()).waiting += 1
         for r in engine.running:
             rows.setdefault(r.client_id, ClientRow()).running += 1
+        held: dict[str, set[int]] = {}  # per client, the KV blocks its requests hold
+        for request_id, table in engine.allocator.block_tables.items():
+            if request_id in engine.requests:
+                held.setdefault(engine.requests[request_id].client_id, set()).update(table)
+        for client, blocks in held.items():
+            rows.setdefault(client, ClientRow()).blocks = len(blocks)
         a = engine.allocator
         return Snapshot(
-            engine.scheduler.name,
-            rows,
-            a.num_used_blocks,
-            a.num_blocks,
-            a.block_size,
-            dict(self.finished),
-            self.ttft.cumulative(),
-            self.ttft.total,
-            self.latency.cumulative(),
-            self.latency.total,
-            ClientRow(None, 1.0, 0, 0, self.forgotten.input_tokens, self.forgotten.output_tokens),
-            engine.num_preemptions,
-            engine.recomputed_tokens,
-            engine.swapped_tokens,
-            engine.num_prompt_tokens,
-            engine.num_cached_tokens,
-            engine.preemption.host_tokens,
-            engine.preemption.swap_tokens if engine.options.swaps else 0,
+            scheduler=engine.scheduler.name,
+            clients=rows,
+            used_blocks=a.num_used_blocks,
+            total_blocks=a.num_blocks,
+            block_size=a.block_size,
+            finished=dict(self.finished),
+            ttft=self.ttft.cumulative(),
+            ttft_sum=self.ttft.total,
+            latency=self.latency.cumulative(),
+            latency_sum=self.latency.total,
+            forgotten=ClientRow(
+                None, 1.0, 0, 0, self.forgotten.input_tokens, self.forgotten.output_tokens
+            ),
+            preemptions=engine.num_preemptions,
+            recomputed_tokens=engine.recomputed_tokens,
+            swapped_tokens=engine.swapped_tokens,
+            prompt_tokens=engine.num_prompt_tokens,
+            cached_tokens=engine.num_cached_tokens,
+            host_tokens=engine.preemption.host_tokens,
+            swap_tokens=engine.preemption.swap_tokens if engine.options.swaps else 0,
+            tenants=tuple(self.tenants),
         )
 
     def record(self, request: Request) -> None:

@@ -6,9 +6,10 @@ afterwards, away from the engine thread. Does not own: routes (`server.py`) or t
 meaning (the scheduler's counters, the engine's token counts). Lesson 8 reads both views.
 
 The Prometheus text is made by `prometheus_client`, which owns the format and its escaping.
-Per-client series are capped: the `top` clients by service get their own label, the rest
-(and clients the server has forgotten, see `EngineLoop.forget_idle_clients`) are summed under
-`client="(other)"`, so a scrape stays small however many client ids the server has seen.
+Per-client series are capped: every tenant (an API key's client: a fixed set, never forgotten)
+and the `top` other clients by service get their own label, the rest (and clients the server
+has forgotten, see `EngineLoop.forget_idle_clients`) are summed under `client="(other)"`, so a
+scrape stays small however many client ids the server has seen.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class ClientRow:
     running: int = 0
     input_tokens: int = 0
     output_tokens: int = 0
+    blocks: int = 0  # KV blocks its requests hold now (blocks one prefix shares count once)
 
     @property
     def service(self) -> float:
@@ -55,6 +57,7 @@ class ClientRow:
             "input_tokens": self.input_tokens,
             "output_tokens": self.output_tokens,
             "service": self.service,
+            "blocks": self.blocks,
         }
 
 
@@ -78,19 +81,24 @@ class Snapshot:
     cached_tokens: int = 0  # of which the prefix cache held (their prefill was skipped)
     host_tokens: int = 0  # preemption="swap": keys and values on the host now
     swap_tokens: int = 0  # and how many it may hold (0: no swapping)
+    tenants: tuple[str, ...] = ()  # the API keys' clients: each always has its own label
 
 
 def fairness_view(snap: Snapshot, only: str | None = None) -> dict:
-    """`/fairness`: per client, counter, weight, waiting, running, tokens and service so far.
-    `only`: show just that client's row (a tenant's key sees only its own usage)."""
+    """`/fairness`: per client, counter, weight, waiting, running, tokens, service so far and
+    KV blocks held now, and the pool's use. `only`: a tenant's view, that client's row alone
+    and no pool-wide use (the pool's `used_blocks` told one tenant another's prompt sizes).
+
+    What a tenant's view still shares with the others: the pool's size and block size and the
+    scheduler's name (the server's configuration), and through its own counter, their load: VTC
+    lifts a client that comes back from idle to the smallest counter among those waiting
+    (Algorithm 2), so a counter that jumps on return says how much the others were served."""
     clients = {
         c: row.as_dict() for c, row in sorted(snap.clients.items()) if only is None or c == only
     }
-    kv = {
-        "used_blocks": snap.used_blocks,
-        "total_blocks": snap.total_blocks,
-        "block_size": snap.block_size,
-    }
+    kv = {"total_blocks": snap.total_blocks, "block_size": snap.block_size}
+    if only is None:
+        kv = {"used_blocks": snap.used_blocks, **kv}
     return {"scheduler": snap.scheduler, "kv": kv, "clients": clients}
 
 
@@ -218,11 +226,13 @@ def families(snap: Snapshot, top: int) -> Iterable[Metric]:
 
 
 def labelled_rows(snap: Snapshot, top: int) -> dict[str, ClientRow]:
-    """The `top` clients by service under their own names; everyone else summed as OTHER (a
-    client that calls itself OTHER too: its own label would be taken by the sum)."""
-    named = [kv for kv in snap.clients.items() if kv[0] != OTHER]
+    """Every tenant (an API key's client) and the `top` other clients by service under their
+    own names; everyone else summed as OTHER (a client that calls itself OTHER too: its own
+    label would be taken by the sum)."""
+    tenants = {c: snap.clients[c] for c in snap.tenants if c in snap.clients and c != OTHER}
+    named = [kv for kv in snap.clients.items() if kv[0] != OTHER and kv[0] not in tenants]
     ranked = sorted(named, key=lambda kv: (-kv[1].service, kv[0]))
-    rows = dict(ranked[:top])
+    rows = tenants | dict(ranked[:top])
     rest = [row for _, row in ranked[top:]] + [snap.forgotten]
     if OTHER in snap.clients:
         rest.append(snap.clients[OTHER])

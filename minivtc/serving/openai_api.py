@@ -2,9 +2,10 @@
 
 Owns: the pydantic bodies of `/v1/completions` and `/v1/chat/completions` (OpenAI's field names,
 unknown fields refused as OpenAI does), `APIError` (every error the server answers, in OpenAI's
-shape `{"error": {"message", "type", "param", "code"}}`), the translation of a validation failure
-into one sentence that names the field, and the shape of the response objects and stream chunks.
-Does not own: routes, the engine, who the caller is (`server.py`, `api_keys.py`). Lesson 8.
+shape `{"error": {"message", "type", "param", "code"}}`), parsing a body (`parse_json`,
+`validate`) with each failure as one sentence that names the field and quotes at most
+`ECHO_CHARS` of the input, and the shape of the response objects and stream chunks. Does not
+own: routes, the engine, who the caller is (`server.py`, `api_keys.py`). Lesson 8.
 
 Every string a caller sends must be text that UTF-8 can carry: JSON may spell a lone surrogate
 (`"\\ud800"`), which Python keeps in a `str` and which then fails to encode much later, inside
@@ -13,16 +14,18 @@ the tokenizer or the metrics. `Text` refuses it here, at the door, with a 400.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
-from typing import Annotated, Literal
+from typing import Annotated, Literal, TypeVar
 
 from fastapi.responses import JSONResponse
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from minivtc.core.params import MAX_SEED
 
 MAX_CLIENT_ID_CHARS = 128  # a client id is a name, not a payload: longer ones are refused
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort"}
+ECHO_CHARS = 200  # an error message quotes at most this much of what the caller sent
 
 
 def valid_unicode(text: str) -> str:
@@ -87,6 +90,59 @@ class ChatBody(Sampling):
     max_completion_tokens: int | None = Field(default=None, ge=1)
 
 
+Body = TypeVar("Body", bound=Sampling)
+
+
+def parse_json(raw: bytes) -> dict:
+    """The body as a JSON object, or a 400 that says why not. (Large bodies: call it on a
+    worker thread; `server.py` does.)"""
+    if not raw.strip():
+        raise APIError(400, "the body is empty: send a JSON object")
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise APIError(400, "the body is nested too deeply to parse") from None
+    except ValueError as e:  # not JSON, not UTF-8, or an integer over Python's 4300 digits
+        raise APIError(400, f"the body is not valid JSON: {clip(str(e))}") from None
+    if not isinstance(data, dict):
+        raise APIError(400, "the body must be a JSON object")
+    return data
+
+
+def validate(kind: type[Body], data: dict) -> Body:
+    """`data` as the body `kind`, or a 400 naming the field at fault."""
+    try:
+        return kind.model_validate(data)
+    except ValidationError as e:
+        raise validation_error(e.errors(include_url=False)) from None
+
+
+def check_roles(messages: list[Message]) -> None:
+    """Llama-2's chat template: one optional system message, then user and assistant turns
+    alternating, ending with a user turn. The first message out of place is named."""
+    start = 1 if messages[0].role == "system" else 0
+    if start == len(messages):
+        raise APIError(400, "a system message must be followed by a user message", "messages")
+    for i, m in enumerate(messages[start:], start):
+        want = "user" if (i - start) % 2 == 0 else "assistant"
+        if m.role != want:
+            raise APIError(
+                400,
+                f"messages[{i}] is '{m.role}' where '{want}' must be: after one optional system "
+                "message, roles alternate user, assistant, ..., ending with user",
+                "messages",
+            )
+    if messages[-1].role != "user":
+        raise APIError(400, "the last message must be from the user", "messages")
+
+
+def clip(text: str, limit: int = ECHO_CHARS) -> str:
+    """`text` as an error message may quote it: at most `limit` characters."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text)} characters)"
+
+
 # --- errors --------------------------------------------------------------------------------------
 
 
@@ -126,20 +182,20 @@ def validation_error(errors) -> APIError:
     # each member the value is not: the first complaint that is not one says what is wrong
     # (not valid Unicode; more than 4 stop sequences).
     first = next((e for e in errors if not e["type"].endswith("_type")), errors[0])
-    if first["type"] == "json_invalid":
-        return APIError(400, f"the body is not valid JSON: {first.get('msg', '')}")
+    if first["type"] == "json_invalid":  # (FastAPI's body parsing; the routes use parse_json)
+        return APIError(400, f"the body is not valid JSON: {clip(first.get('msg', ''))}")
     loc = [str(x) for x in first["loc"] if x != "body"]
     if not loc and first["type"] in ("model_attributes_type", "dict_type", "model_type"):
         return APIError(400, "the body must be a JSON object")
     # A union (str | list[int] | ...) reports one error per member: name the field, not them.
     loc = [x for x in loc if x not in ("str", "int", "float", "bool") and "[" not in x]
     loc = [x for x in loc if not x.startswith("function-after")]  # the Text validator's name
-    param = ".".join(loc) or None
+    param = clip(".".join(loc)) or None
     if first["type"] == "extra_forbidden":
         return APIError(400, f"Unrecognized request argument supplied: {param}", param)
     if first["type"] == "missing":
         return APIError(400, f"you must provide '{param}'", param)
-    message = str(first["msg"]).removeprefix("Value error, ")
+    message = clip(str(first["msg"]).removeprefix("Value error, "))
     return APIError(400, f"invalid value for '{param}': {message}", param)
 
 
@@ -148,7 +204,7 @@ def check_unsupported(body: Sampling, model_name: str) -> None:
     if body.model is not None and body.model != model_name:
         raise APIError(
             404,
-            f"the model '{body.model}' does not exist; this server serves '{model_name}'",
+            f"the model '{clip(body.model)}' does not exist; this server serves '{model_name}'",
             "model",
             "model_not_found",
         )

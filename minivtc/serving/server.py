@@ -2,21 +2,25 @@
 
 Owns: the FastAPI app (`make_app`), its thin routes, and running it (`Server` in the foreground
 with a shutdown time limit, `BackgroundServer` on a thread). The door every request passes
-first (body size, API key) and the error answers are `door.py`'s; streaming or collecting a
-request's outputs is `streaming.py`'s; the bodies and error shape `openai_api.py`'s; who the
-caller is `api_keys.py`'s; the reports `observability.py`'s. The engine runs on
+first (body size and deadline, API key) and the error answers are `door.py`'s; what one
+connection may cost (`Limits`, and the uvicorn settings made from them) `connections.py`'s;
+what a body becomes (checked body, prompt, sampling params) `prompts.py`'s; streaming or
+collecting a request's outputs `streaming.py`'s; the bodies and error shape `openai_api.py`'s;
+who the caller is `api_keys.py`'s; the reports `observability.py`'s. The engine runs on
 `engine_loop.EngineLoop`'s thread, and nothing here touches it: handlers send the loop
 commands, and read engine state only through a snapshot taken there. Lesson 8 uses it.
 
-Follow one request: the door refuses a body over `max_body_bytes` (413) or a missing key (401)
-before anything is parsed; `completions()` validates the body (a bad field is a 400 with an
-OpenAI error body), names the client (`api_keys.Gate`), tokenizes the prompt on a worker thread
-(a long prompt must not stall other streams), and `EngineLoop.add` queues it; the scheduler
-decides when it runs; each step's `StepOutput` arrives on the request's queue and becomes an
-SSE chunk (or, when not streaming, is collected into one response). A client that goes away is
-aborted at once and its KV blocks return to the pool. A fault in one request's own work ends
-that request alone (an error event, or a 500); one that leaves the engine unsound ends the
-loop, `/health` answers 503, and `minivtc serve` exits non-zero for a supervisor to restart it.
+Follow one request: uvicorn answers 503 beyond `max_connections` and closes a connection slow
+to send its head; the door refuses a body over `max_body_bytes` (413), one slow to arrive
+(408) or a missing key (401) before anything is parsed; `completions()` parses and validates
+the body on a worker thread (a bad field is a 400 with an OpenAI error body), names the client
+(`api_keys.Gate`), tokenizes the prompt on a worker thread (a long prompt must not stall other
+streams), and `EngineLoop.add` queues it; the scheduler decides when it runs; each step's
+`StepOutput` arrives on the request's queue and becomes an SSE chunk (or, when not streaming,
+is collected into one response). A client that goes away is aborted at once and its KV blocks
+return to the pool. A fault in one request's own work ends that request alone (an error event,
+or a 500); one that leaves the engine unsound ends the loop, `/health` answers 503, and
+`minivtc serve` exits non-zero for a supervisor to restart it.
 
 Client weights come from the server's configuration (the keys file or `--client-weights`),
 never from requests: a client cannot raise its own share.
@@ -36,23 +40,21 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 from minivtc.core.engine import Engine
-from minivtc.core.params import SamplingParams
 from minivtc.core.tokenizer import Tokenizer
-from minivtc.serving.api_keys import Caller, Gate
+from minivtc.serving.api_keys import Caller, Gate, weights_of
+from minivtc.serving.connections import Limits
 from minivtc.serving.door import Door, add_error_handlers
 from minivtc.serving.engine_loop import EngineLoop
 from minivtc.serving.observability import fairness_view, prometheus_text
-from minivtc.serving.openai_api import (
-    APIError,
-    ChatBody,
-    CompletionBody,
-    Sampling,
-    check_unsupported,
+from minivtc.serving.openai_api import APIError, check_unsupported
+from minivtc.serving.prompts import (
+    PromptRoom,
+    chat_body,
+    check_length,
+    completion_body,
+    sampling_params,
 )
 from minivtc.serving.streaming import respond
-
-MAX_BODY_BYTES = 4 * 1024 * 1024  # a 2048-token prompt is ~10 kB of text: 4 MB is generous
-CHARS_PER_TOKEN_BOUND = 4  # NFKC may compose up to ~3 code points into one; 4 is a safe margin
 
 
 @dataclass
@@ -62,8 +64,8 @@ class ServerState:
     model_name: str
     created: int
     gate: Gate
-    context_room: int  # the most tokens one request may hold: min(context, pool)
-    max_prompt_chars: int  # a longer text can never fit the context, whatever it tokenizes to
+    room: PromptRoom  # how much one request may hold
+    limits: Limits  # what one connection may cost (uvicorn's settings are made from it)
 
 
 def make_app(
@@ -72,24 +74,26 @@ def make_app(
     model_name: str = "minivtc-tiny",
     *,
     gate: Gate | None = None,
-    max_body_bytes: int = MAX_BODY_BYTES,
+    limits: Limits | None = None,
     on_fatal=None,
     forget_every_s: float = 10.0,
 ) -> FastAPI:
     """The app over `engine` (which it starts on a thread at startup and stops at shutdown).
 
-    `gate`: API keys (default: none, every caller names itself: local use). `on_fatal(error)`:
-    called if the engine fails beyond one request (`serve` uses it to exit non-zero)."""
-    room = min(engine.max_positions, engine.allocator.num_tokens)
-    longest_piece = max(len(tokenizer.sp.id_to_piece(i)) for i in range(tokenizer.vocab_size))
+    `gate`: API keys (default: none, every caller names itself: local use). `limits`: what one
+    connection may cost (default `Limits()`; `Server` and `BackgroundServer` make uvicorn's
+    settings from them). `on_fatal(error)`: called if the engine fails beyond one request
+    (`serve` uses it to exit non-zero)."""
+    gate, limits = gate or Gate(), limits or Limits()
+    tenants = weights_of(gate.keys) if gate.keys is not None else None  # never forgotten
     state = ServerState(
-        EngineLoop(engine, on_fatal=on_fatal, forget_every_s=forget_every_s),
+        EngineLoop(engine, on_fatal=on_fatal, forget_every_s=forget_every_s, tenants=tenants),
         tokenizer,
         model_name,
         int(time.time()),
-        gate or Gate(),
-        room,
-        max_prompt_chars=room * longest_piece * CHARS_PER_TOKEN_BOUND,
+        gate,
+        PromptRoom.of(engine, tokenizer),
+        limits,
     )
     app = FastAPI(
         title="minivtc",
@@ -98,7 +102,7 @@ def make_app(
     )
     app.state.minivtc = state
     add_error_handlers(app)
-    app.add_middleware(Door, gate=state.gate, max_body_bytes=max_body_bytes)
+    app.add_middleware(Door, gate=state.gate, limits=limits)
     app.post("/v1/completions")(completions)
     app.post("/v1/chat/completions")(chat_completions)
     app.get("/v1/models")(models)
@@ -125,8 +129,9 @@ def lifespan(state: ServerState):
 # --- routes --------------------------------------------------------------------------------------
 
 
-async def completions(body: CompletionBody, http: Request):
+async def completions(http: Request):
     state: ServerState = http.app.state.minivtc
+    body = await asyncio.to_thread(completion_body, await http.body())  # off the event loop
     caller = identify(state, http, body.user)
     check_unsupported(body, state.model_name)
     prompt = body.prompt
@@ -140,25 +145,22 @@ async def completions(body: CompletionBody, http: Request):
             raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
         prompt_ids = prompt
     else:
-        check_length(state, len(prompt), "prompt")
-        prompt_ids = await asyncio.to_thread(state.tokenizer.encode, prompt)  # off the event loop
+        check_length(state.room, len(prompt), "prompt")
+        prompt_ids = await asyncio.to_thread(state.tokenizer.encode, prompt)
     params = sampling_params(body, body.max_tokens or 16)
     return await respond(
         state.loop, state.model_name, http, body, prompt_ids, params, caller, chat=False
     )
 
 
-async def chat_completions(body: ChatBody, http: Request):
+async def chat_completions(http: Request):
     state: ServerState = http.app.state.minivtc
+    body = await asyncio.to_thread(chat_body, state.room, await http.body())  # off the loop
     caller = identify(state, http, body.user)
     check_unsupported(body, state.model_name)
-    check_length(state, sum(len(m.content) for m in body.messages), "messages")
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    try:
-        prompt_ids = await asyncio.to_thread(state.tokenizer.chat_ids, messages)
-    except ValueError as e:
-        raise APIError(400, str(e), "messages") from None
-    room = state.context_room - len(prompt_ids)
+    prompt_ids = await asyncio.to_thread(state.tokenizer.chat_ids, messages)
+    room = state.room.tokens - len(prompt_ids)
     max_tokens = body.max_completion_tokens or body.max_tokens or max(room, 1)
     params = sampling_params(body, max_tokens)
     return await respond(
@@ -212,40 +214,12 @@ def identify(state: ServerState, http: Request, user: str | None) -> Caller:
     )
 
 
-def check_length(state: ServerState, num_chars: int, param: str) -> None:
-    """Refuse, before tokenizing it, a text too long to fit whatever it tokenizes to: one token
-    covers at most `longest_piece` characters (after normalization)."""
-    if num_chars > state.max_prompt_chars:
-        raise APIError(
-            400,
-            f"the text is {num_chars} characters: it cannot fit the {state.context_room} "
-            "tokens one request may hold",
-            param,
-            "context_length_exceeded",
-        )
-
-
 async def snapshot(state: ServerState):
     """The engine's state for a report, copied on the loop thread between two steps."""
     try:
         return await state.loop.call(state.loop.snapshot)
     except RuntimeError as e:  # the engine loop is dead
         raise APIError(503, str(e), kind="server_error") from None
-
-
-def sampling_params(body: Sampling, max_tokens: int) -> SamplingParams:
-    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
-    if any(not s for s in stop):
-        raise APIError(400, "stop sequences must be non-empty strings", "stop")
-    return SamplingParams(
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
-        max_tokens=max_tokens,
-        stop=stop,
-        seed=body.seed,
-        ignore_eos=body.ignore_eos,
-    )
 
 
 # --- running it ----------------------------------------------------------------------------------
@@ -272,7 +246,11 @@ class Server:
         self.loop: EngineLoop = self.app.state.minivtc.loop
         self.shutdown_timeout = shutdown_timeout
         config = uvicorn.Config(
-            self.app, host=host, port=port, timeout_graceful_shutdown=shutdown_timeout + 5
+            self.app,
+            host=host,
+            port=port,
+            timeout_graceful_shutdown=shutdown_timeout + 5,
+            **self.app.state.minivtc.limits.uvicorn_options(),
         )
         self.server = uvicorn.Server(config)
         self.server.handle_exit = self.handle_exit  # type: ignore[method-assign]
@@ -316,7 +294,12 @@ class BackgroundServer:
         self.socket.bind((host, port))
         host, port = self.socket.getsockname()[:2]
         self.url = f"http://{host}:{port}"
-        config = uvicorn.Config(app, log_level="warning", timeout_graceful_shutdown=1)
+        config = uvicorn.Config(
+            app,
+            log_level="warning",
+            timeout_graceful_shutdown=1,
+            **app.state.minivtc.limits.uvicorn_options(),
+        )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True

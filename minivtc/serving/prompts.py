@@ -1,0 +1,108 @@
+"""What a request's body becomes before it reaches the engine: a checked body, prompt token
+ids, sampling params, and the refusals that must come before any per-token work.
+
+Owns: `PromptRoom` (how much one request may hold, and so what can be refused unread: a text
+too long to fit whatever it tokenizes to, a chat with more messages than the context has room
+for), parsing and validating a body (`completion_body`, `chat_body`: pure functions, which
+`server.py` runs on a worker thread, so a large body never stalls other streams), and
+`sampling_params`. Does not own routes (`server.py`) or the bodies' fields (`openai_api.py`).
+Lesson 8.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minivtc.core.engine import Engine
+from minivtc.core.params import SamplingParams
+from minivtc.core.tokenizer import Tokenizer
+from minivtc.serving.openai_api import (
+    APIError,
+    ChatBody,
+    CompletionBody,
+    Sampling,
+    check_roles,
+    parse_json,
+    validate,
+)
+
+CHARS_PER_TOKEN_BOUND = 4  # NFKC may compose up to ~3 code points into one; 4 is a safe margin
+
+
+@dataclass(frozen=True)
+class PromptRoom:
+    tokens: int  # the most tokens one request may hold: min(context, pool)
+    max_chars: int  # a longer text can never fit, whatever it tokenizes to
+    exchange_tokens: int  # the fewest tokens the chat template spends on a user/assistant pair
+    max_messages: int  # a chat with more messages can never fit
+
+    @classmethod
+    def of(cls, engine: Engine, tokenizer: Tokenizer) -> PromptRoom:
+        room = engine.max_model_len
+        longest_piece = max(len(tokenizer.sp.id_to_piece(i)) for i in range(tokenizer.vocab_size))
+        exchange = exchange_tokens(tokenizer)
+        # n messages hold at least (n - 2) / 2 exchanges (less one system message and the last
+        # user turn), so each message past two costs at least exchange / 2 tokens
+        max_messages = 2 + room // (exchange // 2)
+        return cls(room, room * longest_piece * CHARS_PER_TOKEN_BOUND, exchange, max_messages)
+
+
+def exchange_tokens(tokenizer: Tokenizer) -> int:
+    """What one more user/assistant exchange adds to a chat prompt when both are empty: the
+    template's own tokens, the fewest any exchange costs."""
+    turn = {"role": "user", "content": ""}
+    one = tokenizer.chat_ids([turn])
+    two = tokenizer.chat_ids([turn, {"role": "assistant", "content": ""}, turn])
+    return len(two) - len(one)
+
+
+def completion_body(raw: bytes) -> CompletionBody:
+    return validate(CompletionBody, parse_json(raw))
+
+
+def chat_body(room: PromptRoom, raw: bytes) -> ChatBody:
+    """The chat body, checked: the number of messages before any per-message work (80,000
+    one-character messages fit in 4 MB, and validating them took the event loop 0.7 s)."""
+    data = parse_json(raw)
+    messages = data.get("messages")
+    if isinstance(messages, list) and len(messages) > room.max_messages:
+        raise APIError(
+            400,
+            f"{len(messages)} messages cannot fit the {room.tokens} tokens one request may hold "
+            f"(each user/assistant exchange costs at least {room.exchange_tokens} tokens of the "
+            f"chat template): at most {room.max_messages} messages",
+            "messages",
+            "context_length_exceeded",
+        )
+    body = validate(ChatBody, data)
+    check_roles(body.messages)
+    check_length(room, sum(len(m.content) for m in body.messages), "messages")
+    return body
+
+
+def check_length(room: PromptRoom, num_chars: int, param: str) -> None:
+    """Refuse, before tokenizing it, a text too long to fit whatever it tokenizes to: one token
+    covers at most `longest_piece` characters (after normalization)."""
+    if num_chars > room.max_chars:
+        raise APIError(
+            400,
+            f"the text is {num_chars} characters: it cannot fit the {room.tokens} tokens one "
+            "request may hold",
+            param,
+            "context_length_exceeded",
+        )
+
+
+def sampling_params(body: Sampling, max_tokens: int) -> SamplingParams:
+    stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
+    if any(not s for s in stop):
+        raise APIError(400, "stop sequences must be non-empty strings", "stop")
+    return SamplingParams(
+        temperature=body.temperature,
+        top_p=body.top_p,
+        top_k=body.top_k,
+        max_tokens=max_tokens,
+        stop=stop,
+        seed=body.seed,
+        ignore_eos=body.ignore_eos,
+    )

@@ -1,0 +1,333 @@
+"""The server under the second audit's attacks: what one request may cost everyone else.
+
+Each test starts a real uvicorn server on the bundled model and attacks it the way the audit
+did; the rows they add to the audit table are in `tests/test_server_trust.py`'s docstring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from minivtc.llm import build_engine
+from minivtc.serving.server import BackgroundServer, make_app
+from tests.test_server_trust import openai_error
+
+
+@pytest.fixture(scope="module")
+def open_server(bundled):
+    """An open server (no keys), the default body limit (4 MiB), room for the whole context
+    (2048 tokens: 80,001 characters may fit, so only the count refuses them unread)."""
+    model, tokenizer = bundled
+    engine = build_engine(model, tokenizer, "vtc", kv_tokens=2048, check_invariants=True)
+    with BackgroundServer(make_app(engine, tokenizer)) as url:
+        yield url
+        assert httpx.get(url + "/health").status_code == 200, "the engine loop died"
+
+
+def many_messages(n: int = 80_001) -> bytes:
+    """n one-character messages, user and assistant alternating, ending with the user: 2.7 MB,
+    under the body limit."""
+    roles = ["user" if i % 2 == 0 else "assistant" for i in range(n)]
+    return json.dumps({"messages": [{"role": r, "content": "a"} for r in roles]}).encode()
+
+
+def test_many_small_messages_are_refused_before_any_per_message_work(open_server):
+    """Three 80,001-message chats at once, while a stream runs and /health is probed: each is a
+    400 (too many messages for the context), and neither the probes nor the stream stall. The
+    audit measured /health at 2.44 s and a 6.4 s gap in the stream; the goal is under 100 ms
+    for both (printed; the assertion is generous, for a loaded machine)."""
+    url, body = open_server, many_messages()
+    answers, probes, gaps = [], [], []
+    attack_on, attack_over = threading.Event(), threading.Event()
+
+    def stream() -> None:
+        request = {"prompt": "x", "max_tokens": 2000, "ignore_eos": True, "stream": True}
+        with httpx.stream("POST", url + "/v1/completions", json=request, timeout=60) as r:
+            last = None
+            for _ in r.iter_lines():
+                now = time.monotonic()
+                if attack_on.is_set() and last is not None:
+                    gaps.append(now - last)
+                last = now
+                if attack_over.is_set():
+                    return
+                attack_on.set()  # the stream is flowing: start the attack
+
+    def attack() -> None:
+        headers = {"content-type": "application/json"}
+        answers.append(httpx.post(url + "/v1/chat/completions", content=body, headers=headers))
+
+    streamer = threading.Thread(target=stream)
+    streamer.start()
+    assert attack_on.wait(timeout=30)
+    attackers = [threading.Thread(target=attack) for _ in range(3)]
+    for t in attackers:
+        t.start()
+    while any(t.is_alive() for t in attackers):
+        probes.append(httpx.get(url + "/health", timeout=10).elapsed.total_seconds())
+    attack_over.set()
+    streamer.join(timeout=60)
+    for r in answers:
+        error = openai_error(r, 400)
+        assert error["param"] == "messages" and "at most 343 messages" in error["message"], error
+    print(
+        f"\nthree 80,001-message chats refused: /health slowest {1000 * max(probes):.1f} ms "
+        f"({len(probes)} probes), largest stream gap {1000 * max(gaps):.1f} ms (goal: 100 ms)"
+    )
+    assert max(probes) < 0.5 and max(gaps) < 0.5, "the event loop stalled"
+
+
+BOUNDED_ECHO = [  # (what, path, body): each error message must quote at most ~200 characters
+    ("a 1 MB model", "/v1/completions", {"prompt": "x", "model": "m" * 1_000_000}),
+    ("a 1 MB unknown field", "/v1/completions", {"prompt": "x", "f" * 1_000_000: 1}),
+    (
+        "20,000 messages with bad roles",
+        "/v1/chat/completions",
+        {"messages": [{"role": "system", "content": "a"}] * 20_000},
+    ),
+    (
+        "170 messages with bad roles",
+        "/v1/chat/completions",
+        {"messages": [{"role": "system", "content": "a"}] * 170},
+    ),
+]
+
+TRUE_MESSAGES = [  # (what, path, raw body, what the message must say)
+    (
+        "system, system, user",
+        "/v1/chat/completions",
+        {
+            "messages": [
+                {"role": "system", "content": "a"},
+                {"role": "system", "content": "b"},
+                {"role": "user", "content": "c"},
+            ]
+        },
+        "messages[1] is 'system' where 'user' must be",
+    ),
+    (
+        "only a system message",
+        "/v1/chat/completions",
+        {"messages": [{"role": "system", "content": "a"}]},
+        "a system message must be followed by a user message",
+    ),
+    (
+        "ending with the assistant",
+        "/v1/chat/completions",
+        {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]},
+        "the last message must be from the user",
+    ),
+    ("an empty body", "/v1/completions", b"", "the body is empty"),
+    ("an empty chat body", "/v1/chat/completions", b"", "the body is empty"),
+    ("a body that is a list", "/v1/completions", b"[1]", "must be a JSON object"),
+    ("bytes that are not UTF-8", "/v1/completions", b'{"prompt": "\xff"}', "not valid JSON"),
+]
+
+
+def test_error_messages_are_bounded_and_true(open_server):
+    for what, path, body in BOUNDED_ECHO:
+        r = httpx.post(open_server + path, json=body, timeout=30)
+        assert 400 <= r.status_code < 500 and len(r.content) < 1000, (what, len(r.content))
+        assert openai_error(r, r.status_code)["message"], what
+    for what, path, body, says in TRUE_MESSAGES:
+        if isinstance(body, bytes):
+            headers = {"content-type": "application/json"}
+            r = httpx.post(open_server + path, content=body, headers=headers)
+        else:
+            r = httpx.post(open_server + path, json=body)
+        message = openai_error(r, 400)["message"]
+        assert says in message and "None" not in message, (what, message)
+
+
+KEYS = {
+    "sk-alice-000001": {"client": "alice", "weight": 2},
+    "sk-bob-00000001": {"client": "bob"},
+    "sk-gateway-0001": {"client": "gateway", "proxy": True},
+    "sk-operator-001": {"client": "ops", "admin": True},
+}
+
+
+def bearer(client: str, **headers: str) -> dict[str, str]:
+    key = next(k for k, v in KEYS.items() if v["client"] == client)
+    return {"Authorization": f"Bearer {key}", **headers}
+
+
+@pytest.fixture(scope="module")
+def keyed(bundled):
+    """A server with API keys that forgets idle clients every 0.2 s."""
+    from minivtc.serving.api_keys import Gate, Key, weights_of
+
+    model, tokenizer = bundled
+    keys = {k: Key(**v) for k, v in KEYS.items()}
+    engine = build_engine(
+        model,
+        tokenizer,
+        "vtc",
+        kv_tokens=1024,
+        check_invariants=True,
+        client_weights=weights_of(keys),
+    )
+    gate = Gate(keys)
+    with BackgroundServer(make_app(engine, tokenizer, gate=gate, forget_every_s=0.2)) as url:
+        yield url
+        assert httpx.get(url + "/health").status_code == 200, "the engine loop died"
+
+
+def complete(url: str, headers: dict[str, str], max_tokens: int = 4) -> None:
+    body = {"prompt": "x", "max_tokens": max_tokens, "ignore_eos": True}
+    r = httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=60)
+    assert r.status_code == 200, r.text
+
+
+def admin_rows(url: str) -> dict[str, dict]:
+    return httpx.get(url + "/fairness", headers=bearer("ops")).json()["clients"]
+
+
+def test_a_tenant_with_a_key_is_never_forgotten(keyed):
+    """alice works, then idles while the server forgets idle clients (the proxy's end user
+    `visitor` is forgotten: forgetting ran); alice's row, weight and label stay, and her totals
+    only grow. Only the proxy's key names a client: bob claiming to be alice is bob."""
+    complete(keyed, bearer("gateway", **{"X-Client-Id": "visitor"}))
+    complete(keyed, bearer("alice"))
+    complete(keyed, bearer("bob", **{"X-Client-Id": "alice"}))  # last to leave: VTC keeps it
+    deadline = time.monotonic() + 10
+    while "visitor" in admin_rows(keyed):
+        assert time.monotonic() < deadline, "idle clients were not forgotten"
+        time.sleep(0.1)
+    time.sleep(0.5)  # two more rounds of forgetting
+    assert admin_rows(keyed)["gateway"]["output_tokens"] == 0  # (visitor was charged)
+    own = httpx.get(keyed + "/fairness", headers=bearer("alice")).json()["clients"]
+    assert list(own) == ["alice"] and own["alice"]["output_tokens"] == 4, own
+    assert own["alice"]["weight"] == 2.0 and own["alice"]["input_tokens"] == 2
+    assert admin_rows(keyed)["bob"]["output_tokens"] == 4  # (bob was charged, not alice)
+    metrics = httpx.get(keyed + "/metrics", headers=bearer("ops")).text
+    assert 'minivtc_client_output_tokens_total{client="alice"} 4.0' in metrics, metrics
+    complete(keyed, bearer("alice"), max_tokens=3)
+    assert admin_rows(keyed)["alice"]["output_tokens"] == 7  # grows from where it was
+
+
+def test_a_tenant_sees_nothing_of_the_others_load(keyed):
+    """The audit read another tenant's prompt sizes off `used_blocks` (9, 52, 102 blocks for
+    101-, 801- and 1601-token prompts). Now, while bob streams with a 801-token prompt, alice's
+    view is what it was before he started; the admin sees bob's blocks."""
+    alice = bearer("alice")
+
+    def alices_view() -> dict:  # (less her counter: the engine may forget her meanwhile)
+        view = httpx.get(keyed + "/fairness", headers=alice).json()
+        del view["clients"]["alice"]["counter"]
+        return view
+
+    before = alices_view()
+    assert set(before["kv"]) == {"total_blocks", "block_size"}, before
+    body = {"prompt": [1] + [450] * 800, "max_tokens": 50, "ignore_eos": True, "stream": True}
+    with httpx.stream(
+        "POST", keyed + "/v1/completions", json=body, headers=bearer("bob"), timeout=60
+    ) as r:
+        chunks = 0
+        for line in r.iter_lines():
+            chunks += line.startswith("data: {")
+            if chunks == 3:
+                assert alices_view() == before
+                view = httpx.get(keyed + "/fairness", headers=bearer("ops")).json()
+                assert view["clients"]["bob"]["blocks"] == view["kv"]["used_blocks"] > 50
+                break
+
+
+async def chunked(data: bytes):
+    """`data` sent as a chunked body: no Content-Length, so the door counts."""
+    for i in range(0, len(data), 65536):
+        yield data[i : i + 65536]
+
+
+def test_a_refused_body_is_an_answer_every_client_can_read(open_server, keyed):
+    """The server used to answer 413 and close while the client was still sending: the async
+    OpenAI client saw APIConnectionError (after uploading 5 MB three times), async httpx a
+    ReadError. The door now drops the rest of the body before it answers."""
+    import openai
+
+    url = open_server
+
+    async def main() -> None:
+        client = openai.AsyncOpenAI(base_url=url + "/v1", api_key="unused")  # (it retries)
+        with pytest.raises(openai.APIStatusError) as e:
+            await client.completions.create(
+                model="minivtc-tiny", prompt="x" * 5_000_000, max_tokens=1
+            )
+        assert e.value.status_code == 413 and "--max-body-bytes" in str(e.value), e.value
+        await client.close()
+        headers = {"content-type": "application/json"}
+        async with httpx.AsyncClient(timeout=60) as http:
+            for size in (6_000_000, 10_500_000, 20_000_000):
+                big = b'{"prompt": "' + b"x" * size + b'"}'
+                r = await http.post(url + "/v1/completions", content=big, headers=headers)
+                assert openai_error(r, 413)["code"] == "request_too_large"
+                r = await http.post(url + "/v1/completions", content=chunked(big), headers=headers)
+                assert openai_error(r, 413)["code"] == "request_too_large"  # no Content-Length
+            stranger = {**headers, "Authorization": "Bearer sk-not-a-key"}
+            r = await http.post(keyed + "/v1/completions", content=big, headers=stranger)
+            assert openai_error(r, 401)["code"] == "invalid_api_key"
+
+    asyncio.run(main())
+    assert httpx.get(url + "/health").status_code == 200
+
+
+def test_slow_clients_are_cut_off_and_connections_are_capped(bundled):
+    """The audit held 300 connections for 60 s by sending partial heads or bodies. Now, with a
+    1 s head deadline, a 1 s body deadline and at most 20 connections: 30 trickling heads make
+    the server answer 503 beyond 20 until the deadline closes them all; a body that stops
+    half-way gets 408; then the server serves as before."""
+    import socket
+
+    from minivtc.serving.connections import Limits
+
+    model, tokenizer = bundled
+    engine = build_engine(model, tokenizer, "vtc", kv_tokens=1024)
+    limits = Limits(header_timeout_s=1.0, body_timeout_s=1.0, max_connections=20)
+    with BackgroundServer(make_app(engine, tokenizer, limits=limits)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        slow = [socket.create_connection((host, int(port))) for _ in range(30)]
+        started = time.monotonic()
+        for s in slow:
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+        assert httpx.get(url + "/health").status_code == 503  # uvicorn's limit_concurrency
+        for s in slow:
+            s.settimeout(5)
+            assert s.recv(1) == b"", "the server should close a connection that sends no head"
+            s.close()
+        closed_after = time.monotonic() - started
+        assert httpx.get(url + "/health").status_code == 200
+        with socket.create_connection((host, int(port))) as s:
+            s.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
+                b'\r\nContent-Length: 100\r\n\r\n{"prompt": '
+            )
+            s.settimeout(5)
+            answer = b"".join(iter(lambda: s.recv(65536), b"")).decode()  # until it closes
+        assert answer.startswith("HTTP/1.1 408") and "--body-timeout" in answer, answer
+        body = {"prompt": "x", "max_tokens": 2}
+        assert httpx.post(url + "/v1/completions", json=body, timeout=30).status_code == 200
+    print(f"\n30 connections sending no head: all closed after {closed_after:.2f} s")
+    assert closed_after < 4
+
+
+@pytest.mark.parametrize(
+    ("options", "why"),
+    [
+        ({"max_body_bytes": 100}, "--max-body-bytes must be >= 1024"),
+        ({"header_timeout_s": 0}, "--header-timeout must be seconds > 0"),
+        ({"body_timeout_s": float("inf")}, "--body-timeout must be seconds > 0"),
+        ({"body_timeout_s": float("nan")}, "--body-timeout must be seconds > 0"),
+        ({"max_connections": 0}, "--max-connections must be >= 1"),
+    ],
+)
+def test_limits_refuse_what_cannot_work(options, why):
+    from minivtc.serving.connections import Limits
+
+    with pytest.raises(ValueError, match=why):
+        Limits(**options)
