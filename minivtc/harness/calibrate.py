@@ -192,13 +192,18 @@ def span_samples(served: list[Served], dt: float = 0.01) -> list[tuple[StepShape
     return samples
 
 
-def fit_runs(runs_dir: Path = A100_RUNS, name: str = "a100-llama13b") -> MeasuredStepTime:
+def fit_runs(
+    runs_dir: Path = A100_RUNS, name: str = "a100-llama13b", machine: str = A100_MACHINE
+) -> MeasuredStepTime:
     """The step-time model of measured runs (`runs_dir`: CSVs and index.json, as in
     data/a100_runs), fitted to every request of every run (`span_samples`)."""
+    fitted = fit(run_samples(runs_dir), name)
+    return MeasuredStepTime(name, *fit_coefficients(fitted), machine=machine)
+
+
+def run_samples(runs_dir: Path) -> list[tuple[StepShape, float]]:
     index = json.loads((runs_dir / "index.json").read_text())
-    samples = [s for run in index for s in span_samples(read_runs(runs_dir, run["run"]))]
-    fitted = fit(samples, name)
-    return MeasuredStepTime(name, *fit_coefficients(fitted), machine=A100_MACHINE)
+    return [s for run in index for s in span_samples(read_runs(runs_dir, run["run"]))]
 
 
 def fit_coefficients(m: MeasuredStepTime) -> tuple[float, float, float, float]:
@@ -207,9 +212,7 @@ def fit_coefficients(m: MeasuredStepTime) -> tuple[float, float, float, float]:
 
 def fit_error(model: MeasuredStepTime, runs_dir: Path = A100_RUNS) -> tuple[float, float]:
     """Mean and worst relative error of `model` on the runs' per-request mean step times."""
-    index = json.loads((runs_dir / "index.json").read_text())
-    samples = [s for run in index for s in span_samples(read_runs(runs_dir, run["run"]))]
-    errors = [abs(model.step_time(shape) - t) / t for shape, t in samples]
+    errors = [abs(model.step_time(shape) - t) / t for shape, t in run_samples(runs_dir)]
     return sum(errors) / len(errors), max(errors)
 
 
