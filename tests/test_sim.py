@@ -364,3 +364,54 @@ def test_a_trace_with_limits_ends_requests_at_their_length_and_reservation_pays_
     throughput = [metrics.table_metrics(r.served, r.total_time).throughput for r in (full, fair)]
     assert throughput[1] > 1.3 * throughput[0], throughput
     assert full.preemptions == 0 < fair.preemptions
+
+
+def test_fit_runs_recovers_a_known_step_time_from_client_records_alone(tmp_path):
+    """Runs simulated with a known step time, written as the artifact's records (arrival, first
+    and last token, lengths): `fit_runs` finds the step time back from them."""
+    from minivtc.harness.calibrate import fit_coefficients, fit_error, fit_runs
+    from minivtc.harness.step_time import MeasuredStepTime
+
+    true = MeasuredStepTime("true", 0.02, 5e-5, 2e-4, 4e-7)
+    index = []
+    for n, rates, pool in ((64, [4, 8], 4000), (192, [1, 2], 4000), (128, [1, 2], 12000)):
+        result = simulate(uniform(rates, 60, lengths=(n, n)), "vtc", true, kv_tokens=pool)
+        metrics.write_requests(tmp_path / f"run{n}.csv", result.served)
+        index.append({"run": f"run{n}", "config": {}, "total_time_s": result.total_time})
+    (tmp_path / "index.json").write_text(json.dumps(index))
+    got = fit_runs(tmp_path, "got", machine="simulated")
+    for fitted, want in zip(fit_coefficients(got), fit_coefficients(true), strict=True):
+        assert fitted == pytest.approx(want, rel=0.15)
+    mean, worst = fit_error(got, tmp_path)
+    assert mean < 0.01 and worst < 0.02
+
+
+def test_the_a100_preset_is_the_fit_of_the_measured_ablation_runs():
+    """`a100-llama13b` is what `fit_runs` gives on data/a100_runs (the file is not edited by
+    hand), and it times those runs' steps as well as stated: mean error under 2%, worst 10%."""
+    from minivtc.harness.calibrate import fit_coefficients, fit_error, fit_runs
+    from minivtc.harness.step_time import STEP_TIME_MODELS
+
+    preset = STEP_TIME_MODELS["a100-llama13b"]
+    assert fit_coefficients(fit_runs()) == pytest.approx(fit_coefficients(preset), rel=1e-9)
+    mean, worst = fit_error(preset)
+    assert mean < 0.02 and worst < 0.10
+
+
+@pytest.mark.slow
+def test_figure_15_from_the_simulator_matches_the_measured_a100_runs(tmp_path):
+    """The three measured runs of the ablation, simulated: each gap (max and mean) within 20%,
+    throughput within 5%, each client's share within 5 points; both of Figure 15's verdicts."""
+    from minivtc.harness.paper_figures import A100_RUNS, ABLATION, compare, fig15
+    from minivtc.harness.paper_figures import simulate_ablation as replay
+
+    wall = {r["run"]: r["total_time_s"] for r in json.loads((A100_RUNS / "index.json").read_text())}
+    runs = [run for run in ABLATION.values() if run.measured]
+    assert len(runs) == 3
+    for run in runs:
+        measured = metrics.read_requests(A100_RUNS / f"{run.measured}.csv")
+        gap, throughput, share = compare((measured, wall[run.measured]), replay(run), run)["errors"]
+        assert abs(gap) <= 0.20 and abs(throughput) <= 0.05 and abs(share) <= 0.05, run
+    verdict = next(line for line in fig15(tmp_path) if line.startswith("**Verdict:**"))
+    assert verdict.count(": yes") == 2, verdict
+    assert (tmp_path / "fig15_gap.png").stat().st_size > 0

@@ -1,4 +1,5 @@
-"""`minivtc calibrate`: a step-time model measured on this machine, from the real engine.
+"""Step-time models fitted to measurements: this machine's (`minivtc calibrate`, from the real
+engine) and the A100's of the paper's ablation (`fit_runs`, from the artifact's measured runs).
 
 Owns `measure_steps` (time every step of the real engine on the bundled model over a grid of
 batch sizes and prompt lengths), `fit` (least squares, coefficients kept >= 0, into
@@ -7,18 +8,38 @@ context tokens, the linear form of `Roofline` before its max()), and `check` (on
 workload run for real and in simulation with the fitted model, side by side). The result is a
 JSON file; `simulate --step-time measured` (or a path to the file) uses it, so a simulation of
 the tiny model can be compared with a real run of it. Does not own the simulator (`sim.py`).
+
+`fit_runs` fits the same linear form to runs measured elsewhere, from nothing but the client's
+records (arrival, first token, last token, lengths): between its first and last token a
+request lives through output_tokens - 1 steps, so (last - first) / (output_tokens - 1) is the
+mean step time it saw, and the records say what those steps held on average (requests, K/V
+tokens, prompts prefilled meanwhile). One such sample per request, least squares as `fit`.
+`refit_a100()` reruns it on `data/a100_runs` into `data/a100_step_time.json`, the
+`a100-llama13b` preset (`step_time.py`).
 """
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import json
 import random
 import time
 from pathlib import Path
 
 import torch
 
+from minivtc.harness.metrics import Served, read_requests
 from minivtc.harness.sim import progress_bar
-from minivtc.harness.step_time import DEFAULT_PATH, MeasuredStepTime, StepShape
+from minivtc.harness.step_time import (
+    A100_FIT,
+    A100_RUNS,
+    DEFAULT_PATH,
+    MeasuredStepTime,
+    StepShape,
+)
+
+A100_MACHINE = "A100-80G, Llama-2-13B fp16, the artifact's server: fitted to data/a100_runs"
 
 
 class TimedRunner:
@@ -135,3 +156,82 @@ def main(out: str | Path = DEFAULT_PATH, quick: bool = False) -> MeasuredStepTim
     )
     print(f"wrote {cost.save(out)}; use it with `minivtc simulate --step-time measured`")
     return cost
+
+
+def span_samples(served: list[Served], dt: float = 0.01) -> list[tuple[StepShape, float]]:
+    """One sample per request: the mean step time between its first and last token, and the
+    mean shape of those steps, as the client records show them. A request is in the batch over
+    [first token, last token], its K/V growing linearly from its prompt to prompt + output;
+    the prompts prefilled meanwhile are those whose first token falls inside its span (a
+    prefill is a pass the running requests wait through). Averages are over a grid of `dt`."""
+    n = int(max(r.end_s for r in served) / dt) + 2
+    # difference arrays: requests, and K/V tokens as alpha * t + beta over each span
+    diffs = torch.zeros(3, n + 1, dtype=torch.float64)
+    for r in served:
+        i, j = int(r.start_s / dt), int(r.end_s / dt)
+        alpha = r.output_tokens / max(r.end_s - r.start_s, dt)
+        for row, v in enumerate((1.0, alpha, r.input_tokens - alpha * r.start_s)):
+            diffs[row, i] += v
+            diffs[row, j] -= v
+    level = diffs.cumsum(1)
+    t = torch.arange(n + 1, dtype=torch.float64) * dt
+    per_dt = torch.stack([level[0], level[1] * t + level[2]])  # requests, context tokens
+    area = torch.cat([torch.zeros(2, 1, dtype=torch.float64), per_dt.cumsum(1)], 1)
+    by_start = sorted(served, key=lambda r: r.start_s)
+    starts = [r.start_s for r in by_start]
+    prefilled = [0, *itertools.accumulate(r.input_tokens for r in by_start)]
+    samples = []
+    for r in served:
+        i, j, steps = int(r.start_s / dt), int(r.end_s / dt), r.output_tokens - 1
+        if j <= i or steps < 1:
+            continue  # a one-token request, or too short to average over
+        requests, context = ((area[:, j] - area[:, i]) / (j - i)).tolist()
+        lo, hi = bisect.bisect_right(starts, r.start_s), bisect.bisect_right(starts, r.end_s)
+        shape = StepShape((prefilled[hi] - prefilled[lo]) / steps, requests, context)
+        samples.append((shape, (r.end_s - r.start_s) / steps))
+    return samples
+
+
+def fit_runs(
+    runs_dir: Path = A100_RUNS, name: str = "a100-llama13b", machine: str = A100_MACHINE
+) -> MeasuredStepTime:
+    """The step-time model of measured runs (`runs_dir`: CSVs and index.json, as in
+    data/a100_runs), fitted to every request of every run (`span_samples`)."""
+    fitted = fit(run_samples(runs_dir), name)
+    return MeasuredStepTime(name, *fit_coefficients(fitted), machine=machine)
+
+
+def run_samples(runs_dir: Path) -> list[tuple[StepShape, float]]:
+    index = json.loads((runs_dir / "index.json").read_text())
+    return [s for run in index for s in span_samples(read_runs(runs_dir, run["run"]))]
+
+
+def fit_coefficients(m: MeasuredStepTime) -> tuple[float, float, float, float]:
+    return m.overhead_s, m.per_prefill_token_s, m.per_request_s, m.per_context_token_s
+
+
+def fit_error(model: MeasuredStepTime, runs_dir: Path = A100_RUNS) -> tuple[float, float]:
+    """Mean and worst relative error of `model` on the runs' per-request mean step times."""
+    errors = [abs(model.step_time(shape) - t) / t for shape, t in run_samples(runs_dir)]
+    return sum(errors) / len(errors), max(errors)
+
+
+def read_runs(runs_dir: Path, run: str) -> list[Served]:
+    return read_requests(runs_dir / f"{run}.csv")
+
+
+def refit_a100(out: Path = A100_FIT) -> MeasuredStepTime:
+    """Refit `a100-llama13b` on data/a100_runs and write it to `out` (the preset's file)."""
+    model = fit_runs()
+    mean, worst = fit_error(model)
+    print(
+        f"fitted on every request of {A100_RUNS.name}: mean step-time error {mean:.1%}, "
+        f"worst {worst:.1%}"
+    )
+    print(
+        f"  overhead {1e3 * model.overhead_s:.2f} ms, per prefill token "
+        f"{1e6 * model.per_prefill_token_s:.2f} us, per request {1e6 * model.per_request_s:.2f} "
+        f"us, per context token {1e6 * model.per_context_token_s:.4f} us"
+    )
+    print(f"wrote {model.save(out)}")
+    return model

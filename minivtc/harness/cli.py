@@ -177,7 +177,8 @@ def add_reproduce(sub) -> None:
         "reproduce",
         help="run the paper's experiments in simulation and write REPORT.md",
         description="Simulate the paper's experiments (Figures 3-10, 12-16, 19; Tables 2-6) on "
-        "the calibrated A10G step-time model (the 13B ablation on an A100 roofline) and write "
+        "the calibrated A10G step-time model (the 13B ablation on the A100 one fitted to its "
+        "measured runs) and write "
         "REPORT.md: each table beside the paper's numbers, a one-line verdict per claim, and the "
         "figures as PNGs. About 2 minutes on a 2-core laptop; --only picks some.",
     )

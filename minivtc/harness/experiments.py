@@ -27,6 +27,7 @@ class Experiment:
     verdict: Callable[[dict[str, dict]], str]
     figures: tuple[str, ...] = ("service", "gap")
     cost: metrics.Cost = metrics.linear_cost  # what service is priced in
+    admit_every: int = 1  # decode steps between admissions (the artifact's router: 10)
 
 
 def gap_verdict(runs: dict[str, dict]) -> str:
@@ -148,6 +149,11 @@ EXPERIMENTS = [
         ["fcfs", "vtc"],
         "VTC acc. diff ~39-41k, constant; FCFS to 325k within 292 s",
         gap_verdict,
+        # The gap is set in the first seconds, while the empty batch first fills and admission
+        # follows arrival order; how many of those requests one admission takes is the
+        # cadence's. Over five seeds of the workload: mean max gap 47.0k admitting every step,
+        # 39.6k every 10 steps (as the artifact's router did for the paper's run).
+        admit_every=10,
     ),
     Experiment(
         "fig9",

@@ -81,6 +81,25 @@ def gap_plot(
     return save(fig, path)
 
 
+def ablation_plot(
+    panels: dict[str, dict[str, tuple[list[float], list[float]]]], path: str | Path
+) -> Path:
+    """Figure 15: one panel per ablation, one line per run: {panel: {run: (ticks, gaps)}}.
+    A run named "... measured" is drawn solid, its simulation ("... simulated") dashed in the
+    same colour beside it."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 5), squeeze=False)
+    for ax, (title, runs) in zip(axes[0], panels.items(), strict=True):
+        colors: dict[str, str] = {}
+        for name, (ticks, gaps) in runs.items():
+            run, _, kind = name.rpartition(" ")
+            color = colors.setdefault(run, f"C{len(colors)}")
+            style = "-" if kind == "measured" else "--"
+            ax.plot(ticks, [g / 1e3 for g in gaps], color=color, linestyle=style, label=name)
+        ax.set(xlabel="time (s)", ylabel="accumulated service gap (k tokens)", title=title)
+        ax.legend(fontsize=7, ncol=2, loc="upper center", bbox_to_anchor=(0.5, -0.15))
+    return save(fig, path)
+
+
 def more(served: list[Served], shown: list[str]) -> str:
     n = len(metrics.clients_of(served))
     return f" ({len(shown)} busiest of {n} clients)" if n > len(shown) else ""

@@ -4,7 +4,8 @@ Owns the glue between a simulation (`sim.py`), the metrics (`metrics.py`) and th
 (`plots.py`): which files a run writes and what metrics.json holds; running the paper's
 experiments (`experiments.py` lists them) into REPORT.md, with the ones that are not "one
 workload, several schedulers" (`paper_figures.py`, `fair_memory.py`, `prefix_caching.py`) and
-the validation against the artifact's measured A10G runs. The command line calls it.
+the validation against the artifact's measured A10G runs (and, `paper_figures.validate_a100`,
+its measured A100 runs of Figure 15). The command line calls it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from minivtc.core.options import EngineOptions
 from minivtc.harness import metrics, plots
 from minivtc.harness.experiments import EXPERIMENTS, TWO_U_10K, Experiment
 from minivtc.harness.fair_memory import fair_memory
-from minivtc.harness.paper_figures import fig12, fig13_14, fig15
+from minivtc.harness.paper_figures import fig12, fig13_14, fig15, validate_a100
 from minivtc.harness.prefix_caching import prefix_caching
 from minivtc.harness.sim import SimResult, progress_bar, simulate
 from minivtc.harness.workloads import A10G_RUNS, TraceRequest, read_trace, workload
@@ -159,7 +160,8 @@ def validate(out: Path) -> list[str]:
     trace, scheduler and admission cadence (`vtc-artifact` or `fcfs`, admission every 10 decode
     steps, as the artifact's router does; lessons/artifact_deviations.md). Compared: throughput, and each client's service over the trace's
     600 s (clients with at least 5% of the largest one's; afterwards a backlog drains, and over
-    all time every client's total is the same in both)."""
+    all time every client's total is the same in both). Then the measured A100 runs of the
+    ablation (`paper_figures.validate_a100`)."""
     runs_dir = A10G_RUNS
     index = json.loads((runs_dir / "index.json").read_text())
     lines = [
@@ -198,7 +200,7 @@ def validate(out: Path) -> list[str]:
         f"{'yes' if ok else 'NO'}.",
         "",
     ]
-    return lines
+    return lines + validate_a100(show_simulations())
 
 
 SPECIAL: dict[str, tuple[str, Callable[[Path], list[str]]]] = {
@@ -214,7 +216,7 @@ SPECIAL: dict[str, tuple[str, Callable[[Path], list[str]]]] = {
         "Figure 15: ablation, pool size and request length (13B, A100)",
         lambda out: fig15(out, show_simulations()),
     ),
-    "validate": ("Validation against the measured A10G runs", validate),
+    "validate": ("Validation against the measured A10G and A100 runs", validate),
     "fair_memory": (
         "Fair memory: reservation vs blocks on demand with preemption",
         lambda out: fair_memory(out, show_simulations()),
@@ -269,7 +271,9 @@ def run_experiment(e: Experiment, out: Path) -> list[str]:
     runs, served = {}, {}
     for name in e.schedulers:
         weights = w.weights if name == "vtc" and w.weights else None
-        result = simulate(trace, name, weights=weights, progress=show_simulations())
+        result = simulate(
+            trace, name, weights=weights, admit_every=e.admit_every, progress=show_simulations()
+        )
         served[name] = result.served
         runs[name] = summarize(
             result, w.duration, 10000, max(t.input_tokens for t in trace), e.cost
@@ -277,7 +281,8 @@ def run_experiment(e: Experiment, out: Path) -> list[str]:
     lines = [
         f"## {e.title}",
         "",
-        f"Workload `{e.workload}`: {w.description}.",
+        f"Workload `{e.workload}`: {w.description}."
+        + (f" Admission every {e.admit_every} decode steps." if e.admit_every > 1 else ""),
         "",
         "| scheduler | Max Diff | Avg Diff | Diff Var | tokens/s | max acc. gap |",
         "| --- | --- | --- | --- | --- | --- |",
