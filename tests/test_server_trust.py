@@ -330,11 +330,9 @@ def sybil_share(bundled, keys: dict | None) -> int:
     admitted: list[str] = []
     admit = engine.admit
 
-    def recording_admit(request) -> bool:  # the engine thread's record of dispatch order
-        ok = admit(request)
-        if ok:
-            admitted.append(request.client_id)
-        return ok
+    def recording_admit(request) -> None:  # the engine thread's record of dispatch order
+        admit(request)  # (called once its blocks are reserved: it is dispatched next)
+        admitted.append(request.client_id)
 
     engine.admit = recording_admit
     with BackgroundServer(make_app(engine, tokenizer, gate=gate)) as url:

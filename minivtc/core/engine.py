@@ -1,31 +1,26 @@
 """The engine: iteration-level continuous batching over a paged KV pool, driven by a scheduler.
 
-Owns the request lifecycle (`request.py`) and the step loop. Between any two steps requests may
-join (admission) and leave (finish, abort) the running batch. One step (Algorithm 1):
+Owns the request lifecycle (`request.py`) and the step loop (Algorithm 1). Between any two steps
+requests may join (admission) and leave (finish, abort) the running batch. One step:
 
     schedule -> grow -> run -> append -> charge -> retire
 
-- schedule: Algorithm 2's admission round, written here as the paper writes it: ask the
-  scheduler which request is next (`peek`), make room for it (or stop the round: never skip
-  to another), reserve its blocks, `dispatch` it (the scheduler charges its prompt);
-- grow: blocks for the positions the step writes (blocks on demand: preempting a victim
-  when they run out);
-- run: the runner computes every running request's new tokens in one forward pass (a prompt
-  for the newly admitted, one token for the rest) and samples one token each;
-- append: each token is appended and detokenized, and the stop rules (`params.py`) say whether
-  it ended its request;
-- charge: the step's tokens are charged to their clients, in one scheduler call;
-- retire: finished requests leave the batch and give their blocks back.
+schedule is Algorithm 2's admission round as the paper writes it: ask the scheduler which request
+is next (`peek`), make room for it or stop the round (never skip), reserve its blocks,
+`dispatch` it (the scheduler charges its prompt). grow gives the step's positions blocks (on
+demand: preempting a victim when they run out). run is one forward pass, a token per request;
+append detokenizes and applies the stop rules (`params.py`); charge is one scheduler call;
+retire gives finished requests' blocks back.
 
 Control flows down: the engine asks the scheduler, the admission policy, the victim and the
 pool; none of them calls back. The runner is the only part that touches tensors; `sim.py`
-replaces it with a step-time model and `time.monotonic` with a virtual clock, so a simulation
-runs this same code, policy and all. A fault in one request's own work (its sampler, its
-detokenizer) ends that request alone, with finish_reason "error"; a fault in shared work (the
-forward pass, the pool, the scheduler) propagates, and whoever runs the engine must stop.
-Does not own: the policy (`scheduler.py`), whether blocks may be reserved (`admission.py`),
-blocks (`kv_pool.py`), whom to preempt and what a victim keeps (`preemption.py`), the fairness
-check (`fairness_check.py`), the checks before a request is queued (`intake.py`). Lesson 3.
+replaces it with a step-time model and the clock with a virtual one, so a simulation runs this
+same code, policy and all. A fault in one request's own work (its sampler, its detokenizer)
+ends that request alone, with finish_reason "error"; a fault in shared work propagates, and
+whoever runs the engine must stop. Does not own: the policy (`scheduler.py`), whether blocks may
+be reserved (`admission.py`), blocks (`kv_pool.py`), whom to preempt and what a victim keeps
+(`preemption.py`), the fairness check (`fairness_check.py`), the checks before a request is
+queued (`intake.py`). Lesson 3.
 """
 
 from __future__ import annotations
@@ -74,18 +69,9 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         options: EngineOptions = DEFAULTS,
     ) -> None:
-        self.runner, self.allocator, self.scheduler, self.options = (
-            runner,
-            allocator,
-            scheduler,
-            options,
-        )
-        self.max_positions, self.eos_id, self.tokenizer, self.clock = (
-            max_positions,
-            eos_id,
-            tokenizer,
-            clock,
-        )
+        self.runner, self.allocator, self.scheduler = runner, allocator, scheduler
+        self.max_positions, self.eos_id, self.options = max_positions, eos_id, options
+        self.tokenizer, self.clock = tokenizer, clock
         self.cache = allocator if isinstance(allocator, PrefixCachingAllocator) else None
         # The fair victim displaces clients running more than `preempt_gap` ahead of a
         # waiting one; the policy says its default and adapts its lift.
@@ -95,7 +81,7 @@ class Engine:
         self.admission = make_admission(options.reservation, allocator)
         self.victim = make_victim(options, scheduler, self.preempt_gap)
         self.preemption = Preemption(options, allocator, self.cache)  # what a victim keeps
-        self.fairness = self.fairness_check() if options.check_fairness else None
+        self.fairness = FairnessCheck.of(self) if options.check_fairness else None
         self.running: list[Request] = []  # the batch
         self.requests: dict[str, Request] = {}  # every live request (waiting or running) by id
         self.client_tokens: dict[str, ClientTokens] = {}
@@ -178,24 +164,12 @@ class Engine:
             self.forget(request)
 
     def output(self, request: Request) -> StepOutput:
-        """What the last step gave `request`: its token, and the text it may release now (held
-        back while it could still turn out to be the start of a stop sequence: `append`
-        decided how much). Reading it hands that text out."""
-        last = request.output_ids[-1] if request.output_ids else -1
-        if request.finish_reason == "error":
-            return StepOutput(request.request_id, last, "", True, "error", request.error)
-        delta = request.text[request.num_text_sent : request.num_text_ready]
-        request.num_text_sent += len(delta)
-        finished = request.finish_reason is not None
-        return StepOutput(request.request_id, last, delta, finished, request.finish_reason)
+        """What the last step gave `request` (`StepOutput.take`), for a server to stream."""
+        return StepOutput.take(request)
 
-    @property
-    def recomputed_tokens(self) -> int:
-        return self.preemption.recomputed_tokens  # the waste a preemption costs
-
-    @property
-    def swapped_tokens(self) -> int:
-        return self.preemption.swapped_tokens
+    # The waste a preemption costs (`preemption.py`), counted with the engine's own numbers
+    recomputed_tokens = property(lambda self: self.preemption.recomputed_tokens)
+    swapped_tokens = property(lambda self: self.preemption.swapped_tokens)
 
     def has_unfinished(self) -> bool:
         return bool(self.running) or self.scheduler.peek() is not None
@@ -210,8 +184,7 @@ class Engine:
         return {c: self.client_tokens.pop(c, ClientTokens()) for c in gone}
 
     def check_shared_state(self) -> None:
-        """The pool and the scheduler are sound. If not, this raises, and whoever runs the
-        engine must stop: it can no longer be trusted."""
+        """The pool and the scheduler are sound (else whoever runs the engine must stop)."""
         self.allocator.check_invariants()
         self.scheduler.check_invariants()
 
@@ -267,11 +240,9 @@ class Engine:
         self.admission.grow(self.running)
 
     def preempt(self, request: Request) -> None:
-        """Make room (reservation "none"): `request` leaves the batch, its blocks are freed,
-        and it waits at the head of its client's queue, keeping the tokens it generated; when
-        it is admitted again they are prefilled again (recompute), or, with preemption="swap",
-        its keys and values, copied to host memory now, are copied back. Its client is not
-        charged again: the recomputation (or the copy) is the server's cost, not service."""
+        """Make room: `request` leaves the batch, its blocks are freed, and it waits at the
+        head of its client's queue with its tokens (`Preemption.keep`: recompute or swap). Its
+        client is not charged again: the recomputation (or the copy) is the server's cost."""
         self.running.remove(request)
         self.preemption.keep(request, self.runner)  # before its blocks are freed
         self.admission.release(request)
@@ -359,20 +330,6 @@ class Engine:
         self.detokenizers.pop(request.request_id, None)
 
     # --- checks --------------------------------------------------------------------------------
-
-    def fairness_check(self) -> FairnessCheck:
-        """check_fairness: the bound with L_input the longest prompt that can ever be
-        admitted, M the pool, B the most requests at once."""
-        pool = self.allocator.num_tokens
-        most = min(self.options.max_running, self.allocator.num_blocks)
-        return FairnessCheck(
-            self.scheduler,
-            self.max_model_len - 1,
-            pool,
-            most,
-            self.options.reservation,
-            self.preempt_gap,
-        )
 
     def check(self) -> None:
         """After a step: every invariant (check_invariants), the bound (check_fairness)."""

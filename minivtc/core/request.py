@@ -112,6 +112,19 @@ class StepOutput(NamedTuple):
     finish_reason: str | None
     error: str | None = None  # finish_reason "error": what failed
 
+    @classmethod
+    def take(cls, request: Request) -> StepOutput:
+        """What the last step gave `request`: its token, and the text it may release now (held
+        back while it could still turn out to be the start of a stop sequence: the engine's
+        `append` decided how much). Taking it hands that text out."""
+        last = request.output_ids[-1] if request.output_ids else -1
+        if request.finish_reason == "error":
+            return cls(request.request_id, last, "", True, "error", request.error)
+        delta = request.text[request.num_text_sent : request.num_text_ready]
+        request.num_text_sent += len(delta)
+        finished = request.finish_reason is not None
+        return cls(request.request_id, last, delta, finished, request.finish_reason)
+
 
 @dataclass
 class ClientTokens:

@@ -51,7 +51,7 @@ ASSIGNMENTS = (
     Assignment(
         "a3_batching",
         "Admission and one continuous-batching step",
-        (("core/admission.py", "FullReservation.try_admit"), ("core/engine.py", "Engine.step")),
+        (("core/admission.py", "FullReservation.reserve"), ("core/engine.py", "Engine.step")),
         15,
         "2",
         "Lesson 3; graded through the engine with a stand-in runner and a real model",
@@ -60,9 +60,9 @@ ASSIGNMENTS = (
         "a4_vtc",
         "The Virtual Token Counter: pick, lift, charge, refund",
         (
-            ("core/vtc.py", "VTC.schedule"),
+            ("core/vtc.py", "VTC.peek"),
+            ("core/vtc.py", "VTC.dispatch"),
             ("core/vtc.py", "VTC.lift_counter"),
-            ("core/vtc.py", "VTC.on_tokens"),
             ("core/vtc.py", "VTC.charge_outputs"),
             ("core/vtc.py", "VTC.on_finish"),
         ),
@@ -84,8 +84,8 @@ ASSIGNMENTS = (
         "Capstone: a fair policy of your own, Deficit Round Robin (Appendix C.2)",
         (
             ("core/drr.py", "DRR.add"),
-            ("core/drr.py", "DRR.schedule"),
-            ("core/drr.py", "DRR.on_tokens"),
+            ("core/drr.py", "DRR.peek"),
+            ("core/drr.py", "DRR.dispatch"),
             ("core/drr.py", "DRR.on_decode"),
         ),
         30,

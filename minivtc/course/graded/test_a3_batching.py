@@ -27,8 +27,8 @@ def test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing():
     full = FullReservation(allocator)
     a = Request("a", "c", [1] * 10, SamplingParams(max_tokens=14), 0.0)  # 24 tokens: 6 blocks
     b = Request("b", "c", [1] * 10, SamplingParams(max_tokens=10), 0.0)  # 20 tokens: 5 blocks
-    assert full.try_admit(a) and allocator.num_used_blocks == 6
-    assert not full.try_admit(b) and allocator.num_used_blocks == 6  # nothing taken
+    assert full.reserve(a) and allocator.num_used_blocks == 6
+    assert not full.reserve(b) and allocator.num_used_blocks == 6  # nothing taken
     allocator.check_invariants()
 
 
