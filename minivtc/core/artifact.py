@@ -7,6 +7,8 @@ changes, and which measured run it reproduces). `make_scheduler("vtc-artifact")`
 
 from __future__ import annotations
 
+from typing import Any
+
 from minivtc.core.request import Request
 from minivtc.core.vtc import VTC
 
@@ -21,8 +23,8 @@ class ArtifactVTC(VTC):
       included, is charged one more output token (once per step).
     """
 
-    def __init__(self, *args, name: str = "vtc-artifact", **kwargs) -> None:
-        super().__init__(*args, name=name, **kwargs)
+    def __init__(self, name: str = "vtc-artifact", **options: Any) -> None:
+        super().__init__(name=name, **options)
         self.running: dict[str, Request] = {}  # admitted, not finished: the finish charge
         self.tokens_charged = 0  # output tokens charged so far: tells steps apart
         self.finish_charged_at = -1

@@ -112,7 +112,16 @@ class ContiguousAttention:
     one prompt, or one token per sequence), so queries reshape to (R, Q, H, D) with no gather.
     """
 
-    def __init__(self, n_layers: int, n_rows: int, max_len: int, n_kv: int, d: int, dtype, device):
+    def __init__(
+        self,
+        n_layers: int,
+        n_rows: int,
+        max_len: int,
+        n_kv: int,
+        d: int,
+        dtype: torch.dtype,
+        device: str | torch.device,
+    ) -> None:
         shape = (n_layers, n_rows, max_len, n_kv, d)
         self.k = torch.zeros(shape, dtype=dtype, device=device)  # (layers, R, L, K, D)
         self.v = torch.zeros(shape, dtype=dtype, device=device)

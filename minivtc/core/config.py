@@ -9,6 +9,7 @@ those). Lesson 1 teaches it.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ class LlamaConfig:
         return 2 * self.n_layers * self.n_kv_heads * self.head_dim * dtype_bytes
 
     @classmethod
-    def from_hf(cls, hf: dict) -> LlamaConfig:
+    def from_hf(cls, hf: dict[str, Any]) -> LlamaConfig:
         """Build from a Hugging Face `config.json` dict; refuse what this engine cannot run."""
         arch = hf.get("architectures") or [hf.get("model_type", "?")]
         if hf.get("model_type") != "llama" or arch[0] != "LlamaForCausalLM":
@@ -102,7 +103,7 @@ class LlamaConfig:
             eos_id=hf.get("eos_token_id", 2),
         )
 
-    def to_hf(self) -> dict:
+    def to_hf(self) -> dict[str, Any]:
         return {
             "architectures": ["LlamaForCausalLM"],
             "model_type": "llama",
@@ -125,7 +126,7 @@ class LlamaConfig:
             "torch_dtype": "float32",
         }
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 

@@ -167,7 +167,10 @@ class CausalSequences:
         outs = [
             causal_attention(qs, ks, vs, 1)
             for qs, ks, vs in zip(
-                q.split(self.seq_lens), k.split(self.seq_lens), v.split(self.seq_lens), strict=True
+                torch.split(q, self.seq_lens),
+                torch.split(k, self.seq_lens),
+                torch.split(v, self.seq_lens),
+                strict=True,
             )
         ]
         return torch.cat(outs)  # (T, H, D)

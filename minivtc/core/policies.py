@@ -8,9 +8,9 @@ are `scheduler.py`'s (FCFS, RPM) and `vtc.py`'s (VTC, LCF, the artifact's VTC); 
 from __future__ import annotations
 
 from minivtc.core.artifact import ArtifactVTC
-from minivtc.core.cost import LinearCost, ProfiledCost
+from minivtc.core.cost import Cost, LinearCost, ProfiledCost
 from minivtc.core.drr import DRR
-from minivtc.core.predictors import MeanOfLast, MovingAverage, Oracle
+from minivtc.core.predictors import MeanOfLast, MovingAverage, Oracle, Predictor
 from minivtc.core.scheduler import FCFS, RPM, Scheduler
 from minivtc.core.vtc import VTC
 
@@ -39,38 +39,54 @@ def make_scheduler(
     if name == "fcfs":
         return FCFS()
     if name.startswith("rpm:"):
-        return RPM(number(name, int))
+        return RPM(int(number(name, int)))
     if name == "drr" or name.startswith("drr:"):  # Deficit Round Robin (Appendix C.2)
         return DRR(number(name, float)) if ":" in name else DRR()
-    base, profiled = (
-        (name[: -len("-profile")], True) if name.endswith("-profile") else (name, False)
-    )
-    options = {
-        "weights": weights,
-        "name": name,
-        "cached_weight": cached_weight,
-        "cost": ProfiledCost() if profiled else LinearCost(),
-    }
+    return make_vtc(name, weights, seed, artifact, cached_weight)
+
+
+def make_vtc(
+    name: str,
+    weights: dict[str, float] | None,
+    seed: int,
+    artifact: bool,
+    cached_weight: float | None,
+) -> VTC:
+    """The VTC family: vtc, lcf (no lift), the predicting variants; "-profile" for the
+    profiled h; "vtc-artifact", or `artifact`, for the artifact's counting."""
+    base = name.removesuffix("-profile")
+    cost: Cost = ProfiledCost() if name.endswith("-profile") else LinearCost()
     if base == "vtc-artifact":  # VTC as the official artifact charges (artifact_deviations.md)
         base, artifact = "vtc", True
     kind = ArtifactVTC if artifact else VTC
-    if base == "lcf":
-        return kind(lift=False, **options)
-    if base == "vtc":
-        return kind(**options)
+    predictor = predictor_of(name, base, seed)
+    return kind(
+        cost=cost,
+        weights=weights,
+        lift=base != "lcf",
+        predictor=predictor,
+        name=name,
+        cached_weight=cached_weight,
+    )
+
+
+def predictor_of(name: str, base: str, seed: int) -> Predictor | None:
+    """The output-length predictor a VTC-family name asks for (Algorithm 3), or None."""
+    if base in ("vtc", "lcf"):
+        return None
     if base == "vtc-predict":
-        return kind(predictor=MeanOfLast(), **options)
+        return MeanOfLast()
     if base == "vtc-predict-ema":
-        return kind(predictor=MovingAverage(), **options)
+        return MovingAverage()
     if base == "vtc-oracle" or base.startswith("vtc-oracle:"):
         spread = number(base, float) if ":" in base else 0.0
         if not 0 <= spread <= 1:  # predictions in [(1-P)L, (1+P)L]: never negative
             raise ValueError(f"vtc-oracle:P wants a spread 0 <= P <= 1, got {spread}")
-        return kind(predictor=Oracle(spread, seed), **options)
+        return Oracle(spread, seed)
     raise ValueError(f"unknown scheduler {name!r}; choose one of: {SCHEDULERS}")
 
 
-def number(name: str, kind: type) -> int | float:
+def number(name: str, kind: type[int] | type[float]) -> float:
     """The number after the ':' of `name` (rpm:5, vtc-oracle:0.5)."""
     try:
         return kind(name.split(":", 1)[1])

@@ -18,6 +18,8 @@ NB blocks per block-table row, H query heads, D head dim.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import torch
@@ -33,7 +35,7 @@ class Runner(Protocol):
     """What the engine asks of a runner: this module's `ModelRunner`, or the simulator's
     step-time model (`harness/sim.py`), which the engine cannot tell apart."""
 
-    def run(self, requests: list[Request], allocator: BlockAllocator) -> list[int | Exception]:
+    def run(self, requests: list[Request], allocator: BlockAllocator) -> Sequence[int | Exception]:
         """One new token per request, or the exception that ended that request's own part."""
         ...
 
@@ -85,7 +87,11 @@ class ModelRunner:
         prefill = [r for r in requests if r.num_tokens - r.num_computed > 1]
         decode = [r for r in requests if r.num_tokens - r.num_computed == 1]
         ordered = prefill + decode
-        tokens, positions, slots, last_rows, groups = [], [], [], [], []
+        tokens: list[int] = []
+        positions: list[int] = []
+        slots: list[int] = []
+        last_rows: list[int] = []
+        groups: list[AttentionGroup] = []
         for group in (prefill, decode):
             if group:
                 groups.append(
@@ -96,7 +102,7 @@ class ModelRunner:
                 positions += range(r.num_computed, r.num_tokens)
                 slots += allocator.slots(r.request_id, r.num_computed, r.num_tokens)
                 last_rows.append(len(tokens) - 1)
-        as_tensor = lambda xs: torch.tensor(xs, dtype=torch.long, device=self.device)  # noqa: E731
+        as_tensor = functools.partial(torch.tensor, dtype=torch.long, device=self.device)
         attention = PagedAttention(self.pool.k, self.pool.v, as_tensor(slots), groups, self.attend)
         logits = self.model(
             as_tensor(tokens), as_tensor(positions), attention, as_tensor(last_rows)
@@ -143,7 +149,11 @@ class ModelRunner:
 
 
 def build_group(
-    group: list[Request], start: int, allocator: BlockAllocator, bucketed: bool, device
+    group: list[Request],
+    start: int,
+    allocator: BlockAllocator,
+    bucketed: bool,
+    device: torch.device,
 ) -> AttentionGroup:
     """Padded (R, Q) layout of one group's new tokens, and the block tables they read.
 
@@ -157,7 +167,10 @@ def build_group(
         n_rows, n_q, n_blocks = (bucket(n) for n in (n_rows, n_q, n_blocks))
     # Plain lists first, one tensor each at the end: per-request torch calls cost more than the
     # attention itself at batch 64 on a CPU.
-    token_rows, query_positions, block_tables, out_index = [], [], [], []
+    token_rows: list[list[int]] = []
+    query_positions: list[list[int]] = []
+    block_tables: list[list[int]] = []
+    out_index: list[int] = []
     offset = 0
     for i, (r, n) in enumerate(zip(group, new_counts, strict=True)):
         token_rows.append([offset + min(j, n - 1) for j in range(n_q)])  # padding repeats a row
@@ -170,7 +183,7 @@ def build_group(
         token_rows.append([0] * n_q)
         query_positions.append([0] * n_q)
         block_tables.append([0] * n_blocks)
-    as_tensor = lambda x: torch.tensor(x, dtype=torch.long, device=device)  # noqa: E731
+    as_tensor = functools.partial(torch.tensor, dtype=torch.long, device=device)
     return AttentionGroup(
         start=start,
         end=start + offset,
@@ -186,7 +199,7 @@ def bucket(n: int) -> int:
     return 1 << (n - 1).bit_length()
 
 
-def compiled_attend_group():
+def compiled_attend_group() -> Callable[..., torch.Tensor]:
     """`attend_group` through `torch.compile`, with room for every bucketed shape a server meets."""
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
     return torch.compile(attend_group, dynamic=False)

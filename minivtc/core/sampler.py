@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from minivtc.core.params import MAX_SEED, SamplingParams  # noqa: F401 (re-exported: vLLM's home)
+from minivtc.core.params import SamplingParams as SamplingParams  # re-exported: vLLM's home
 
 
 class SamplingFailed(RuntimeError):

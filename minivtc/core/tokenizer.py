@@ -38,11 +38,13 @@ class Tokenizer:
         self.vocab_size: int = self.sp.vocab_size()
 
     def encode(self, text: str, bos: bool = True) -> list[int]:
-        return ([self.bos_id] if bos else []) + self.sp.encode(text)
+        ids: list[int] = self.sp.encode(text)
+        return ([self.bos_id] if bos else []) + ids
 
     def decode(self, ids: list[int]) -> str:
         """Text of `ids`; BOS and EOS are control tokens and decode to nothing."""
-        return self.sp.decode(ids)
+        text: str = self.sp.decode(ids)
+        return text
 
     def detokenizer(self, prompt_ids: list[int] | None = None) -> Detokenizer:
         return Detokenizer(self, list(prompt_ids or []))

@@ -66,7 +66,8 @@ def grade_one(a: Assignment, edition: Path | None, time_limit_s: float) -> Grade
         shutil.copytree(PACKAGE, root / "minivtc", ignore=ignore)
         (root / "weights").symlink_to(REPOSITORY / "weights")  # the bundled model, read-only
         try:
-            for file, qualname in a.functions if edition else ():
+            for file, qualname in a.functions if edition is not None else ():
+                assert edition is not None
                 target = root / "minivtc" / file
                 donor = (edition / "minivtc" / file).read_text()
                 target.write_text(splice(target.read_text(), donor, qualname))
@@ -94,9 +95,12 @@ def run_tests(a: Assignment, root: Path, time_limit_s: float) -> Grade:
     except subprocess.TimeoutExpired:
         return Grade(a.key, 0.0, a.max_points, 0, 0, f"timed out after {time_limit_s:g} s")
     try:
-        suite = ET.parse(report).getroot()
-        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
-        total = int(suite.get("tests"))
+        root_element = ET.parse(report).getroot()
+        found = root_element if root_element.tag == "testsuite" else root_element.find("testsuite")
+        if found is None:
+            raise ValueError("no testsuite in the report")
+        suite = found
+        total = int(suite.get("tests", 0))
         failed = sum(int(suite.get(k, 0)) for k in ("failures", "errors", "skipped"))
     except (OSError, ET.ParseError, AttributeError, TypeError, ValueError):
         return Grade(a.key, 0.0, a.max_points, 0, 0, "the tests did not run to the end")

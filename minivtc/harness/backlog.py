@@ -33,7 +33,8 @@ class BacklogWatch:
         self.engine, self.cost, self.w_c = engine, LinearCost(w_p, w_q), w_c
         self.rejoined = watch_rejoining(engine)
         self.running_diff: dict[tuple[str, str], tuple[float, float, float]] = {}
-        self.worst, self.pair = 0.0, None  # the largest gap so far, and between whom
+        self.worst = 0.0  # the largest gap so far
+        self.pair: tuple[str, str] | None = None  # and between whom
 
     def step(self) -> list[Request]:
         before = self.waiting()

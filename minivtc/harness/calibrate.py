@@ -25,10 +25,14 @@ import itertools
 import json
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
+from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.request import Request
+from minivtc.core.runner import Runner
 from minivtc.harness.metrics import Served, read_requests
 from minivtc.harness.sim import progress_bar
 from minivtc.harness.step_time import (
@@ -45,18 +49,25 @@ A100_MACHINE = "A100-80G, Llama-2-13B fp16, the artifact's server: fitted to dat
 class TimedRunner:
     """Wraps the real runner: records (step shape, seconds) for every step."""
 
-    def __init__(self, runner) -> None:
-        self.runner, self.samples = runner, []
+    def __init__(self, runner: Runner) -> None:
+        self.runner = runner
+        self.samples: list[tuple[StepShape, float]] = []
 
-    def run(self, requests, allocator):
+    def run(self, requests: list[Request], allocator: BlockAllocator) -> Sequence[int | Exception]:
         shape = StepShape.of(requests)
         start = time.perf_counter()
         tokens = self.runner.run(requests, allocator)
         self.samples.append((shape, time.perf_counter() - start))
         return tokens
 
-    def release(self, request) -> None:
+    def release(self, request: Request) -> None:
         self.runner.release(request)
+
+    def swap_out(self, request: Request, allocator: BlockAllocator) -> None:
+        self.runner.swap_out(request, allocator)
+
+    def swap_in(self, request: Request, allocator: BlockAllocator, start: int) -> None:
+        self.runner.swap_in(request, allocator, start)
 
 
 @torch.inference_mode()
@@ -70,18 +81,18 @@ def measure_steps(
     batches, prompts = ((1, 8), (16,)) if quick else ((1, 4, 16, 48), (16, 128, 512))
     grid = [(batch, n_prompt) for batch in batches for n_prompt in prompts]
     new_tokens = 8 if quick else 24
-    samples = []
+    samples: list[tuple[StepShape, float]] = []
     with progress_bar(len(grid), "timing steps", "grid point", progress) as bar:
         for batch, n_prompt in grid:
             bar.set_postfix_str(f"batch {batch}, prompt {n_prompt}")
             engine = build_engine(model, tokenizer, "fcfs", kv_tokens=batch * (n_prompt + 64))
-            engine.runner = TimedRunner(engine.runner)
+            timed = engine.runner = TimedRunner(engine.runner)
             params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
             for i in range(batch):
                 engine.add_request([1] + [100 + i] * (n_prompt - 1), params)
             while engine.has_unfinished():
                 engine.step()
-            samples += engine.runner.samples
+            samples += timed.samples
             bar.update()
     return samples
 
@@ -108,7 +119,8 @@ def fit(samples: list[tuple[StepShape, float]], name: str = "measured") -> Measu
     for i, c in zip(keep, coef.tolist(), strict=True):
         full[i] = c
     machine = f"{torch.get_num_threads()} threads, torch {torch.__version__}"
-    return MeasuredStepTime(name, *full, machine=machine)
+    overhead, per_prefill, per_request, per_context = full
+    return MeasuredStepTime(name, overhead, per_prefill, per_request, per_context, machine)
 
 
 def check(model, tokenizer, cost: MeasuredStepTime, seed: int = 1) -> tuple[float, float]:

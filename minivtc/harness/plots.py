@@ -125,7 +125,7 @@ def tradeoff_plot(
     left.set(xlabel="tokens/s", yticks=list(y), yticklabels=names)
     left.invert_yaxis()
     right.barh(y, [r[2] for r in rows], color="C1", label="worst backlogged gap")
-    label = "stated bound"
+    label: str | None = "stated bound"
     for i, (*_, bound) in enumerate(rows):
         if bound is None:
             right.text(0, i, "  no bound", va="center", fontsize=7, color="gray")

@@ -130,7 +130,8 @@ def compare(
         per_client = [rate.get(c, 0.0) / span for c in CLIENTS]
         shares["no cache" if not cache else f"w_c = {w_c:g}"] = per_client
         service = " / ".join(f"{v:.0f}" for v in per_client)
-        within &= r.backlogged_gap <= r.bound
+        within &= r.backlogged_gap is not None and r.bound is not None
+        within &= (r.backlogged_gap or 0.0) <= (r.bound or 0.0)
         rows.append(
             f"| {'yes' if cache else 'no'} | {'-' if not cache else f'{w_c:g}'} | "
             f"{table.throughput:.0f} | {r.prefix_hit_rate:.0%} | {service} | "

@@ -50,6 +50,7 @@ def simulate_to_dir(
         w = workload(workload_name)
         trace, horizon, weights = w.make(), w.duration, w.weights
     else:
+        assert trace_path is not None, "a workload name or a trace path"
         trace = read_trace(trace_path)
         horizon, weights = float(int(trace[-1].arrival_s)), None
     options = options or EngineOptions(reservation="peak")
@@ -86,7 +87,7 @@ def simulate_to_dir(
         cached_weight=cached_weight,
     )
     (out / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n")
-    title = f"{scheduler} on {workload_name or Path(trace_path).name}"
+    title = f"{scheduler} on {workload_name or Path(str(trace_path)).name}"
     plots.service_plot(result.served, horizon, out / "service.png", f"{title}: service rate")
     plots.response_plot(result.served, horizon, out / "response.png", f"{title}: response time")
     plots.gap_plot({scheduler: result.served}, horizon, out / "gap.png", bound=summary["two_u"])
@@ -246,7 +247,9 @@ def reproduce(out: str | Path, only: list[str] | None = None) -> Path:
         "Metrics as in the paper's Table 2: columns Max Diff / Avg Diff / Diff Var / tokens/s.",
         "",
     ]
-    steps = [(e.key, e.title, functools.partial(run_experiment, e)) for e in chosen]
+    steps: list[tuple[str, str, Callable[[Path], list[str]]]] = [
+        (e.key, e.title, functools.partial(run_experiment, e)) for e in chosen
+    ]
     steps += [(key, *SPECIAL[key]) for key in special]
     with progress_bar(len(steps), "reproducing", "experiment") as bar:
         for key, title, run in steps:

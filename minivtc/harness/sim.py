@@ -143,8 +143,9 @@ def simulate(
         policy = scheduler
     clock = VirtualClock()
     pool = PrefixCachingAllocator if prefix_caching else BlockAllocator
+    runner = StepTimeRunner(model, clock)
     engine = Engine(
-        StepTimeRunner(model, clock),
+        runner,
         pool(-(-kv_tokens // block_size), block_size),
         policy,
         max_positions=1 << 30,
@@ -156,7 +157,7 @@ def simulate(
     watch = BacklogWatch(engine, w_c=cached_weight) if watch_backlog else None
     with gc_paused():  # PERF: 15-20% of a long simulation went to full collections
         step = watch.step if watch else engine.step
-        served, rejected, steps = replay(engine, clock, trace, progress, step, prefix_caching)
+        served, rejected, steps = replay(engine, runner, trace, progress, step, prefix_caching)
     first = trace[0].arrival_s if trace else 0.0
     return SimResult(
         served=served,
@@ -177,7 +178,7 @@ def simulate(
 
 def replay(
     engine: Engine,
-    clock: VirtualClock,
+    runner: StepTimeRunner,
     trace: list[TraceRequest],
     progress: bool,
     step: Callable[[], list[Request]],
@@ -185,7 +186,9 @@ def replay(
 ) -> tuple[list[Served], list[TraceRequest], int]:
     """Add each arrival once the clock reaches it, step the engine, record requests as they end.
 
-    Returns the served records, the rejected arrivals and the number of steps."""
+    `runner` is the engine's (its clock, and the requests that end with EOS). Returns the
+    served records, the rejected arrivals and the number of steps."""
+    clock = runner.clock
     # One prompt list and one SamplingParams per length, shared: 1M requests stay small. For a
     # prefix cache, prompts differ: equal only over a shared prefix (`prompt_ids`).
     prompt_of = functools.cache(lambda n: [1] * n)
@@ -209,7 +212,7 @@ def replay(
                 r = engine.add_request(prompt, params, client_id=t.client, arrival_time=t.arrival_s)
                 live[r.request_id] = (r, t)
                 if limited:  # it ends with EOS after output_tokens, not at max_tokens
-                    engine.runner.ends[r.request_id] = t.output_tokens
+                    runner.ends[r.request_id] = t.output_tokens
             except ValueError:
                 rejected.append(t)
         if not engine.has_unfinished():
@@ -273,6 +276,7 @@ def gc_paused() -> Iterator[None]:
 
 
 def record(request: Request, t: TraceRequest) -> Served:
+    assert request.first_token_time is not None and request.finish_time is not None
     ttft, latency = request.first_token_time - t.arrival_s, request.finish_time - t.arrival_s
     return Served(
         t.client, t.arrival_s, t.input_tokens, t.output_tokens, ttft, latency, request.num_cached

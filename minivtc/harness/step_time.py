@@ -82,11 +82,12 @@ SWAP_S_PER_TOKEN = 2 * 32 * 4096 * 2 / 25e9
 
 @dataclass(frozen=True)
 class StepShape:
-    """What a cost model needs to know about one engine step."""
+    """What a cost model needs to know about one engine step (counts; averages over steps
+    when a fit reads them off client records, `calibrate.fit_runs`)."""
 
-    prefill_tokens: int  # tokens computed for newly admitted requests (past any cached prefix)
-    num_requests: int  # requests in the batch (each gets one token)
-    context_tokens: int  # K/V tokens attention reads, summed over the batch
+    prefill_tokens: float  # tokens computed for newly admitted requests (past any cached prefix)
+    num_requests: float  # requests in the batch (each gets one token)
+    context_tokens: float  # K/V tokens attention reads, summed over the batch
 
     @classmethod
     def of(cls, requests: list[Request]) -> StepShape:
@@ -136,8 +137,11 @@ def llama_roofline(name, n_params, n_layers, dim, dtype_bytes, bandwidth, flops,
 
 
 class StepTimeModel(Protocol):
-    name: str
-    overhead_s: float
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def overhead_s(self) -> float: ...
 
     def step_time(self, step: StepShape) -> float: ...
 

@@ -21,6 +21,7 @@ from minivtc.core.engine import Engine, RequestRejected
 from minivtc.core.kv_pool import BlockAllocator
 from minivtc.core.options import EngineOptions
 from minivtc.core.params import SamplingParams
+from minivtc.core.request import Request
 from minivtc.harness.backlog import watch_rejoining
 
 
@@ -46,15 +47,23 @@ class Step:
 
 
 class UnitRunner:
+    """A runner whose every step takes one second and makes token 7 (it never swaps)."""
+
     def __init__(self, clock: list[float]) -> None:
         self.clock = clock
 
-    def run(self, requests, allocator):
+    def run(self, requests: list[Request], allocator: BlockAllocator) -> list[int]:
         self.clock[0] += 1.0
         return [7] * len(requests)
 
-    def release(self, request):
+    def release(self, request: Request) -> None:
         pass
+
+    def swap_out(self, request: Request, allocator: BlockAllocator) -> None:
+        raise AssertionError("the unit runner never swaps")
+
+    def swap_in(self, request: Request, allocator: BlockAllocator, start: int) -> None:
+        raise AssertionError("the unit runner never swaps")
 
 
 def drive(scheduler, arrivals, kv_tokens, fairness=False, max_positions=10**6, **options):
