@@ -552,7 +552,7 @@ def test_a_fault_in_one_request_ends_it_alone(tiny, tokenizer, fault):
     engine.step()  # all three are running
     victim = reqs[1]
     if fault == "detokenize":
-        engine.detokenizers[victim.request_id] = FailingDetokenizer()
+        engine.texts.detokenizers[victim.request_id] = FailingDetokenizer()
     elif fault == "seed":  # what an unchecked seed did: manual_seed raises on the engine thread
         engine.runner.generators.pop(victim.request_id)
         object.__setattr__(victim.params, "seed", 2**64)

@@ -73,6 +73,13 @@ def cache_discount(cost: Cost, cached_weight: float | None, num_cached: int) -> 
     return (weights_of(cost)[0] - cached_weight) * num_cached
 
 
+def check_cached_weight(cost: Cost, cached_weight: float | None) -> None:
+    """w_c is a price between nothing and a prompt token's: 0 <= w_c <= w_p."""
+    w_p = weights_of(cost)[0]
+    if cached_weight is not None and not 0 <= cached_weight <= w_p:
+        raise ValueError(f"cached_weight must be in [0, w_p = {w_p}], got {cached_weight}")
+
+
 def linear_price(
     num_input: int,
     num_output: int,

@@ -35,15 +35,16 @@ from minivtc.core.fairness_check import FairnessCheck
 from minivtc.core.intake import RequestRejected, encode, validate
 from minivtc.core.kv_pool import BlockAllocator
 from minivtc.core.options import EngineOptions
-from minivtc.core.params import SamplingParams, releasable, stop_reason, trim_stop
-from minivtc.core.preemption import Preemption, make_victim
+from minivtc.core.params import SamplingParams, stop_reason
+from minivtc.core.preemption import Fair, Preemption, make_victim
 from minivtc.core.prefix_cache import PrefixCachingAllocator
 from minivtc.core.request import ClientTokens, Request, Status, StepOutput
 from minivtc.core.scheduler import Scheduler
+from minivtc.core.text import Texts
 
 if TYPE_CHECKING:  # the engine only calls them: the simulator runs without torch or tokenizer
     from minivtc.core.runner import Runner
-    from minivtc.core.tokenizer import Detokenizer, Tokenizer
+    from minivtc.core.tokenizer import Tokenizer
 
 __all__ = ["Engine", "EngineOptions", "RequestRejected"]
 
@@ -51,12 +52,9 @@ DEFAULTS = EngineOptions()  # frozen: one value serves every engine
 
 
 class Engine:
-    """Continuous batching: `add_request`, `step`, `abort`, `output`.
-
-    Collaborators: `runner` (a forward pass, or the simulator's step-time model), `allocator`
-    (the KV blocks; a `PrefixCachingAllocator` caches prompt blocks), `scheduler` (the
-    policy); `options` say how it admits, preempts and checks (`options.py`).
-    """
+    """Continuous batching: `add_request`, `step`, `abort`, `output`. Collaborators: `runner`
+    (a forward pass, or a step-time model), `allocator` (KV blocks; a `PrefixCachingAllocator`
+    caches prompts), `scheduler` (the policy); `options` (`options.py`)."""
 
     def __init__(
         self,
@@ -73,19 +71,15 @@ class Engine:
         self.max_positions, self.eos_id, self.options = max_positions, eos_id, options
         self.tokenizer, self.clock = tokenizer, clock
         self.cache = allocator if isinstance(allocator, PrefixCachingAllocator) else None
-        # The fair victim displaces clients running more than `preempt_gap` ahead of a
-        # waiting one; the policy says its default and adapts its lift.
-        self.preempt_gap = None
-        if options.fair_victim:
-            self.preempt_gap = scheduler.set_preempt_gap(options.preempt_gap, allocator.num_tokens)
         self.admission = make_admission(options.reservation, allocator)
-        self.victim = make_victim(options, scheduler, self.preempt_gap)
+        self.victim = make_victim(options, scheduler, allocator.num_tokens)
+        self.preempt_gap = self.victim.gap if isinstance(self.victim, Fair) else None
         self.preemption = Preemption(options, allocator, self.cache)  # what a victim keeps
         self.fairness = FairnessCheck.of(self) if options.check_fairness else None
         self.running: list[Request] = []  # the batch
         self.requests: dict[str, Request] = {}  # every live request (waiting or running) by id
         self.client_tokens: dict[str, ClientTokens] = {}
-        self.detokenizers: dict[str, Detokenizer] = {}  # (none without a tokenizer)
+        self.texts = Texts(tokenizer)  # each live request's text (none without a tokenizer)
         self.steps_since_admission = 0
         self.num_preemptions = 0  # requests preempted (reservation "none")
         self.num_prompt_tokens = 0  # prompt tokens of the requests admitted (once each)
@@ -94,8 +88,7 @@ class Engine:
 
     @property
     def max_model_len(self) -> int:
-        """The most positions one request can ever hold here: the model's context, or the
-        whole pool if that is smaller (vLLM's name)."""
+        """The most positions one request can hold: the context, or the pool (vLLM's name)."""
         return min(self.max_positions, self.allocator.num_tokens)
 
     def add_request(
@@ -107,11 +100,8 @@ class Engine:
         arrival_time: float | None = None,
         cache_salt: str | None = None,
     ) -> Request:
-        """Queue a request. Raises `RequestRejected` (and changes nothing) if it cannot run.
-
-        `arrival_time` defaults to now; a simulator replaying a trace passes the trace's time.
-        `cache_salt`: a prefix cache shares blocks only between requests with the same salt.
-        """
+        """Queue a request, or raise `RequestRejected` and change nothing. `arrival_time`: now,
+        or a trace's; `cache_salt`: a prefix cache shares blocks only within one salt."""
         prompt_ids = encode(prompt, self.tokenizer)
         request_id = request_id if request_id is not None else f"req-{next(self.ids)}"
         if request_id in self.requests:
@@ -125,14 +115,12 @@ class Engine:
         if self.fairness is not None:
             self.fairness.check_spread()  # its client may have joined Q, lifted
         self.requests[request_id] = request
-        if self.tokenizer is not None:
-            self.detokenizers[request_id] = self.tokenizer.detokenizer(prompt_ids)
+        self.texts.open(request)
         return request
 
     def step(self) -> list[Request]:
-        """One iteration: schedule -> grow -> run -> append -> charge -> retire. Returns the
-        requests that ran, each with its new token (`output_ids[-1]`); finished ones have
-        their `finish_reason`. A server streams `output(request)` for each."""
+        """schedule -> grow -> run -> append -> charge -> retire. The requests that ran, each
+        with its new token; finished ones have a `finish_reason` (a server streams `output`)."""
         self.schedule()  # Algorithm 2: admit waiting requests while they fit
         self.grow()  # blocks for the positions this step writes
         batch = list(self.running)
@@ -175,9 +163,8 @@ class Engine:
         return bool(self.running) or self.scheduler.peek() is not None
 
     def forget_idle_clients(self) -> dict[str, ClientTokens]:
-        """Drop what the engine and the policy keep about clients with nothing waiting or
-        running, where the policy says that changes no decision (`Scheduler.forget`); return
-        the forgotten clients' token counts (a server sums them into its totals)."""
+        """Drop idle clients where the policy says no decision changes (`Scheduler.forget`);
+        return their token counts (a server sums them into its totals)."""
         busy = {r.client_id for r in self.requests.values()}
         idle = sorted((set(self.client_tokens) | set(self.scheduler.accounts())) - busy)
         gone = self.scheduler.forget(idle, self.clock())
@@ -216,9 +203,8 @@ class Engine:
         return True
 
     def admit(self, request: Request) -> None:
-        """`request`, its blocks reserved, joins the batch. Back from a preemption it gets its
-        keys and values back (swap) or starts again after what the cache holds (recompute);
-        new, its prefill starts after the prompt blocks the prefix cache holds."""
+        """`request`, its blocks reserved, joins the batch: readmitted (`Preemption.readmit`),
+        or new, its prefill starting after the prompt blocks the prefix cache holds."""
         request.status, request.admitted_time = Status.RUNNING, self.clock()
         self.running.append(request)
         cached = self.cache.cached_tokens(request.request_id) if self.cache else 0
@@ -233,8 +219,7 @@ class Engine:
         tokens.num_cached += cached
 
     def grow(self) -> None:
-        """Blocks for the positions this step writes; with blocks on demand, preempt victims
-        until they fit."""
+        """Blocks for the positions this step writes (on demand: preempting until they fit)."""
         while self.victim and self.admission.blocks_short(self.running) > 0:
             self.preempt(self.victim.choose(self.running))
         self.admission.grow(self.running)
@@ -254,9 +239,8 @@ class Engine:
             self.fairness.check_spread()  # its client may have joined Q, lifted
 
     def append(self, request: Request, token: int | Exception) -> None:
-        """Give `request` its new token; finish it if that token ends it. A fault in the
-        request's own work (its sampling, as the runner reports, or its text) ends it alone,
-        with reason "error"."""
+        """Give `request` its new token; finish it if that token ends it. A fault in its own
+        work (its sampling, as the runner reports, or its text) ends it alone: "error"."""
         if isinstance(token, Exception):  # its sampler failed (the runner caught it)
             self.fail(request, token)
             return
@@ -267,15 +251,13 @@ class Engine:
             )
             if reason:
                 self.finish(request, reason)
-            finished = request.finish_reason is not None
-            request.num_text_ready = releasable(request.text, request.params.stop, finished)
+            self.texts.release(request)
         except Exception as e:
             self.fail(request, e)
 
     def record_token(self, request: Request, token: int) -> None:
         """`token` joins the request: its positions are computed, its text grows."""
-        # PERF: len(), not the num_tokens property, on the per-token lines (a property
-        # call costs more than the addition): -7% instructions in `minivtc bench sim`.
+        # PERF: len(), not the num_tokens property, per token: -7% instructions (`bench sim`)
         prefilled = request.num_computed < len(request.prompt_ids)
         request.num_computed = len(request.prompt_ids) + len(request.output_ids)
         if prefilled and self.cache:  # its prompt's blocks are computed: the cache names them
@@ -286,9 +268,7 @@ class Engine:
         if request.first_token_time is None:
             request.first_token_time = self.clock()
         self.client_tokens[request.client_id].num_output += 1
-        detok = self.detokenizers.get(request.request_id)
-        if detok is not None:  # (None: token ids only, as in the simulator: no text)
-            request.text += detok.add(token)
+        self.texts.add(request, token)
 
     def charge(self, batch: list[Request]) -> None:
         """Algorithm 2's "c_i <- c_i + the cost of i's new tokens", one scheduler call."""
@@ -299,18 +279,13 @@ class Engine:
             self.scheduler.on_decode(batch)
 
     def finish(self, request: Request, reason: str) -> None:
-        """Mark finished; flush held-back text and cut the stop sequence off the text."""
+        """Mark finished; its text is complete (`Texts.finish`)."""
         request.status, request.finish_reason = Status.FINISHED, reason
         request.finish_time = self.clock()
-        detok = self.detokenizers.get(request.request_id)
-        if detok is not None:
-            request.text += detok.flush()
-        if reason == "stop":
-            request.text = trim_stop(request.text, request.params.stop)
+        self.texts.finish(request, reason)
 
     def fail(self, request: Request, cause: BaseException) -> None:
-        """A fault in `request`'s own work: it ends with reason "error" and the error says
-        why, for the client; it is retired with the step's finished requests."""
+        """A fault in `request`'s own work ends it: "error", and why (retired with the step)."""
         request.status, request.finish_reason = Status.ABORTED, "error"
         request.error = f"{type(cause).__name__}: {cause}"
         request.finish_time = self.clock()
@@ -327,20 +302,24 @@ class Engine:
         self.preemption.forget(request)
         self.runner.release(request)
         self.requests.pop(request.request_id, None)
-        self.detokenizers.pop(request.request_id, None)
-
-    # --- checks --------------------------------------------------------------------------------
+        self.texts.close(request)
 
     def check(self) -> None:
         """After a step: every invariant (check_invariants), the bound (check_fairness)."""
         if self.options.check_invariants:
-            self.check_shared_state()
-            held = set(self.allocator.block_tables)
-            assert held == {r.request_id for r in self.running}, (
-                f"blocks held by {sorted(held)} but running {[r.request_id for r in self.running]}"
-            )
-            assert all(r.status is Status.RUNNING for r in self.running)
-            self.admission.check(self.running)
-            self.preemption.check(self.requests)
+            check_invariants(self)
         if self.fairness is not None:
             self.fairness.check()
+
+
+def check_invariants(engine: Engine) -> None:
+    """Every invariant of a step's end: the pool, the scheduler, the blocks held by exactly
+    the running requests, admission's and preemption's own books."""
+    engine.check_shared_state()
+    held, running = set(engine.allocator.block_tables), engine.running
+    assert held == {r.request_id for r in running}, (
+        f"blocks held by {sorted(held)} but running {[r.request_id for r in running]}"
+    )
+    assert all(r.status is Status.RUNNING for r in running), "a running request is not RUNNING"
+    engine.admission.check(running)
+    engine.preemption.check(engine.requests)

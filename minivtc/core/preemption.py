@@ -82,13 +82,16 @@ class Fair:
 
 
 def make_victim(
-    options: EngineOptions, scheduler: Scheduler, gap: float | None
+    options: EngineOptions, scheduler: Scheduler, pool_tokens: int
 ) -> Latest | Fair | None:
-    """The victim policy blocks on demand preempt by (None with a reservation: it never
-    preempts)."""
+    """The victim blocks on demand preempt (None with a reservation: it never preempts). The
+    fair victim's gap: the options', else the policy's default (the policy adapts its lift:
+    `Scheduler.set_preempt_gap`)."""
     if options.reservation != "none":
         return None
-    return Fair(scheduler, gap) if options.fair_victim and gap is not None else Latest()
+    if not options.fair_victim:
+        return Latest()
+    return Fair(scheduler, scheduler.set_preempt_gap(options.preempt_gap, pool_tokens))
 
 
 class Preemption:

@@ -34,7 +34,7 @@ passes the prediction, and the over-prediction is refunded at the end (Algorithm
 Fair preemption (the paper's Appendix C.3 asks for it; Lesson 9), with blocks on demand and the
 fair victim (`preemption.Fair`): a preempted request goes back to the head of its client's queue,
 nothing charged or refunded (`requeue`), and a client joining an empty Q is lifted to within
-`gap` of every client that ran since Q emptied (`join_floor`). The waiting counters then stay
+`gap` of every client that ran since Q emptied (`FairLift`). The waiting counters then stay
 within U_P = max(gap, w_p L_input) + w_q B (`cost.preemptive_bound`, its proof and what B is).
 """
 
@@ -43,7 +43,7 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 
-from minivtc.core.cost import PAPER_COST, Cost, cache_discount, weights_of
+from minivtc.core.cost import PAPER_COST, Cost, cache_discount, check_cached_weight, weights_of
 from minivtc.core.least_counter import LeastCounter
 from minivtc.core.predictors import Predictor
 from minivtc.core.request import Request
@@ -51,13 +51,9 @@ from minivtc.core.scheduler import Scheduler
 
 
 class VTC(Scheduler):
-    """The Virtual Token Counter (Algorithm 2; the module docstring maps its lines here).
-
-    `weights`: operator-set shares (every charge is divided by the client's weight);
-    `predictor`: charge a predicted output length at dispatch (Algorithm 3); `cost`: h;
-    `lift=False`: LCF; `cached_weight`: w_c, the price of a prompt token found in the prefix
-    cache (None: w_p). Ties between equal counters go to the client seen first.
-    """
+    """The Virtual Token Counter (Algorithm 2, mapped in the module docstring). `weights`:
+    operator-set shares; `predictor`: Algorithm 3; `cost`: h; `lift=False`: LCF;
+    `cached_weight`: w_c (`cost.cache_discount`). Ties go to the client seen first."""
 
     Least = LeastCounter  # the selection structure (`LinearScan` in the reference tests)
 
@@ -70,9 +66,7 @@ class VTC(Scheduler):
         name: str = "vtc",
         cached_weight: float | None = None,
     ) -> None:
-        w_p = weights_of(cost)[0]
-        if cached_weight is not None and not 0 <= cached_weight <= w_p:
-            raise ValueError(f"cached_weight must be in [0, w_p = {w_p}], got {cached_weight}")
+        check_cached_weight(cost, cached_weight)
         self.cost, self.weights, self.cached_weight = cost, dict(weights or {}), cached_weight
         self.lift, self.predictor, self.name = lift, predictor, name
         self.counters: dict[str, float] = {}
@@ -80,14 +74,9 @@ class VTC(Scheduler):
         self.first_seen: dict[str, int] = {}  # tie order (kept for forgotten clients too)
         self.least = self.Least(self.counters, self.first_seen, self.queues)
         self.last_left: str | None = None  # the last client whose queue emptied
-        # request id -> (q, h(n_p, q)): the output tokens charged for so far (at dispatch, the
-        # predicted length) and the service that came to; each new token charges the difference.
-        self.charged: dict[str, tuple[float, float]] = {}
-        # Fair preemption's gap (`set_preempt_gap`); None: the paper's non-preemptive VTC.
-        self.preempt_gap: float | None = None
-        self.ran_while_empty: set[str] = set()  # clients charged while Q was empty
-
-    # --- the hooks the engine calls ------------------------------------------------------------
+        self.charged: dict[str, tuple[float, float]] = {}  # id -> (q, h(n_p, q)) charged for
+        self.fair_lift: FairLift | None = None  # fair preemption's (`set_preempt_gap`)
+        self.ran_while_empty: set[str] = set()  # clients charged while Q was empty (`FairLift`)
 
     def add(self, request: Request, now: float) -> str | None:
         client = request.client_id
@@ -107,10 +96,9 @@ class VTC(Scheduler):
         return None if client is None else self.queues[client][0]
 
     def dispatch(self, request: Request) -> None:
-        """Algorithm 2's c_k <- c_k + h(n_p, 0), charged now, before the next pick: otherwise
-        the same client would stay the minimum and take the whole admission round. With a
-        predictor, h(n_p, predicted) (Algorithm 3); a cached prompt token costs w_c. A request
-        back from a preemption was charged at its first dispatch: its tokens stay charged."""
+        """Algorithm 2's c_k <- c_k + h(n_p, 0) (with a predictor h(n_p, predicted), Algorithm
+        3; a cached prompt token at w_c), now: before the next pick, or the same client would
+        stay the minimum and take the whole round. Back from a preemption: charged already."""
         queue = self.queues[request.client_id]
         assert queue[0] is request, "dispatch takes the request peek offered"
         if not request.num_preemptions:
@@ -125,23 +113,21 @@ class VTC(Scheduler):
 
     def on_decode(self, requests: list[Request]) -> None:
         self.charge_outputs(requests)
-        if self.preempt_gap is not None and self.least.least() is None:
-            self.ran_while_empty.update(r.client_id for r in requests)  # for `join_floor`
+        if self.fair_lift is not None and self.least.least() is None:
+            self.ran_while_empty.update(r.client_id for r in requests)
 
     def on_finish(self, request: Request) -> None:
-        """A request ended: refund what was charged for output it never generated (Algorithm
-        3), and tell the predictor how long it really was."""
+        """Refund output charged but never generated (Algorithm 3); teach the predictor."""
         q, service = self.charged.pop(request.request_id, (0.0, 0.0))
         if q > request.num_output:  # refund the over-prediction (Algorithm 3)
-            refund = service - self.cost(request.num_prompt, request.num_output)
-            self.charge(request.client_id, -refund)
+            now = self.cost(request.num_prompt, request.num_output)
+            self.charge(request.client_id, now - service)
         if self.predictor is not None and request.finish_reason != "abort":
             self.predictor.observe(request)
 
     def requeue(self, request: Request) -> None:
-        """Preempted: back to the head of its client's queue; a client with nothing waiting
-        joins Q, lifted like any joining client (so not backlogged throughout: Definition 4.1).
-        Nothing is charged or refunded: its tokens stay charged, the recompute is waste."""
+        """Preempted: first of its client's queue, joining Q lifted if it was empty (not
+        backlogged throughout: Definition 4.1). Nothing is charged or refunded."""
         if self.queues[request.client_id]:
             self.queues[request.client_id].appendleft(request)
         else:
@@ -166,35 +152,15 @@ class VTC(Scheduler):
         return 2 * u  # Theorem 4.4
 
     def set_preempt_gap(self, gap: float | None, pool_tokens: int) -> float:
-        """Fair preemption: the engine displaces clients more than `gap` ahead of a waiting
-        one, and `join_floor` lifts a client joining an empty Q to within `gap` of those that
-        ran meanwhile. Default: a quarter of Lemma 4.3's M term, w_q M / 4, so the bound's M
-        term shrinks to a quarter (`cost.preemptive_bound`) at the price of recomputation."""
-        self.preempt_gap = gap if gap is not None else weights_of(self.cost)[1] * pool_tokens / 4
-        return self.preempt_gap
+        """Fair preemption (`FairLift`); default gap w_q M / 4, a quarter of Lemma 4.3's M."""
+        default = weights_of(self.cost)[1] * pool_tokens / 4
+        self.fair_lift = FairLift(default if gap is None else gap)
+        return self.fair_lift.gap
 
     def forget(self, idle: list[str], now: float) -> list[str]:
-        """Forget idle clients whose counter is at or below the lift floor F: no decision
-        changes. Kept, such a client rejoins at max(counter, F') where F' >= F is the floor
-        then (F never falls: charges raise counters, a joining client is lifted to F, a leaving
-        one leaves a larger minimum); forgotten, it rejoins at max(0, F') = F' -- the same
-        counter, and its place among ties (`first_seen`) is kept. Needs the lift (LCF has no
-        floor) and no refunds (Algorithm 3's refund lowers counters, so F could fall)."""
-        floor = self.lift_floor()
-        if not self.lift or self.predictor is not None or floor is None:
-            return []
-        gone = [c for c in idle if self.forgettable(c, floor)]
-        for c in gone:
-            del self.counters[c], self.queues[c]
-            self.least.forget(c)
-            self.ran_while_empty.discard(c)
-        return gone
+        return forget_below_floor(self, idle)
 
-    # --- helpers -------------------------------------------------------------------------------
-
-    def forgettable(self, client: str, floor: float) -> bool:
-        known = client in self.counters and not self.queues[client]
-        return known and client != self.last_left and self.counters[client] <= floor
+    # helpers
 
     def join(self, request: Request) -> None:
         """`request`'s client, with nothing waiting, joins Q with it: lifted, then selectable."""
@@ -206,34 +172,23 @@ class VTC(Scheduler):
 
     def lift_counter(self, client: str) -> None:
         """A client joining the queue is lifted so it cannot bank idle time (Lemma 4.3).
-
         Without the lift (LCF) a client back from idle holds a stale low counter and takes
-        every dispatch until it catches up: the 2U bound fails for the others.
-        """
+        every dispatch until it catches up: the 2U bound fails for the others."""
         floor = self.join_floor()
         if floor is not None and floor > self.counters[client]:
             self.counters[client] = floor
 
     def join_floor(self) -> float | None:
-        """Algorithm 2's floor; with fair preemption, when Q is empty, also within `gap` of
-        every client that ran (was charged) since it emptied.
-
-        Those clients were served while nobody waited, and the last to leave Q may lie far
-        below them: a client lifted only that far would displace them at once and then take
-        every dispatch until it caught up with all they received meanwhile, a lead that only
-        the memory they held (M) would limit. The preemptive bound needs it limited by `gap`.
-        """
+        """Algorithm 2's floor; with fair preemption, when Q is empty, `FairLift`'s."""
         floor = self.lift_floor()
-        if self.preempt_gap is None or self.least.least() is not None or not self.ran_while_empty:
+        if self.fair_lift is None or self.least.least() is not None:
             return floor
-        top = max(self.counters[c] for c in self.ran_while_empty) - self.preempt_gap
-        return top if floor is None else max(floor, top)
+        return self.fair_lift.floor(self.counters, self.ran_while_empty, floor)
 
     def lift_floor(self) -> float | None:
         """The smallest waiting counter; Q empty: the counter of the last client to leave Q."""
         client = self.least.least()
-        if client is None:
-            client = self.last_left
+        client = self.last_left if client is None else client
         return None if client is None else self.counters[client]
 
     def charge(self, client: str, amount: float) -> None:
@@ -242,13 +197,10 @@ class VTC(Scheduler):
             self.least.push(client)  # the live entry's key is now too high to be a lower bound
 
     def charge_outputs(self, requests: list[Request]) -> None:
-        """Each of `requests` just got a token, its n_q-th: charge its client h(n_p, n_q) -
-        h(n_p, q), q being the output tokens already charged for (at first the length
-        predicted at dispatch: nothing more is charged until n_q passes it)."""
-        # PERF: this loop runs once per generated token, the simulator's hottest code. One cost
-        # call per token (h(n_p, q) is remembered in `charged`), charge() inlined (a charge only
-        # raises a counter: no heap push), len() rather than properties: -8% instructions in
-        # `minivtc bench sim`.
+        """Each of `requests` got its n_q-th token: charge h(n_p, n_q) - h(n_p, q), q the tokens
+        charged for so far (at first the prediction: nothing until n_q passes it)."""
+        # PERF: the simulator's hottest loop (once per token): one cost call per token, charge()
+        # inlined (no heap push), len() not properties: -8% instructions in `minivtc bench sim`.
         charged, counters, weights, cost = self.charged, self.counters, self.weights, self.cost
         for request in requests:
             n_q = len(request.output_ids)
@@ -257,5 +209,50 @@ class VTC(Scheduler):
                 continue  # still within the prediction charged at dispatch
             now = cost(len(request.prompt_ids), n_q)
             charged[request.request_id] = (n_q, now)
-            client = request.client_id
-            counters[client] += (now - service) / weights.get(client, 1.0)
+            counters[request.client_id] += (now - service) / weights.get(request.client_id, 1.0)
+
+
+def forget_below_floor(vtc: VTC, idle: list[str]) -> list[str]:
+    """`VTC.forget`: forget idle clients whose counter is at or below the lift floor F: no
+    decision changes. Kept, such a client rejoins at max(counter, F') where F' >= F is the
+    floor then (F never falls: charges raise counters, a joining client is lifted to F, a
+    leaving one leaves a larger minimum); forgotten, it rejoins at max(0, F') = F' -- the same
+    counter, and its place among ties (`first_seen`) is kept. Needs the lift (LCF has no
+    floor) and no refunds (Algorithm 3's refund lowers counters, so F could fall)."""
+    floor = vtc.lift_floor()
+    if not vtc.lift or vtc.predictor is not None or floor is None:
+        return []
+    counters, queues = vtc.counters, vtc.queues
+    gone = [
+        c
+        for c in idle
+        if c in counters and not queues[c] and c != vtc.last_left and counters[c] <= floor
+    ]
+    for c in gone:
+        del counters[c], queues[c]
+        vtc.least.forget(c)
+        vtc.ran_while_empty.discard(c)
+    return gone
+
+
+class FairLift:
+    """Fair preemption's extension of the lift (Lesson 9): the engine displaces clients more
+    than `gap` ahead of a waiting one, and a client joining an empty Q is lifted to within
+    `gap` of every client that ran (was charged) since Q emptied.
+
+    Those clients were served while nobody waited, and the last to leave Q may lie far below
+    them: a client lifted only that far would displace them at once and then take every
+    dispatch until it caught up with all they received meanwhile, a lead that only the memory
+    they held (M) would limit. The preemptive bound needs it limited by `gap`
+    (`cost.preemptive_bound`).
+    """
+
+    def __init__(self, gap: float) -> None:
+        self.gap = gap
+
+    def floor(self, counters: dict[str, float], ran: set[str], floor: float | None) -> float | None:
+        """`floor` (Algorithm 2's, Q empty), raised to within `gap` of those that `ran`."""
+        if not ran:
+            return floor
+        top = max(counters[c] for c in ran) - self.gap
+        return top if floor is None else max(floor, top)

@@ -1,0 +1,51 @@
+"""A request's generated text as it streams: each token detokenized, the tail that could still
+become a stop sequence held back, the rest released, the stop sequence cut at the end.
+
+Owns `Texts`, one detokenizer per live request (`tokenizer.Detokenizer`: SentencePiece pieces
+join into text only once a whole character is there). The stop rules themselves (`stop_reason`,
+`releasable`, `trim_stop`) are `params.py`'s; the engine calls this in its `append` step. An
+engine without a tokenizer (the simulator) keeps token ids only: no text. Lesson 3.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from minivtc.core.params import releasable, trim_stop
+from minivtc.core.request import Request
+
+if TYPE_CHECKING:
+    from minivtc.core.tokenizer import Detokenizer, Tokenizer
+
+
+class Texts:
+    def __init__(self, tokenizer: Tokenizer | None) -> None:
+        self.tokenizer = tokenizer
+        self.detokenizers: dict[str, Detokenizer] = {}  # request id -> its detokenizer
+
+    def open(self, request: Request) -> None:
+        if self.tokenizer is not None:
+            self.detokenizers[request.request_id] = self.tokenizer.detokenizer(request.prompt_ids)
+
+    def add(self, request: Request, token: int) -> None:
+        """`token`'s text joins the request's (none without a tokenizer)."""
+        detok = self.detokenizers.get(request.request_id)
+        if detok is not None:
+            request.text += detok.add(token)
+
+    def finish(self, request: Request, reason: str) -> None:
+        """The request ended: flush the held-back text; a stop sequence is cut off."""
+        detok = self.detokenizers.get(request.request_id)
+        if detok is not None:
+            request.text += detok.flush()
+        if reason == "stop":
+            request.text = trim_stop(request.text, request.params.stop)
+
+    def release(self, request: Request) -> None:
+        """How much text `StepOutput.take` may hand out: all once finished, else all but a
+        tail that could still grow into a stop sequence (never streamed, then cut)."""
+        finished = request.finish_reason is not None
+        request.num_text_ready = releasable(request.text, request.params.stop, finished)
+
+    def close(self, request: Request) -> None:
+        self.detokenizers.pop(request.request_id, None)
