@@ -28,7 +28,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from minivtc.core.params import SamplingParams
+from minivtc.core.params import SamplingParams, releasable
 
 
 class Status(enum.Enum):
@@ -47,7 +47,6 @@ class Request:
     arrival_time: float
     output_ids: list[int] = field(default_factory=list)
     text: str = ""  # generated text so far (empty when the engine runs without a tokenizer)
-    num_text_ready: int = 0  # characters of `text` that may be handed out (`params.releasable`)
     num_text_sent: int = 0  # characters of `text` already handed out in StepOutputs
     status: Status = Status.WAITING
     num_computed: int = 0
@@ -115,14 +114,15 @@ class StepOutput(NamedTuple):
     @classmethod
     def take(cls, request: Request) -> StepOutput:
         """What the last step gave `request`: its token, and the text it may release now (held
-        back while it could still turn out to be the start of a stop sequence: the engine's
-        `append` decided how much). Taking it hands that text out."""
+        back while it could still turn out to be the start of a stop sequence). Taking it
+        hands that text out; it reads the request and changes nothing else."""
         last = request.output_ids[-1] if request.output_ids else -1
         if request.finish_reason == "error":
             return cls(request.request_id, last, "", True, "error", request.error)
-        delta = request.text[request.num_text_sent : request.num_text_ready]
-        request.num_text_sent += len(delta)
         finished = request.finish_reason is not None
+        upto = releasable(request.text, request.params.stop, finished)
+        delta = request.text[request.num_text_sent : max(upto, request.num_text_sent)]
+        request.num_text_sent += len(delta)
         return cls(request.request_id, last, delta, finished, request.finish_reason)
 
 

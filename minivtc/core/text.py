@@ -1,9 +1,9 @@
-"""A request's generated text as it streams: each token detokenized, the tail that could still
-become a stop sequence held back, the rest released, the stop sequence cut at the end.
+"""A request's generated text as it streams: each token detokenized, the held-back text
+flushed at the end, the stop sequence cut.
 
 Owns `Texts`, one detokenizer per live request (`tokenizer.Detokenizer`: SentencePiece pieces
 join into text only once a whole character is there). The stop rules themselves (`stop_reason`,
-`releasable`, `trim_stop`) are `params.py`'s; the engine calls this in its `append` step. An
+`trim_stop`; `releasable`, what `StepOutput.take` may hand out) are `params.py`'s. An
 engine without a tokenizer (the simulator) keeps token ids only: no text. Lesson 3.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from minivtc.core.params import releasable, trim_stop
+from minivtc.core.params import trim_stop
 from minivtc.core.request import Request
 
 if TYPE_CHECKING:
@@ -40,12 +40,6 @@ class Texts:
             request.text += detok.flush()
         if reason == "stop":
             request.text = trim_stop(request.text, request.params.stop)
-
-    def release(self, request: Request) -> None:
-        """How much text `StepOutput.take` may hand out: all once finished, else all but a
-        tail that could still grow into a stop sequence (never streamed, then cut)."""
-        finished = request.finish_reason is not None
-        request.num_text_ready = releasable(request.text, request.params.stop, finished)
 
     def close(self, request: Request) -> None:
         self.detokenizers.pop(request.request_id, None)
