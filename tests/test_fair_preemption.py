@@ -34,7 +34,7 @@ from minivtc.course.graded.harness import (
 
 
 @settings(max_examples=60, deadline=None)
-@given(workloads, st.sampled_from([0.0, 5.0, 20.0, 60.0, None]))
+@given(workloads, st.sampled_from([2.0, 5.0, 20.0, 60.0, None]))  # 2: w_q x block_size, the least
 def test_the_preemptive_bound_holds_after_every_step_and_bounds_every_backlogged_gap(w, gap):
     """check_fairness asserts the spread <= U_P and every running client within
     max(gap, w_p L_input) + its one-step charge of the smallest waiting counter, after every
@@ -283,3 +283,28 @@ def test_a_negative_or_nan_gap_is_refused(gap):
             eos_id=-1,
             options=EngineOptions(reservation="none", victim="fair", preempt_gap=gap),
         )
+
+
+def test_a_gap_below_one_blocks_decode_charge_is_refused_as_thrashing():
+    """The audit's --preempt-gap 1 (blocks of 16, w_q = 2) took 4,659 preemptions for 30
+    requests: a readmitted request was displaced again before it generated a block. The
+    smallest gap accepted is w_q x block_size; it and anything above it run."""
+    for block_size, gap in ((16, 31.9), (1, 1.0)):
+        with pytest.raises(ValueError, match="below one block's decode charge"):
+            Engine(
+                UnitRunner([0.0]),
+                BlockAllocator(40, block_size),
+                VTC(),
+                100,
+                eos_id=-1,
+                options=EngineOptions(reservation="none", victim="fair", preempt_gap=gap),
+            )
+    engine = Engine(
+        UnitRunner([0.0]),
+        BlockAllocator(40, 16),
+        VTC(),
+        100,
+        eos_id=-1,
+        options=EngineOptions(reservation="none", victim="fair", preempt_gap=32.0),
+    )
+    assert engine.preempt_gap == 32.0

@@ -30,6 +30,7 @@ mistakes), every input tried and what the server answers:
 | with keys: a tenant reading `/fairness` while another streams a 801-token prompt (`test_server_hardening`) | its view unchanged: its own row (with the KV blocks it holds), the pool's size, no pool-wide `used_blocks` |
 | a fresh `X-Client-Id` per request (Sybil) against a victim | open: the attacker takes most dispatches; with keys: 10-14 of 24 for the victim |
 | 40,000 commands to an engine loop as it dies | every one answered or refused, none hangs |
+| `--reservation none --victim fair --preempt-gap 1` (blocks of 16; `test_fair_preemption`) | refused at start: a gap below one block's decode charge, w_q x block_size = 32, lets a readmitted request be displaced before it generates a block (simulated: 9,687 preemptions for 30 requests at gap 1, 1,463 at 32, 48 at the default) |
 | SIGTERM with a stream in flight, `--shutdown-timeout 1` | the stream ends with an error event about 1 s later; the process exits |
 | 4 clients x 15 requests, streams cut mid-way, bad input interleaved | every good request once, every bad one its 4xx, the pool free |
 """

@@ -88,8 +88,10 @@ def add_memory_options(p, default: str) -> None:
         metavar="G",
         help="with --victim fair: how far (in service units, w_p = 1 per prompt token, w_q = 2 "
         "per output token) a running client may lead a waiting one before it is preempted to "
-        "make room; smaller is fairer (the bound is 2 (max(G, w_p L_input) + w_q B)) and "
-        "recomputes more (default w_q M / 4, a quarter of the non-preemptive bound's M term)",
+        "make room; smaller is fairer (the bound is 2 (max(G, w_p L_input) + w_q B), so below "
+        "the longest prompt's charge it tightens nothing) and recomputes more; at least one "
+        "block's decode charge, w_q x block size (default w_q M / 4, a quarter of the "
+        "non-preemptive bound's M term)",
     )
 
 
