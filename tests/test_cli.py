@@ -175,6 +175,10 @@ def test_serve_refuses_inconsistent_trust_options():
             "preempt_gap only means something with victim 'fair'",
         ),
         (["--cached-weight", "0"], "only means something with --prefix-caching"),
+        (
+            ["--reservation", "none", "--victim", "fair", "--preempt-gap", "1"],
+            "below one block's decode charge, w_q x block_size = 32",
+        ),
     ],
 )
 def test_serve_refuses_options_it_would_ignore_or_cannot_honour(options, why, capsys):
