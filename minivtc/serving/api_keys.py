@@ -85,7 +85,7 @@ def read_keys(path: str | Path) -> dict[str, Key]:
             if not isinstance(entry.get(flag, False), bool):
                 raise ValueError(f"{where}: '{flag}' must be true or false")
         keys[key] = Key(client, float(weight), entry.get("admin", False), entry.get("proxy", False))
-    weights = {}
+    weights: dict[str, float] = {}
     for k in keys.values():
         if weights.setdefault(k.client, k.weight) != k.weight:
             raise ValueError(f"{path}: client {k.client!r} has keys with different weights")
@@ -123,6 +123,7 @@ class Gate:
                 "You didn't provide an API key: send 'Authorization: Bearer YOUR_KEY'.",
                 code="missing_api_key",
             )
+        assert self.keys is not None, "only a gate with keys checks them"
         key = self.keys.get(digest(token.strip()))
         if key is None:
             raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")

@@ -62,22 +62,25 @@ class Door:
     async def admit(self, scope, headers: dict[str, str], receive) -> bytes | APIError | None:
         """The body, or the refusal to answer once the rest of the body is dropped (None: the
         client went away)."""
+        timeout = self.limits.body_timeout_s
         try:
-            async with asyncio.timeout(self.limits.body_timeout_s):
-                if self.gate.keys is not None and scope["path"] != "/health":
-                    self.gate.key(headers.get("authorization"))
-                length = headers.get("content-length", "")
-                if length.isdigit() and int(length) > self.limits.max_body_bytes:
-                    raise self.too_large()
-                return await self.read_body(receive)
-        except TimeoutError:
+            return await asyncio.wait_for(self.checked_body(scope, headers, receive), timeout)
+        except asyncio.TimeoutError:  # (TimeoutError itself from Python 3.11)
             return APIError(408, self.too_slow(), code="request_timeout")
         except APIError as e:
             if headers.get("expect", "").lower() != "100-continue":  # else it sends no body
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout(self.limits.body_timeout_s):
-                        await drain(receive)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(drain(receive), timeout)
             return e
+
+    async def checked_body(self, scope, headers: dict[str, str], receive) -> bytes | None:
+        """The key, the announced length, then the body (APIError: refused)."""
+        if self.gate.keys is not None and scope["path"] != "/health":
+            self.gate.key(headers.get("authorization"))
+        length = headers.get("content-length", "")
+        if length.isdigit() and int(length) > self.limits.max_body_bytes:
+            raise self.too_large()
+        return await self.read_body(receive)
 
     async def read_body(self, receive) -> bytes | None:
         parts, size, more = [], 0, True
@@ -133,7 +136,7 @@ def add_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, e: HTTPException):
         kind = "not_found_error" if e.status_code == 404 else "invalid_request_error"
         message = e.detail if isinstance(e.detail, str) else "invalid request"
-        return APIError(e.status_code, message, kind=kind).response(e.headers)
+        return APIError(e.status_code, message, kind=kind).response(dict(e.headers or {}))
 
     @app.exception_handler(Exception)
     async def bug(request: Request, e: Exception):

@@ -85,7 +85,7 @@ async def replay(
     trace = [t for t in trace if duration is None or t.arrival_s < duration]
     if not trace:
         raise ValueError("the trace has no requests to send (check --duration)")
-    rng, prefixes = random.Random(seed), {}
+    rng, prefixes = random.Random(seed), dict[str, list[int]]()
     bodies = [body(t, prompt_ids(t, rng, prefixes), model, ignore_eos, temperature) for t in trace]
     result = ReplayResult(served=[])
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
