@@ -63,32 +63,7 @@ class LlamaConfig:
     @classmethod
     def from_hf(cls, hf: dict[str, Any]) -> LlamaConfig:
         """Build from a Hugging Face `config.json` dict; refuse what this engine cannot run."""
-        arch = hf.get("architectures") or [hf.get("model_type", "?")]
-        if hf.get("model_type") != "llama" or arch[0] != "LlamaForCausalLM":
-            raise ValueError(
-                f"unsupported architecture {arch} (model_type={hf.get('model_type')!r}): "
-                "minivtc runs Llama-2 checkpoints (LlamaForCausalLM, model_type 'llama')"
-            )
-        unsupported = {
-            "rope_scaling": hf.get("rope_scaling"),
-            "attention_bias": hf.get("attention_bias", False),
-            "mlp_bias": hf.get("mlp_bias", False),
-            "tie_word_embeddings": hf.get("tie_word_embeddings", False),
-        }
-        for key, value in unsupported.items():
-            if value:
-                raise ValueError(f"unsupported setting in config.json: {key}={value!r}")
-        # transformers >= 5 writes {"rope_parameters": {"rope_type", "rope_theta"}}; Llama-2's own
-        # config.json (and transformers 4) has a top-level "rope_theta".
-        rope = hf.get("rope_parameters") or {}
-        if rope.get("rope_type", "default") != "default":
-            raise ValueError(f"unsupported setting in config.json: rope_parameters={rope!r}")
-        rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
-        head_dim = hf.get("head_dim")
-        if head_dim is not None and head_dim * hf["num_attention_heads"] != hf["hidden_size"]:
-            raise ValueError(f"unsupported head_dim={head_dim}: must be hidden_size / heads")
-        if hf.get("hidden_act", "silu") != "silu":
-            raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}: Llama-2 uses 'silu'")
+        rope_theta = refuse_unsupported(hf)
         return cls(
             vocab_size=hf["vocab_size"],
             dim=hf["hidden_size"],
@@ -97,7 +72,7 @@ class LlamaConfig:
             n_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
             ffn_dim=hf["intermediate_size"],
             max_positions=hf.get("max_position_embeddings", 4096),
-            rope_theta=float(rope_theta),
+            rope_theta=rope_theta,
             norm_eps=float(hf.get("rms_norm_eps", 1e-5)),
             bos_id=hf.get("bos_token_id", 1),
             eos_id=hf.get("eos_token_id", 2),
@@ -153,3 +128,36 @@ def preset(name: str) -> LlamaConfig:
     if name not in PRESETS:
         raise KeyError(f"unknown preset {name!r}; choose one of {sorted(PRESETS)}")
     return PRESETS[name]
+
+
+def refuse_unsupported(hf: dict[str, Any]) -> float:
+    """Refuse a `config.json` this engine cannot run (another architecture, rope scaling,
+    biases, tied embeddings, another activation); return its RoPE theta."""
+    arch = hf.get("architectures") or [hf.get("model_type", "?")]
+    if hf.get("model_type") != "llama" or arch[0] != "LlamaForCausalLM":
+        raise ValueError(
+            f"unsupported architecture {arch} (model_type={hf.get('model_type')!r}): "
+            "minivtc runs Llama-2 checkpoints (LlamaForCausalLM, model_type 'llama')"
+        )
+
+    unsupported = {
+        "rope_scaling": hf.get("rope_scaling"),
+        "attention_bias": hf.get("attention_bias", False),
+        "mlp_bias": hf.get("mlp_bias", False),
+        "tie_word_embeddings": hf.get("tie_word_embeddings", False),
+    }
+    for key, value in unsupported.items():
+        if value:
+            raise ValueError(f"unsupported setting in config.json: {key}={value!r}")
+    # transformers >= 5 writes {"rope_parameters": {"rope_type", "rope_theta"}}; Llama-2's own
+    # config.json (and transformers 4) has a top-level "rope_theta".
+    rope = hf.get("rope_parameters") or {}
+    if rope.get("rope_type", "default") != "default":
+        raise ValueError(f"unsupported setting in config.json: rope_parameters={rope!r}")
+    rope_theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+    head_dim = hf.get("head_dim")
+    if head_dim is not None and head_dim * hf["num_attention_heads"] != hf["hidden_size"]:
+        raise ValueError(f"unsupported head_dim={head_dim}: must be hidden_size / heads")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"unsupported hidden_act {hf['hidden_act']!r}: Llama-2 uses 'silu'")
+    return float(rope_theta)

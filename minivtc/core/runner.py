@@ -155,18 +155,14 @@ def build_group(
     bucketed: bool,
     device: torch.device,
 ) -> AttentionGroup:
-    """Padded (R, Q) layout of one group's new tokens, and the block tables they read.
-
-    `start` is the group's first row in the flat batch. With `bucketed`, R, Q and NB are rounded
-    up to powers of two (padding rows see one key and are never read back).
-    """
+    """Padded (R, Q) layout of one group's new tokens from flat row `start`, and the block
+    tables they read. `bucketed`: R, Q, NB rounded up to powers of two (padding never read)."""
     new_counts = [r.num_tokens - r.num_computed for r in group]
     n_rows, n_q = len(group), max(new_counts)
     n_blocks = max(allocator.blocks_needed(r.num_tokens) for r in group)
     if bucketed:  # a few shapes for torch.compile instead of one per batch composition
         n_rows, n_q, n_blocks = (bucket(n) for n in (n_rows, n_q, n_blocks))
-    # Plain lists first, one tensor each at the end: per-request torch calls cost more than the
-    # attention itself at batch 64 on a CPU.
+    # Plain lists, one tensor each at the end: per-request torch calls cost more (CPU, batch 64)
     token_rows: list[list[int]] = []
     query_positions: list[list[int]] = []
     block_tables: list[list[int]] = []
