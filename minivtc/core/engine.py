@@ -75,7 +75,7 @@ class Engine:
         self.victim = make_victim(options, scheduler, allocator)
         self.preempt_gap = self.victim.gap if isinstance(self.victim, Fair) else None
         self.preemption = Preemption(options, allocator, self.cache)  # what a victim keeps
-        self.fairness = FairnessCheck.of(self) if options.check_fairness else None
+        self.fairness = fairness_check(self) if options.check_fairness else None
         self.running: list[Request] = []  # the batch
         self.requests: dict[str, Request] = {}  # every live request (waiting or running) by id
         self.client_tokens: dict[str, ClientTokens] = {}
@@ -304,6 +304,15 @@ class Engine:
             check_invariants(self)
         if self.fairness is not None:
             self.fairness.check()
+
+
+def fairness_check(engine: Engine) -> FairnessCheck:
+    """The check for `engine`'s run: L_input the longest prompt that can ever be admitted, M
+    the pool, B the most requests at once (the batch's limit, or the pool's blocks)."""
+    most = min(engine.options.max_running, engine.allocator.num_blocks)
+    pool, reservation = engine.allocator.num_tokens, engine.options.reservation
+    gap = engine.preempt_gap
+    return FairnessCheck(engine.scheduler, engine.max_model_len - 1, pool, most, reservation, gap)
 
 
 def check_invariants(engine: Engine) -> None:

@@ -23,15 +23,11 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import TYPE_CHECKING
 
 from minivtc.core.cost import PAPER_COST, fairness_bound, weights_of
 from minivtc.core.request import Request
 from minivtc.core.scheduler import Scheduler
 from minivtc.core.vtc import VTC
-
-if TYPE_CHECKING:  # the engine builds its check: `FairnessCheck.of(engine)`
-    from minivtc.core.engine import Engine
 
 SLACK = 1e-6  # float sums of charges: a spread may exceed the bound by rounding only
 
@@ -79,16 +75,6 @@ class FairnessCheck:
         self.dispatch_charge = 0.0  # the largest dispatch charge so far, in counter units
         self.step_charge = 0.0  # the largest one-step charge of a client so far
         self.step_gain: dict[str, float] = {}  # client -> its charge in the last step
-
-    @classmethod
-    def of(cls, engine: Engine) -> FairnessCheck:
-        """The check for `engine`'s run: L_input the longest prompt that can ever be
-        admitted, M the pool, B the most requests at once (the batch's limit, or the blocks)."""
-        most = min(engine.options.max_running, engine.allocator.num_blocks)
-        pool, reservation = engine.allocator.num_tokens, engine.options.reservation
-        return cls(
-            engine.scheduler, engine.max_model_len - 1, pool, most, reservation, engine.preempt_gap
-        )
 
     def gap_bound(self) -> float:
         """The service-gap bound this run guarantees two backlogged clients: 2U (Theorem
