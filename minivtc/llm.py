@@ -58,6 +58,8 @@ def build_engine(
     on a laptop CPU). `options`, or the keywords that build them (`EngineOptions`: reservation,
     victim, max_running, check_invariants, ...), say how the engine admits and preempts.
     """
+    if options is not None and engine_options:
+        raise TypeError(f"give options or its keywords, not both: {sorted(engine_options)}")
     options = options or EngineOptions(**engine_options)
     if kv_tokens is not None and kv_bytes is not None:
         raise ValueError("give kv_tokens or kv_bytes, not both")

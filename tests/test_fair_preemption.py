@@ -20,6 +20,7 @@ from minivtc.core.engine import Engine
 from minivtc.core.kv_pool import BlockAllocator
 from minivtc.core.options import EngineOptions
 from minivtc.core.params import SamplingParams
+from minivtc.core.policies import make_scheduler
 from minivtc.core.vtc import VTC
 from minivtc.course.graded.harness import (
     W_Q,
@@ -308,3 +309,29 @@ def test_a_gap_below_one_blocks_decode_charge_is_refused_as_thrashing():
         options=EngineOptions(reservation="none", victim="fair", preempt_gap=32.0),
     )
     assert engine.preempt_gap == 32.0
+
+
+def test_check_fairness_refuses_admission_every_few_steps_with_the_fair_victim():
+    """The preemptive bound's proof needs a displacement round every step; with the artifact's
+    admit_every the engine's own check failed (a client ran 16 ahead where 14 was allowed)."""
+    with pytest.raises(ValueError, match="needs a displacement round every step"):
+        EngineOptions(reservation="none", victim="fair", admit_every=3, check_fairness=True)
+    EngineOptions(reservation="none", victim="fair", admit_every=3)  # unchecked: allowed
+
+
+def test_a_preempted_request_aborted_while_waiting_closes_its_books():
+    """Dispatched once, then preempted and aborted before readmission: the policy still hears
+    `on_finish` (VTC drops what it charged; the artifact's VTC stops charging its client)."""
+    for name in ("vtc", "vtc-artifact"):
+        vtc = make_scheduler(name)
+        engine, _ = engine_with(vtc, pool=60, gap=10.0)
+        long_request(engine, "F", 24, 30)
+        young = long_request(engine, "F", 24, 30)
+        engine.step()
+        g = long_request(engine, "G", 20, 30)
+        while g.admitted_time is None:
+            engine.step()  # until F leads by more than the gap: its youngest is displaced
+        assert young.num_preemptions == 1 and young.status.value == "waiting"
+        engine.abort(young.request_id)
+        assert young.request_id not in vtc.charged, name
+        assert young.request_id not in getattr(vtc, "running", {}), name

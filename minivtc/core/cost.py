@@ -112,7 +112,7 @@ def preemptive_bound(
     ahead is preempted once it leads a waiting client by `gap`, so the memory it holds no
     longer measures how far ahead it can get. B replaces it: at most the engine's max_running
     and the pool's blocks, in practice far below M (a request holds many tokens), but a
-    pool of one-token requests could make w_q B as large as w_q M; `VTC.gap_bound` reports
+    pool of one-token requests could make w_q B as large as w_q M; `FairnessCheck.gap_bound` reports
     the bound with the run's own largest one-step charge.
 
     The proof, as Lemma 4.3's: a waiting client's counter last rose at its dispatch (by at

@@ -38,6 +38,8 @@ from minivtc.core.scheduler import Scheduler
 
 
 class DRR(Scheduler):
+    """Deficit Round Robin with a `quantum` of credit per turn (the module docstring)."""
+
     def __init__(self, quantum: float = 256.0, cost: Cost = PAPER_COST) -> None:
         if not quantum > 0:
             raise ValueError(f"the DRR quantum must be > 0, got {quantum}")

@@ -7,7 +7,7 @@ requests may join (admission) and leave (finish, abort) the running batch. One s
 
 schedule is Algorithm 2's admission round as the paper writes it: ask the scheduler which request
 is next (`peek`), make room for it or stop the round (never skip), reserve its blocks,
-`dispatch` it (the scheduler charges its prompt). grow gives the step's positions blocks (on
+`dispatch` it (the scheduler charges its prompt, once). grow gives the step's positions blocks (on
 demand: preempting a victim when they run out). run is one forward pass, a token per request;
 append detokenizes and applies the stop rules (`params.py`); charge is one scheduler call;
 retire gives finished requests' blocks back.
@@ -75,7 +75,7 @@ class Engine:
         self.victim = make_victim(options, scheduler, allocator)
         self.preempt_gap = self.victim.gap if isinstance(self.victim, Fair) else None
         self.preemption = Preemption(options, allocator, self.cache)  # what a victim keeps
-        self.fairness = fairness_check(self) if options.check_fairness else None
+        self.fairness = build_fairness_check(self) if options.check_fairness else None
         self.running: list[Request] = []  # the batch
         self.requests: dict[str, Request] = {}  # every live request (waiting or running) by id
         self.client_tokens: dict[str, ClientTokens] = {}
@@ -112,10 +112,10 @@ class Engine:
         reason = self.scheduler.add(request, request.arrival_time)
         if reason is not None:
             raise RequestRejected(reason, kind="rate_limited")
-        if self.fairness is not None:
-            self.fairness.check_spread()  # its client may have joined Q, lifted
         self.requests[request_id] = request
         self.texts.open(request)
+        if self.fairness is not None:
+            self.fairness.check_spread()  # its client may have joined Q, lifted
         return request
 
     def step(self) -> list[Request]:
@@ -142,25 +142,33 @@ class Engine:
         request = self.requests.get(request_id)
         if request is None:
             return  # already finished (or never existed): aborting is idempotent
-        if request.status is Status.WAITING:
+        waiting = request.status is Status.WAITING
+        if waiting:
             self.scheduler.remove(request)
         request.status, request.finish_reason = Status.ABORTED, "abort"
         request.finish_time = self.clock()
         if request in self.running:
             self.retire(request)
-        else:
-            self.forget(request)
+            return
+        if waiting and request.num_preemptions:  # dispatched once: the policy closes its books
+            self.scheduler.on_finish(request)
+        self.forget(request)
 
     def output(self, request: Request) -> StepOutput:
         """What the last step gave `request` (`StepOutput.take`), for a server to stream."""
         return StepOutput.take(request)
 
-    # The waste a preemption costs (`preemption.py`), counted with the engine's own numbers
-    recomputed_tokens = property(lambda self: self.preemption.recomputed_tokens)
-    swapped_tokens = property(lambda self: self.preemption.swapped_tokens)
+    @property
+    def recomputed_tokens(self) -> int:  # the waste a preemption costs (`preemption.py`)
+        return self.preemption.recomputed_tokens
+
+    @property
+    def swapped_tokens(self) -> int:
+        return self.preemption.swapped_tokens
 
     def has_unfinished(self) -> bool:
-        return bool(self.running) or self.scheduler.peek() is not None
+        # Not peek(): a policy's peek may begin a turn (DRR), and asking must change nothing.
+        return bool(self.running) or next(iter(self.scheduler.waiting()), None) is not None
 
     def forget_idle_clients(self) -> dict[str, ClientTokens]:
         """Drop idle clients where the policy says no decision changes (`Scheduler.forget`);
@@ -181,15 +189,17 @@ class Engine:
         """Algorithm 2's admission round: peek; make room, or stop (never skip to another
         request: the bound's "one dispatch raises the minimum by at most w_p L_input" would
         break); reserve; dispatch. Every step (the artifact: `admit_every` steps after a
-        successful admission, every step while a round admits nothing)."""
+        successful admission: one that grew the batch; every step while none does)."""
         self.steps_since_admission += 1
         if self.running and self.steps_since_admission < self.options.admit_every:
             return
+        before = len(self.running)
         while (request := self.scheduler.peek()) is not None and self.make_room(request):
             self.admit(request)  # running, its blocks reserved
-            self.scheduler.dispatch(request)  # out of Q; c_k <- c_k + h(n_p, 0)
+            self.scheduler.dispatch(request)  # out of Q; its prompt charged (unless readmitted)
             if self.fairness is not None:
                 self.fairness.dispatched(request)
+        if len(self.running) > before:
             self.steps_since_admission = 0
 
     def make_room(self, request: Request) -> bool:
@@ -306,7 +316,7 @@ class Engine:
             self.fairness.check()
 
 
-def fairness_check(engine: Engine) -> FairnessCheck:
+def build_fairness_check(engine: Engine) -> FairnessCheck:
     """The check for `engine`'s run: L_input the longest prompt that can ever be admitted, M
     the pool, B the most requests at once (the batch's limit, or the pool's blocks)."""
     most = min(engine.options.max_running, engine.allocator.num_blocks)

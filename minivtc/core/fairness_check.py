@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from minivtc.core.cost import PAPER_COST, fairness_bound, weights_of
+from minivtc.core.cost import fairness_bound, weights_of
 from minivtc.core.request import Request
 from minivtc.core.scheduler import Scheduler
 from minivtc.core.vtc import VTC
@@ -49,7 +49,7 @@ class FairnessCheck:
     ) -> None:
         refuse_unbounded(reservation, preempt_gap)
         self.scheduler, self.preempt_gap = scheduler, preempt_gap
-        w_p, w_q = weights_of(getattr(scheduler, "cost", PAPER_COST))
+        w_p, w_q = weights_of(scheduler.cost)
         self.u = fairness_bound(max_input, pool_tokens, w_p, w_q)
         self.vtc = scheduler if isinstance(scheduler, VTC) else None
         if self.vtc is None:

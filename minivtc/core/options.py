@@ -1,10 +1,12 @@
 """The engine's options: one frozen, validated value that every front door builds.
 
 Owns `EngineOptions`. The command line (`minivtc serve`, `minivtc simulate`), `LLM(...)`,
-`build_engine(...)` and `simulate(...)` all build this one object, so each refusal ("victim
-without reservation 'none'", "a nan preempt_gap") is written once, here, with its message.
-No I/O, nothing derived from the pool or the model: what depends on them (the default
-preempt gap, w_q M / 4; the bound) is computed by the engine from these values.
+`build_engine(...)` and `simulate(...)` all build this one object, so each refusal of a
+combination of options ("victim without reservation 'none'", "a nan preempt_gap") is written
+once, here, with its message. No I/O, nothing derived from the pool, the model or the policy:
+what depends on them is refused where they meet (the default gap, w_q M / 4, is the policy's,
+`VTC.set_preempt_gap`; a gap too small for the pool's blocks, `preemption.refuse_thrashing`;
+a bound the policy does not state, `fairness_check.py`).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ class EngineOptions:
     check_fairness: bool = False
 
     def __post_init__(self) -> None:
-        choose("reservation", self.reservation, RESERVATIONS)
+        refuse_unknown("reservation", self.reservation, RESERVATIONS)
         given = [n for n in ("victim", "preempt_gap", "preemption") if getattr(self, n) is not None]
         if self.reservation != "none" and given:
             raise ValueError(
@@ -55,9 +57,9 @@ class EngineOptions:
                 f"with reservation 'none' (blocks on demand), not {self.reservation!r}"
             )
         if self.victim is not None:
-            choose("victim", self.victim, VICTIMS)
+            refuse_unknown("victim", self.victim, VICTIMS)
         if self.preemption is not None:
-            choose("preemption", self.preemption, PREEMPTIONS)
+            refuse_unknown("preemption", self.preemption, PREEMPTIONS)
         if self.preempt_gap is not None:
             if self.victim != "fair":
                 raise ValueError("preempt_gap only means something with victim 'fair'")
@@ -70,6 +72,11 @@ class EngineOptions:
                 raise ValueError("swap_tokens only means something with preemption 'swap'")
             if not self.swap_tokens >= 0:
                 raise ValueError(f"swap_tokens must be >= 0, got {self.swap_tokens}")
+        if self.check_fairness and self.fair_victim and self.admit_every > 1:
+            raise ValueError(
+                "check_fairness: the preemptive bound needs a displacement round every step; "
+                "with admit_every > 1 a client can run ahead of a blocked one unchecked"
+            )
         if self.admit_every < 1 or self.max_running < 1:
             raise ValueError(
                 f"admit_every and max_running must be >= 1, got {self.admit_every}, "
@@ -85,7 +92,7 @@ class EngineOptions:
         return self.preemption == "swap"
 
 
-def choose(name: str, value: str, choices: tuple[str, ...]) -> None:
+def refuse_unknown(name: str, value: str, choices: tuple[str, ...]) -> None:
     if value not in choices:
         names = ", ".join(repr(c) for c in choices)
         raise ValueError(f"{name} must be one of {names}, got {value!r}")

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from minivtc.core.cost import PAPER_COST, weights_of
+from minivtc.core.cost import weights_of
 from minivtc.core.kv_pool import BlockAllocator
 from minivtc.core.options import EngineOptions
 from minivtc.core.prefix_cache import PrefixCachingAllocator
 from minivtc.core.request import Request
 from minivtc.core.scheduler import Scheduler
+from minivtc.core.vtc import VTC
 
 if TYPE_CHECKING:
     from minivtc.core.runner import Runner
@@ -103,13 +104,19 @@ def refuse_thrashing(gap: float, scheduler: Scheduler, block_size: int) -> None:
     request it runs. Below one block of that charge, w_q * block_size, it may be displaced
     before its requests have generated a block between them, and every readmission
     recomputes it all: the engine thrashes (with gap 1, 30 requests took 9,687 preemptions).
-    U_P = max(gap, w_p L_input) + w_q B is untouched: a larger gap never lowers it below
-    w_p L_input, so a gap under the longest prompt's charge buys no bound, only recomputation."""
-    w_q = weights_of(getattr(scheduler, "cost", PAPER_COST))[1]
-    if gap < w_q * block_size:
+    The charge is in counter units: a weight w < 1 raises a counter 1/w times faster, so the
+    least gap is w_q * block_size / w for the smallest such weight. U_P = max(gap, w_p L_input)
+    + w_q B is untouched: a smaller gap never lowers it below w_p L_input, so a gap under the
+    longest prompt's charge buys no bound, only recomputation. A policy without counters
+    (FCFS) displaces nothing, whatever the gap."""
+    if not isinstance(scheduler, VTC):
+        return
+    scale = 1.0 / min(min(scheduler.weights.values(), default=1.0), 1.0)
+    least = weights_of(scheduler.cost)[1] * block_size * scale
+    if gap < least:
         raise ValueError(
             f"preempt_gap {gap:g} is below one block's decode charge, w_q x block_size = "
-            f"{w_q * block_size:g}: a readmitted request could be displaced again before it "
+            f"{least:g}: a readmitted request could be displaced again before it "
             "generated a block, and each readmission recomputes it (the engine thrashes)"
         )
 

@@ -50,7 +50,7 @@ class Request:
     num_text_sent: int = 0  # characters of `text` already handed out in StepOutputs
     status: Status = Status.WAITING
     num_computed: int = 0
-    num_preemptions: int = 0  # times it was preempted (its blocks freed, recomputed later)
+    num_preemptions: int = 0  # times preempted (recomputed or swapped back); >0: charged already
     num_cached: int = 0  # prompt tokens found in the prefix cache when first admitted
     cache_salt: str | None = None  # shares cached prefixes only with requests of the same salt
     admitted_time: float | None = None

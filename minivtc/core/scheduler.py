@@ -8,7 +8,8 @@ back (Algorithm 2's loop is `Engine.schedule`, Appendix C.1's hooks are these me
    `dispatch(request)`     the engine admitted the peeked request: take it out of Q and
                            charge its prompt, h(n_p, 0) (Algorithm 2's c_k <- c_k + h(n_p, 0));
 3. `on_decode(requests)`   once per step: each of `requests` got one output token;
-4. `on_finish(request)`    a running request finished or was aborted;
+4. `on_finish(request)`    a dispatched request finished or was aborted (running, or waiting
+                           again after a preemption);
    `requeue(request)`      a running request was preempted: it waits again, first of its client;
    `remove(request)`       a waiting request was aborted.
 
@@ -26,6 +27,7 @@ import math
 from collections import deque
 from collections.abc import Iterator
 
+from minivtc.core.cost import PAPER_COST, Cost
 from minivtc.core.request import Request
 
 
@@ -33,16 +35,19 @@ class Scheduler:
     """The interface, with no-op hooks; each policy overrides what it needs."""
 
     name = "base"
+    cost: Cost = PAPER_COST  # what its service is priced by (`cost.py`): the bound's w_p, w_q
 
     def add(self, request: Request, now: float) -> str | None:
         raise NotImplementedError
 
     def peek(self) -> Request | None:
-        """The request `dispatch` would take next (the same one until something changes)."""
+        """The request `dispatch` would take next (the same one until something changes). A
+        policy may begin a turn here (DRR): only an admission round calls it."""
         raise NotImplementedError
 
     def dispatch(self, request: Request) -> None:
-        """`request`, the one `peek` offered, was admitted: out of Q, its prompt charged."""
+        """`request`, the one `peek` offered, was admitted: out of Q, its prompt charged (a
+        request with `num_preemptions` was charged at its first dispatch: not again)."""
         raise NotImplementedError
 
     def remove(self, request: Request) -> None:

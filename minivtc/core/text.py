@@ -19,6 +19,9 @@ if TYPE_CHECKING:
 
 
 class Texts:
+    """Each live request's detokenizer, by request id: `open` at arrival, `add` per token,
+    `finish` when it ends, `close` when it is gone."""
+
     def __init__(self, tokenizer: Tokenizer | None) -> None:
         self.tokenizer = tokenizer
         self.detokenizers: dict[str, Detokenizer] = {}  # request id -> its detokenizer

@@ -43,6 +43,7 @@ from minivtc.harness.step_time import (
 )
 from minivtc.harness.workloads import TraceRequest
 
+DEFAULT_RUNNING = EngineOptions().max_running
 SIM_TOKEN = 3  # the token every simulated step "generates"
 SIM_EOS = 2  # what it generates as a request's last, where the trace says it ends (max_tokens)
 
@@ -134,6 +135,10 @@ def simulate(
     `watch_backlog`: also measure the worst service gap of two backlogged clients (slower).
     `prefix_caching`: the pool caches prompt blocks (requests sharing a `prefix_id` share
     their first `prefix_tokens`); `cached_weight`: VTC's charge for a cached prompt token."""
+    if options is not None and engine_options:
+        raise TypeError(f"give options or its keywords, not both: {sorted(engine_options)}")
+    if "max_running" in engine_options or (options and options.max_running != DEFAULT_RUNNING):
+        raise TypeError("simulate runs every admitted request: it takes no max_running")
     options = options or EngineOptions(**{"reservation": "peak", **engine_options})
     trace = sorted(trace, key=lambda r: r.arrival_s)
     model = step_time_model(step_time) if isinstance(step_time, str) else step_time
