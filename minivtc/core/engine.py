@@ -72,7 +72,7 @@ class Engine:
         self.tokenizer, self.clock = tokenizer, clock
         self.cache = allocator if isinstance(allocator, PrefixCachingAllocator) else None
         self.admission = make_admission(options.reservation, allocator)
-        self.victim = make_victim(options, scheduler, allocator)
+        self.victim = make_victim(options, scheduler, allocator)  # (fair: sets the policy's gap)
         self.preempt_gap = self.victim.gap if isinstance(self.victim, Fair) else None
         self.preemption = Preemption(options, allocator, self.cache)  # what a victim keeps
         self.fairness = build_fairness_check(self) if options.check_fairness else None

@@ -52,6 +52,10 @@ class FairnessCheck:
         w_p, w_q = weights_of(scheduler.cost)
         self.u = fairness_bound(max_input, pool_tokens, w_p, w_q)
         self.vtc = scheduler if isinstance(scheduler, VTC) else None
+        self.bound = 2 * self.u  # (for another policy: what it states, `gap_bound`)
+        self.dispatch_charge = 0.0  # the largest dispatch charge so far, in counter units
+        self.step_charge = 0.0  # the largest one-step charge of a client so far
+        self.step_gain: dict[str, float] = {}  # client -> its charge in the last step
         if self.vtc is None:
             if scheduler.gap_bound(self.u) is None:
                 raise ValueError(
@@ -72,9 +76,6 @@ class FairnessCheck:
             self.bound = (
                 max(preempt_gap, w_p * max_input * self.scale) + w_q * max_running * self.scale
             )
-        self.dispatch_charge = 0.0  # the largest dispatch charge so far, in counter units
-        self.step_charge = 0.0  # the largest one-step charge of a client so far
-        self.step_gain: dict[str, float] = {}  # client -> its charge in the last step
 
     def gap_bound(self) -> float:
         """The service-gap bound this run guarantees two backlogged clients: 2U (Theorem
