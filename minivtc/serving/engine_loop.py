@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minivtc.core.engine import Engine, StepOutput
-from minivtc.core.request import Request
+from minivtc.core.engine import Engine
+from minivtc.core.request import Request, StepOutput
 from minivtc.core.sampler import SamplingParams
 from minivtc.serving.observability import OTHER, ClientRow, Snapshot
 

@@ -17,8 +17,9 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from minivtc.core.engine import RequestRejected, StepOutput
+from minivtc.core.engine import RequestRejected
 from minivtc.core.params import SamplingParams
+from minivtc.core.request import StepOutput
 from minivtc.serving.api_keys import Caller
 from minivtc.serving.engine_loop import EngineLoop, Stream
 from minivtc.serving.openai_api import FINISH_REASONS, APIError, ChunkShape, Sampling, usage
