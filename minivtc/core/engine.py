@@ -35,7 +35,7 @@ from minivtc.core.fairness_check import FairnessCheck
 from minivtc.core.intake import RequestRejected, encode, validate
 from minivtc.core.kv_pool import BlockAllocator
 from minivtc.core.options import EngineOptions
-from minivtc.core.params import SamplingParams, releasable, stop_reason, trim_stop
+from minivtc.core.params import SamplingParams, cut_stop, releasable, stop_reason
 from minivtc.core.preemption import Preemption, make_victim
 from minivtc.core.prefix_cache import PrefixCachingAllocator
 from minivtc.core.request import ClientTokens, Request, Status, StepOutput
@@ -113,6 +113,7 @@ class Engine:
         `cache_salt`: a prefix cache shares blocks only between requests with the same salt.
         """
         prompt_ids = encode(prompt, self.tokenizer)
+        params = params.with_max_tokens(self.max_model_len - len(prompt_ids))  # None: the room
         request_id = request_id if request_id is not None else f"req-{next(self.ids)}"
         if request_id in self.requests:
             raise RequestRejected(f"request id {request_id!r} is already in use")
@@ -306,7 +307,8 @@ class Engine:
         if detok is not None:
             request.text += detok.flush()
         if reason == "stop":
-            request.text = trim_stop(request.text, request.params.stop)
+            last = request.output_ids[-1]
+            request.text, request.stop_reason = cut_stop(request.text, last, request.params)
 
     def fail(self, request: Request, cause: BaseException) -> None:
         """A fault in `request`'s own work: it ends with reason "error" and the error says

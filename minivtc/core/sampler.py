@@ -1,4 +1,4 @@
-"""Next-token choice from logits: greedy, temperature, top-k, top-p, each request seeded.
+"""Next-token choice from logits: greedy, temperature, top-k, top-p, min-p, each request seeded.
 
 Owns: `sample()` (what a caller may ask for, `SamplingParams`, is `params.py`'s). Greedy rows are
 one batched argmax; sampled rows each draw from their own `torch.Generator`, so a request's
@@ -63,11 +63,13 @@ def sample_row(logits: Tensor, p: SamplingParams, gen: torch.Generator | None) -
     # NaN; shifted, the others go to -inf and the distribution is the argmax, as it should be.
     logits = logits.cpu().double()  # (V,)
     probs = torch.softmax((logits - logits.max()) / p.temperature, dim=-1)  # (V,)
-    if p.top_k:
+    if p.top_k > 0:  # (0 and vLLM's -1: no cut)
         kth = torch.topk(probs, min(p.top_k, probs.numel())).values[-1]
         probs = torch.where(probs >= kth, probs, 0.0)  # (V,)
     if p.top_p < 1:
         probs = top_p_filter(probs, p.top_p)  # (V,)
+    if p.min_p > 0:  # keep tokens at least min_p times as likely as the likeliest
+        probs = torch.where(probs >= p.min_p * probs.max(), probs, 0.0)  # (V,)
     return int(torch.multinomial(probs / probs.sum(), 1, generator=gen))
 
 
