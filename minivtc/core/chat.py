@@ -5,12 +5,13 @@ as a list of text parts joined into one string, the `developer` role read as `sy
 `prompt_ids`: the Llama-2 chat format (`Tokenizer.chat_ids`), or a Jinja chat template as
 Hugging Face writes them (`tokenizer_config.json`'s `chat_template`, vLLM's `--chat-template`):
 rendered with `messages`, `bos_token`, `eos_token` and `add_generation_prompt`, then tokenized
-with no BOS of its own (the template writes it). Images, audio and tool calls are not supported
+with "<s>" and "</s>" read as BOS and EOS (the template writes them). Images, audio and tool calls are not supported
 (a Llama-2 engine): a part of another type is refused by name. Lesson 8.
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -65,7 +66,20 @@ def prompt_ids(
             raise ValueError("Llama-2's chat format always ends in a generation prompt")
         return tokenizer.chat_ids(messages)
     text = render(load_template(chat_template), messages, tokenizer, add_generation_prompt)
-    return tokenizer.encode(text, bos=False)
+    return encode_with_specials(tokenizer, text)
+
+
+def encode_with_specials(tokenizer: Tokenizer, text: str) -> list[int]:
+    """A rendered template's ids: "<s>" and "</s>" in it are BOS and EOS (as a Hugging Face
+    tokenizer reads them), the text between them is encoded with no BOS of its own."""
+    specials = {tokenizer.sp.id_to_piece(t): t for t in (tokenizer.bos_id, tokenizer.eos_id)}
+    ids: list[int] = []
+    for chunk in re.split(f"({'|'.join(map(re.escape, specials))})", text):
+        if chunk in specials:
+            ids.append(specials[chunk])
+        elif chunk:
+            ids += tokenizer.encode(chunk, bos=False)
+    return ids
 
 
 def load_template(chat_template: str) -> str:

@@ -68,8 +68,8 @@ def sample_row(logits: Tensor, p: SamplingParams, gen: torch.Generator | None) -
         probs = torch.where(probs >= kth, probs, 0.0)  # (V,)
     if p.top_p < 1:
         probs = top_p_filter(probs, p.top_p)  # (V,)
-    if p.min_p > 0:  # keep tokens at least min_p times as likely as the likeliest
-        probs = torch.where(probs >= p.min_p * probs.max(), probs, 0.0)  # (V,)
+    if p.min_p > 0:
+        probs = min_p_filter(probs, p.min_p)  # (V,)
     return int(torch.multinomial(probs / probs.sum(), 1, generator=gen))
 
 
@@ -79,3 +79,9 @@ def top_p_filter(probs: Tensor, top_p: float) -> Tensor:
     mass_before = sorted_probs.cumsum(0) - sorted_probs  # (V,) mass of strictly likelier tokens
     sorted_probs[mass_before >= top_p] = 0.0  # the most likely token always survives
     return torch.zeros_like(probs).scatter(0, order, sorted_probs)  # (V,)
+
+
+def min_p_filter(probs: Tensor, min_p: float) -> Tensor:
+    """Keep the tokens at least `min_p` times as likely as the likeliest (Nguyen et al., 2024:
+    the cut scales with the model's confidence)."""
+    return torch.where(probs >= min_p * probs.max(), probs, 0.0)  # (V,)
