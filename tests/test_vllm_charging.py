@@ -32,7 +32,7 @@ def test_n_samples_are_charged_as_n_separate_requests():
     one.generate(PROMPT, SamplingParams(**{**EACH.__dict__, "n": 3}), use_tqdm=False)
     many.generate([PROMPT] * 3, EACH, use_tqdm=False)
     num_prompt = len(one.tokenizer.encode(PROMPT))
-    # w_p = 1 per prompt token, w_q = 2 per output token (the paper's weights): 3 prompts, 15 outputs
+    # w_p = 1 per prompt token, w_q = 2 per output token (the paper's): 3 prompts, 15 outputs
     assert counter(one) == counter(many) == 3 * num_prompt + 2 * 3 * EACH.max_tokens
 
 
