@@ -121,7 +121,7 @@ def decoded(
     """Logprobs with each token's text filled in (the runner has no tokenizer)."""
     if positions is None or tokenizer is None:
         return positions
-    piece = lambda t: tokenizer.decode([t], skip_special_tokens=False)
+    piece = tokenizer.token_text
     return [
         None
         if entry is None

@@ -49,7 +49,7 @@ def test_greedy_tokens_logprobs_and_prompt_logprobs_equal_transformers(llm, hf):
             assert set(entry) == set(row.topk(3).indices.tolist()) | {token}
             for t, got in entry.items():
                 assert got.logprob == pytest.approx(float(row[t]), abs=1e-4)
-                assert got.decoded_token == llm.tokenizer.decode([t], skip_special_tokens=False)
+                assert got.decoded_token == llm.tokenizer.token_text(t)
             total += float(row[token])
         assert done.cumulative_logprob == pytest.approx(total, abs=1e-3)
         assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == n

@@ -58,6 +58,15 @@ class Tokenizer:
                 run.append(t)
         return "".join(runs) + self.sp.decode(run)
 
+    def token_text(self, token: int) -> str:
+        """One token's own text, its leading space kept (SentencePiece's "▁"), as logprobs show
+        it: a generation's tokens joined spell its text. A byte token may be part of a character
+        (U+FFFD alone); BOS and EOS are "<s>" and "</s>"."""
+        if self.sp.is_byte(token):
+            return self.sp.decode([token])
+        piece = self.sp.id_to_piece(token)
+        return piece if self.sp.is_control(token) else piece.replace("\u2581", " ")
+
     # Hugging Face's names, which vLLM users reach through `LLM.get_tokenizer()`
     bos_token_id = property(lambda self: self.bos_id)
     eos_token_id = property(lambda self: self.eos_id)

@@ -2,8 +2,8 @@
 
 Owns `completion_logprobs` (the legacy completions shape: parallel lists `tokens`,
 `token_logprobs`, `top_logprobs`, `text_offset`) and `chat_logprobs` (chat's: one object per
-token with its `bytes` and `top_logprobs`). A token's text is its own decode (special tokens
-written out), as vLLM's server writes it. Lesson 8.
+token with its `bytes` and `top_logprobs`). A token's text is `Tokenizer.token_text` (its
+leading space kept), so a completion's tokens joined spell its text. Lesson 8.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ Entry = dict[int, Logprob]  # the chosen token first, then the top k
 
 
 def piece(tokenizer: Tokenizer, token: int) -> str:
-    return tokenizer.decode([token], skip_special_tokens=False)
+    return tokenizer.token_text(token)
 
 
 def top(entry: Entry, k: int) -> list[tuple[int, Logprob]]:

@@ -119,12 +119,13 @@ def abort_all(loop: EngineLoop, choices: list[Choice]) -> None:
             loop.abort(c.stream.request.request_id)
 
 
-def usage_of(choices: list[Choice]) -> dict:
-    """The prompt tokens once per prompt (its samples share it), every completion's tokens."""
+def usage_of(choices: list[Choice], counts: list[int] | None = None) -> dict:
+    """The prompt tokens once per prompt (its samples share it), every completion's tokens
+    (`counts`: those streamed so far; the engine may be steps ahead of the stream)."""
     firsts = {c.prompt_index: c.stream.request for c in reversed(choices)}
     return usage(
         sum(r.num_prompt for r in firsts.values()),
-        sum(c.stream.request.num_output for c in choices),
+        sum(counts) if counts else sum(c.stream.request.num_output for c in choices),
         sum(r.num_cached for r in firsts.values()),
     )
 
@@ -158,7 +159,7 @@ async def sse(loop: EngineLoop, choices: list[Choice], reply: Reply) -> AsyncIte
             chunk = reply.shape.head(streaming=True)
             chunk["choices"] = [reply.shape.choice(text, reason, True, k == 0, c.index, logprobs)]
             if reply.include_usage or reply.continuous_usage:
-                chunk["usage"] = usage_of(choices) if reply.continuous_usage else None
+                chunk["usage"] = usage_of(choices, counts) if reply.continuous_usage else None
             yield event(chunk)
         if reply.include_usage:
             yield event(
