@@ -231,7 +231,8 @@ async def metrics(http: Request):
     state: ServerState = http.app.state.minivtc
     if not identify(state, http, None).admin:
         raise APIError(403, "/metrics needs an admin key", kind="permission_error")
-    text = await asyncio.to_thread(prometheus_text, await snapshot(state))
+    snap = await snapshot(state)
+    text = await asyncio.to_thread(prometheus_text, snap, model_name=state.model_name)
     return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 
