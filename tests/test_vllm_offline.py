@@ -131,3 +131,18 @@ def test_vllm_dtype_names(dtype):
     want = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float16": torch.float16}
     want["half"] = torch.float16
     assert llm.model.embed_tokens.weight.dtype == want.get(dtype, torch.float32)
+
+
+def test_gpu_memory_utilization_sizes_the_pool_from_free_device_memory(monkeypatch):
+    """vLLM's rule on CUDA (no device here: the driver's answer is stood in for): the process
+    may use 90% of the device; 40 of 100 GB are in use; 5% stays for activations."""
+    from minivtc.llm_args import VLLMArgs, pool_bytes
+
+    gb = 10**9
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (60 * gb, 100 * gb))
+    assert pool_bytes(0.9, torch.device("cuda")) == 45 * gb
+    args = VLLMArgs(gpu_memory_utilization=0.9)
+    assert args.engine_keywords(torch.device("cuda")) == {"kv_bytes": 45 * gb}
+    assert args.engine_keywords(torch.device("cpu")) == {}  # a CPU: the pool is kv_tokens
+    with pytest.raises(ValueError, match="no room for the KV pool"):
+        pool_bytes(0.4, torch.device("cuda"))

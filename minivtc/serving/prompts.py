@@ -94,6 +94,27 @@ def check_length(room: PromptRoom, num_chars: int, param: str) -> None:
         )
 
 
+def completion_inputs(
+    room: PromptRoom, tokenizer: Tokenizer, body: CompletionBody
+) -> tuple[list[list[int]], list[str] | None]:
+    """Each prompt's token ids, every one checked (a long text refused before tokenizing it),
+    and with `echo` each prompt's text, to show before its completion (token ids: their
+    decode)."""
+    prompts = completion_prompts(body.prompt)
+    check_fan_out(len(prompts) * body.n)
+    ids = []
+    for p in prompts:
+        if isinstance(p, list):
+            check_ids(tokenizer, p)
+            ids.append(p)
+        else:
+            check_length(room, len(p), "prompt")
+            ids.append(tokenizer.encode(p))
+    if not body.echo:
+        return ids, None
+    return ids, [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts]
+
+
 def completion_prompts(prompt) -> list[str | list[int]]:
     """OpenAI's prompt forms as a list of prompts: a string, token ids, or a list of either."""
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):

@@ -53,10 +53,8 @@ from minivtc.serving.prompts import (
     PromptRoom,
     chat_body,
     check_fan_out,
-    check_ids,
-    check_length,
     completion_body,
-    completion_prompts,
+    completion_inputs,
     sampling_params,
 )
 from minivtc.serving.streaming import respond
@@ -149,19 +147,8 @@ async def completions(http: Request):
     body = await asyncio.to_thread(completion_body, await http.body())  # off the event loop
     caller = identify(state, http, body.user)
     check_unsupported(body, state.model_name, state.aliases)
-    prompts = completion_prompts(body.prompt)
-    check_fan_out(len(prompts) * body.n)
-    ids = []
-    for p in prompts:
-        if isinstance(p, list):
-            check_ids(state.tokenizer, p)
-            ids.append(p)
-        else:
-            check_length(state.room, len(p), "prompt")
-            ids.append(await asyncio.to_thread(state.tokenizer.encode, p))
-    echoes = None
-    if body.echo:  # the prompt's text before the completion (token ids: their decode)
-        echoes = [p if isinstance(p, str) else state.tokenizer.decode(p) for p in prompts]
+    # every prompt checked before any is queued; tokenized off the event loop
+    ids, echoes = await asyncio.to_thread(completion_inputs, state.room, state.tokenizer, body)
     params = sampling_params(body, body.max_tokens or 16, body.logprobs)
     return await respond(
         state.loop,
