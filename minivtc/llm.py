@@ -16,10 +16,11 @@ the queue that as many separate requests would not: the scheduler orders them as
 
 from __future__ import annotations
 
+import inspect
 import random
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ from minivtc.core.sampler import SamplingParams
 from minivtc.core.scheduler import Scheduler
 from minivtc.core.tokenizer import Tokenizer
 from minivtc.core.weights import bundled_weights_dir, load_model
-from minivtc.llm_args import VLLMArgs, resolve_dtype
+from minivtc.llm_args import VLLMArgs, check_known, resolve_dtype
 from minivtc.llm_inputs import Prompt, Sample, plan
 from minivtc.llm_outputs import CompletionOutput, RequestOutput, request_output
 
@@ -53,6 +54,9 @@ VLLM_ONLY = (
     "quantization",
     "trust_remote_code",
     "swap_space",
+    "disable_log_stats",
+    "tokenizer_mode",
+    "kv_cache_dtype",
 )
 
 DEFAULT_KV_TOKENS = 10000  # the pool of the paper's A10G experiments (Section 5)
@@ -121,6 +125,13 @@ def build_engine(
     )
 
 
+# minivtc's own keywords LLM passes on: build_engine's, and the EngineOptions it builds
+ENGINE_KEYWORDS = {
+    *inspect.signature(build_engine).parameters,
+    *(f.name for f in fields(EngineOptions)),
+} - {"model", "tokenizer", "engine_options"}
+
+
 def context_positions(model_positions: int, max_model_len: int | None) -> int:
     if max_model_len is None:
         return model_positions
@@ -155,6 +166,7 @@ class LLM:
         seed: int | None = None,
         **engine_options: Any,
     ) -> None:
+        check_known(set(engine_options), ENGINE_KEYWORDS | set(VLLM_ONLY))
         args = VLLMArgs(
             tokenizer=tokenizer,
             max_model_len=max_model_len,

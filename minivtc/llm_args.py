@@ -36,6 +36,9 @@ class VLLMArgs:
     quantization: str | None = None
     trust_remote_code: bool = False  # nothing of a checkpoint's is ever run: means nothing
     swap_space: float | None = None  # vLLM's CPU swap GiB; preemption="swap" holds host copies
+    disable_log_stats: bool = True  # minivtc logs no stats either way
+    tokenizer_mode: str = "auto"  # the SentencePiece tokenizer is the only one
+    kv_cache_dtype: str = "auto"  # the KV pool has the weights' dtype
 
     def __post_init__(self) -> None:
         for name in ("tensor_parallel_size", "pipeline_parallel_size"):
@@ -43,6 +46,9 @@ class VLLMArgs:
                 raise ValueError(f"{name}={getattr(self, name)}: minivtc runs on one device")
         if self.quantization is not None:
             raise ValueError(f"quantization={self.quantization!r} is not supported")
+        for name in ("tokenizer_mode", "kv_cache_dtype"):
+            if getattr(self, name) != "auto":
+                raise ValueError(f"{name}={getattr(self, name)!r}: only 'auto' here")
         util = self.gpu_memory_utilization
         if util is not None and not 0 < util <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {util}")
@@ -70,6 +76,24 @@ class VLLMArgs:
                 f"tokenizer={str(self.tokenizer)!r}: minivtc reads the tokenizer.model of the "
                 "model directory; give no tokenizer, or the model directory"
             )
+
+
+# vLLM's arguments for what minivtc does not do: each refused with its reason
+UNSUPPORTED = {
+    "max_num_batched_tokens": "chunked prefill is not supported: a step prefills whole prompts",
+    "enable_chunked_prefill": "chunked prefill is not supported: a step prefills whole prompts",
+    "enable_lora": "LoRA adapters are not supported",
+    "speculative_config": "speculative decoding is not supported",
+    "cpu_offload_gb": "weights are not offloaded: they live on the device",
+    "task": "only generation is supported",
+}
+
+
+def check_known(given: set[str], known: set[str]) -> None:
+    """Refuse, before loading anything, an argument that means nothing here, naming why."""
+    for name in sorted(given - known):
+        why = UNSUPPORTED.get(name, "not a vLLM argument minivtc reads, nor one of its own")
+        raise ValueError(f"LLM({name}=...): {why}")
 
 
 def resolve_dtype(dtype: str | torch.dtype, checkpoint: Path, device: torch.device):

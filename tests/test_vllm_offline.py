@@ -93,6 +93,7 @@ def test_vllm_constructor_arguments():
         trust_remote_code=True,
         swap_space=4,
         tensor_parallel_size=1,
+        disable_log_stats=True,
         tokenizer=str(BUNDLED_WEIGHTS),
         seed=0,
     )
@@ -118,6 +119,9 @@ def test_a_seed_makes_a_run_reproducible():
         ({"max_model_len": 4096}, "more than the model's context"),
         ({"dtype": "float8"}, "unknown dtype"),
         ({"tokenizer": "/elsewhere"}, "reads the tokenizer.model of the model directory"),
+        ({"max_num_batched_tokens": 512}, "chunked prefill is not supported"),
+        ({"kv_cache_dtype": "fp8"}, "only 'auto' here"),
+        ({"max_tokenz": 5}, r"LLM\(max_tokenz=...\): not a vLLM argument"),
     ],
 )
 def test_arguments_with_no_meaning_here_are_clear_errors(kwargs, message):
