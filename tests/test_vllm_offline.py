@@ -63,6 +63,11 @@ def test_chat_with_a_jinja_chat_template(llm, tmp_path):
     path.write_text(template)
     [out] = llm.chat(CHAT, GREEDY, chat_template=str(path), use_tqdm=False)
     assert out.prompt_token_ids == ids
+    with pytest.raises(ValueError, match="not valid Jinja"):
+        llm.chat(CHAT, GREEDY, chat_template="{% for m in messages %}")
+    with pytest.raises(ValueError, match="failed on these messages"):  # the sandbox says no
+        llm.chat(CHAT, GREEDY, chat_template="{{ messages.__class__.__mro__ }}")
+    assert not llm.engine.requests
 
 
 def test_the_tokenizer_has_hugging_faces_common_surface(llm):

@@ -83,15 +83,25 @@ def encode_with_specials(tokenizer: Tokenizer, text: str) -> list[int]:
 
 
 def load_template(chat_template: str) -> str:
-    """vLLM's `--chat-template`: a file's path, else the template itself."""
+    """vLLM's `--chat-template`: a file's path, else the template itself; ValueError if it
+    is not a Jinja template (so a server refuses it at start, not at its first chat)."""
+    from jinja2 import TemplateSyntaxError
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    text = chat_template
     if "{" not in chat_template and Path(chat_template).is_file():
-        return Path(chat_template).read_text()
-    return chat_template
+        text = Path(chat_template).read_text()
+    try:
+        ImmutableSandboxedEnvironment().parse(text)
+    except TemplateSyntaxError as e:
+        raise ValueError(f"the chat template is not valid Jinja: {e}") from None
+    return text
 
 
 def render(template: str, messages: list[dict[str, str]], tokenizer: Tokenizer, gen: bool) -> str:
     """Render a Hugging Face chat template, sandboxed as `transformers` does (a template is
     data from whoever wrote it: no attribute access beyond the sandbox's)."""
+    from jinja2 import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
     def raise_exception(message: str) -> None:
@@ -99,9 +109,12 @@ def render(template: str, messages: list[dict[str, str]], tokenizer: Tokenizer, 
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
-    return env.from_string(template).render(
-        messages=messages,
-        bos_token=tokenizer.sp.id_to_piece(tokenizer.bos_id),
-        eos_token=tokenizer.sp.id_to_piece(tokenizer.eos_id),
-        add_generation_prompt=gen,
-    )
+    try:
+        return env.from_string(template).render(
+            messages=messages,
+            bos_token=tokenizer.sp.id_to_piece(tokenizer.bos_id),
+            eos_token=tokenizer.sp.id_to_piece(tokenizer.eos_id),
+            add_generation_prompt=gen,
+        )
+    except TemplateError as e:  # (the sandbox's refusals are TemplateErrors too)
+        raise ValueError(f"the chat template failed on these messages: {e}") from None
