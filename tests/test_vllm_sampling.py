@@ -115,6 +115,13 @@ def test_stop_token_ids_end_with_their_token_named(llm):
     first = plain.token_ids.index(NEWLINE)
     assert stopped.token_ids == plain.token_ids[: first + 1]  # the stop token is an output
     assert stopped.finish_reason == "stop" and stopped.outputs[0].stop_reason == NEWLINE
+    tok = llm.get_tokenizer()
+    text = tok.decode(stopped.prompt_token_ids + stopped.token_ids)[len(PROMPTS[1]) :]
+    assert stopped.text == text.removesuffix("\n")  # its text is not shown, as in vLLM
+    params = SamplingParams(
+        temperature=0, max_tokens=12, stop_token_ids=[NEWLINE], include_stop_str_in_output=True
+    )
+    assert llm.generate(PROMPTS[1], params, use_tqdm=False)[0].text == text  # unless asked
 
 
 def test_a_natural_eos_is_finish_reason_stop_with_no_stop_reason(llm):

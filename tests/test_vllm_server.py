@@ -65,7 +65,9 @@ def test_a_prompt_list_with_echo_and_stop_token_ids(url, offline):
         echo=True,
         extra_body={"stop_token_ids": [13], "include_stop_str_in_output": True},
     )
-    sp = SamplingParams(temperature=0, max_tokens=8, stop_token_ids=[13])
+    sp = SamplingParams(
+        temperature=0, max_tokens=8, stop_token_ids=[13], include_stop_str_in_output=True
+    )
     want = offline.generate(prompts, sp, use_tqdm=False)
     assert [c.text for c in got.choices] == [p + w.text for p, w in zip(prompts, want, strict=True)]
     assert [c.finish_reason for c in got.choices] == [w.finish_reason for w in want]

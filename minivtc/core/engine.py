@@ -307,8 +307,9 @@ class Engine:
         if detok is not None:
             request.text += detok.flush()
         if reason == "stop":
-            last = request.output_ids[-1]
-            request.text, request.stop_reason = cut_stop(request.text, last, request.params)
+            before = detok.text_before_last() if detok else request.text
+            cut = cut_stop(request.text, before, request.output_ids[-1], request.params)
+            request.text, request.stop_reason = cut
 
     def fail(self, request: Request, cause: BaseException) -> None:
         """A fault in `request`'s own work: it ends with reason "error" and the error says

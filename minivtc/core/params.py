@@ -179,13 +179,17 @@ def trim_stop(text: str, stop: tuple[str, ...]) -> str:
     return text[:cut]
 
 
-def cut_stop(text: str, last_token: int, params: SamplingParams) -> tuple[str, str | int]:
+def cut_stop(
+    text: str, before_last: str, last_token: int, params: SamplingParams
+) -> tuple[str, str | int]:
     """A generation ended by "stop": the text to return and what stopped it (vLLM's
     `stop_reason`: the stop string, or the token id of `stop_token_ids`). The text ends before
-    the earliest stop string, or after it with `include_stop_str_in_output`."""
+    the earliest stop string, or after it with `include_stop_str_in_output`; a stop token's
+    own text is dropped likewise (`before_last`: the text without the last token's), as vLLM
+    does."""
     found = [(text.find(s), s) for s in params.stop if s in text]
-    if not found:  # a stop token (its text, if it has any, stays: vLLM drops it)
-        return text, last_token
+    if not found:  # a stop token
+        return (text if params.include_stop_str_in_output else before_last), last_token
     start, stop = min(found)
     end = start + len(stop) if params.include_stop_str_in_output else start
     return text[:end], stop

@@ -172,6 +172,12 @@ class Detokenizer:
         self.text += rest
         return rest
 
+    def text_before_last(self) -> str:
+        """The generated text without the last token's (a stop token's, which is not shown)."""
+        start = max(0, self.prompt_len - 5)
+        head = self.tokenizer.decode(self.ids[start : self.prompt_len])
+        return self.tokenizer.decode(self.ids[start:-1])[len(head) :]
+
     def full_text(self) -> str:
         """The generated tokens' text, decoded in one go: what all deltas joined must equal."""
         start = max(0, self.prompt_len - 5)
