@@ -23,15 +23,22 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # type checkers and editors see the real names
     from minivtc.core.sampler import SamplingParams
     from minivtc.llm import LLM
+    from minivtc.llm_outputs import CompletionOutput, RequestOutput
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
 
-# exported name: the module that defines it
-EXPORTS = {"LLM": "minivtc.llm", "SamplingParams": "minivtc.core.sampler"}
+# exported name: the module that defines it (vLLM's top-level names)
+EXPORTS = {
+    "LLM": "minivtc.llm",
+    "SamplingParams": "minivtc.core.sampler",
+    "RequestOutput": "minivtc.llm_outputs",
+    "CompletionOutput": "minivtc.llm_outputs",
+}
 
 
 def __getattr__(name: str) -> object:
-    """`minivtc.LLM` and `minivtc.SamplingParams`, imported when first asked for."""
+    """`minivtc.LLM`, `minivtc.SamplingParams` and the output types, imported when first
+    asked for."""
     if name not in EXPORTS:
         raise AttributeError(f"module 'minivtc' has no attribute {name!r}")
     return getattr(importlib.import_module(EXPORTS[name]), name)

@@ -150,13 +150,9 @@ def body(kind=CompletionBody, **fields):
 
 
 REFUSED = {
-    "n": {"n": 2},
     "stream_options": {"stream_options": {"include_usage": True}},  # without stream: true
-    "presence_penalty": {"presence_penalty": 0.5},
-    "frequency_penalty": {"frequency_penalty": -1.0},
-    "logprobs": {"logprobs": 1},
     "logit_bias": {"logit_bias": {"42": 1.0}},
-    "echo": {"echo": True},
+    "echo": {"echo": True, "logprobs": 1},  # echo with logprobs: prompt logprobs
     "best_of": {"best_of": 2},
     "suffix": {"suffix": "."},
 }
@@ -175,17 +171,20 @@ def test_what_the_server_does_not_do_is_refused_by_name(param, fields):
         {},
         {"model": MODEL},
         {"n": 1},
+        {"n": 3, "best_of": 3},
         {"stream": True, "stream_options": {"include_usage": True}},
-        {"presence_penalty": 0.0, "frequency_penalty": 0.0},
-        {"logprobs": False},
-        {"logprobs": 0},
+        {"stream": True, "stream_options": {"continuous_usage_stats": True}},
+        {"presence_penalty": 0.5, "frequency_penalty": -1.0, "repetition_penalty": 1.2},
+        {"logprobs": 2},
+        {"echo": True},
         {"logit_bias": {}},
-        {"echo": False},
         {"best_of": 1},
         {"suffix": ""},
+        {"min_tokens": 2, "min_p": 0.1, "top_k": -1, "stop_token_ids": [13]},
+        {"skip_special_tokens": False, "include_stop_str_in_output": True},
     ],
 )
-def test_the_harmless_values_of_those_fields_are_accepted(fields):
+def test_vllms_fields_and_the_harmless_values_of_the_others_are_accepted(fields):
     check_unsupported(body(**fields), MODEL)
 
 
@@ -195,8 +194,8 @@ def test_another_model_is_404_and_chat_bodies_are_checked_too():
     assert (e.value.status, e.value.code, e.value.param) == (404, "model_not_found", "model")
     assert "'gpt-4' does not exist" in e.value.message and MODEL in e.value.message
     check_unsupported(body(ChatBody), MODEL)  # no echo, best_of, suffix fields at all
-    with pytest.raises(APIError, match="n > 1"):
-        check_unsupported(body(ChatBody, n=3), MODEL)
+    check_unsupported(body(ChatBody, n=3, logprobs=True, top_logprobs=2), MODEL)
+    check_unsupported(body(model="an-alias"), MODEL, ("an-alias",))
 
 
 def test_completion_objects_are_what_the_openai_client_parses():

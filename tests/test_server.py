@@ -168,6 +168,7 @@ def test_client_identity_header_then_user_then_default(server):
 TOO_LONG_FOR_CONTEXT = [1] + [200] * 2100
 TOO_LONG_FOR_POOL = [1] + [200] * 1500  # fits the 2048 context, not the 1024-token pool
 
+IMAGE_CHAT = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}
 BAD_INPUT = [  # (what, path, raw body, status, param)
     ("malformed JSON", "/v1/completions", b'{"prompt": "x",', 400, None),
     ("prompt of the wrong type", "/v1/completions", {"prompt": 5}, 400, "prompt"),
@@ -206,11 +207,13 @@ BAD_INPUT = [  # (what, path, raw body, status, param)
     ("empty prompt", "/v1/completions", {"prompt": []}, 400, "prompt"),
     ("token id outside the vocabulary", "/v1/completions", {"prompt": [1, 99999]}, 400, "prompt"),
     ("unknown model", "/v1/completions", {"prompt": "x", "model": "gpt-4"}, 404, "model"),
-    ("n > 1", "/v1/completions", {"prompt": "x", "n": 2}, 400, "n"),
+    ("n > 16", "/v1/completions", {"prompt": "x", "n": 17}, 400, "n"),
+    ("n x prompts > 16", "/v1/completions", {"prompt": ["x"] * 4, "n": 5}, 400, "n"),
     ("temperature > 2", "/v1/completions", {"prompt": "x", "temperature": 3}, 400, "temperature"),
     ("top_p = 0", "/v1/completions", {"prompt": "x", "top_p": 0}, 400, "top_p"),
     ("empty stop sequence", "/v1/completions", {"prompt": "x", "stop": [""]}, 400, "stop"),
-    ("logprobs (unsupported)", "/v1/completions", {"prompt": "x", "logprobs": 3}, 400, "logprobs"),
+    ("logprobs > 20", "/v1/completions", {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    ("an image part", "/v1/chat/completions", IMAGE_CHAT, 400, "messages.0.content.0.type"),
     ("chat without messages", "/v1/chat/completions", {"messages": []}, 400, "messages"),
     (
         "chat ending with the assistant",

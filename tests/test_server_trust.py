@@ -483,7 +483,7 @@ def test_soak_mixed_load_with_disconnects_and_bad_input(plain):
         ({"prompt": "x", "seed": -5}, 400),
         ({"prompt": 5}, 400),
         ({"prompt": "x", "user": "u" * 200}, 400),
-        ({"prompt": "x", "n": 3}, 400),
+        ({"prompt": "x", "n": 17}, 400),
     ]
 
     async def client(http: httpx.AsyncClient, c: int) -> tuple[int, int, int]:

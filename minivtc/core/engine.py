@@ -103,6 +103,7 @@ class Engine:
         """Queue a request, or raise `RequestRejected` and change nothing. `arrival_time`: now,
         or a trace's; `cache_salt`: a prefix cache shares blocks only within one salt."""
         prompt_ids = encode(prompt, self.tokenizer)
+        params = params.with_max_tokens(self.max_model_len - len(prompt_ids))  # None: the room
         request_id = request_id if request_id is not None else f"req-{next(self.ids)}"
         if request_id in self.requests:
             raise RequestRejected(f"request id {request_id!r} is already in use")

@@ -28,11 +28,30 @@ class RequestRejected(ValueError):
 
 
 def encode(prompt: str | list[int], tokenizer: Tokenizer | None) -> list[int]:
+    """The prompt as token ids: a text (tokenized with BOS) or a list of ids, each an int in the
+    vocabulary. Anything else is refused here: an id the embedding cannot look up would fail
+    the shared forward pass of every request in the step, not this request alone."""
     if isinstance(prompt, str):
         if tokenizer is None:
             raise RequestRejected("this engine has no tokenizer: pass token ids")
         return tokenizer.encode(prompt)
+    if not isinstance(prompt, (list, tuple)):
+        raise RequestRejected(
+            f"a prompt is a string or a list of token ids, got {type(prompt).__name__}",
+            param="prompt",
+        )
+    if tokenizer is not None:  # a real model (the simulator's ids index nothing)
+        check_ids(prompt, tokenizer.vocab_size)
     return prompt if isinstance(prompt, list) else list(prompt)  # never mutated: no copy
+
+
+def check_ids(ids: list[int] | tuple[int, ...], vocab_size: int) -> None:
+    # bool is an int to Python, never a token id
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        bad = next(t for t in ids if not isinstance(t, int) or isinstance(t, bool))
+        raise RequestRejected(f"token ids must be ints, got {bad!r}", param="prompt")
+    if ids and not (0 <= min(ids) and max(ids) < vocab_size):
+        raise RequestRejected(f"token ids must be in [0, {vocab_size})", param="prompt")
 
 
 def validate(
@@ -46,6 +65,8 @@ def validate(
     one whose prompt + max_tokens could never fit in the KV pool (`max_model_len`: the
     smaller of the two, `Engine.max_model_len`)."""
     total = len(prompt_ids) + params.max_tokens
+    if params.n != 1:  # the front doors (`LLM.generate`, the server) make n requests of one
+        raise RequestRejected("an engine request is one sample: give n=1", param="n")
     if not prompt_ids:
         raise RequestRejected(
             "the prompt is empty: it needs one token at least", "invalid", "prompt"

@@ -58,6 +58,12 @@ class Request:
     finish_time: float | None = None
     finish_reason: str | None = None  # "eos" | "length" | "stop" | "abort" | "error"
     error: str | None = None  # why serving this request failed (finish_reason "error")
+    stop_reason: str | int | None = None  # finish_reason "stop": the stop string or token id
+    # params.logprobs / prompt_logprobs: per position, token id -> Logprob (`logprobs.py`),
+    # written by the runner from the forward pass that sampled (or read) the token
+    logprobs: list[dict] | None = None
+    prompt_logprobs: list[dict | None] | None = None
+    cumulative_logprob: float | None = None  # the sum of the sampled tokens' logprobs
 
     @property
     def num_prompt(self) -> int:

@@ -26,7 +26,9 @@ import torch
 
 from minivtc.core.attention import AttentionGroup, PagedAttention, attend_group
 from minivtc.core.kv_pool import BlockAllocator, KVPool
+from minivtc.core.logprobs import record_prompt, record_sampled
 from minivtc.core.model import Llama
+from minivtc.core.penalties import penalize
 from minivtc.core.request import Request
 from minivtc.core.sampler import sample_each
 
@@ -92,25 +94,38 @@ class ModelRunner:
         slots: list[int] = []
         last_rows: list[int] = []
         groups: list[AttentionGroup] = []
+        prompt_rows: list[int] = []  # prompt_logprobs: the rows of those prompts, in order
         for group in (prefill, decode):
             if group:
                 groups.append(
                     build_group(group, len(tokens), allocator, self.compiled, self.device)
                 )
             for r in group:
+                if wants_prompt_logprobs(r):  # every prompt row but the last (sampled below)
+                    prompt_rows += range(
+                        len(tokens), len(tokens) + r.num_prompt - r.num_computed - 1
+                    )
                 tokens += r.uncomputed_ids()
                 positions += range(r.num_computed, r.num_tokens)
                 slots += allocator.slots(r.request_id, r.num_computed, r.num_tokens)
                 last_rows.append(len(tokens) - 1)
         as_tensor = functools.partial(torch.tensor, dtype=torch.long, device=self.device)
         attention = PagedAttention(self.pool.k, self.pool.v, as_tensor(slots), groups, self.attend)
-        logits = self.model(
-            as_tensor(tokens), as_tensor(positions), attention, as_tensor(last_rows)
-        )
-        generators = [self.generators[r.request_id] for r in ordered]
-        sampled = sample_each(logits, [r.params for r in ordered], generators)
+        rows = as_tensor(last_rows + prompt_rows)
+        logits = self.model(as_tensor(tokens), as_tensor(positions), attention, rows)  # (N + P, V)
+        read_prompt_logprobs(logits[len(ordered) :], ordered)
+        sampled = self.sample(logits[: len(ordered)], ordered)
         by_id = {r.request_id: t for r, t in zip(ordered, sampled, strict=True)}
         return [by_id[r.request_id] for r in requests]
+
+    def sample(self, logits: torch.Tensor, requests: list[Request]) -> list[int | Exception]:
+        """One token per row (a request's last position): its penalties applied, sampled, and
+        the logprobs it asked for read off the model's own logits."""
+        processed = penalize(logits, requests, self.model.config.eos_id)
+        generators = [self.generators[r.request_id] for r in requests]
+        sampled = sample_each(processed, [r.params for r in requests], generators)
+        record_sampled(logits, requests, sampled)
+        return sampled
 
     def release(self, request: Request) -> None:
         """The request is gone: drop its random generator (and its keys and values if it was
@@ -146,6 +161,26 @@ class ModelRunner:
         if request.request_id not in self.generators:
             self.generators[request.request_id] = request.params.generator()
         return self.generators[request.request_id]
+
+
+def wants_prompt_logprobs(request: Request) -> bool:
+    """Its first prefill, and it asked for prompt logprobs (a recomputation reads none again)."""
+    return (
+        request.params.prompt_logprobs is not None
+        and request.prompt_logprobs is None
+        and request.num_computed < request.num_prompt
+    )
+
+
+def read_prompt_logprobs(logits: torch.Tensor, requests: list[Request]) -> None:
+    """Hand each prefilling request that asked for them its rows of `logits` (P, V), in the
+    order `ModelRunner.forward` laid them out."""
+    start = 0
+    for r in requests:
+        if wants_prompt_logprobs(r):
+            n = r.num_prompt - r.num_computed - 1
+            record_prompt(logits[start : start + n], r, r.num_computed)
+            start += n
 
 
 def build_group(

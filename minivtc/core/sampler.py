@@ -1,4 +1,4 @@
-"""Next-token choice from logits: greedy, temperature, top-k, top-p, each request seeded.
+"""Next-token choice from logits: greedy, temperature, top-k, top-p, min-p, each request seeded.
 
 Owns: `sample()` (what a caller may ask for, `SamplingParams`, is `params.py`'s). Greedy rows are
 one batched argmax; sampled rows each draw from their own `torch.Generator`, so a request's
@@ -63,11 +63,13 @@ def sample_row(logits: Tensor, p: SamplingParams, gen: torch.Generator | None) -
     # NaN; shifted, the others go to -inf and the distribution is the argmax, as it should be.
     logits = logits.cpu().double()  # (V,)
     probs = torch.softmax((logits - logits.max()) / p.temperature, dim=-1)  # (V,)
-    if p.top_k:
+    if p.top_k > 0:  # (0 and vLLM's -1: no cut)
         kth = torch.topk(probs, min(p.top_k, probs.numel())).values[-1]
         probs = torch.where(probs >= kth, probs, 0.0)  # (V,)
     if p.top_p < 1:
         probs = top_p_filter(probs, p.top_p)  # (V,)
+    if p.min_p > 0:
+        probs = min_p_filter(probs, p.min_p)  # (V,)
     return int(torch.multinomial(probs / probs.sum(), 1, generator=gen))
 
 
@@ -77,3 +79,9 @@ def top_p_filter(probs: Tensor, top_p: float) -> Tensor:
     mass_before = sorted_probs.cumsum(0) - sorted_probs  # (V,) mass of strictly likelier tokens
     sorted_probs[mass_before >= top_p] = 0.0  # the most likely token always survives
     return torch.zeros_like(probs).scatter(0, order, sorted_probs)  # (V,)
+
+
+def min_p_filter(probs: Tensor, min_p: float) -> Tensor:
+    """Keep the tokens at least `min_p` times as likely as the likeliest (Nguyen et al., 2024:
+    the cut scales with the model's confidence)."""
+    return torch.where(probs >= min_p * probs.max(), probs, 0.0)  # (V,)

@@ -3,7 +3,7 @@ flushed at the end, the stop sequence cut.
 
 Owns `Texts`, one detokenizer per live request (`tokenizer.Detokenizer`: SentencePiece pieces
 join into text only once a whole character is there). The stop rules themselves (`stop_reason`,
-`trim_stop`; `releasable`, what `StepOutput.take` may hand out) are `params.py`'s. An
+`cut_stop`; `releasable`, what `StepOutput.take` may hand out) are `params.py`'s. An
 engine without a tokenizer (the simulator) keeps token ids only: no text. Lesson 3.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from minivtc.core.params import trim_stop
+from minivtc.core.params import cut_stop
 from minivtc.core.request import Request
 
 if TYPE_CHECKING:
@@ -41,8 +41,10 @@ class Texts:
         detok = self.detokenizers.get(request.request_id)
         if detok is not None:
             request.text += detok.flush()
-        if reason == "stop":
-            request.text = trim_stop(request.text, request.params.stop)
+        if reason == "stop":  # a stop string or token: cut, or kept (vLLM's include_stop_str)
+            before = detok.text_before_last() if detok else request.text
+            cut = cut_stop(request.text, before, request.output_ids[-1], request.params)
+            request.text, request.stop_reason = cut
 
     def close(self, request: Request) -> None:
         self.detokenizers.pop(request.request_id, None)

@@ -37,14 +37,66 @@ class Tokenizer:
         self.eos_id: int = self.sp.eos_id()
         self.vocab_size: int = self.sp.vocab_size()
 
-    def encode(self, text: str, bos: bool = True) -> list[int]:
+    def encode(
+        self, text: str, bos: bool = True, add_special_tokens: bool | None = None
+    ) -> list[int]:
+        """Token ids of `text`, BOS first (`add_special_tokens`: Hugging Face's name for `bos`)."""
+        bos = bos if add_special_tokens is None else add_special_tokens
         ids: list[int] = self.sp.encode(text)
         return ([self.bos_id] if bos else []) + ids
 
-    def decode(self, ids: list[int]) -> str:
-        """Text of `ids`; BOS and EOS are control tokens and decode to nothing."""
-        text: str = self.sp.decode(ids)
-        return text
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids`; BOS and EOS are control tokens and decode to nothing, or with
+        `skip_special_tokens=False` to their pieces ("<s>", "</s>"), as Hugging Face's do."""
+        if skip_special_tokens:
+            text: str = self.sp.decode(list(ids))
+            return text
+        runs, run = [], []
+        for t in ids:
+            if self.sp.is_control(t):
+                runs += [self.sp.decode(run), self.sp.id_to_piece(t)]
+                run = []
+            else:
+                run.append(t)
+        return "".join(runs) + self.sp.decode(run)
+
+    def token_text(self, token: int) -> str:
+        """One token's own text, its leading space kept (SentencePiece's "▁"), as logprobs show
+        it: a generation's tokens joined spell its text. A byte token may be part of a character
+        (U+FFFD alone); BOS and EOS are "<s>" and "</s>"."""
+        if self.sp.is_byte(token):
+            return self.sp.decode([token])
+        piece = self.sp.id_to_piece(token)
+        return piece if self.sp.is_control(token) else piece.replace("\u2581", " ")
+
+    # Hugging Face's names, which vLLM users reach through `LLM.get_tokenizer()`
+    bos_token_id = property(lambda self: self.bos_id)
+    eos_token_id = property(lambda self: self.eos_id)
+    pad_token_id = None  # Llama-2 has none
+
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict:
+        """`{"input_ids": ..., "attention_mask": ...}` of a text or a list of texts."""
+        if isinstance(text, str):
+            ids = self.encode(text, add_special_tokens)
+            return {"input_ids": ids, "attention_mask": [1] * len(ids)}
+        ids = [self.encode(t, add_special_tokens) for t in text]
+        return {"input_ids": ids, "attention_mask": [[1] * len(i) for i in ids]}
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    def apply_chat_template(
+        self,
+        conversation: list[dict],
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        tokenize: bool = True,
+    ) -> list[int] | str:
+        """The chat prompt's ids (`tokenize=True`) or text (with "<s>"/"</s>" written out)."""
+        from minivtc.core.chat import prompt_ids
+
+        ids = prompt_ids(self, conversation, chat_template, add_generation_prompt)
+        return ids if tokenize else self.decode(ids, skip_special_tokens=False)
 
     def detokenizer(self, prompt_ids: list[int] | None = None) -> Detokenizer:
         return Detokenizer(self, list(prompt_ids or []))
@@ -121,6 +173,12 @@ class Detokenizer:
         rest = self.full_text()[len(self.text) :]
         self.text += rest
         return rest
+
+    def text_before_last(self) -> str:
+        """The generated text without the last token's (a stop token's, which is not shown)."""
+        start = max(0, self.prompt_len - 5)
+        head = self.tokenizer.decode(self.ids[start : self.prompt_len])
+        return self.tokenizer.decode(self.ids[start:-1])[len(head) :]
 
     def full_text(self) -> str:
         """The generated tokens' text, decoded in one go: what all deltas joined must equal."""

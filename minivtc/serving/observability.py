@@ -26,6 +26,7 @@ from prometheus_client.core import (
 )
 
 from minivtc.core.cost import W_P, W_Q
+from minivtc.serving.vllm_metrics import vllm_families
 
 OTHER = "(other)"  # the label of every client outside the top N, and of forgotten ones
 TOP_CLIENTS = 50
@@ -102,9 +103,10 @@ def fairness_view(snap: Snapshot, only: str | None = None) -> dict:
     return {"scheduler": snap.scheduler, "kv": kv, "clients": clients}
 
 
-def prometheus_text(snap: Snapshot, top: int = TOP_CLIENTS) -> bytes:
+def prometheus_text(snap: Snapshot, top: int = TOP_CLIENTS, model_name: str = "") -> bytes:
+    """minivtc's series, then vLLM's names for what both report (`vllm_metrics.py`)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(Families(list(families(snap, top))))
+    registry.register(Families([*families(snap, top), *vllm_families(snap, model_name)]))
     return generate_latest(registry)
 
 

@@ -21,11 +21,12 @@ from typing import Annotated, Literal, TypeVar
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from minivtc.core.params import MAX_SEED
+from minivtc.core.params import MAX_LOGPROBS, MAX_SEED
 
 MAX_CLIENT_ID_CHARS = 128  # a client id is a name, not a payload: longer ones are refused
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort"}
 ECHO_CHARS = 200  # an error message quotes at most this much of what the caller sent
+MAX_N = 16  # completions one request may ask for (n, or prompts in a list): each is a request
 
 
 def valid_unicode(text: str) -> str:
@@ -45,49 +46,85 @@ Text = Annotated[str, AfterValidator(valid_unicode)]
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's: usage so far in every chunk
 
 
 class Sampling(BaseModel):
-    """Fields shared by both endpoints. `top_k` and `ignore_eos` are vLLM's extensions."""
+    """Fields shared by both endpoints: OpenAI's, and vLLM's extensions (`top_k`, `min_p`,
+    `repetition_penalty`, `min_tokens`, `stop_token_ids`, `ignore_eos`, `skip_special_tokens`,
+    `include_stop_str_in_output`), with `SamplingParams`' meanings."""
 
     model_config = ConfigDict(extra="forbid", strict=True)
     model: Text | None = None
     max_tokens: int | None = Field(default=None, ge=1)
     temperature: float = Field(default=1.0, ge=0.0, le=2.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
-    top_k: int = Field(default=0, ge=0)
+    top_k: int = Field(default=0, ge=-1)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     # (an empty stop sequence is refused by name when the params are built: `sampling_params`)
     stop: Text | Annotated[list[Text], Field(max_length=4)] | None = None
+    stop_token_ids: Annotated[list[Annotated[int, Field(ge=0)]], Field(max_length=64)] | None = None
     seed: int | None = Field(default=None, ge=0, le=MAX_SEED)  # 64-bit, as vLLM checks
-    n: int = Field(default=1, ge=1)
+    n: int = Field(default=1, ge=1, le=MAX_N)
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: Text | None = None
     ignore_eos: bool = False
+    presence_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(default=0.0, ge=-2.0, le=2.0)
+    repetition_penalty: float = Field(default=1.0, gt=0.0, le=2.0)
+    min_tokens: int = Field(default=0, ge=0)
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     # Accepted at their defaults only (a non-default value is a clear 400, not silently ignored).
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
-    logprobs: bool | int | None = None
     logit_bias: dict[str, float] | None = None
 
 
 class CompletionBody(Sampling):
-    prompt: Text | list[int] | list[Text]
+    prompt: (
+        Text
+        | list[int]
+        | Annotated[list[Text], Field(min_length=1, max_length=MAX_N)]
+        | (Annotated[list[list[int]], Field(min_length=1, max_length=MAX_N)])
+    )
     echo: bool = False
+    logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
     best_of: int | None = None
     suffix: Text | None = None
 
 
+def text_only(kind: str) -> str:
+    if kind != "text":
+        raise ValueError(f"a {clip(kind)!r} part is not supported: text only (a Llama-2 model)")
+    return kind
+
+
+class TextPart(BaseModel):
+    """A part of a message's content: this server reads text parts only."""
+
+    model_config = ConfigDict(extra="allow", strict=True)  # (an image's fields: refused by type)
+    type: Annotated[str, AfterValidator(text_only)]
+    text: Text | None = None  # (required of a text part: `Message.text` says so)
+
+
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
-    role: Literal["system", "user", "assistant"]
-    content: Text
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text | list[TextPart]
     name: Text | None = None
+
+    @property
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.text for part in self.content)
 
 
 class ChatBody(Sampling):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(default=None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
 
 Body = TypeVar("Body", bound=Sampling)
@@ -118,9 +155,10 @@ def validate(kind: type[Body], data: dict) -> Body:
 
 
 def check_roles(messages: list[Message]) -> None:
-    """Llama-2's chat template: one optional system message, then user and assistant turns
-    alternating, ending with a user turn. The first message out of place is named."""
-    start = 1 if messages[0].role == "system" else 0
+    """Llama-2's chat template: one optional system (or developer) message, then user and
+    assistant turns alternating, ending with a user turn. The first message out of place is
+    named."""
+    start = 1 if messages[0].role in ("system", "developer") else 0
     if start == len(messages):
         raise APIError(400, "a system message must be followed by a user message", "messages")
     for i, m in enumerate(messages[start:], start):
@@ -199,29 +237,22 @@ def validation_error(errors) -> APIError:
     return APIError(400, f"invalid value for '{param}': {message}", param)
 
 
-def check_unsupported(body: Sampling, model_name: str) -> None:
-    """Refuse what this server does not do, rather than silently ignoring it."""
-    if body.model is not None and body.model != model_name:
+def check_unsupported(body: Sampling, model_name: str, aliases: tuple[str, ...] = ()) -> None:
+    """Refuse what this server does not do, rather than silently ignoring it. `aliases`: other
+    names the model answers to (vLLM's `--served-model-name` takes several)."""
+    if body.model is not None and body.model not in (model_name, *aliases):
         raise APIError(
             404,
             f"the model '{clip(body.model)}' does not exist; this server serves '{model_name}'",
             "model",
             "model_not_found",
         )
-    if body.n != 1:
-        raise APIError(400, "n > 1 is not supported: send one request per completion", "n")
     if body.stream_options is not None and not body.stream:
         raise APIError(400, "stream_options is only allowed with stream: true", "stream_options")
+    if getattr(body, "echo", False) and getattr(body, "logprobs", None) is not None:
+        raise APIError(400, "echo with logprobs (prompt logprobs) is not supported", "echo")
     # Accepted only at a value that changes nothing: anything else is refused, never ignored.
-    harmless = {
-        "presence_penalty": (0.0,),
-        "frequency_penalty": (0.0,),
-        "logprobs": (None, False, 0),
-        "logit_bias": (None, {}),
-        "echo": (False,),
-        "best_of": (None, 1),
-        "suffix": (None, ""),
-    }
+    harmless = {"logit_bias": (None, {}), "best_of": (None, 1, body.n), "suffix": (None, "")}
     for name, allowed in harmless.items():
         if getattr(body, name, allowed[0]) not in allowed:
             raise APIError(400, f"'{name}' is not supported by this server", name)
@@ -245,8 +276,16 @@ class ChunkShape:
             kind = "chat.completion.chunk"
         return {"id": self.request_id, "object": kind, "created": self.created, "model": self.model}
 
-    def choice(self, text: str, finish_reason: str | None, streaming: bool, first: bool) -> dict:
-        choice: dict = {"index": 0, "logprobs": None, "finish_reason": finish_reason}
+    def choice(
+        self,
+        text: str,
+        finish_reason: str | None,
+        streaming: bool,
+        first: bool,
+        index: int = 0,
+        logprobs: dict | None = None,
+    ) -> dict:
+        choice: dict = {"index": index, "logprobs": logprobs, "finish_reason": finish_reason}
         if not self.chat:
             choice["text"] = text
         elif streaming:

@@ -17,6 +17,7 @@ from minivtc.core.engine import Engine
 from minivtc.core.params import SamplingParams
 from minivtc.core.tokenizer import Tokenizer
 from minivtc.serving.openai_api import (
+    MAX_N,
     APIError,
     ChatBody,
     CompletionBody,
@@ -76,7 +77,7 @@ def chat_body(room: PromptRoom, raw: bytes) -> ChatBody:
         )
     body = validate(ChatBody, data)
     check_roles(body.messages)
-    check_length(room, sum(len(m.content) for m in body.messages), "messages")
+    check_length(room, sum(len(m.text) for m in body.messages), "messages")
     return body
 
 
@@ -93,16 +94,60 @@ def check_length(room: PromptRoom, num_chars: int, param: str) -> None:
         )
 
 
-def sampling_params(body: Sampling, max_tokens: int) -> SamplingParams:
+def completion_inputs(
+    room: PromptRoom, tokenizer: Tokenizer, body: CompletionBody
+) -> tuple[list[list[int]], list[str] | None]:
+    """Each prompt's token ids, every one checked (a long text refused before tokenizing it),
+    and with `echo` each prompt's text, to show before its completion (token ids: their
+    decode)."""
+    prompts = completion_prompts(body.prompt)
+    check_fan_out(len(prompts) * body.n)
+    ids = []
+    for p in prompts:
+        if isinstance(p, list):
+            check_ids(tokenizer, p)
+            ids.append(p)
+        else:
+            check_length(room, len(p), "prompt")
+            ids.append(tokenizer.encode(p))
+    if not body.echo:
+        return ids, None
+    return ids, [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts]
+
+
+def completion_prompts(prompt) -> list[str | list[int]]:
+    """OpenAI's prompt forms as a list of prompts: a string, token ids, or a list of either."""
+    if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
+        return [prompt]
+    return list(prompt) if prompt else [prompt]
+
+
+def check_fan_out(count: int) -> None:
+    if count > MAX_N:
+        raise APIError(400, f"{count} completions in one request: at most {MAX_N}", "n")
+
+
+def check_ids(tokenizer: Tokenizer, prompt: list[int]) -> None:
+    vocab = tokenizer.vocab_size
+    if any(not 0 <= t < vocab for t in prompt):
+        raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
+
+
+def sampling_params(body: Sampling, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    """The body's sampling fields as `SamplingParams` (vLLM's meanings); a value they refuse is
+    a 400 naming it."""
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if any(not s for s in stop):
         raise APIError(400, "stop sequences must be non-empty strings", "stop")
+    if body.min_tokens > max_tokens:
+        raise APIError(400, f"min_tokens must be <= max_tokens ({max_tokens})", "min_tokens")
+    fields = ("temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos", "n")
+    fields += ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens")
+    fields += ("skip_special_tokens", "include_stop_str_in_output")
     return SamplingParams(
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
         max_tokens=max_tokens,
         stop=stop,
-        seed=body.seed,
-        ignore_eos=body.ignore_eos,
+        stop_token_ids=tuple(body.stop_token_ids or ()),
+        logprobs=logprobs,
+        **{name: getattr(body, name) for name in fields},
     )

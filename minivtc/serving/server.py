@@ -39,19 +39,22 @@ from dataclasses import dataclass
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
+from minivtc.core import chat
 from minivtc.core.engine import Engine
 from minivtc.core.tokenizer import Tokenizer
 from minivtc.serving.api_keys import Caller, Gate, weights_of
 from minivtc.serving.connections import Limits
 from minivtc.serving.door import Door, add_error_handlers
 from minivtc.serving.engine_loop import EngineLoop
+from minivtc.serving.info_routes import add_info_routes
 from minivtc.serving.observability import fairness_view, prometheus_text
 from minivtc.serving.openai_api import APIError, check_unsupported
 from minivtc.serving.prompts import (
     PromptRoom,
     chat_body,
-    check_length,
+    check_fan_out,
     completion_body,
+    completion_inputs,
     sampling_params,
 )
 from minivtc.serving.streaming import respond
@@ -66,6 +69,12 @@ class ServerState:
     gate: Gate
     room: PromptRoom  # how much one request may hold
     limits: Limits  # what one connection may cost (uvicorn's settings are made from it)
+    aliases: tuple[str, ...] = ()  # the model's other names (vLLM's --served-model-name)
+    chat_template: str | None = None  # a Jinja chat template (None: Llama-2's format)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.model_name, *self.aliases)
 
 
 def make_app(
@@ -77,6 +86,8 @@ def make_app(
     limits: Limits | None = None,
     on_fatal=None,
     forget_every_s: float = 10.0,
+    aliases: tuple[str, ...] = (),
+    chat_template: str | None = None,
 ) -> FastAPI:
     """The app over `engine` (which it starts on a thread at startup and stops at shutdown).
 
@@ -94,6 +105,8 @@ def make_app(
         gate,
         PromptRoom.of(engine, tokenizer),
         limits,
+        tuple(aliases),
+        chat.load_template(chat_template) if chat_template else None,
     )
     app = FastAPI(
         title="minivtc",
@@ -105,7 +118,7 @@ def make_app(
     app.add_middleware(Door, gate=state.gate, limits=limits)
     app.post("/v1/completions")(completions)
     app.post("/v1/chat/completions")(chat_completions)
-    app.get("/v1/models")(models)
+    add_info_routes(app)  # /v1/models, /v1/models/{id}, /tokenize, /detokenize, /version, /ping
     app.get("/health")(health)
     app.get("/fairness")(fairness)
     app.get("/metrics", response_class=Response)(metrics)
@@ -133,23 +146,21 @@ async def completions(http: Request):
     state: ServerState = http.app.state.minivtc
     body = await asyncio.to_thread(completion_body, await http.body())  # off the event loop
     caller = identify(state, http, body.user)
-    check_unsupported(body, state.model_name)
-    prompt = body.prompt
-    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
-        if len(prompt) != 1:
-            raise APIError(400, "one prompt per request is supported", "prompt")
-        prompt = prompt[0]
-    if isinstance(prompt, list):
-        vocab = state.tokenizer.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
-        prompt_ids = prompt
-    else:
-        check_length(state.room, len(prompt), "prompt")
-        prompt_ids = await asyncio.to_thread(state.tokenizer.encode, prompt)
-    params = sampling_params(body, body.max_tokens or 16)
+    check_unsupported(body, state.model_name, state.aliases)
+    # every prompt checked before any is queued; tokenized off the event loop
+    ids, echoes = await asyncio.to_thread(completion_inputs, state.room, state.tokenizer, body)
+    params = sampling_params(body, body.max_tokens or 16, body.logprobs)
     return await respond(
-        state.loop, state.model_name, http, body, prompt_ids, params, caller, chat=False
+        state.loop,
+        state.model_name,
+        http,
+        body,
+        ids,
+        params,
+        caller,
+        False,
+        state.tokenizer,
+        echoes,
     )
 
 
@@ -157,26 +168,32 @@ async def chat_completions(http: Request):
     state: ServerState = http.app.state.minivtc
     body = await asyncio.to_thread(chat_body, state.room, await http.body())  # off the loop
     caller = identify(state, http, body.user)
-    check_unsupported(body, state.model_name)
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    prompt_ids = await asyncio.to_thread(state.tokenizer.chat_ids, messages)
+    check_unsupported(body, state.model_name, state.aliases)
+    check_fan_out(body.n)
+    messages = [{"role": m.role, "content": m.text} for m in body.messages]
+    try:
+        prompt_ids = await asyncio.to_thread(
+            chat.prompt_ids, state.tokenizer, messages, state.chat_template
+        )
+    except ValueError as e:  # (the template refused them)
+        raise APIError(400, str(e), "messages") from None
     room = state.room.tokens - len(prompt_ids)
     max_tokens = body.max_completion_tokens or body.max_tokens or max(room, 1)
-    params = sampling_params(body, max_tokens)
+    logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    if body.top_logprobs is not None and not body.logprobs:
+        raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+    params = sampling_params(body, max_tokens, logprobs)
     return await respond(
-        state.loop, state.model_name, http, body, prompt_ids, params, caller, chat=True
+        state.loop,
+        state.model_name,
+        http,
+        body,
+        [prompt_ids],
+        params,
+        caller,
+        True,
+        state.tokenizer,
     )
-
-
-async def models(http: Request):
-    state: ServerState = http.app.state.minivtc
-    card = {
-        "id": state.model_name,
-        "object": "model",
-        "created": state.created,
-        "owned_by": "minivtc",
-    }
-    return {"object": "list", "data": [card]}
 
 
 async def health(http: Request):
@@ -201,7 +218,8 @@ async def metrics(http: Request):
     state: ServerState = http.app.state.minivtc
     if not identify(state, http, None).admin:
         raise APIError(403, "/metrics needs an admin key", kind="permission_error")
-    text = await asyncio.to_thread(prometheus_text, await snapshot(state))
+    snap = await snapshot(state)
+    text = await asyncio.to_thread(prometheus_text, snap, model_name=state.model_name)
     return Response(text, media_type="text/plain; version=0.0.4; charset=utf-8")
 
 

@@ -1,9 +1,13 @@
 """How a request's outputs reach its caller: one SSE event per token, or one whole response.
 
-Owns: `respond` (queue the request on the engine loop, then stream or collect), the SSE event
-stream and the collector, and what a client that goes away does (its request is aborted at
-once, its KV blocks freed). A request that failed alone ends its stream with one error event (an
-OpenAI error object), or its response with a 500. Does not own routes (`server.py`). Lesson 8.
+Owns: `respond` (queue the request's completions on the engine loop, then stream or collect),
+the SSE event stream and the collector, and what a client that goes away does (its requests
+are aborted at once, their KV blocks freed). A body may ask for several completions, `n` of
+each prompt in a list (OpenAI's choice `index` is prompt * n + sample): each is an engine
+request of the caller's client, scheduled and charged as a separate request would be (`llm.py`
+says how), and a stream interleaves their chunks as their tokens come. A request that failed
+alone ends its stream with one error event (an OpenAI error object), or its response with a
+500. Does not own routes (`server.py`). Lesson 8.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -20,9 +25,34 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from minivtc.core.engine import RequestRejected
 from minivtc.core.params import SamplingParams
 from minivtc.core.request import StepOutput
+from minivtc.core.tokenizer import Tokenizer
+from minivtc.llm_inputs import sample_params
 from minivtc.serving.api_keys import Caller
 from minivtc.serving.engine_loop import EngineLoop, Stream
+from minivtc.serving.logprob_format import chat_logprobs, completion_logprobs
 from minivtc.serving.openai_api import FINISH_REASONS, APIError, ChunkShape, Sampling, usage
+
+
+@dataclass(frozen=True)
+class Choice:
+    """One completion of the response: its engine request's stream, and the prompt text
+    to show before it (`echo`)."""
+
+    index: int
+    prompt_index: int
+    stream: Stream
+    echo: str = ""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What every chunk of one response shares: its shape, and what it reports."""
+
+    shape: ChunkShape
+    tokenizer: Tokenizer
+    top_logprobs: int | None  # None: no logprobs asked for
+    include_usage: bool = False
+    continuous_usage: bool = False
 
 
 async def respond(
@@ -30,32 +60,75 @@ async def respond(
     model_name: str,
     http: Request,
     body: Sampling,
-    prompt_ids: list[int],
+    prompts: list[list[int]],
     params: SamplingParams,
     caller: Caller,
     chat: bool,
+    tokenizer: Tokenizer,
+    echoes: list[str] | None = None,
 ):
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
+    choices = await queue_all(loop, prompts, params, caller, request_id, echoes)
+    options = body.stream_options
+    reply = Reply(
+        ChunkShape(request_id, model_name, int(time.time()), chat),
+        tokenizer,
+        params.logprobs,
+        include_usage=options is not None and options.include_usage,
+        continuous_usage=options is not None and options.continuous_usage_stats,
+    )
+    if body.stream:
+        return StreamingResponse(sse(loop, choices, reply), media_type="text/event-stream")
+    return await collect(loop, http, choices, reply)
+
+
+async def queue_all(
+    loop: EngineLoop,
+    prompts: list[list[int]],
+    params: SamplingParams,
+    caller: Caller,
+    request_id: str,
+    echoes: list[str] | None,
+) -> list[Choice]:
+    """Every completion queued, or none: a refusal takes back those queued before it."""
+    choices: list[Choice] = []
     try:
-        stream = await loop.add(prompt_ids, params, caller.client, request_id, caller.cache_salt)
+        for i, ids in enumerate(prompts):
+            for k in range(params.n):
+                one = sample_params(params, k, params.max_tokens or 1)
+                index = i * params.n + k
+                rid = request_id if index == 0 else f"{request_id}-{index}"
+                stream = await loop.add(ids, one, caller.client, rid, caller.cache_salt)
+                choices.append(Choice(index, i, stream, echoes[i] if echoes else ""))
     except RequestRejected as e:
+        abort_all(loop, choices)
         if e.kind == "rate_limited":
             raise APIError(429, e.reason, None, "rate_limit_exceeded", "requests") from None
         raise APIError(400, e.reason, e.param, "context_length_exceeded") from None
     except RuntimeError as e:  # the engine loop is dead
+        abort_all(loop, choices)
         raise APIError(503, str(e), kind="server_error") from None
-    shape = ChunkShape(request_id, model_name, int(time.time()), chat)
-    if body.stream:
-        include_usage = body.stream_options is not None and body.stream_options.include_usage
-        return StreamingResponse(
-            sse(loop, stream, shape, include_usage), media_type="text/event-stream"
-        )
-    return await collect(loop, http, stream, shape)
+    except BaseException:
+        abort_all(loop, choices)
+        raise
+    return choices
 
 
-def usage_of(stream: Stream) -> dict:
-    r = stream.request
-    return usage(r.num_prompt, r.num_output, r.num_cached)
+def abort_all(loop: EngineLoop, choices: list[Choice]) -> None:
+    for c in choices:
+        if not c.stream.request.is_finished:
+            loop.abort(c.stream.request.request_id)
+
+
+def usage_of(choices: list[Choice], counts: list[int] | None = None) -> dict:
+    """The prompt tokens once per prompt (its samples share it), every completion's tokens
+    (`counts`: those streamed so far; the engine may be steps ahead of the stream)."""
+    firsts = {c.prompt_index: c.stream.request for c in reversed(choices)}
+    return usage(
+        sum(r.num_prompt for r in firsts.values()),
+        sum(counts) if counts else sum(c.stream.request.num_output for c in choices),
+        sum(r.num_cached for r in firsts.values()),
+    )
 
 
 async def next_output(stream: Stream) -> StepOutput:
@@ -67,61 +140,116 @@ async def next_output(stream: Stream) -> StepOutput:
     return item
 
 
-async def sse(
-    loop: EngineLoop, stream: Stream, shape: ChunkShape, include_usage: bool
-) -> AsyncIterator[str]:
-    """One `data:` event per generated token (text may be empty while a character is
-    incomplete or a stop sequence might be starting), then usage if asked, then [DONE]."""
-    finished, first = False, True
+async def sse(loop: EngineLoop, choices: list[Choice], reply: Reply) -> AsyncIterator[str]:
+    """One `data:` event per generated token of any choice (text may be empty while a
+    character is incomplete or a stop sequence might be starting), then usage if asked, then
+    [DONE]."""
+    counts = [0] * len(choices)  # tokens seen per choice
+    sent = [len(c.echo) for c in choices]  # characters sent per choice (for text_offset)
     try:
-        while not finished:
+        async for i, out in merged(choices):
+            if isinstance(out, APIError):
+                yield event(out.body())
+                return
+            c, k = choices[i], counts[i]
+            counts[i] += 1
+            text = (c.echo if k == 0 else "") + out.text_delta
+            reason = FINISH_REASONS.get(out.finish_reason or "") if out.finished else None
+            logprobs = chunk_logprobs(reply, c, k, sent[i] - len(c.echo) * (k == 0))
+            sent[i] += len(out.text_delta)
+            chunk = reply.shape.head(streaming=True)
+            chunk["choices"] = [reply.shape.choice(text, reason, True, k == 0, c.index, logprobs)]
+            if reply.include_usage or reply.continuous_usage:
+                chunk["usage"] = usage_of(choices, counts) if reply.continuous_usage else None
+            yield event(chunk)
+        if reply.include_usage:
+            yield event(
+                {**reply.shape.head(streaming=True), "choices": [], "usage": usage_of(choices)}
+            )
+        yield "data: [DONE]\n\n"
+    finally:  # the client went away, a choice failed or the loop died: free the blocks now
+        abort_all(loop, choices)
+
+
+async def merged(choices: list[Choice]) -> AsyncIterator[tuple[int, StepOutput | APIError]]:
+    """The choices' outputs as they come, until every one has finished (or one failed)."""
+    queue: asyncio.Queue = asyncio.Queue()
+
+    async def pump(i: int, stream: Stream) -> None:
+        while True:
             try:
                 out = await next_output(stream)
             except APIError as e:
-                finished = True  # the engine has already let it go
-                yield event(e.body())
+                await queue.put((i, e))
                 return
-            finished = out.finished
-            reason = FINISH_REASONS.get(out.finish_reason or "") if finished else None
-            chunk = shape.head(streaming=True)
-            chunk["choices"] = [shape.choice(out.text_delta, reason, True, first)]
-            if include_usage:
-                chunk["usage"] = None
-            first = False
-            yield event(chunk)
-        if include_usage:
-            yield event({**shape.head(streaming=True), "choices": [], "usage": usage_of(stream)})
-        yield "data: [DONE]\n\n"
+            await queue.put((i, out))
+            if out.finished:
+                return
+
+    tasks = [asyncio.create_task(pump(i, c.stream)) for i, c in enumerate(choices)]
+    try:
+        for _ in range(len(choices)):  # each finishes once (or fails once)
+            while True:
+                i, out = await queue.get()
+                yield i, out
+                if isinstance(out, APIError):
+                    return
+                if out.finished:
+                    break
     finally:
-        if not finished:  # the client went away (or the loop died): free its blocks now
-            loop.abort(stream.request.request_id)
+        for task in tasks:
+            task.cancel()
+
+
+def chunk_logprobs(reply: Reply, choice: Choice, k: int, offset: int) -> dict | None:
+    """The logprobs of choice's token k, as one chunk carries them."""
+    if reply.top_logprobs is None:
+        return None
+    request = choice.stream.request
+    tokens, entries = request.output_ids[k : k + 1], (request.logprobs or [])[k : k + 1]
+    return format_logprobs(reply, tokens, entries, offset + len(choice.echo))
+
+
+def format_logprobs(reply: Reply, tokens: list[int], entries: list, offset: int) -> dict:
+    if reply.shape.chat:
+        return chat_logprobs(reply.tokenizer, tokens, entries, reply.top_logprobs)
+    return completion_logprobs(reply.tokenizer, tokens, entries, reply.top_logprobs, offset)
 
 
 def event(payload: dict) -> str:
     return f"data: {json.dumps(payload, separators=(',', ':'))}\n\n"
 
 
-async def collect(loop: EngineLoop, http: Request, stream: Stream, shape: ChunkShape):
-    """Wait for the whole completion, aborting if the client disconnects meanwhile (checked
+async def collect(loop: EngineLoop, http: Request, choices: list[Choice], reply: Reply):
+    """Wait for every completion, aborting if the client disconnects meanwhile (checked
     twice a second: outputs arrive every step, so waiting for a quiet moment would not do)."""
-    finished, next_check = False, time.monotonic() + 0.5
+    next_check = time.monotonic() + 0.5
     try:
-        while not finished:
-            try:
-                finished = (await asyncio.wait_for(next_output(stream), timeout=0.5)).finished
-            except TimeoutError:
-                pass
-            if not finished and time.monotonic() >= next_check:
-                if await http.is_disconnected():
-                    return JSONResponse({}, status_code=499)  # nobody will read it
-                next_check = time.monotonic() + 0.5
-        reason = FINISH_REASONS.get(stream.request.finish_reason or "", "stop")
-        text = stream.request.text
+        for c in choices:
+            finished = False
+            while not finished:
+                try:
+                    finished = (await asyncio.wait_for(next_output(c.stream), 0.5)).finished
+                except TimeoutError:
+                    pass
+                if not finished and time.monotonic() >= next_check:
+                    if await http.is_disconnected():
+                        return JSONResponse({}, status_code=499)  # nobody will read it
+                    next_check = time.monotonic() + 0.5
         return {
-            **shape.head(streaming=False),
-            "choices": [shape.choice(text, reason, streaming=False, first=True)],
-            "usage": usage_of(stream),
+            **reply.shape.head(streaming=False),
+            "choices": [whole_choice(reply, c) for c in choices],
+            "usage": usage_of(choices),
         }
     finally:
-        if not finished:
-            loop.abort(stream.request.request_id)
+        abort_all(loop, choices)
+
+
+def whole_choice(reply: Reply, c: Choice) -> dict:
+    r = c.stream.request
+    reason = FINISH_REASONS.get(r.finish_reason or "", "stop")
+    logprobs = None
+    if reply.top_logprobs is not None:
+        logprobs = format_logprobs(reply, r.output_ids, r.logprobs or [], len(c.echo))
+    choice = reply.shape.choice(c.echo + r.text, reason, False, True, c.index, logprobs)
+    return {**choice, "stop_reason": r.stop_reason}
