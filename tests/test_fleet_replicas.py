@@ -15,7 +15,6 @@ from minivtc.harness import metrics
 from minivtc.harness.sim import simulate
 from minivtc.harness.workloads import workload
 
-
 END = 75.0  # the constructed workloads' first 75 s: both tenants backlogged from 30 s on
 
 

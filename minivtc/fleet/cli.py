@@ -40,7 +40,6 @@ def add_fleet_options(p) -> None:
 
 def run_simulate_fleet(args) -> int:
     from minivtc.fleet.runs import simulate_fleet_to_dir
-    from minivtc.harness.cli import print_summary
 
     refused = [
         flag
@@ -73,7 +72,11 @@ def run_simulate_fleet(args) -> int:
         args.seed,
         args.out,
     )
-    print_summary(summary)
+    for key, value in summary.items():  # as `harness.cli.print_summary`, then each replica
+        if not isinstance(value, dict | list):
+            print(f"{key:>22}: {value}")
+    for row in summary["per_replica"]:
+        print(f"{'replica ' + str(row['replica']):>22}: {row}")
     print(
         f"wrote {args.out}/requests.csv (with a replica column), metrics.json, service.png, gap.png"
     )
