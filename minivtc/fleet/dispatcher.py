@@ -146,18 +146,42 @@ class Dispatcher:
         """2U with M the fleet's memory (None without check_fairness)."""
         return self.fairness.gap_bound() if self.fairness is not None else None
 
+    def settle(self, request: Request, num_prompt: int, num_output: int) -> None:
+        """The backend's final `usage` corrects what was charged: a prompt the gateway
+        estimated with its own tokenizer, output counted from stream chunks. Call before
+        `on_finish`, with `request.output_ids` as long as `num_output` (else VTC's on_finish
+        would refund the difference, as for an over-prediction). A correction downwards
+        stops at the smallest waiting counter (`lower`)."""
+        vtc = self.scheduler if isinstance(self.scheduler, VTC) else None
+        if vtc is None or request.request_id not in vtc.charged:
+            return
+        _, charged = vtc.charged[request.request_id]
+        actual = vtc.cost(num_prompt, num_output)
+        vtc.charged[request.request_id] = (float(num_output), actual)
+        self.lower(vtc, request.client_id, charged - actual)
+
     def uncharge(self, request: Request) -> None:
-        """Refund the prompt charged at dispatch and requeue: as if never dispatched. The
-        counter falls no lower than the smallest waiting one (the lift's floor), so a
-        give-back cannot let a client bank service it never received (Lemma 4.3 holds)."""
+        """Refund the prompt charged at dispatch and requeue: as if never dispatched."""
         vtc = self.scheduler if isinstance(self.scheduler, VTC) else None
         if vtc is None:  # a policy without counters (FCFS) has nothing to refund
             self.scheduler.requeue(request)
             return
-        floor = vtc.lift_floor() if vtc.least.least() is not None else None
         _, service = vtc.charged.pop(request.request_id, (0.0, 0.0))
+        floor = vtc.lift_floor() if vtc.least.least() is not None else None
         vtc.charge(request.client_id, -service)
         vtc.requeue(request)  # joining an empty Q lifts it to the floor itself
-        counter, weight = vtc.counters[request.client_id], vtc.weights.get(request.client_id, 1.0)
+        self.raise_to(vtc, request.client_id, floor)
+
+    def lower(self, vtc: VTC, client: str, amount: float) -> None:
+        """Take `amount` of service off `client`'s counter (a negative amount adds it), but no
+        lower than the smallest waiting counter: a refund cannot let a client bank service it
+        never received below the others' level (the lift's reason; Lemma 4.3 holds)."""
+        floor = vtc.lift_floor() if vtc.least.least() is not None else None
+        vtc.charge(client, -amount)
+        self.raise_to(vtc, client, floor)
+
+    @staticmethod
+    def raise_to(vtc: VTC, client: str, floor: float | None) -> None:
+        counter, weight = vtc.counters[client], vtc.weights.get(client, 1.0)
         if floor is not None and counter < floor:
-            vtc.charge(request.client_id, (floor - counter) * weight)
+            vtc.charge(client, (floor - counter) * weight)

@@ -14,7 +14,10 @@ handled in time order: the next arrival, or the replica whose step ends first. T
   replica that served the prefix first, however loaded), which queues it behind its own
   `scheduler` with its own counters.
 
-The service gap is measured over the fleet (`fleet_watch.py`). Plain Python. Lesson 11.
+The dispatcher binds at the event that makes room (an arrival, a step's end) and the replica
+admits at its next step, as a backend behind an HTTP gateway would; with one replica that is
+exactly the single engine's run (a test checks it). The service gap is measured over the
+fleet (`fleet_watch.py`). Plain Python. Lesson 11.
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from minivtc.core.scheduler import FCFS
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.dispatcher import Dispatcher
 from minivtc.fleet.fleet_watch import FleetWatch
-from minivtc.fleet.routing import PrefixAware, make_route
+from minivtc.fleet.routing import make_route
 from minivtc.harness.metrics import Served
 from minivtc.harness.sim import (
     SIM_EOS,
@@ -103,7 +106,6 @@ class Fleet:
 
     def __init__(self, n, routing, route_by, scheduler, step_time, kv_tokens, weights, seed):
         # (per replica, `scheduler` runs on every engine; global, on the dispatcher)
-        self.routing, self.weights = routing, weights
         model = step_time_model(step_time)
         options = EngineOptions(reservation="full", max_running=1 << 30)
         self.replicas = []
@@ -270,6 +272,3 @@ def params_of(max_tokens: int) -> SamplingParams:
     """One SamplingParams per length, shared (as `sim.replay`'s): a request runs to its
     trace's output_tokens. (A trace's max_tokens above it is not modelled here.)"""
     return SamplingParams(max_tokens=max_tokens, ignore_eos=True)
-
-
-__all__ = ["ROUTINGS", "FleetResult", "PrefixAware", "simulate_fleet"]
