@@ -185,7 +185,7 @@ class Gateway:
     def give_back(self, request: Request, backend: Backend) -> None:
         """Refused before serving: back to the queue, uncharged (`Dispatcher.give_back`)."""
         self.counts["given_back"] += 1
-        backend.healthy = False  # until its /health says otherwise
+        backend.healthy = False  # until its /health says otherwise (then `wake`)
         self.dispatcher.give_back(request)
         self.wait(request)
 
@@ -211,6 +211,7 @@ class Gateway:
         """Every `health_every_s`: a backend is healthy while its /health answers 200."""
         while True:
             await asyncio.gather(*(self.check(b) for b in self.dispatcher.backends))
+            self.dispatcher.wake()
             self.pump()
             await asyncio.sleep(self.health_every_s)
 
