@@ -104,3 +104,19 @@ def test_simulate_replicas_refuses_what_a_replica_does_not_model(tmp_path, capsy
     args = ["simulate", "--workload", "overload", "--replicas", "2", "--out", str(tmp_path)]
     assert main([*args, "--reservation", "none"]) == 2
     assert "--reservation: not with --replicas" in capsys.readouterr().err
+
+
+def test_a_stale_view_keeps_lemma_4_3_and_the_gap_within_its_extra_term():
+    """Tokens and finishes heard 2 s late: the check (Lemma 4.3 on the counters the
+    dispatcher sees) holds after every event, and the measured gap stays within 2U + 2 w_q G,
+    G the most output tokens a client had unseen (`staleness.py`)."""
+    trace = first(FLEET_WORKLOADS["affinity"].make(2))
+    exact = simulate_fleet(trace, 2, "global", check_fairness=True, watch_backlog=True)
+    stale = simulate_fleet(
+        trace, 2, "global", check_fairness=True, watch_backlog=True, staleness=2.0
+    )
+    assert stale.result.bound > exact.result.bound == 2 * 2 * 2 * 10000
+    assert stale.result.backlogged_gap <= stale.result.bound
+    assert stale.result.backlogged_gap > exact.result.backlogged_gap  # late news costs fairness
+    with pytest.raises(ValueError, match="only with routing 'global'"):
+        simulate_fleet(trace, 2, "round-robin", staleness=1.0)

@@ -37,6 +37,16 @@ def add_fleet_options(p) -> None:
         "(default least-loaded)",
     )
 
+    p.add_argument(
+        "--staleness",
+        type=float,
+        default=0.0,
+        metavar="TAU",
+        help="with --routing global: the dispatcher hears of each replica step TAU seconds "
+        "after it ends (tokens charged, rooms freed then); the bound gains 2 w_q G, G the most "
+        "output tokens one client received unseen (default 0: an exact view)",
+    )
+
 
 def run_simulate_fleet(args) -> int:
     from minivtc.fleet.runs import simulate_fleet_to_dir
@@ -71,6 +81,7 @@ def run_simulate_fleet(args) -> int:
         args.kv_tokens,
         args.seed,
         args.out,
+        staleness=args.staleness,
     )
     for key, value in summary.items():  # as `harness.cli.print_summary`, then each replica
         if not isinstance(value, dict | list):

@@ -28,6 +28,7 @@ import math
 import time
 from dataclasses import dataclass
 
+from minivtc.core.cost import W_Q
 from minivtc.core.engine import Engine
 from minivtc.core.kv_pool import BlockAllocator
 from minivtc.core.options import EngineOptions
@@ -39,6 +40,7 @@ from minivtc.fleet.backend import Backend
 from minivtc.fleet.dispatcher import Dispatcher
 from minivtc.fleet.fleet_watch import FleetWatch
 from minivtc.fleet.routing import make_route
+from minivtc.fleet.staleness import News
 from minivtc.harness.metrics import Served
 from minivtc.harness.sim import (
     SIM_EOS,
@@ -82,8 +84,10 @@ def simulate_fleet(
     seed: int = 0,
     check_fairness: bool = False,
     watch_backlog: bool = False,
+    staleness: float = 0.0,
 ) -> FleetResult:
-    """Replay `trace` on `num_replicas` replicas of `kv_tokens` each (the module docstring)."""
+    """Replay `trace` on `num_replicas` replicas of `kv_tokens` each (the module docstring).
+    `staleness` (global): the dispatcher hears of each step that many seconds after it ends."""
     if routing not in ROUTINGS:
         raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
     if route_by not in ("least-loaded", "prefix"):
@@ -94,6 +98,9 @@ def simulate_fleet(
     if routing == "global":
         policy = make_scheduler(scheduler, weights, seed)
         fleet.dispatcher = Dispatcher(policy, fleet.backends(), fleet.route, check_fairness)
+        fleet.news = News(staleness) if staleness else None
+    elif staleness:
+        raise ValueError("staleness is the global dispatcher's view: only with routing 'global'")
     fleet.watch = FleetWatch(weights) if watch_backlog else None
     start = time.perf_counter()
     with gc_paused():  # PERF: as `simulate`: millions of objects, no cycles
@@ -128,6 +135,7 @@ class Fleet:
         self.watch: FleetWatch | None = None
         self.heap: list[tuple[float, int]] = []  # (when its step ends, replica) for busy ones
         self.now, self.steps = 0.0, 0
+        self.news: News | None = None  # a stale view (`simulate_fleet`'s staleness)
         self.arrivals: dict[str, TraceRequest] = {}  # request id -> its trace record, until done
         self.ran_on: dict[str, int] = {}  # request id -> the replica it was sent to
         self.served: list[tuple[Served, int]] = []
@@ -136,11 +144,19 @@ class Fleet:
     def run(self, trace: list[TraceRequest]) -> None:
         """Events in time order: an arrival at or before the next step's end comes first."""
         i, prefixes = 0, {}
-        while i < len(trace) or self.heap:
+        while i < len(trace) or self.heap or (self.news and self.news.queue):
             next_arrival = trace[i].arrival_s if i < len(trace) else math.inf
+            next_step = self.heap[0][0] if self.heap else math.inf
             before = self.watch.waiting() if self.watch else frozenset()
             service: dict[str, float] = {}
-            if self.heap and self.heap[0][0] < next_arrival:
+            if (
+                self.news
+                and self.news.queue
+                and self.news.next_time <= min(next_arrival, next_step)
+            ):
+                self.now = self.news.next_time
+                self.hear()
+            elif next_step < next_arrival:
                 self.now, k = heapq.heappop(self.heap)
                 service = self.step(k)
             else:
@@ -206,7 +222,9 @@ class Fleet:
         replica = self.replicas[k]
         batch = replica.engine.step()
         self.steps += 1
-        if self.dispatcher is not None:
+        if self.news is not None:  # the dispatcher hears of it `staleness` seconds later
+            self.news.post(replica.clock.now, batch)
+        elif self.dispatcher is not None:
             self.dispatcher.on_decode(batch)
         service = self.measure(batch) if self.watch else {}
         for request in batch:
@@ -232,13 +250,30 @@ class Fleet:
 
     def finish(self, request: Request, k: int) -> None:
         t = self.arrivals.pop(request.request_id)
-        if self.dispatcher is not None:
+        if self.news is not None:
+            pass  # its room is freed when the dispatcher hears of it (`hear`)
+        elif self.dispatcher is not None:
             self.dispatcher.on_finish(request)
         else:
             backend = self.replicas[k].backend
             backend.release(request.request_id)
             backend.served += 1
         self.served.append((record(request, t), k))
+
+    def hear(self) -> None:
+        """The news due now reaches the dispatcher: tokens charged, finished rooms freed."""
+        for seen, done in self.news.due(self.now):
+            self.dispatcher.on_decode(seen)
+            for request in done:
+                self.dispatcher.on_finish(request)
+
+    def bound(self) -> float | None:
+        """2U; with a stale view, 2U + 2 w_q G in counter units (`staleness.py`)."""
+        bound = self.dispatcher.gap_bound() if self.dispatcher else None
+        if bound is None or self.news is None:
+            return bound
+        check = self.dispatcher.fairness
+        return bound + 2 * W_Q * self.news.most_unseen * check.scale
 
     def result(self, trace: list[TraceRequest], wall_s: float) -> FleetResult:
         served = [s for s, _ in self.served]
@@ -252,7 +287,7 @@ class Fleet:
             wall_s=wall_s,
             steps=self.steps,
             counters={c: n for c, n in counters.items() if n is not None},
-            bound=self.dispatcher.gap_bound() if self.dispatcher else None,
+            bound=self.bound(),
             backlogged_gap=self.watch.worst if self.watch else None,
         )
         return FleetResult(sim, [k for _, k in self.served], len(self.replicas))

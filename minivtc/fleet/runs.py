@@ -30,6 +30,7 @@ def simulate_fleet_to_dir(
     kv_tokens: int,
     seed: int,
     out: str | Path,
+    staleness: float = 0.0,
 ) -> dict:
     """Simulate `replicas` replicas (arrivals scaled by the number of replicas), write the
     files to `out`; the global dispatcher asserts its bound after every event (VTC)."""
@@ -53,6 +54,7 @@ def simulate_fleet_to_dir(
         seed=seed,
         check_fairness=checked,
         watch_backlog=True,
+        staleness=staleness,
     )
     write_requests(out / "requests.csv", fleet)
     summary = summarize(
@@ -66,6 +68,7 @@ def simulate_fleet_to_dir(
         scheduler=scheduler,
         step_time=step_time,
         kv_tokens_per_replica=kv_tokens,
+        staleness_s=staleness,
         per_replica=per_replica(fleet),
     )
     # the constructed workloads' comparison window: from 30 s (both backlogged) to the horizon
