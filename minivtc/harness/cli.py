@@ -205,7 +205,8 @@ def add_reproduce(sub) -> None:
         "fig12, fig13 (13-14), fig15, fig16, table2 ... table6 (table5 includes Figure 19), "
         "validate (the simulator against the artifact's measured A10G runs), prefix_caching "
         "(what a cached prompt token should cost), fair_memory (reservation vs blocks on "
-        "demand with preemption, max_tokens 1024)",
+        "demand with preemption, max_tokens 1024), replicas (one fair dispatcher against "
+        "per-replica counters at 8 and 64 replicas, ~3 minutes)",
     )
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(run=run_reproduce)
