@@ -1,7 +1,8 @@
 """The fleet's command-line options: `minivtc simulate --replicas N --routing R --route-by B`.
 
 Owns their parsing and terminal output; `harness/cli.py`'s simulate calls in here when
---replicas is given. (`minivtc route`, the gateway, is `gateway_cli.py`'s.) Lesson 11.
+--replicas is given. (`minivtc route`, the gateway, is `gateway_cli.py`'s.)
+README: "Fair across replicas".
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`minivtc reproduce --only replicas`: fairness across replicas, global against per-replica
-counters, as a section of REPORT.md with its figures (Appendix C.3's future work, Lesson 11).
+counters, as a section of REPORT.md with its figures (Appendix C.3's future work).
 
 Owns the experiment: the two constructed workloads (`workloads.py`) at 8 replicas under the
 global dispatcher (least-loaded and prefix-aware) and the field's four routings, each replica

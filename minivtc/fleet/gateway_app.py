@@ -5,7 +5,8 @@ Owns `make_gateway` (the app over a `Gateway`, `gateway.py`), the routes (`/v1/c
 and `/metrics` say about the fleet: each client's counter, weight and requests waiting and
 running at the gateway, each backend's budget, reservation and health, and the bound. The body
 rules are the server's own (`serving/prompts.py`, `serving/openai_api.py`), the door the
-server's (`serving/door.py`), the callers the server's (`serving/api_keys.py`). Lesson 11.
+server's (`serving/door.py`), the callers the server's (`serving/api_keys.py`).
+README: "Fair across replicas".
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ baselines (`replicas.py`) pass every backend.
   stays on its replica however loaded;
 - `RoundRobin`, `Random`: the field's load-blind baselines.
 
-Plain Python. Lesson 11.
+Plain Python. README: "Fair across replicas".
 """
 
 from __future__ import annotations
