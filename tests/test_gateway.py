@@ -16,7 +16,8 @@ import time
 import httpx
 import pytest
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minivtc.core.tokenizer import Tokenizer
 from minivtc.core.vtc import VTC
@@ -32,7 +33,7 @@ from minivtc.serving.server import BackgroundServer
 BUDGET = 256  # tokens per backend: two requests of 100 output tokens each
 KEYS = {
     f"sk-{name}": Key(name, admin=name == "ops")
-    for name in ["first", "heavy", "light", "victim", "ops", "picky", "later"]
+    for name in ["first", "heavy", "light", "victim", "ops", "picky", "later", "vllm"]
 }
 ADMIN = {"authorization": "Bearer sk-ops"}
 
@@ -197,6 +198,50 @@ def refusing_backend() -> FastAPI:
     app.post("/v1/completions")(lambda: JSONResponse({"error": "busy"}, status_code=503))
     app.state.minivtc = type("S", (), {"limits": Limits()})()
     return app
+
+
+def vllm_like_backend() -> FastAPI:
+    """A stand-in speaking vLLM's shapes: text chunks with `stop_reason`, then (asked for) a
+    usage chunk with no choices whose prompt count is its own tokenizer's (here 7)."""
+    app = FastAPI()
+    app.get("/health")(lambda: Response())  # vLLM's /health: 200, empty body
+
+    async def completions(http: HTTPRequest):
+        body = await http.json()
+        head = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m"}
+
+        def chunk(text, finish):
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+            }
+            return head | {"choices": [choice]}
+
+        chunks = [chunk(t, None) for t in ("a", "b")] + [chunk("c", "length")]
+        if body.get("stream_options", {}).get("include_usage"):
+            usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+            chunks.append(head | {"choices": [], "usage": usage})
+        lines = [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
+        return StreamingResponse(iter(lines), media_type="text/event-stream")
+
+    app.post("/v1/completions")(completions)
+    app.state.minivtc = type("S", (), {"limits": Limits()})()
+    return app
+
+
+def test_a_backend_speaking_vllms_shapes_is_passed_through_and_settled_by_its_usage():
+    with BackgroundServer(vllm_like_backend()) as vllm:
+        gw = gateway_over(backends_of([f"{vllm}=1000"]))  # a budget given, not read
+        with BackgroundServer(make_gateway(gw)) as url:
+            events, _ = stream(url, "sk-vllm", 3)
+            view = fleet(url)
+    assert [e["choices"][0]["text"] for e in events] == ["a", "b", "c"]  # no usage: not asked
+    assert events[0]["choices"][0]["stop_reason"] is None  # vLLM's own fields pass through
+    assert view["clients"]["vllm"]["counter"] == 7 + 2 * 3  # its usage, not our tokenizer's
+    assert view["backends"][0]["budget"] == 1000
 
 
 def test_a_backend_answering_503_gives_the_request_back_uncharged(backends):
