@@ -256,6 +256,32 @@ def test_a_backend_answering_503_gives_the_request_back_uncharged(backends):
     assert view["clients"]["picky"]["counter"] == usage["prompt_tokens"] + 2 * 5
 
 
+def test_minivtc_route_drains_on_sigterm(backends, tmp_path):
+    """The command: budgets read from the backends; on SIGTERM a stream in flight finishes
+    whole, then the process exits."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"sk-drain": {"client": "drain"}}))
+    port = free_port()
+    args = [sys.executable, "-m", "minivtc", "route", "--port", str(port), "--api-keys", str(keys)]
+    args += [a for url, _ in backends for a in ("--backend", url)]
+    proc = subprocess.Popen(args, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while not healthy(url):
+        assert time.monotonic() < deadline and proc.poll() is None, "the gateway did not start"
+        time.sleep(0.2)
+    body = {"prompt": "Once", "max_tokens": 60, "stream": True}
+    headers = {"authorization": "Bearer sk-drain"}
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
+        lines = (line for line in r.iter_lines() if line.startswith("data:"))
+        first = next(lines)
+        proc.send_signal(signal.SIGTERM)
+        rest = list(lines)
+    assert [first, *rest][-1] == "data: [DONE]" and len([first, *rest]) == 61
+    # uvicorn re-raises the signal once its graceful shutdown is done: killed by SIGTERM, late
+    assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+
+
 def test_a_backend_killed_mid_stream_ends_only_its_requests(gateway, backends):
     body = {"prompt": "Once", "max_tokens": 200, "stream": True}
     headers = {"authorization": "Bearer sk-victim"}
