@@ -98,7 +98,10 @@ class Dispatcher:
             # after every step of every replica; 64 replicas x the real trace: see README)
             if self.stuck == (request.request_id, self.room_changes):
                 break
-            room = [b for b in self.backends if b.healthy and b.fits(request)]
+            # PERF: `Backend.fits` inlined (need computed once): the scan is half of a
+            # decision with 64 backends, and this halves it (`minivtc bench route`)
+            need = request.max_num_tokens
+            room = [b for b in self.backends if b.healthy and b.reserved + need <= b.budget]
             backend = self.route.choose(request, room)
             if backend is None:
                 self.stuck = (request.request_id, self.room_changes)
