@@ -19,7 +19,8 @@ synthetic trace of 1,000,000 short requests (64/16 tokens) from 1000 clients ins
 `--repeat N` runs each case N times, VTC and FCFS alternating, and reports the min and median.
 
 `route`: microseconds per decision of the fleet's dispatcher, 64 full backends and up to
-100,000 waiting clients (`fleet/bench.py`).
+100,000 waiting clients (`fleet/bench.py`); `route --gateway`: the gateway's added latency
+and throughput against direct requests, 8 stand-in backends x 64 streams (`fleet/bench_gateway.py`).
 
 `gpu`: builds a model of the chosen preset's shape with random weights directly on the device,
 runs the engine with compiled attention at batch 1, 16 and 64, and reports tokens/s and the
@@ -63,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-tests", action="store_true", help="gpu: skip the GPU-marked tests")
     parser.add_argument("--million", action="store_true", help="sim: a 1M-request trace")
     parser.add_argument(
+        "--gateway", action="store_true", help="route: the gateway's overhead instead"
+    )
+    parser.add_argument(
         "--repeat", type=int, default=1, help="sim: runs per case, schedulers alternating"
     )
     args = parser.parse_args(argv)
@@ -75,8 +79,9 @@ def main(argv: list[str] | None = None) -> int:
         return bench_sim(args.quick, args.million, args.repeat)
     if args.what == "route":  # the fleet's dispatcher (`fleet/bench.py`)
         from minivtc.fleet.bench import bench_route
+        from minivtc.fleet.bench_gateway import bench_gateway
 
-        return bench_route(args.quick)
+        return bench_gateway() if args.gateway else bench_route(args.quick)
     from minivtc.bench_gpu import bench_gpu  # the GPU check: its own module
 
     return bench_gpu(args)
