@@ -179,12 +179,37 @@ def test_a_light_tenant_is_served_promptly_beside_a_flooding_one(gateway, backen
     assert max(ttft["light"]) < ttft["heavy"][len(ttft["heavy"]) // 2]  # ahead of heavy's median
     view = fleet(gateway)
     assert view["clients"]["light"]["waiting"] == view["clients"]["heavy"]["waiting"] == 0
+    assert asyncio.run(abandoned(gateway)) == (2, 1)
     urls = [url for url, _ in backends]
     direct = asyncio.run(
         burst(lambda i: (urls[i % 2], "client:heavy"), lambda i: (urls[i % 2], "client:light"))
     )
     print(f"\nTTFT s through the gateway: {rounded(ttft)}")
     print(f"round-robin, per-replica VTC: {rounded(direct)}")
+
+
+async def abandoned(url: str) -> tuple[int, int]:
+    """Heavy fills both backends, and two light requests wait behind them at the gateway; the
+    caller of one goes away. Returns light's requests waiting before and after it left."""
+    loop = asyncio.get_running_loop()
+    floods = [loop.run_in_executor(None, stream, url, "sk-heavy", HEAVY_TOKENS) for _ in range(2)]
+    await asyncio.sleep(0.3)
+    body = {"prompt": "x", "max_tokens": 100, "stream": True}
+    headers = {"authorization": "Bearer sk-light"}
+    async with httpx.AsyncClient() as one, httpx.AsyncClient() as other:
+        gone, kept = (
+            asyncio.create_task(c.post(url + "/v1/completions", json=body, headers=headers))
+            for c in (one, other)
+        )
+        await asyncio.sleep(0.3)
+        before = fleet(url)["clients"]["light"]["waiting"]
+        gone.cancel()
+        await one.aclose()  # the caller goes away: its connection closes
+        await asyncio.sleep(0.3)
+        after = fleet(url)["clients"]["light"]["waiting"]
+        await kept  # the other is served once heavy's requests end
+    await asyncio.gather(*floods)
+    return before, after
 
 
 def rounded(ttft: dict[str, list[float]]) -> dict[str, list[float]]:

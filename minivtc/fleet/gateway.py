@@ -192,9 +192,10 @@ class Gateway:
     def end(self, request: Request, usage: dict) -> None:
         """The request is over (served, failed, or its caller went away): settle its charges
         with the backend's usage and free its room; a request still waiting leaves the queue."""
-        self.clients.pop(request.request_id, None)
-        waiter = self.waiters.pop(request.request_id, None)
-        if waiter is not None and not waiter.done():  # never bound: still in the queue
+        if self.clients.pop(request.request_id, None) is None:
+            return  # ended already (`gateway_app.ClosingStream` makes sure of it)
+        self.waiters.pop(request.request_id, None)
+        if request.request_id not in self.dispatcher.where:  # never bound: still in the queue
             self.dispatcher.scheduler.remove(request)
             return
         prompt = usage.get("prompt_tokens", request.num_prompt)

@@ -106,7 +106,23 @@ async def forward(gateway: Gateway, path: str, client: str, num_prompt: int, pay
     wants_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
     payload["stream_options"] = {"include_usage": True}  # the gateway settles with it
     events = gateway.stream(request, path, payload, wants_usage, headers)
-    return StreamingResponse(events, media_type="text/event-stream")
+    return ClosingStream(events, lambda: gateway.end(request, {}))
+
+
+class ClosingStream(StreamingResponse):
+    """A stream whose request is ended however the response ends. A caller gone before the
+    first event may leave the events' generator never started, and its own `finally` (which
+    ends the request) would never run: the request would wait, or hold its room, forever."""
+
+    def __init__(self, events, on_close) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()  # a no-op when the events' own `finally` has ended it
 
 
 async def models(http: HTTPRequest):
