@@ -179,7 +179,7 @@ def test_a_light_tenant_is_served_promptly_beside_a_flooding_one(gateway, backen
     assert max(ttft["light"]) < ttft["heavy"][len(ttft["heavy"]) // 2]  # ahead of heavy's median
     view = fleet(gateway)
     assert view["clients"]["light"]["waiting"] == view["clients"]["heavy"]["waiting"] == 0
-    assert asyncio.run(abandoned(gateway)) == (2, 1)
+    assert asyncio.run(abandoned(gateway)) == (True, True)
     urls = [url for url, _ in backends]
     direct = asyncio.run(
         burst(lambda i: (urls[i % 2], "client:heavy"), lambda i: (urls[i % 2], "client:light"))
@@ -188,25 +188,34 @@ def test_a_light_tenant_is_served_promptly_beside_a_flooding_one(gateway, backen
     print(f"round-robin, per-replica VTC: {rounded(direct)}")
 
 
-async def abandoned(url: str) -> tuple[int, int]:
+async def until(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def abandoned(url: str) -> tuple[bool, bool]:
     """Heavy fills both backends, and two light requests wait behind them at the gateway; the
-    caller of one goes away. Returns light's requests waiting before and after it left."""
+    caller of one goes away. Returns whether light had both at the gateway (waiting or
+    running), then one only."""
     loop = asyncio.get_running_loop()
     floods = [loop.run_in_executor(None, stream, url, "sk-heavy", HEAVY_TOKENS) for _ in range(2)]
     await asyncio.sleep(0.3)
-    body = {"prompt": "x", "max_tokens": 100, "stream": True}
+    body = {"prompt": "x", "max_tokens": HEAVY_TOKENS, "stream": True}
     headers = {"authorization": "Bearer sk-light"}
+    live = lambda: sum(fleet(url)["clients"]["light"][k] for k in ("waiting", "running"))  # noqa: E731
     async with httpx.AsyncClient() as one, httpx.AsyncClient() as other:
         gone, kept = (
             asyncio.create_task(c.post(url + "/v1/completions", json=body, headers=headers))
-            for c in (one, other)
+            for c in (one, other)  # (light's first 200-token request waits for a backend)
         )
-        await asyncio.sleep(0.3)
-        before = fleet(url)["clients"]["light"]["waiting"]
+        before = await until(lambda: live() == 2)
         gone.cancel()
         await one.aclose()  # the caller goes away: its connection closes
-        await asyncio.sleep(0.3)
-        after = fleet(url)["clients"]["light"]["waiting"]
+        after = await until(lambda: live() == 1)
         await kept  # the other is served once heavy's requests end
     await asyncio.gather(*floods)
     return before, after
