@@ -34,6 +34,7 @@ from minivtc.core.params import SamplingParams
 from minivtc.core.request import Request
 from minivtc.core.scheduler import Scheduler
 from minivtc.core.tokenizer import Tokenizer
+from minivtc.core.vtc import VTC
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.dispatcher import Dispatcher
 from minivtc.fleet.proxy import (
@@ -72,9 +73,8 @@ class Gateway:
         gate: Gate,
         health_every_s: float = 1.0,
     ) -> None:
-        self.dispatcher = Dispatcher(
-            scheduler, backends, check_fairness=hasattr(scheduler, "least")
-        )
+        checked = isinstance(scheduler, VTC)  # Lemma 4.3 over the fleet, after every event
+        self.dispatcher = Dispatcher(scheduler, backends, check_fairness=checked)
         self.tokenizer, self.model_name, self.gate = tokenizer, model_name, gate
         self.room = PromptRoom.of(Room(self.dispatcher.largest), tokenizer)
         self.health_every_s = health_every_s
@@ -93,9 +93,10 @@ class Gateway:
         params = SamplingParams(max_tokens=max_tokens)
         request = Request(request_id, client, [0] * prompt_tokens, params, time.monotonic())
         reason = self.dispatcher.add(request, request.arrival_time)
+        if reason is not None and reason.startswith("rate limit"):  # the policy's (RPM)
+            raise APIError(429, reason, None, "rate_limit_exceeded", "requests")  # as the server
         if reason is not None:
-            status = 429 if reason.startswith("rate limit") else 400
-            raise APIError(status, reason, "max_tokens", "context_length_exceeded")
+            raise APIError(400, reason, "max_tokens", "context_length_exceeded")
         self.clients[request_id] = client
         self.wait(request)
         return request
