@@ -149,7 +149,7 @@ def test_bad_input_gets_the_servers_own_answer(gateway):
         == 403
     )
     text = httpx.get(gateway + "/metrics", headers=ADMIN).text
-    assert 'minivtc_gateway_counter{client="first"}' in text
+    assert "minivtc_gateway_backend_budget_tokens{backend=" in text and f"{BUDGET}.0" in text
 
 
 HEAVY_TOKENS = 200  # one heavy request fills a backend's 256 tokens: one at a time each
