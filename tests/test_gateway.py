@@ -124,10 +124,14 @@ def test_a_stream_passes_through_chunk_by_chunk_and_is_charged_by_its_usage(gate
     events, _ = stream(gateway, "sk-first", 6, stream_options={"include_usage": True})
     tokens = [e for e in events if e["choices"]]
     assert len(tokens) == 6 and tokens[-1]["choices"][0]["finish_reason"] == "length"
-    usage = events[-1]["usage"]
+    assert events[-1]["usage"]["completion_tokens"] == 6
+    before = fleet(gateway)["clients"]["first"]["counter"]
+    events, _ = stream(gateway, "sk-first", 3, stream_options={"include_usage": True})
     view = fleet(gateway)
-    # the first client: no lift; w_p per prompt token, w_q per output token, as the backend says
-    assert view["clients"]["first"]["counter"] == usage["prompt_tokens"] + 2 * 6
+    # w_p per prompt token, w_q per output token, as the backend's usage says (the client was
+    # the last to leave the queue: rejoining, it is not lifted)
+    usage = events[-1]["usage"]
+    assert view["clients"]["first"]["counter"] - before == usage["prompt_tokens"] + 2 * 3
     assert all(b["reserved"] == 0 for b in view["backends"])
     assert [b["budget"] for b in view["backends"]] == [BUDGET, BUDGET]  # read from /fairness
     assert view["bound"] == 2 * max(BUDGET - 1, 2 * 2 * BUDGET)  # 2U, M = both budgets
