@@ -18,6 +18,10 @@ on the real trace and on the overload workload, under VTC and FCFS. `sim --milli
 synthetic trace of 1,000,000 short requests (64/16 tokens) from 1000 clients instead.
 `--repeat N` runs each case N times, VTC and FCFS alternating, and reports the min and median.
 
+`route`: microseconds per decision of the fleet's dispatcher, 64 full backends and up to
+100,000 waiting clients (`fleet/bench.py`); `route --gateway`: the gateway's added latency
+and throughput against direct requests, 8 stand-in backends x 64 streams (`fleet/bench_gateway.py`).
+
 `gpu`: builds a model of the chosen preset's shape with random weights directly on the device,
 runs the engine with compiled attention at batch 1, 16 and 64, and reports tokens/s and the
 fraction of the memory-bandwidth roofline: a decode step must read every weight once plus every
@@ -53,12 +57,15 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("what", choices=["engine", "scheduler", "sim", "gpu"])
+    parser.add_argument("what", choices=["engine", "scheduler", "sim", "route", "gpu"])
     parser.add_argument("--quick", action="store_true", help="few tokens: a smoke run")
     parser.add_argument("--preset", default="llama-2-7b", help="gpu: model shape (default 7B)")
     parser.add_argument("--device", default="cuda", help="gpu: device (default cuda)")
     parser.add_argument("--no-tests", action="store_true", help="gpu: skip the GPU-marked tests")
     parser.add_argument("--million", action="store_true", help="sim: a 1M-request trace")
+    parser.add_argument(
+        "--gateway", action="store_true", help="route: the gateway's overhead instead"
+    )
     parser.add_argument(
         "--repeat", type=int, default=1, help="sim: runs per case, schedulers alternating"
     )
@@ -70,6 +77,11 @@ def main(argv: list[str] | None = None) -> int:
         return bench_scheduler(args.quick)
     if args.what == "sim":
         return bench_sim(args.quick, args.million, args.repeat)
+    if args.what == "route":  # the fleet's dispatcher (`fleet/bench.py`)
+        from minivtc.fleet.bench import bench_route
+        from minivtc.fleet.bench_gateway import bench_gateway
+
+        return bench_gateway() if args.gateway else bench_route(args.quick)
     from minivtc.bench_gpu import bench_gpu  # the GPU check: its own module
 
     return bench_gpu(args)

@@ -9,6 +9,7 @@ import argparse
 import sys
 
 from minivtc.course.cli import add_course
+from minivtc.fleet.gateway_cli import add_route
 from minivtc.harness.cli import (
     add_calibrate,
     add_reproduce,
@@ -30,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     add_demo(sub)
     add_generate(sub)
     add_serve(sub)
+    add_route(sub)
     add_loadgen(sub)
     add_simulate(sub)
     add_reproduce(sub)

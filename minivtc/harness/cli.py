@@ -10,6 +10,7 @@ from __future__ import annotations
 
 def add_simulate(sub) -> None:
     from minivtc.core.policies import SCHEDULERS
+    from minivtc.fleet.workloads import FLEET_WORKLOADS
     from minivtc.harness.step_time import STEP_TIME_MODELS
 
     p = sub.add_parser(
@@ -19,7 +20,7 @@ def add_simulate(sub) -> None:
         "timing each step instead of a forward pass. Writes requests.csv, metrics.json and "
         "PNG plots (service, response time, service gap) to --out.",
     )
-    add_trace_source(p)
+    add_trace_source(p, extra=tuple(FLEET_WORKLOADS))
     p.add_argument("--scheduler", default="vtc", help=f"policy: {SCHEDULERS} (default vtc)")
     p.add_argument(
         "--step-time",
@@ -42,6 +43,7 @@ def add_simulate(sub) -> None:
     )
     add_memory_options(p, default="peak")
     add_prefix_options(p)
+    add_fleet_options(p)
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(run=run_simulate)
 
@@ -136,6 +138,10 @@ def add_prefix_options(p) -> None:
 def run_simulate(args) -> int:
     from minivtc.harness.report import simulate_to_dir
 
+    if args.replicas is not None:
+        from minivtc.fleet.cli import run_simulate_fleet
+
+        return run_simulate_fleet(args)
     summary = simulate_to_dir(
         args.workload,
         args.trace,
@@ -153,12 +159,22 @@ def run_simulate(args) -> int:
     return 0
 
 
-def add_trace_source(p) -> None:
-    """--workload NAME or --trace FILE.csv, exactly one (simulate and loadgen)."""
+def add_fleet_options(p) -> None:
+    """--replicas, --routing, --route-by (`minivtc.fleet.cli`)."""
+    from minivtc.fleet.cli import add_fleet_options as add
+
+    add(p)
+
+
+def add_trace_source(p, extra: tuple[str, ...] = ()) -> None:
+    """--workload NAME or --trace FILE.csv, exactly one (simulate and loadgen); `extra`:
+    more workload names the command knows (simulate: the fleet's)."""
     from minivtc.harness.workloads import WORKLOADS
 
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--workload", choices=list(WORKLOADS), help="one of the paper's workloads")
+    src.add_argument(
+        "--workload", choices=[*WORKLOADS, *extra], help="one of the paper's workloads"
+    )
     src.add_argument(
         "--trace",
         help="a CSV with columns client,arrival_s,input_tokens,output_tokens "
@@ -191,7 +207,8 @@ def add_reproduce(sub) -> None:
         "fig12, fig13 (13-14), fig15, fig16, table2 ... table6 (table5 includes Figure 19), "
         "validate (the simulator against the artifact's measured A10G runs), prefix_caching "
         "(what a cached prompt token should cost), fair_memory (reservation vs blocks on "
-        "demand with preemption, max_tokens 1024)",
+        "demand with preemption, max_tokens 1024), replicas (one fair dispatcher against "
+        "per-replica counters at 8 and 64 replicas, ~3 minutes)",
     )
     p.add_argument("--out", required=True, help="output directory")
     p.set_defaults(run=run_reproduce)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from minivtc.core.cost import fairness_bound
 from minivtc.core.options import EngineOptions
+from minivtc.fleet.experiment import replicas
 from minivtc.harness import metrics, plots
 from minivtc.harness.experiments import EXPERIMENTS, TWO_U_10K, Experiment
 from minivtc.harness.fair_memory import fair_memory
@@ -225,6 +226,10 @@ SPECIAL: dict[str, tuple[str, Callable[[Path], list[str]]]] = {
     "prefix_caching": (
         "Prefix caching: what a cached prompt token should cost",
         lambda out: prefix_caching(out, show_simulations()),
+    ),
+    "replicas": (
+        "Fair across replicas: one dispatcher against per-replica counters (Appendix C.3)",
+        lambda out: replicas(out, show_simulations()),
     ),
 }
 

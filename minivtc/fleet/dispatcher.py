@@ -1,0 +1,205 @@
+"""One fair queue in front of many backends: the central dispatcher of Appendix C.3.
+
+Owns `Dispatcher`: every tenant's queue and counter, kept by the same scheduler classes the
+engine uses (VTC, weighted VTC, FCFS, DRR, ...) through the same interface, in front of N
+backends (`backend.py`). The admission round is Algorithm 2's, over the fleet:
+
+    while (r := scheduler.peek()) is not None:          who is next: the policy
+        room <- the healthy backends where r fits        prompt + max_tokens (full reservation)
+        b <- route.choose(r, room); none: stop           where: the route (`routing.py`)
+        reserve r on b; scheduler.dispatch(r)            c_k <- c_k + h(n_p, 0)
+
+A request is bound to a backend only when that backend has room, so backends never queue and
+this order is the only order; the round stops at the first request that fits nowhere (never
+skip: Algorithm 2). Output tokens are charged as they come back (`on_decode`); a request that
+ends frees its reservation (`on_finish`); one a backend refused before serving it (HTTP 429 or
+503) is given back, uncharged (`give_back`).
+
+The bound (the exact view: the dispatcher learns of every token when it is generated). Let
+M = the sum of the backends' budgets, L_input the longest admissible prompt, w_p <= w_q. Then
+at all times the waiting clients' counters are within U = max(w_p L_input, w_q M) of each
+other, and two clients backlogged throughout [t1, t2) receive service within 2U.
+
+Proof: Lemma 4.3's, with the fleet's memory for one engine's. The smallest waiting counter m
+never falls (charges raise counters; a joining client is lifted to m; a leaving one leaves a
+larger minimum). Take a waiting client i at time t and t0 the last time before t it was
+dispatched or joined Q. Just before t0, c_i <= m(t0): dispatched, it was the minimum; joining,
+it was lifted to max(c_i, m), and if it stayed above m that is because of an earlier dispatch,
+to which the same argument applies. After t0, i is not dispatched again before t, so its
+counter grows only by the prompt dispatched at t0 (w_p n_p) and by output tokens of requests
+already bound at t0, and each of those reserves its prompt + max_tokens on some backend:
+together at most M tokens, so the growth is at most w_q M (w_p <= w_q). Hence c_i(t) <= m(t0)
++ max(w_p L_input, w_q M) <= m(t) + U. Theorem 4.4 then follows as in the paper: while both are
+backlogged neither is lifted, so each one's service is its counter's growth (times its weight),
+and two counters within U of each other at t1 and at t2 grew by amounts within 2U. With
+w_p > w_q the same argument gives w_p L_input + w_q M. Weighted (Section 4.3), the bound holds
+in counter units (`fairness_check.py` scales by the smallest weight).
+
+M is the whole fleet's memory, as Appendix C.3 expects: the bound grows with N, because a client
+may hold requests on every backend at once, and routing changes no counter, so prefix-aware
+routing keeps it. `check_fairness` asserts Lemma 4.3 over the fleet after every arrival,
+dispatch and step, reusing the engine's `FairnessCheck` with M = the sum of the budgets.
+Plain Python: the simulator (`replicas.py`) and the gateway (`gateway.py`) both run it.
+README: "Fair across replicas".
+"""
+
+from __future__ import annotations
+
+from minivtc.core.fairness_check import FairnessCheck
+from minivtc.core.request import Request
+from minivtc.core.scheduler import Scheduler
+from minivtc.core.vtc import VTC
+from minivtc.fleet.backend import Backend
+from minivtc.fleet.routing import LeastLoaded, Route
+
+
+class Dispatcher:
+    """`scheduler`: the policy, holding every tenant's queue and counter; `backends`: the
+    fleet; `route`: where among those with room (default least-loaded)."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        backends: list[Backend],
+        route: Route | None = None,
+        check_fairness: bool = False,
+    ) -> None:
+        if not backends:
+            raise ValueError("a dispatcher needs at least one backend")
+        self.scheduler, self.backends = scheduler, list(backends)
+        self.route = route or LeastLoaded()
+        self.where: dict[str, Backend] = {}  # request id -> the backend it is bound to
+        self.room_changes = 0  # reservations made or freed so far
+        self.stuck: tuple[str, int] | None = None  # (head, room_changes) of a round that stopped
+        self.largest = max(b.budget for b in self.backends)
+        total = sum(b.budget for b in self.backends)
+        self.fairness = None
+        if check_fairness:  # Lemma 4.3 with the fleet's memory: L_input, M = the budgets
+            self.fairness = FairnessCheck(scheduler, self.largest - 1, total, total, "full", None)
+
+    def add(self, request: Request, now: float) -> str | None:
+        """Queue `request`; a reason if it is refused (it fits no backend, or the policy's)."""
+        if request.max_num_tokens > self.largest:
+            return (
+                f"prompt + max_tokens = {request.max_num_tokens} tokens fits no backend "
+                f"(the largest budget is {self.largest})"
+            )
+        reason = self.scheduler.add(request, now)
+        self.check()  # its client may have joined Q, lifted
+        return reason
+
+    def bind(self) -> list[tuple[Request, Backend]]:
+        """Algorithm 2's admission round over the fleet (the module docstring); returns what
+        was bound where, for the caller to send."""
+        bound = []
+        while (request := self.scheduler.peek()) is not None:
+            # PERF: the same head that fitted nowhere, with no room freed or taken since,
+            # fits nowhere still: skip the scan of every backend (a simulated fleet calls this
+            # after every step of every replica; 64 replicas x the real trace: see README)
+            if self.stuck == (request.request_id, self.room_changes):
+                break
+            # PERF: `Backend.fits` inlined (need computed once): the scan is half of a
+            # decision with 64 backends, and this halves it (`minivtc bench route`)
+            need = request.max_num_tokens
+            room = [b for b in self.backends if b.healthy and b.reserved + need <= b.budget]
+            backend = self.route.choose(request, room)
+            if backend is None:
+                self.stuck = (request.request_id, self.room_changes)
+                break  # head-of-line: never skip to a request that would fit
+            self.room_changes += 1
+            backend.reserve(request)
+            self.scheduler.dispatch(request)  # out of Q; its prompt charged
+            self.route.served(request, backend)
+            self.where[request.request_id] = backend
+            if self.fairness is not None:
+                self.fairness.dispatched(request)
+            self.check()
+            bound.append((request, backend))
+        return bound
+
+    def on_decode(self, requests: list[Request]) -> None:
+        """Each of `requests` got one more output token (already in its `output_ids`)."""
+        self.scheduler.on_decode(requests)
+        self.check()
+
+    def on_finish(self, request: Request) -> Backend:
+        """`request` ended (finished, aborted, or its backend failed): its room is free, what
+        it was charged stays charged. Returns the backend it ran on."""
+        backend = self.where.pop(request.request_id)
+        backend.release(request.request_id)
+        backend.served += 1
+        self.room_changes += 1
+        self.scheduler.on_finish(request)
+        return backend
+
+    def give_back(self, request: Request) -> None:
+        """The backend refused `request` before serving it (429, 503, refused connection): it
+        waits again, first of its client, and its prompt charge is refunded (`uncharge`)."""
+        self.where.pop(request.request_id).release(request.request_id)
+        self.room_changes += 1
+        self.uncharge(request)
+        self.check()
+
+    def wake(self) -> None:
+        """A backend's health changed (the gateway's checks): the next round looks again."""
+        self.room_changes += 1
+
+    def waiting(self) -> int:
+        return self.scheduler.num_waiting
+
+    def check(self) -> None:
+        """Lemma 4.3 over the fleet (with `check_fairness`): the waiting counters' spread."""
+        if self.fairness is not None:
+            self.fairness.check_spread()
+
+    def check_invariants(self) -> None:
+        """Each backend's books, within its budget; every bound request on its backend."""
+        for b in self.backends:
+            b.check_invariants()
+            assert b.reserved <= b.budget, f"{b.name}: reserved {b.reserved} > {b.budget}"
+        assert sum(len(b.requests) for b in self.backends) == len(self.where), "lost a binding"
+        self.scheduler.check_invariants()
+
+    def gap_bound(self) -> float | None:
+        """2U with M the fleet's memory (None without check_fairness)."""
+        return self.fairness.gap_bound() if self.fairness is not None else None
+
+    def settle(self, request: Request, num_prompt: int, num_output: int) -> None:
+        """The backend's final `usage` corrects what was charged: a prompt the gateway
+        estimated with its own tokenizer, output counted from stream chunks. Call before
+        `on_finish`, with `request.output_ids` as long as `num_output` (else VTC's on_finish
+        would refund the difference, as for an over-prediction). A correction downwards
+        stops at the smallest waiting counter (`lower`)."""
+        vtc = self.scheduler if isinstance(self.scheduler, VTC) else None
+        if vtc is None or request.request_id not in vtc.charged:
+            return
+        _, charged = vtc.charged[request.request_id]
+        actual = vtc.cost(num_prompt, num_output)
+        vtc.charged[request.request_id] = (float(num_output), actual)
+        self.lower(vtc, request.client_id, charged - actual)
+
+    def uncharge(self, request: Request) -> None:
+        """Refund the prompt charged at dispatch and requeue: as if never dispatched."""
+        vtc = self.scheduler if isinstance(self.scheduler, VTC) else None
+        if vtc is None:  # a policy without counters (FCFS) has nothing to refund
+            self.scheduler.requeue(request)
+            return
+        _, service = vtc.charged.pop(request.request_id, (0.0, 0.0))
+        floor = vtc.lift_floor() if vtc.least.least() is not None else None
+        vtc.charge(request.client_id, -service)
+        vtc.requeue(request)  # joining an empty Q lifts it to the floor itself
+        self.raise_to(vtc, request.client_id, floor)
+
+    def lower(self, vtc: VTC, client: str, amount: float) -> None:
+        """Take `amount` of service off `client`'s counter (a negative amount adds it), but no
+        lower than the smallest waiting counter: a refund cannot let a client bank service it
+        never received below the others' level (the lift's reason; Lemma 4.3 holds)."""
+        floor = vtc.lift_floor() if vtc.least.least() is not None else None
+        vtc.charge(client, -amount)
+        self.raise_to(vtc, client, floor)
+
+    @staticmethod
+    def raise_to(vtc: VTC, client: str, floor: float | None) -> None:
+        counter, weight = vtc.counters[client], vtc.weights.get(client, 1.0)
+        if floor is not None and counter < floor:
+            vtc.charge(client, (floor - counter) * weight)

@@ -1,0 +1,120 @@
+"""`minivtc reproduce --only replicas`: fairness across replicas, global against per-replica
+counters, as a section of REPORT.md with its figures (Appendix C.3's future work).
+
+Owns the experiment: the two constructed workloads (`workloads.py`) at 8 replicas under the
+global dispatcher (least-loaded and prefix-aware) and the field's four routings, each replica
+with its own VTC; "affinity" again at 64 replicas, global with prefix-aware routing against
+cache affinity. Each row: the tenants' service rates, the worst backlogged gap over the fleet
+(`fleet_watch.py`) and the global dispatcher's 2U, asserted after every event of its runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from minivtc.fleet.replicas import simulate_fleet
+from minivtc.fleet.workloads import FLEET_WORKLOADS
+from minivtc.harness import metrics, plots
+from minivtc.harness.metrics import Served
+
+ROUTES = [
+    ("global", "least-loaded"),
+    ("global", "prefix"),
+    ("round-robin", None),
+    ("least-loaded", None),
+    ("random", None),
+    ("prefix", None),
+]
+AT_64 = [("global", "prefix"), ("prefix", None)]  # the headline pair; 64 replicas take ~1 min each
+FAIR = {"affinity": 1.0, "weighted": 4.0}  # the first tenant's fair share over the second's
+TENANTS = {"affinity": ("system", "flood"), "weighted": ("gold", "free")}
+
+
+@dataclass
+class Row:
+    n: int
+    workload: str
+    label: str  # the routing, and the global dispatcher's route
+    first: float  # the first tenant's service rate (system, gold), tokens/s
+    second: float  # the second's (flood, free)
+    gap: float
+    bound: float | None  # 2U: the global runs'
+    served: list[Served]
+
+
+def replicas(out: Path, show: bool = False) -> list[str]:
+    runs = [(8, name, route) for name in FLEET_WORKLOADS for route in ROUTES]
+    rows = [
+        run_row(n, name, *route) for n, name, route in runs + [(64, "affinity", r) for r in AT_64]
+    ]
+    bounds = {(r.n, r.workload): r.bound for r in reversed(rows) if r.bound is not None}
+    lines = [
+        "## Fair across replicas: one dispatcher against per-replica counters",
+        "",
+        "Real engines on one virtual clock (A10G model, 10,000 KV tokens each, 120 s). "
+        "*global*: the fair dispatcher holding every tenant's queue and counter, binding a "
+        "request only where it fits (then least-loaded or prefix-aware); the others route at "
+        "arrival to replicas that queue behind their own VTC. Service: tokens/s (w_p = 1, "
+        "w_q = 2) over 30-120 s; *gap*: the worst backlogged |W_f - W_g| over the fleet; "
+        "*2U*: the global dispatcher's bound with M the fleet's memory, asserted after every "
+        "event of its runs.",
+        "",
+        "| N | workload | routing | first : second tenant | ratio (fair) | gap | 2U |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        bound = bounds[(r.n, r.workload)]
+        lines.append(
+            f"| {r.n} | {r.workload} | {r.label} | {r.first:.0f} : {r.second:.0f} | "
+            f"{r.first / r.second:.2f} ({FAIR[r.workload]:.0f}) | {r.gap:,.0f} | {bound:,.0f} |"
+        )
+    return lines + verdicts(rows, bounds) + figures(rows, bounds, out)
+
+
+def run_row(n: int, name: str, routing: str, route_by: str | None) -> Row:
+    w = FLEET_WORKLOADS[name]
+    result = simulate_fleet(
+        w.make(n),
+        n,
+        routing,
+        route_by or "least-loaded",
+        weights=w.weights,
+        check_fairness=routing == "global",
+        watch_backlog=True,
+    ).result
+    rates = metrics.service(result.served, 30.0, w.duration)
+    first, second = (rates.get(c, 0.0) / (w.duration - 30) for c in TENANTS[name])
+    label = routing + (f", {route_by}" if route_by else "")
+    return Row(n, name, label, first, second, result.backlogged_gap, result.bound, result.served)
+
+
+def verdicts(rows: list[Row], bounds: dict) -> list[str]:
+    lines = ["", "**Verdicts:**", ""]
+    for r in rows:
+        if r.label.startswith("global"):
+            fair = abs(r.first / r.second / FAIR[r.workload] - 1) < 0.1
+            ok = "yes" if fair and r.gap <= r.bound else "NO"
+            lines.append(
+                f"- N = {r.n}, {r.workload}, {r.label}: its fair share, gap within 2U: {ok};"
+            )
+    broken = all(r.gap > bounds[(r.n, r.workload)] for r in rows if r.label == "prefix")
+    lines.append(f"- cache affinity with per-replica VTC breaks 2U: {'yes' if broken else 'NO'}.")
+    return lines + [""]
+
+
+def figures(rows: list[Row], bounds: dict, out: Path) -> list[str]:
+    """Service over time, global (prefix-aware) against cache affinity; the gap plots."""
+    lines = []
+    for r in rows:
+        if r.label in ("global, prefix", "prefix"):
+            path = out / f"replicas_{r.n}_{r.workload}_{r.label.replace(', ', '_')}.png"
+            title = f"{r.n} replicas, {r.workload}, {r.label}: service rate"
+            plots.service_plot(r.served, 120.0, path, title)
+            lines.append(f"![{r.n} {r.workload} {r.label}]({path.name})")
+    for n, name in sorted(bounds):
+        runs = {r.label: r.served for r in rows if (r.n, r.workload) == (n, name)}
+        path = out / f"replicas_{n}_{name}_gap.png"
+        plots.gap_plot(runs, 120.0, path, bound=bounds[(n, name)])
+        lines.append(f"![{n} {name} gap]({path.name})")
+    return lines + [""]

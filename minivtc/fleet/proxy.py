@@ -1,0 +1,98 @@
+"""One request sent to one backend over HTTP: what came back, line by line, or why not.
+
+Owns the gateway's side of a backend conversation (httpx): `send_stream` yields a streamed
+response's server-sent-event lines as they arrive (chunk by chunk: nothing is buffered past a
+line), `send_once` returns a whole JSON response. The two ways a backend can fail are told
+apart, because the dispatcher treats them differently:
+
+- `Refused`: it answered 429 or 503, or the connection was refused, before serving anything:
+  the request goes back to the queue, uncharged (`Dispatcher.give_back`);
+- `Broken`: it failed after it began (a dropped connection, a truncated stream): the request
+  ends, with an error event, charged for what it received.
+
+Any other answer (a 4xx the backend found in the body) is `Answered`: passed to the caller as
+the backend said it. Plain Python over httpx; no FastAPI. README: "Fair across replicas".
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+
+import httpx
+
+GIVE_BACK = {429, 503}  # a backend's "not now": the request may run elsewhere, or later
+
+
+class Refused(Exception):
+    """The backend did not take the request: nothing was served."""
+
+
+class Broken(Exception):
+    """The backend failed mid-request."""
+
+
+class Answered(Exception):
+    """The backend answered with an error of the request's own (e.g. a 400)."""
+
+    def __init__(self, status: int, body: bytes) -> None:
+        super().__init__(f"backend answered {status}")
+        self.status, self.body = status, body
+
+
+async def send_stream(
+    client: httpx.AsyncClient, url: str, payload: dict, headers: dict[str, str]
+) -> AsyncIterator[bytes]:
+    """POST a streaming request; yield each `data: ...` line (without its newline)."""
+    began = False
+    try:
+        async with client.stream("POST", url, json=payload, headers=headers) as response:
+            if response.status_code in GIVE_BACK:
+                raise Refused(f"{url} answered {response.status_code}")
+            if response.status_code != 200:
+                raise Answered(response.status_code, await response.aread())
+            async for line in response.aiter_lines():
+                if line.startswith("data:"):
+                    began = True
+                    yield line.encode()
+    except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+        raise Refused(f"{url}: {e!r}") from None
+    except httpx.HTTPError as e:  # read errors, a connection closed mid-stream
+        if not began:
+            raise Refused(f"{url}: {e!r}") from None
+        raise Broken(f"{url} failed mid-stream: {type(e).__name__}") from None
+
+
+async def send_once(
+    client: httpx.AsyncClient, url: str, payload: dict, headers: dict[str, str]
+) -> dict:
+    """POST a request and return its JSON response."""
+    try:
+        response = await client.post(url, json=payload, headers=headers)
+    except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+        raise Refused(f"{url}: {e!r}") from None
+    except httpx.HTTPError as e:
+        raise Broken(f"{url} failed: {type(e).__name__}") from None
+    if response.status_code in GIVE_BACK:
+        raise Refused(f"{url} answered {response.status_code}")
+    if response.status_code != 200:
+        raise Answered(response.status_code, response.content)
+    return response.json()
+
+
+def chunk_of(line: bytes) -> dict | None:
+    """A `data: {...}` line's JSON; None for `data: [DONE]` or a line that is not JSON."""
+    data = line[len(b"data:") :].strip()
+    if data == b"[DONE]":
+        return None
+    try:
+        chunk = json.loads(data)
+    except ValueError:
+        return None
+    return chunk if isinstance(chunk, dict) else None
+
+
+def error_event(message: str) -> bytes:
+    """An OpenAI-shaped error as a stream event, then the end of the stream."""
+    body = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
+    return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()

@@ -1,0 +1,309 @@
+"""N replicas on one virtual clock: real `Engine`s behind the fair dispatcher, or behind the
+field's routers with a scheduler per replica.
+
+Owns `simulate_fleet()`. Each replica is a real `Engine` (with its own step-time model and its
+own clock: the time its current step ends), exactly as `harness/sim.py` runs one. Events are
+handled in time order: the next arrival, or the replica whose step ends first. Two ways to run:
+
+- `routing="global"`: the `Dispatcher` holds every client's queue and counter; a request is
+  bound to a replica only when that replica has room (full reservation), so each replica's own
+  scheduler (FCFS) admits it at its next step and never queues. `route_by` picks among the
+  replicas with room ("least-loaded", or "prefix": where the prompt's prefix ran last);
+- `routing="round-robin" | "least-loaded" | "random" | "prefix"`: the field's practice. Each
+  arrival goes at once to a replica chosen from all of them ("prefix": cache affinity, the
+  replica that served the prefix first, however loaded), which queues it behind its own
+  `scheduler` with its own counters.
+
+The dispatcher binds at the event that makes room (an arrival, a step's end) and the replica
+admits at its next step, as a backend behind an HTTP gateway would; with one replica that is
+exactly the single engine's run (a test checks it). The service gap is measured over the
+fleet (`fleet_watch.py`). Plain Python. README: "Fair across replicas".
+"""
+
+from __future__ import annotations
+
+import functools
+import heapq
+import math
+import time
+from dataclasses import dataclass
+
+from minivtc.core.cost import W_Q
+from minivtc.core.engine import Engine
+from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.options import EngineOptions
+from minivtc.core.params import SamplingParams
+from minivtc.core.policies import make_scheduler
+from minivtc.core.request import Request
+from minivtc.core.scheduler import FCFS
+from minivtc.fleet.backend import Backend
+from minivtc.fleet.dispatcher import Dispatcher
+from minivtc.fleet.fleet_watch import FleetWatch
+from minivtc.fleet.routing import make_route
+from minivtc.fleet.staleness import News
+from minivtc.harness.metrics import Served
+from minivtc.harness.sim import (
+    SIM_EOS,
+    SimResult,
+    StepTimeRunner,
+    VirtualClock,
+    gc_paused,
+    record,
+)
+from minivtc.harness.step_time import step_time_model
+from minivtc.harness.workloads import TraceRequest
+
+ROUTINGS = ("global", "round-robin", "least-loaded", "random", "prefix")
+
+
+@dataclass
+class FleetResult:
+    result: SimResult  # the fleet as one: every request, the counters, the bound, the gap
+    replicas: list[int]  # the replica each of `result.served` ran on, in the same order
+    num_replicas: int
+
+
+@dataclass
+class Replica:
+    engine: Engine
+    clock: VirtualClock
+    backend: Backend
+    busy: bool = False  # it has work: its next step is on the event heap
+
+
+def simulate_fleet(
+    trace: list[TraceRequest],
+    num_replicas: int,
+    routing: str = "global",
+    route_by: str = "least-loaded",
+    scheduler: str = "vtc",
+    step_time: str = "a10g-llama7b",
+    kv_tokens: int = 10000,
+    *,
+    weights: dict[str, float] | None = None,
+    seed: int = 0,
+    check_fairness: bool = False,
+    watch_backlog: bool = False,
+    staleness: float = 0.0,
+) -> FleetResult:
+    """Replay `trace` on `num_replicas` replicas of `kv_tokens` each (the module docstring).
+    `staleness` (global): the dispatcher hears of each step that many seconds after it ends."""
+    if routing not in ROUTINGS:
+        raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
+    if route_by not in ("least-loaded", "prefix"):
+        raise ValueError(f"route_by must be 'least-loaded' or 'prefix', got {route_by!r}")
+    if num_replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {num_replicas}")
+    fleet = Fleet(num_replicas, routing, route_by, scheduler, step_time, kv_tokens, weights, seed)
+    if routing == "global":
+        policy = make_scheduler(scheduler, weights, seed)
+        fleet.dispatcher = Dispatcher(policy, fleet.backends(), fleet.route, check_fairness)
+        fleet.news = News(staleness) if staleness else None
+    elif staleness:
+        raise ValueError("staleness is the global dispatcher's view: only with routing 'global'")
+    fleet.watch = FleetWatch(weights) if watch_backlog else None
+    start = time.perf_counter()
+    with gc_paused():  # PERF: as `simulate`: millions of objects, no cycles
+        fleet.run(sorted(trace, key=lambda r: r.arrival_s))
+    return fleet.result(trace, time.perf_counter() - start)
+
+
+class Fleet:
+    """The replicas, the dispatcher (global) or routes (per replica), and the event loop."""
+
+    def __init__(self, n, routing, route_by, scheduler, step_time, kv_tokens, weights, seed):
+        # (per replica, `scheduler` runs on every engine; global, on the dispatcher)
+        model = step_time_model(step_time)
+        options = EngineOptions(reservation="full", max_running=1 << 30)
+        self.replicas = []
+        for k in range(n):
+            clock = VirtualClock()
+            policy = FCFS() if routing == "global" else make_scheduler(scheduler, weights, seed)
+            engine = Engine(
+                StepTimeRunner(model, clock),
+                BlockAllocator(kv_tokens, 1),
+                policy,
+                max_positions=1 << 30,
+                eos_id=SIM_EOS,
+                clock=clock,
+                options=options,
+            )
+            self.replicas.append(Replica(engine, clock, Backend(f"replica-{k}", kv_tokens)))
+        self.index = {id(r.backend): k for k, r in enumerate(self.replicas)}
+        self.route = make_route(route_by if routing == "global" else routing, seed)
+        self.dispatcher: Dispatcher | None = None  # routing "global": `simulate_fleet` sets it
+        self.watch: FleetWatch | None = None
+        self.heap: list[tuple[float, int]] = []  # (when its step ends, replica) for busy ones
+        self.now, self.steps = 0.0, 0
+        self.news: News | None = None  # a stale view (`simulate_fleet`'s staleness)
+        self.arrivals: dict[str, TraceRequest] = {}  # request id -> its trace record, until done
+        self.ran_on: dict[str, int] = {}  # request id -> the replica it was sent to
+        self.served: list[tuple[Served, int]] = []
+        self.rejected: list[TraceRequest] = []
+
+    def run(self, trace: list[TraceRequest]) -> None:
+        """Events in time order: an arrival at or before the next step's end comes first."""
+        i, prefixes = 0, {}
+        while i < len(trace) or self.heap or (self.news and self.news.queue):
+            next_arrival = trace[i].arrival_s if i < len(trace) else math.inf
+            next_step = self.heap[0][0] if self.heap else math.inf
+            before = self.watch.waiting() if self.watch else frozenset()
+            service: dict[str, float] = {}
+            if (
+                self.news
+                and self.news.queue
+                and self.news.next_time <= min(next_arrival, next_step)
+            ):
+                self.now = self.news.next_time
+                self.hear()
+            elif next_step < next_arrival:
+                self.now, k = heapq.heappop(self.heap)
+                service = self.step(k)
+            else:
+                self.now = next_arrival
+                self.arrive(trace[i], i, prefixes)
+                i += 1
+            if self.dispatcher is not None:
+                self.bind()
+            if self.watch:
+                self.watch.event(before, service)
+
+    def arrive(self, t: TraceRequest, i: int, prefixes: dict) -> None:
+        request = make_request(t, i, prefixes)
+        if self.dispatcher is not None:
+            reason = self.dispatcher.add(request, t.arrival_s)
+        else:  # the field's practice: a replica now, from all of them
+            backend = self.route.choose(request, self.backends())
+            reason = self.send(request, backend)
+            self.route.served(request, backend)
+        if reason is not None:
+            self.rejected.append(t)
+            return
+        self.arrivals[request.request_id] = t
+        if self.watch:
+            self.watch.num_waiting[t.client] += 1
+
+    def backends(self) -> list[Backend]:
+        return [r.backend for r in self.replicas]
+
+    def bind(self) -> None:
+        """The dispatcher's admission round; each bound request joins its replica now."""
+        for request, backend in self.dispatcher.bind():
+            self.send(request, backend)
+            if self.watch:
+                self.watch.num_waiting[request.client_id] -= 1
+
+    def send(self, request: Request, backend: Backend) -> str | None:
+        """`request` joins `backend`'s engine; an idle replica's clock catches up to now."""
+        k = self.index[id(backend)]
+        replica = self.replicas[k]
+        engine = replica.engine
+        try:
+            engine.add_request(
+                request.prompt_ids,
+                request.params,
+                request.client_id,
+                request.request_id,
+                arrival_time=self.now,
+            )
+        except ValueError as e:
+            return str(e)
+        if self.dispatcher is None:
+            backend.reserve(request)  # its load, for least-loaded routing (no budget kept)
+        self.ran_on[request.request_id] = k
+        if not replica.busy:
+            replica.clock.now = max(replica.clock.now, self.now)
+            replica.busy = True
+            heapq.heappush(self.heap, (replica.clock.now, k))
+        return None
+
+    def step(self, k: int) -> dict[str, float]:
+        """Replica `k`'s step; returns each client's service in it (for the watch)."""
+        replica = self.replicas[k]
+        batch = replica.engine.step()
+        self.steps += 1
+        if self.news is not None:  # the dispatcher hears of it `staleness` seconds later
+            self.news.post(replica.clock.now, batch)
+        elif self.dispatcher is not None:
+            self.dispatcher.on_decode(batch)
+        service = self.measure(batch) if self.watch else {}
+        for request in batch:
+            if request.finish_reason is not None:
+                self.finish(request, k)
+        if batch and replica.engine.has_unfinished():
+            heapq.heappush(self.heap, (replica.clock.now, k))
+        else:
+            replica.busy = False
+        return service
+
+    def measure(self, batch: list[Request]) -> dict[str, float]:
+        """Each client's service in a step: its tokens processed (a first token: the prompt
+        too, prefilled in this step). Per replica, that is also when it stopped waiting."""
+        service: dict[str, float] = {}
+        for r in batch:
+            first = len(r.output_ids) == 1
+            price = self.watch.price(r.num_prompt if first else 0, 1, r.client_id)
+            service[r.client_id] = service.get(r.client_id, 0.0) + price
+            if first and self.dispatcher is None:
+                self.watch.num_waiting[r.client_id] -= 1
+        return service
+
+    def finish(self, request: Request, k: int) -> None:
+        t = self.arrivals.pop(request.request_id)
+        if self.news is not None:
+            pass  # its room is freed when the dispatcher hears of it (`hear`)
+        elif self.dispatcher is not None:
+            self.dispatcher.on_finish(request)
+        else:
+            backend = self.replicas[k].backend
+            backend.release(request.request_id)
+            backend.served += 1
+        self.served.append((record(request, t), k))
+
+    def hear(self) -> None:
+        """The news due now reaches the dispatcher: tokens charged, finished rooms freed."""
+        for seen, done in self.news.due(self.now):
+            self.dispatcher.on_decode(seen)
+            for request in done:
+                self.dispatcher.on_finish(request)
+
+    def bound(self) -> float | None:
+        """2U; with a stale view, 2U + 2 w_q G in counter units (`staleness.py`)."""
+        bound = self.dispatcher.gap_bound() if self.dispatcher else None
+        if bound is None or self.news is None:
+            return bound
+        check = self.dispatcher.fairness
+        return bound + 2 * W_Q * self.news.most_unseen * check.scale
+
+    def result(self, trace: list[TraceRequest], wall_s: float) -> FleetResult:
+        served = [s for s, _ in self.served]
+        first = min((t.arrival_s for t in trace), default=0.0)
+        policy = self.dispatcher.scheduler if self.dispatcher else None
+        counters = {c: n for c, (n, _) in policy.accounts().items()} if policy else {}
+        sim = SimResult(
+            served=served,
+            rejected=self.rejected,
+            total_time=max((s.end_s for s in served), default=first) - first,
+            wall_s=wall_s,
+            steps=self.steps,
+            counters={c: n for c, n in counters.items() if n is not None},
+            bound=self.bound(),
+            backlogged_gap=self.watch.worst if self.watch else None,
+        )
+        return FleetResult(sim, [k for _, k in self.served], len(self.replicas))
+
+
+def make_request(t: TraceRequest, i: int, prefixes: dict) -> Request:
+    """Trace request number `i` as the dispatcher sees it: its prompt's first tokens are its
+    prefix's (one token id per `prefix_id`), or a token of its own (a prefix nobody shares)."""
+    token = -1 - i if t.prefix_id is None else prefixes.setdefault(t.prefix_id, len(prefixes))
+    shared = max(t.prefix_tokens, 1)
+    prompt = [token] * min(shared, t.input_tokens) + [1] * (t.input_tokens - shared)
+    return Request(f"r{i}", t.client, prompt, params_of(t.output_tokens), t.arrival_s)
+
+
+@functools.cache
+def params_of(max_tokens: int) -> SamplingParams:
+    """One SamplingParams per length, shared (as `sim.replay`'s): a request runs to its
+    trace's output_tokens. (A trace's max_tokens above it is not modelled here.)"""
+    return SamplingParams(max_tokens=max_tokens, ignore_eos=True)

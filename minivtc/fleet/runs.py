@@ -1,0 +1,123 @@
+"""A fleet simulation with its outputs on disk: `minivtc simulate --replicas N`.
+
+Owns which files a fleet run writes: requests.csv (the single-engine columns and `replica`,
+the replica each request ran on), metrics.json (the fleet as one, as `harness/report.py`
+summarizes a single engine's run, plus the routing and a table per replica) and the service
+and gap plots. The simulation itself is `replicas.py`'s. README: "Fair across replicas".
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from minivtc.fleet.replicas import FleetResult, simulate_fleet
+from minivtc.fleet.workloads import fleet_workload, scaled
+from minivtc.harness import metrics, plots
+from minivtc.harness.report import summarize
+from minivtc.harness.workloads import read_trace
+
+
+def simulate_fleet_to_dir(
+    workload_name: str | None,
+    trace_path: str | None,
+    replicas: int,
+    routing: str,
+    route_by: str,
+    scheduler: str,
+    step_time: str,
+    kv_tokens: int,
+    seed: int,
+    out: str | Path,
+    staleness: float = 0.0,
+) -> dict:
+    """Simulate `replicas` replicas (arrivals scaled by the number of replicas), write the
+    files to `out`; the global dispatcher asserts its bound after every event (VTC)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    if workload_name:
+        trace, horizon, weights = fleet_workload(workload_name, replicas)
+    else:
+        trace, weights = scaled(read_trace(trace_path), replicas), None
+        horizon = float(int(trace[-1].arrival_s))
+    checked = routing == "global" and scheduler.startswith(("vtc", "wvtc"))
+    fleet = simulate_fleet(
+        trace,
+        replicas,
+        routing,
+        route_by,
+        scheduler,
+        step_time,
+        kv_tokens,
+        weights=weights,
+        seed=seed,
+        check_fairness=checked,
+        watch_backlog=True,
+        staleness=staleness,
+    )
+    write_requests(out / "requests.csv", fleet)
+    summary = summarize(
+        fleet.result, horizon, kv_tokens * replicas, max(t.input_tokens for t in trace)
+    )
+    summary.update(
+        workload=workload_name or trace_path,
+        replicas=replicas,
+        routing=routing,
+        route_by=route_by if routing == "global" else None,
+        scheduler=scheduler,
+        step_time=step_time,
+        kv_tokens_per_replica=kv_tokens,
+        staleness_s=staleness,
+        per_replica=per_replica(fleet),
+    )
+    # the constructed workloads' comparison window: from 30 s (both backlogged) to the horizon
+    span = metrics.service(fleet.result.served, 30.0, horizon)
+    summary["service_rate_30_end"] = {c: round(v / (horizon - 30), 1) for c, v in span.items()}
+    (out / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n")
+    title = (
+        f"{scheduler}, {replicas} replicas, {routing} on {workload_name or Path(trace_path).name}"
+    )
+    served = fleet.result.served
+    plots.service_plot(served, horizon, out / "service.png", f"{title}: service rate")
+    plots.gap_plot({routing: served}, horizon, out / "gap.png", bound=fleet.result.bound)
+    return summary
+
+
+def write_requests(path: Path, fleet: FleetResult) -> None:
+    """requests.csv: `metrics.write_requests`'s columns, then `replica`."""
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([*metrics.COLUMNS, metrics.CACHED, "replica"])
+        for r, k in zip(fleet.result.served, fleet.replicas, strict=True):
+            w.writerow(
+                [
+                    r.client,
+                    f"{r.arrival_s:.6f}",
+                    r.input_tokens,
+                    r.output_tokens,
+                    f"{r.first_token_latency_s:.6f}",
+                    f"{r.request_latency_s:.6f}",
+                    r.cached_tokens,
+                    k,
+                ]
+            )
+
+
+def per_replica(fleet: FleetResult) -> list[dict]:
+    """Per replica: requests served, service (linear price), clients served, mean TTFT."""
+    rows = [[] for _ in range(fleet.num_replicas)]
+    for r, k in zip(fleet.result.served, fleet.replicas, strict=True):
+        rows[k].append(r)
+    return [
+        {
+            "replica": k,
+            "served": len(served),
+            "service": round(sum(metrics.linear_cost(r) for r in served), 1),
+            "clients": len({r.client for r in served}),
+            "mean_ttft_s": round(sum(r.first_token_latency_s for r in served) / len(served), 3)
+            if served
+            else None,
+        }
+        for k, served in enumerate(rows)
+    ]

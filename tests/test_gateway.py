@@ -1,0 +1,339 @@
+"""`minivtc route` in front of two real `minivtc serve` backends on loopback: streams passed
+through and charged, the server's own 4xx rules, a flooding and a light tenant, a backend that
+refuses (given back, uncharged) and one killed mid-stream (only its requests end)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from minivtc.core.tokenizer import Tokenizer
+from minivtc.core.vtc import VTC
+from minivtc.core.weights import bundled_weights_dir
+from minivtc.fleet.backend import Backend
+from minivtc.fleet.gateway import Gateway
+from minivtc.fleet.gateway_app import make_gateway
+from minivtc.fleet.gateway_cli import backends_of
+from minivtc.serving.api_keys import Gate, Key
+from minivtc.serving.connections import Limits
+from minivtc.serving.server import BackgroundServer
+
+BUDGET = 256  # tokens per backend: two requests of 100 output tokens each
+KEYS = {
+    f"sk-{name}": Key(name, admin=name == "ops")
+    for name in ["first", "heavy", "light", "victim", "ops", "picky", "later", "vllm"]
+}
+ADMIN = {"authorization": "Bearer sk-ops"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def backends():
+    """Two `minivtc serve` processes on the bundled model, VTC each, 256 KV tokens each."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    ports = [free_port(), free_port()]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "minivtc",
+                "serve",
+                "--port",
+                str(p),
+                "--kv-tokens",
+                str(BUDGET),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for p in ports
+    ]
+    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    deadline = time.monotonic() + 90
+    for url in urls:
+        while not healthy(url):
+            assert time.monotonic() < deadline, "a backend did not start"
+            time.sleep(0.2)
+    yield list(zip(urls, procs, strict=True))
+    for proc in procs:
+        proc.kill()
+        proc.wait()
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def gateway_over(backends: list[Backend]) -> Gateway:
+    tokenizer = Tokenizer(bundled_weights_dir() / "tokenizer.model")
+    return Gateway(VTC(), backends, tokenizer, "minivtc-tiny", Gate(KEYS), health_every_s=0.2)
+
+
+@pytest.fixture(scope="module")
+def gateway(backends):
+    """The gateway in process, its budgets read from the backends' /fairness."""
+    app = make_gateway(gateway_over(backends_of([url for url, _ in backends])))
+    with BackgroundServer(app) as url:
+        yield url
+
+
+def stream(url: str, key: str, max_tokens: int, **extra) -> tuple[list[dict], float]:
+    """A streamed completion: its events, and the seconds to the first. `key` "client:NAME"
+    names the client in X-Client-Id instead (a backend without keys)."""
+    body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "stream": True, **extra}
+    start, first, events = time.monotonic(), None, []
+    headers = {"authorization": f"Bearer {key}"}
+    if key.startswith("client:"):
+        headers = {"x-client-id": key.removeprefix("client:")}
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers=headers, timeout=60) as r:
+        assert r.status_code == 200
+        for line in r.iter_lines():
+            if line.startswith("data:") and line != "data: [DONE]":
+                first = first or time.monotonic() - start
+                events.append(json.loads(line[5:]))
+    return events, first
+
+
+def fleet(url: str) -> dict:
+    return httpx.get(url + "/fairness", headers=ADMIN).json()
+
+
+def test_a_stream_passes_through_chunk_by_chunk_and_is_charged_by_its_usage(gateway):
+    events, _ = stream(gateway, "sk-first", 6, stream_options={"include_usage": True})
+    tokens = [e for e in events if e["choices"]]
+    assert len(tokens) == 6 and tokens[-1]["choices"][0]["finish_reason"] == "length"
+    assert events[-1]["usage"]["completion_tokens"] == 6
+    before = fleet(gateway)["clients"]["first"]["counter"]
+    events, _ = stream(gateway, "sk-first", 3, stream_options={"include_usage": True})
+    view = fleet(gateway)
+    # w_p per prompt token, w_q per output token, as the backend's usage says (the client was
+    # the last to leave the queue: rejoining, it is not lifted)
+    usage = events[-1]["usage"]
+    assert view["clients"]["first"]["counter"] - before == usage["prompt_tokens"] + 2 * 3
+    assert all(b["reserved"] == 0 for b in view["backends"])
+    assert [b["budget"] for b in view["backends"]] == [BUDGET, BUDGET]  # read from /fairness
+    assert view["bound"] == 2 * max(BUDGET - 1, 2 * 2 * BUDGET)  # 2U, M = both budgets
+    events, _ = stream(gateway, "sk-first", 3)
+    assert all(e["choices"] for e in events)  # no usage chunk unless asked for
+
+
+def test_bad_input_gets_the_servers_own_answer(gateway):
+    post = lambda body, key="sk-first": httpx.post(  # noqa: E731
+        gateway + "/v1/completions", json=body, headers={"authorization": f"Bearer {key}"}
+    )
+    r = post({"prompt": "x", "temperature": 5})
+    assert r.status_code == 400 and "invalid value for 'temperature'" in r.text
+    assert post({"prompt": "x"}, key="sk-nobody").status_code == 401
+    r = post({"prompt": "x", "max_tokens": BUDGET})
+    assert r.status_code == 400 and "fits no backend" in r.text
+    assert (
+        httpx.get(gateway + "/metrics", headers={"authorization": "Bearer sk-first"}).status_code
+        == 403
+    )
+    text = httpx.get(gateway + "/metrics", headers=ADMIN).text
+    assert "minivtc_gateway_backend_budget_tokens{backend=" in text and f"{BUDGET}.0" in text
+
+
+HEAVY_TOKENS = 200  # one heavy request fills a backend's 256 tokens: one at a time each
+
+
+async def burst(heavy_at, light_at, heavy: int = 8, light: int = 3) -> dict[str, list[float]]:
+    """`heavy` streams at once, then `light` short ones one after another; each one's time to
+    first token. `heavy_at(i)`, `light_at(i)`: (url, key) of request i."""
+    loop = asyncio.get_running_loop()
+    floods = [loop.run_in_executor(None, stream, *heavy_at(i), HEAVY_TOKENS) for i in range(heavy)]
+    await asyncio.sleep(0.5)  # the flood fills both backends and queues
+    light_ttft = []
+    for i in range(light):
+        _, ttft = await loop.run_in_executor(None, stream, *light_at(i), 4)
+        light_ttft.append(ttft)
+    heavy_ttft = [ttft for _, ttft in await asyncio.gather(*floods)]
+    return {"heavy": sorted(heavy_ttft), "light": light_ttft}
+
+
+def test_a_light_tenant_is_served_promptly_beside_a_flooding_one(gateway, backends):
+    """Heavy's eight streams take both backends (one each) and six wait; the light tenant's
+    requests each go first as soon as a backend frees, ahead of heavy's queue. Beside it, the
+    same load sent round-robin straight to the backends, each with its own VTC: printed, for
+    the record (a flood spread evenly is where per-replica VTC is already fair)."""
+    ttft = asyncio.run(burst(lambda i: (gateway, "sk-heavy"), lambda i: (gateway, "sk-light")))
+    assert len(ttft["light"]) == 3
+    assert max(ttft["light"]) < ttft["heavy"][len(ttft["heavy"]) // 2]  # ahead of heavy's median
+    view = fleet(gateway)
+    assert view["clients"]["light"]["waiting"] == view["clients"]["heavy"]["waiting"] == 0
+    assert asyncio.run(abandoned(gateway)) == (True, True)
+    urls = [url for url, _ in backends]
+    direct = asyncio.run(
+        burst(lambda i: (urls[i % 2], "client:heavy"), lambda i: (urls[i % 2], "client:light"))
+    )
+    print(f"\nTTFT s through the gateway: {rounded(ttft)}")
+    print(f"round-robin, per-replica VTC: {rounded(direct)}")
+
+
+async def until(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.05)
+    return True
+
+
+async def abandoned(url: str) -> tuple[bool, bool]:
+    """Heavy fills both backends, and two light requests wait behind them at the gateway; the
+    caller of one goes away. Returns whether light had both at the gateway (waiting or
+    running), then one only."""
+    loop = asyncio.get_running_loop()
+    floods = [loop.run_in_executor(None, stream, url, "sk-heavy", HEAVY_TOKENS) for _ in range(2)]
+    await asyncio.sleep(0.3)
+    body = {"prompt": "x", "max_tokens": HEAVY_TOKENS, "stream": True}
+    headers = {"authorization": "Bearer sk-light"}
+    live = lambda: sum(fleet(url)["clients"]["light"][k] for k in ("waiting", "running"))  # noqa: E731
+    async with httpx.AsyncClient() as one, httpx.AsyncClient() as other:
+        gone, kept = (
+            asyncio.create_task(c.post(url + "/v1/completions", json=body, headers=headers))
+            for c in (one, other)  # (light's first 200-token request waits for a backend)
+        )
+        before = await until(lambda: live() == 2)
+        gone.cancel()
+        await one.aclose()  # the caller goes away: its connection closes
+        after = await until(lambda: live() == 1)
+        await kept  # the other is served once heavy's requests end
+    await asyncio.gather(*floods)
+    return before, after
+
+
+def rounded(ttft: dict[str, list[float]]) -> dict[str, list[float]]:
+    return {k: [round(t, 2) for t in v] for k, v in ttft.items()}
+
+
+def refusing_backend() -> FastAPI:
+    """A stand-in that is healthy but answers every completion 503 (a full vLLM, say)."""
+    app = FastAPI()
+    app.get("/health")(lambda: {"status": "ok"})
+    app.post("/v1/completions")(lambda: JSONResponse({"error": "busy"}, status_code=503))
+    app.state.minivtc = type("S", (), {"limits": Limits()})()
+    return app
+
+
+def vllm_like_backend() -> FastAPI:
+    """A stand-in speaking vLLM's shapes: text chunks with `stop_reason`, then (asked for) a
+    usage chunk with no choices whose prompt count is its own tokenizer's (here 7)."""
+    app = FastAPI()
+    app.get("/health")(lambda: Response())  # vLLM's /health: 200, empty body
+
+    async def completions(http: HTTPRequest):
+        body = await http.json()
+        head = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m"}
+
+        def chunk(text, finish):
+            choice = {
+                "index": 0,
+                "text": text,
+                "logprobs": None,
+                "finish_reason": finish,
+                "stop_reason": None,
+            }
+            return head | {"choices": [choice]}
+
+        chunks = [chunk(t, None) for t in ("a", "b")] + [chunk("c", "length")]
+        if body.get("stream_options", {}).get("include_usage"):
+            usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
+            chunks.append(head | {"choices": [], "usage": usage})
+        lines = [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
+        return StreamingResponse(iter(lines), media_type="text/event-stream")
+
+    app.post("/v1/completions")(completions)
+    app.state.minivtc = type("S", (), {"limits": Limits()})()
+    return app
+
+
+def test_a_backend_speaking_vllms_shapes_is_passed_through_and_settled_by_its_usage():
+    with BackgroundServer(vllm_like_backend()) as vllm:
+        gw = gateway_over(backends_of([f"{vllm}=1000"]))  # a budget given, not read
+        with BackgroundServer(make_gateway(gw)) as url:
+            events, _ = stream(url, "sk-vllm", 3)
+            view = fleet(url)
+    assert [e["choices"][0]["text"] for e in events] == ["a", "b", "c"]  # no usage: not asked
+    assert events[0]["choices"][0]["stop_reason"] is None  # vLLM's own fields pass through
+    assert view["clients"]["vllm"]["counter"] == 7 + 2 * 3  # its usage, not our tokenizer's
+    assert view["backends"][0]["budget"] == 1000
+
+
+def test_a_backend_answering_503_gives_the_request_back_uncharged(backends):
+    with BackgroundServer(refusing_backend()) as refusing:
+        gw = gateway_over([Backend(refusing, BUDGET), Backend(backends[0][0], BUDGET)])
+        with BackgroundServer(make_gateway(gw)) as url:
+            events, _ = stream(url, "sk-picky", 5, stream_options={"include_usage": True})
+            view = fleet(url)
+    assert view["requests"]["given_back"] >= 1 and view["requests"]["served"] == 1
+    usage = events[-1]["usage"]
+    # charged once: what the real backend served, nothing for the refusals
+    assert view["clients"]["picky"]["counter"] == usage["prompt_tokens"] + 2 * 5
+
+
+def test_minivtc_route_drains_on_sigterm(backends, tmp_path):
+    """The command: budgets read from the backends; on SIGTERM a stream in flight finishes
+    whole, then the process exits."""
+    keys = tmp_path / "keys.json"
+    keys.write_text(json.dumps({"sk-drain": {"client": "drain"}}))
+    port = free_port()
+    args = [sys.executable, "-m", "minivtc", "route", "--port", str(port), "--api-keys", str(keys)]
+    args += [a for url, _ in backends for a in ("--backend", url)]
+    proc = subprocess.Popen(args, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while not healthy(url):
+        assert time.monotonic() < deadline and proc.poll() is None, "the gateway did not start"
+        time.sleep(0.2)
+    body = {"prompt": "Once", "max_tokens": 60, "stream": True}
+    headers = {"authorization": "Bearer sk-drain"}
+    with httpx.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
+        lines = (line for line in r.iter_lines() if line.startswith("data:"))
+        first = next(lines)
+        proc.send_signal(signal.SIGTERM)
+        rest = list(lines)
+    assert [first, *rest][-1] == "data: [DONE]" and len([first, *rest]) == 61
+    # uvicorn re-raises the signal once its graceful shutdown is done: killed by SIGTERM, late
+    assert proc.wait(timeout=30) in (0, -signal.SIGTERM)
+
+
+def test_a_backend_killed_mid_stream_ends_only_its_requests(gateway, backends):
+    body = {"prompt": "Once", "max_tokens": 200, "stream": True}
+    headers = {"authorization": "Bearer sk-victim"}
+    with httpx.stream("POST", gateway + "/v1/completions", json=body, headers=headers) as r:
+        lines = r.iter_lines()
+        first = next(line for line in lines if line.startswith("data:"))
+        assert json.loads(first[5:])["choices"]
+        on = next(b["url"] for b in fleet(gateway)["backends"] if b["running"])
+        proc = dict(backends)[on]
+        proc.send_signal(signal.SIGKILL)
+        rest = [line for line in lines if line.startswith("data:")]
+    assert "the backend failed" in rest[-2] and rest[-1] == "data: [DONE]"
+    events, _ = stream(gateway, "sk-later", 3)  # the other backend serves what comes next
+    assert len(events) == 3
+    view = fleet(gateway)
+    assert [b["healthy"] for b in view["backends"] if b["url"] == on] == [False]
+    assert all(b["reserved"] == 0 for b in view["backends"])
