@@ -231,7 +231,7 @@ class LLM:
         prompts = [
             {
                 "prompt_token_ids": prompt_ids(
-                    self.tokenizer, c, chat_template, add_generation_prompt
+                    self.tokenizer, list(c), chat_template, add_generation_prompt
                 )
             }
             for c in conversations

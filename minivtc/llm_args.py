@@ -103,7 +103,7 @@ def resolve_dtype(dtype: str | torch.dtype, checkpoint: Path, device: torch.devi
         return dtype
     if dtype == "auto":
         hf = load_config_dtype(checkpoint)
-        name = HF_DTYPES.get(hf, "fp32")
+        name = HF_DTYPES.get(hf, "fp32") if hf is not None else "fp32"
         return DTYPES["fp32" if name == "fp16" and device.type == "cpu" else name]
     if dtype not in DTYPE_NAMES:
         raise ValueError(f"unknown dtype {dtype!r}; choose 'auto' or one of {sorted(DTYPE_NAMES)}")

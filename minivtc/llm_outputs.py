@@ -10,7 +10,9 @@ is the stop string or token id that ended it (None for EOS and length); `logprob
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import cast
 
 from minivtc.core.logprobs import Logprob
 from minivtc.core.request import Request
@@ -95,8 +97,8 @@ def completion(index: int, r: Request, tokenizer: Tokenizer | None) -> Completio
         text=r.text,
         token_ids=list(r.output_ids),
         cumulative_logprob=r.cumulative_logprob,
-        logprobs=decoded(r.logprobs, tokenizer),
-        finish_reason=FINISH_REASONS.get(r.finish_reason, r.finish_reason),
+        logprobs=cast("list[dict[int, Logprob]] | None", decoded(r.logprobs, tokenizer)),
+        finish_reason=finish_reason(r.finish_reason),
         stop_reason=r.stop_reason,
     )
 
@@ -115,12 +117,17 @@ def metrics(requests: list[Request]) -> RequestMetrics:
     )
 
 
+def finish_reason(reason: str | None) -> str | None:
+    """vLLM's word for the engine's finish reason ("stop" for an EOS too)."""
+    return reason if reason is None else FINISH_REASONS.get(reason, reason)
+
+
 def decoded(
-    positions: list[dict[int, Logprob] | None] | None, tokenizer: Tokenizer | None
+    positions: Sequence[dict[int, Logprob] | None] | None, tokenizer: Tokenizer | None
 ) -> list[dict[int, Logprob] | None] | None:
     """Logprobs with each token's text filled in (the runner has no tokenizer)."""
     if positions is None or tokenizer is None:
-        return positions
+        return None if positions is None else list(positions)
     piece = tokenizer.token_text
     return [
         None

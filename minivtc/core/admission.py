@@ -127,7 +127,7 @@ class PeakReservation:
         step (T = num_steps + 1) writes K/V for positions < n, and each step after for one
         more, so during step T it holds n + (T - num_steps) - 1 = base + T - 1 positions, with
         base = n - num_steps, until its last step, last = num_steps + s."""
-        left = request.params.max_tokens - len(request.output_ids)
+        left = request.params.limit - len(request.output_ids)
         tokens = len(request.prompt_ids) + len(request.output_ids)
         return self.num_steps + left, tokens - self.num_steps
 

@@ -27,9 +27,9 @@ def generate_plain(model: Llama, prompt_ids: list[int], params: SamplingParams) 
     config = model.config
     if not prompt_ids:
         raise ValueError("the prompt must contain at least one token")
-    if error := context_error(len(prompt_ids), params.max_tokens, config.max_positions):
+    if error := context_error(len(prompt_ids), params.limit, config.max_positions):
         raise ValueError(error)
-    total = len(prompt_ids) + params.max_tokens
+    total = len(prompt_ids) + params.limit
     device, dtype = model.embed_tokens.weight.device, model.embed_tokens.weight.dtype
     cache = ContiguousAttention(
         config.n_layers, 1, total, config.n_kv_heads, config.head_dim, dtype, device
@@ -37,7 +37,7 @@ def generate_plain(model: Llama, prompt_ids: list[int], params: SamplingParams) 
     generator = params.generator()
     tokens = torch.tensor(prompt_ids, device=device)  # (T,)
     positions = torch.arange(len(prompt_ids), device=device)  # (T,)
-    for _ in range(params.max_tokens):
+    for _ in range(params.limit):
         cache.set_step(torch.zeros_like(positions), positions)
         logits = model(tokens, positions, cache, logit_rows=positions[-1:] - positions[0])  # (1, V)
         token = sample(logits, [params], [generator])[0]

@@ -64,7 +64,7 @@ def validate(
     """Refuse a request that can never run: an empty prompt, one past the model's context, or
     one whose prompt + max_tokens could never fit in the KV pool (`max_model_len`: the
     smaller of the two, `Engine.max_model_len`)."""
-    total = len(prompt_ids) + params.max_tokens
+    total = len(prompt_ids) + params.limit
     if params.n != 1:  # the front doors (`LLM.generate`, the server) make n requests of one
         raise RequestRejected("an engine request is one sample: give n=1", param="n")
     if not prompt_ids:
@@ -73,7 +73,7 @@ def validate(
         )
     # Blame the prompt when it alone leaves no room for one output token, else max_tokens.
     param = "prompt" if len(prompt_ids) >= max_model_len else "max_tokens"
-    if error := context_error(len(prompt_ids), params.max_tokens, max_positions):
+    if error := context_error(len(prompt_ids), params.limit, max_positions):
         raise RequestRejected(error, param=param)
     if not allocator.blocks_needed(total) <= allocator.num_blocks:
         raise RequestRejected(

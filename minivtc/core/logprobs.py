@@ -33,9 +33,9 @@ def record_sampled(logits: Tensor, requests: list[Request], tokens: list[int | E
             continue
         lp = torch.log_softmax(logits[row].float(), dim=-1)  # (V,)
         if r.logprobs is None:
-            r.logprobs, r.cumulative_logprob = [], 0.0
+            r.logprobs = []
         r.logprobs.append(top_logprobs(lp, r.params.logprobs, token))
-        r.cumulative_logprob += float(lp[token])
+        r.cumulative_logprob = (r.cumulative_logprob or 0.0) + float(lp[token])
 
 
 def record_prompt(logits: Tensor, request: Request, start: int) -> None:
@@ -44,9 +44,11 @@ def record_prompt(logits: Tensor, request: Request, start: int) -> None:
     if request.prompt_logprobs is None:
         request.prompt_logprobs = [None] * (start + 1)
     lp = torch.log_softmax(logits.float(), dim=-1)  # (rows, V)
+    k = request.params.prompt_logprobs
+    assert k is not None, "asked for by a request with prompt_logprobs only"
     for j in range(lp.shape[0]):
         token = request.prompt_ids[start + j + 1]
-        request.prompt_logprobs.append(top_logprobs(lp[j], request.params.prompt_logprobs, token))
+        request.prompt_logprobs.append(top_logprobs(lp[j], k, token))
 
 
 def top_logprobs(lp: Tensor, k: int, chosen: int) -> dict[int, Logprob]:

@@ -58,6 +58,12 @@ class SamplingParams:
         check_types(self)
         check_ranges(self)
 
+    @property
+    def limit(self) -> int:
+        """max_tokens, resolved: every request an engine holds has one (`with_max_tokens`)."""
+        assert self.max_tokens is not None, "max_tokens None is resolved when a request is added"
+        return self.max_tokens
+
     def with_max_tokens(self, room: int) -> SamplingParams:
         """These params with max_tokens None resolved to `room` (what the context leaves)."""
         return self if self.max_tokens is not None else replace(self, max_tokens=max(room, 1))
@@ -94,12 +100,19 @@ FLOAT_FIELDS = (
 BOOL_FIELDS = ("ignore_eos", "skip_special_tokens", "include_stop_str_in_output")
 
 
+def is_int_value(v: object) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_finite(v: float) -> bool:
+    return -float("inf") < v < float("inf")  # (NaN fails this too)
+
+
 def check_types(p: SamplingParams) -> None:
     """Each field's type: a wrong one would fail later, inside a step, not here."""
-    is_int = lambda v: isinstance(v, int) and not isinstance(v, bool)
     for name in INT_FIELDS + OPTIONAL_INT_FIELDS:
         v = getattr(p, name)
-        if not (is_int(v) or (v is None and name in OPTIONAL_INT_FIELDS)):
+        if not (is_int_value(v) or (v is None and name in OPTIONAL_INT_FIELDS)):
             raise ValueError(f"{name} must be an int, got {v!r}")
     for name in FLOAT_FIELDS:
         v = getattr(p, name)
@@ -110,21 +123,20 @@ def check_types(p: SamplingParams) -> None:
             raise ValueError(f"{name} must be True or False, got {getattr(p, name)!r}")
     if not all(isinstance(s, str) and s for s in p.stop):
         raise ValueError("stop sequences must be non-empty strings")
-    if not all(is_int(t) and t >= 0 for t in p.stop_token_ids):
+    if not all(is_int_value(t) and t >= 0 for t in p.stop_token_ids):
         raise ValueError(f"stop_token_ids must be token ids, got {list(p.stop_token_ids)}")
 
 
 def check_ranges(p: SamplingParams) -> None:
-    finite = lambda v: -float("inf") < v < float("inf")  # (NaN fails this too)
     rules = [
         (p.n >= 1, f"n must be >= 1, got {p.n}"),
-        (0 <= p.temperature and finite(p.temperature), "temperature must be >= 0 and finite"),
+        (0 <= p.temperature and is_finite(p.temperature), "temperature must be >= 0 and finite"),
         (0 < p.top_p <= 1, f"top_p must be in (0, 1], got {p.top_p}"),
         (p.top_k >= -1, f"top_k must be -1 (off), 0 (off) or more, got {p.top_k}"),
         (0 <= p.min_p <= 1, f"min_p must be in [0, 1], got {p.min_p}"),
         (-2 <= p.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
         (-2 <= p.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
-        (0 < p.repetition_penalty and finite(p.repetition_penalty), "repetition_penalty > 0"),
+        (0 < p.repetition_penalty and is_finite(p.repetition_penalty), "repetition_penalty > 0"),
         (p.max_tokens is None or p.max_tokens >= 1, f"max_tokens must be >= 1, got {p.max_tokens}"),
         (p.min_tokens >= 0, f"min_tokens must be >= 0, got {p.min_tokens}"),
         (p.max_tokens is None or p.min_tokens <= p.max_tokens, "min_tokens must be <= max_tokens"),
@@ -168,7 +180,7 @@ def stop_reason(
             return "stop"
         if params.stop and any(s in text for s in params.stop):
             return "stop"
-    if num_generated >= params.max_tokens:
+    if num_generated >= params.limit:
         return "length"
     return None
 

@@ -63,7 +63,7 @@ class Oracle:
         self.rng = random.Random(seed)
 
     def predict(self, request: Request) -> float:
-        true = request.params.max_tokens
+        true = request.params.limit
         if not self.spread:
             return float(true)
         return self.rng.uniform(true * (1 - self.spread), true * (1 + self.spread))

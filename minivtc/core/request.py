@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from minivtc.core.params import SamplingParams, releasable
 
@@ -61,8 +61,8 @@ class Request:
     stop_reason: str | int | None = None  # finish_reason "stop": the stop string or token id
     # params.logprobs / prompt_logprobs: per position, token id -> Logprob (`logprobs.py`),
     # written by the runner from the forward pass that sampled (or read) the token
-    logprobs: list[dict] | None = None
-    prompt_logprobs: list[dict | None] | None = None
+    logprobs: list[dict[int, Any]] | None = None
+    prompt_logprobs: list[dict[int, Any] | None] | None = None
     cumulative_logprob: float | None = None  # the sum of the sampled tokens' logprobs
 
     @property
@@ -80,7 +80,7 @@ class Request:
     @property
     def max_num_tokens(self) -> int:
         """Prompt + max_tokens: what admission reserves, so decode never runs out of blocks."""
-        return len(self.prompt_ids) + self.params.max_tokens
+        return len(self.prompt_ids) + self.params.limit
 
     @property
     def all_ids(self) -> list[int]:

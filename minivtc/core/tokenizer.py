@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import sentencepiece as spm
 
@@ -51,22 +52,25 @@ class Tokenizer:
         if skip_special_tokens:
             text: str = self.sp.decode(list(ids))
             return text
-        runs, run = [], []
+        runs: list[str] = []
+        run: list[int] = []
         for t in ids:
             if self.sp.is_control(t):
                 runs += [self.sp.decode(run), self.sp.id_to_piece(t)]
                 run = []
             else:
                 run.append(t)
-        return "".join(runs) + self.sp.decode(run)
+        tail: str = self.sp.decode(run)
+        return "".join(runs) + tail
 
     def token_text(self, token: int) -> str:
         """One token's own text, its leading space kept (SentencePiece's "▁"), as logprobs show
         it: a generation's tokens joined spell its text. A byte token may be part of a character
         (U+FFFD alone); BOS and EOS are "<s>" and "</s>"."""
         if self.sp.is_byte(token):
-            return self.sp.decode([token])
-        piece = self.sp.id_to_piece(token)
+            byte: str = self.sp.decode([token])
+            return byte
+        piece: str = self.sp.id_to_piece(token)
         return piece if self.sp.is_control(token) else piece.replace("\u2581", " ")
 
     # Hugging Face's names, which vLLM users reach through `LLM.get_tokenizer()`
@@ -74,20 +78,20 @@ class Tokenizer:
     eos_token_id = property(lambda self: self.eos_id)
     pad_token_id = None  # Llama-2 has none
 
-    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict:
+    def __call__(self, text: str | list[str], add_special_tokens: bool = True) -> dict[str, Any]:
         """`{"input_ids": ..., "attention_mask": ...}` of a text or a list of texts."""
         if isinstance(text, str):
             ids = self.encode(text, add_special_tokens)
             return {"input_ids": ids, "attention_mask": [1] * len(ids)}
-        ids = [self.encode(t, add_special_tokens) for t in text]
-        return {"input_ids": ids, "attention_mask": [[1] * len(i) for i in ids]}
+        batch = [self.encode(t, add_special_tokens) for t in text]
+        return {"input_ids": batch, "attention_mask": [[1] * len(i) for i in batch]}
 
     def __len__(self) -> int:
         return self.vocab_size
 
     def apply_chat_template(
         self,
-        conversation: list[dict],
+        conversation: list[dict[str, Any]],
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         tokenize: bool = True,
