@@ -23,7 +23,8 @@ class FleetWatch:
         self.weights = dict(weights or {})
         self.num_waiting: Counter[str] = Counter()  # client -> its requests waiting in the fleet
         self.running_diff: dict[tuple[str, str], tuple[float, float, float]] = {}
-        self.worst, self.pair = 0.0, None  # the largest gap so far, and between whom
+        self.worst = 0.0  # the largest gap so far
+        self.pair: tuple[str, str] | None = None  # and between whom
 
     def waiting(self) -> frozenset[str]:
         return frozenset(c for c, n in self.num_waiting.items() if n)

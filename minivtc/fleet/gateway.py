@@ -25,7 +25,6 @@ import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 
 import httpx
 from fastapi.responses import JSONResponse, Response
@@ -47,18 +46,12 @@ from minivtc.fleet.proxy import (
     send_stream,
 )
 from minivtc.serving.api_keys import Gate
+from minivtc.serving.connections import Limits
 from minivtc.serving.openai_api import APIError
 from minivtc.serving.prompts import PromptRoom
 
 DEFAULT_MAX_TOKENS = 16  # a completion's, as OpenAI's and `minivtc serve`'s
 DEFAULT_CHAT_MAX_TOKENS = 256  # a chat's: the gateway must reserve something finite
-
-
-@dataclass(frozen=True)
-class Room:
-    """What `PromptRoom.of` reads of an engine: the most tokens one request may hold."""
-
-    max_model_len: int
 
 
 class Gateway:
@@ -76,16 +69,21 @@ class Gateway:
         checked = isinstance(scheduler, VTC)  # Lemma 4.3 over the fleet, after every event
         self.dispatcher = Dispatcher(scheduler, backends, check_fairness=checked)
         self.tokenizer, self.model_name, self.gate = tokenizer, model_name, gate
-        self.room = PromptRoom.of(Room(self.dispatcher.largest), tokenizer)
+        self.room = PromptRoom.of(self.dispatcher.largest, tokenizer)
         self.health_every_s = health_every_s
         self.waiters: dict[str, asyncio.Future[Backend]] = {}  # waiting for a binding
         self.clients: dict[str, str] = {}  # request id -> its client, while it lives
-        self.limits = None  # the connections' (`gateway_app.make_gateway` sets them)
+        self.limits: Limits | None = None  # the connections' (`gateway_app.make_gateway`)
         self.ids = itertools.count()
         self.counts = {"served": 0, "given_back": 0, "broken": 0}  # requests, for /metrics
         self.http: httpx.AsyncClient | None = None  # made on the serving loop (`lifespan`)
 
     # --- a request's life -----------------------------------------------------------------
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        assert self.http is not None, "made on the serving loop at startup (`lifespan`)"
+        return self.http
 
     def enqueue(self, client: str, prompt_tokens: int, max_tokens: int) -> Request:
         """Queue a request; APIError 400 if it fits no backend (or the policy refuses it)."""
@@ -128,7 +126,9 @@ class Gateway:
             while True:
                 backend = await self.backend_for(request)
                 try:
-                    async for line in send_stream(self.http, backend.name + path, payload, headers):
+                    async for line in send_stream(
+                        self.client, backend.name + path, payload, headers
+                    ):
                         if (out := self.on_line(request, line, usage, wants_usage)) is not None:
                             yield out
                     return
@@ -153,7 +153,7 @@ class Gateway:
             while True:
                 backend = await self.backend_for(request)
                 try:
-                    data = await send_once(self.http, backend.name + path, payload, headers)
+                    data = await send_once(self.client, backend.name + path, payload, headers)
                     usage.update(data.get("usage") or {})
                     return JSONResponse(data)
                 except Refused:
@@ -176,7 +176,7 @@ class Gateway:
         if chunk.get("usage"):
             usage.update(chunk["usage"])
         if chunk.get("choices"):
-            if request.num_output < request.params.max_tokens:
+            if request.num_output < request.params.limit:
                 request.output_ids.append(0)
                 self.dispatcher.on_decode([request])
         elif not wants_usage:
@@ -219,7 +219,7 @@ class Gateway:
 
     async def check(self, backend: Backend) -> None:
         try:
-            response = await self.http.get(backend.name + "/health", timeout=2.0)
+            response = await self.client.get(backend.name + "/health", timeout=2.0)
             backend.healthy = response.status_code == 200
         except httpx.HTTPError:
             backend.healthy = False

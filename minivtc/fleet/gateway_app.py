@@ -33,9 +33,9 @@ def make_gateway(gateway: Gateway, limits: Limits | None = None) -> FastAPI:
     app = FastAPI(title="minivtc route", lifespan=lifespan(gateway))
     app.state.gateway = gateway
     app.state.minivtc = gateway  # (`BackgroundServer` reads `limits` there)
-    gateway.limits = limits or Limits()
+    gateway.limits = limits = limits or Limits()
     add_error_handlers(app)
-    app.add_middleware(Door, gate=gateway.gate, limits=gateway.limits)
+    app.add_middleware(Door, gate=gateway.gate, limits=limits)
     app.post("/v1/completions")(completions)
     app.post("/v1/chat/completions")(chat_completions)
     app.get("/v1/models")(models)

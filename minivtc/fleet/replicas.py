@@ -27,6 +27,7 @@ import heapq
 import math
 import time
 from dataclasses import dataclass
+from typing import cast
 
 from minivtc.core.cost import W_Q
 from minivtc.core.engine import Engine
@@ -143,18 +144,15 @@ class Fleet:
 
     def run(self, trace: list[TraceRequest]) -> None:
         """Events in time order: an arrival at or before the next step's end comes first."""
-        i, prefixes = 0, {}
+        i, prefixes = 0, dict[str, list[int]]()
         while i < len(trace) or self.heap or (self.news and self.news.queue):
             next_arrival = trace[i].arrival_s if i < len(trace) else math.inf
             next_step = self.heap[0][0] if self.heap else math.inf
             before = self.watch.waiting() if self.watch else frozenset()
             service: dict[str, float] = {}
-            if (
-                self.news
-                and self.news.queue
-                and self.news.next_time <= min(next_arrival, next_step)
-            ):
-                self.now = self.news.next_time
+            heard = self.news.next_time if self.news else None
+            if heard is not None and heard <= min(next_arrival, next_step):
+                self.now = heard
                 self.hear()
             elif next_step < next_arrival:
                 self.now, k = heapq.heappop(self.heap)
@@ -188,6 +186,7 @@ class Fleet:
 
     def bind(self) -> None:
         """The dispatcher's admission round; each bound request joins its replica now."""
+        assert self.dispatcher is not None, "routing 'global' only"
         for request, backend in self.dispatcher.bind():
             self.send(request, backend)
             if self.watch:
@@ -240,6 +239,7 @@ class Fleet:
         """Each client's service in a step: its tokens processed (a first token: the prompt
         too, prefilled in this step). Per replica, that is also when it stopped waiting."""
         service: dict[str, float] = {}
+        assert self.watch is not None, "measured only with a watch"
         for r in batch:
             first = len(r.output_ids) == 1
             price = self.watch.price(r.num_prompt if first else 0, 1, r.client_id)
@@ -262,8 +262,10 @@ class Fleet:
 
     def hear(self) -> None:
         """The news due now reaches the dispatcher: tokens charged, finished rooms freed."""
+        assert self.news is not None and self.dispatcher is not None, "a stale global view"
         for seen, done in self.news.due(self.now):
-            self.dispatcher.on_decode(seen)
+            # a Seen is what on_decode reads of a request (`staleness.Seen`)
+            self.dispatcher.on_decode(cast("list[Request]", seen))
             for request in done:
                 self.dispatcher.on_finish(request)
 
@@ -272,7 +274,8 @@ class Fleet:
         bound = self.dispatcher.gap_bound() if self.dispatcher else None
         if bound is None or self.news is None:
             return bound
-        check = self.dispatcher.fairness
+        check = self.dispatcher.fairness if self.dispatcher else None
+        assert check is not None, "a bound is stated only where it is checked"
         return bound + 2 * W_Q * self.news.most_unseen * check.scale
 
     def result(self, trace: list[TraceRequest], wall_s: float) -> FleetResult:

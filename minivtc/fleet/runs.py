@@ -15,6 +15,7 @@ from pathlib import Path
 from minivtc.fleet.replicas import FleetResult, simulate_fleet
 from minivtc.fleet.workloads import fleet_workload, scaled
 from minivtc.harness import metrics, plots
+from minivtc.harness.metrics import Served
 from minivtc.harness.report import summarize
 from minivtc.harness.workloads import read_trace
 
@@ -39,6 +40,7 @@ def simulate_fleet_to_dir(
     if workload_name:
         trace, horizon, weights = fleet_workload(workload_name, replicas)
     else:
+        assert trace_path is not None, "a workload name or a trace path"
         trace, weights = scaled(read_trace(trace_path), replicas), None
         horizon = float(int(trace[-1].arrival_s))
     checked = routing == "global" and scheduler.startswith(("vtc", "wvtc"))
@@ -75,9 +77,8 @@ def simulate_fleet_to_dir(
     span = metrics.service(fleet.result.served, 30.0, horizon)
     summary["service_rate_30_end"] = {c: round(v / (horizon - 30), 1) for c, v in span.items()}
     (out / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n")
-    title = (
-        f"{scheduler}, {replicas} replicas, {routing} on {workload_name or Path(trace_path).name}"
-    )
+    source = workload_name or Path(str(trace_path)).name
+    title = f"{scheduler}, {replicas} replicas, {routing} on {source}"
     served = fleet.result.served
     plots.service_plot(served, horizon, out / "service.png", f"{title}: service rate")
     plots.gap_plot({routing: served}, horizon, out / "gap.png", bound=fleet.result.bound)
@@ -106,7 +107,7 @@ def write_requests(path: Path, fleet: FleetResult) -> None:
 
 def per_replica(fleet: FleetResult) -> list[dict]:
     """Per replica: requests served, service (linear price), clients served, mean TTFT."""
-    rows = [[] for _ in range(fleet.num_replicas)]
+    rows: list[list[Served]] = [[] for _ in range(fleet.num_replicas)]
     for r, k in zip(fleet.result.served, fleet.replicas, strict=True):
         rows[k].append(r)
     return [

@@ -85,10 +85,10 @@ def fleet_workload(name: str, n: int) -> tuple[list[TraceRequest], float, dict |
     """(trace, horizon, weights) at n replicas: one of `FLEET_WORKLOADS`, or a paper workload
     (`harness/workloads.py`) `scaled` by n."""
     if name in FLEET_WORKLOADS:
-        w = FLEET_WORKLOADS[name]
-        return w.make(n), w.duration, w.weights
+        fleet = FLEET_WORKLOADS[name]
+        return fleet.make(n), fleet.duration, fleet.weights
     if name in WORKLOADS:
-        w = WORKLOADS[name]
-        return scaled(w.make(), n), w.duration, w.weights
+        paper = WORKLOADS[name]
+        return scaled(paper.make(), n), paper.duration, paper.weights
     names = ", ".join([*WORKLOADS, *FLEET_WORKLOADS])
     raise ValueError(f"unknown workload {name!r}; choose one of: {names}")

@@ -28,8 +28,10 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from minivtc.serving.openai_api import MAX_CLIENT_ID_CHARS, APIError
 
@@ -92,7 +94,7 @@ def read_keys(path: str | Path) -> dict[str, Key]:
     return keys
 
 
-def weights_of(keys: dict[str, Key]) -> dict[str, float]:
+def weights_of(keys: Mapping[Any, Key]) -> dict[str, float]:
     """Each client's weight, for the scheduler."""
     return {k.client: k.weight for k in keys.values()}
 

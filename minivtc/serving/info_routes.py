@@ -87,6 +87,7 @@ async def tokenize(http: Request):
     if body.prompt is not None:
         ids = await asyncio.to_thread(state.tokenizer.encode, body.prompt, body.add_special_tokens)
     else:
+        assert body.messages is not None  # (one of the two, checked above)
         messages = [{"role": m.role, "content": m.text} for m in body.messages]
         try:
             ids = chat.prompt_ids(

@@ -117,7 +117,7 @@ class Message(BaseModel):
     def text(self) -> str:
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text or "" for part in self.content)
 
 
 class ChatBody(Sampling):
@@ -127,7 +127,7 @@ class ChatBody(Sampling):
     top_logprobs: int | None = Field(default=None, ge=0, le=MAX_LOGPROBS)
 
 
-Body = TypeVar("Body", bound=Sampling)
+Body = TypeVar("Body", bound=BaseModel)
 
 
 def parse_json(raw: bytes) -> dict:
@@ -252,7 +252,11 @@ def check_unsupported(body: Sampling, model_name: str, aliases: tuple[str, ...] 
     if getattr(body, "echo", False) and getattr(body, "logprobs", None) is not None:
         raise APIError(400, "echo with logprobs (prompt logprobs) is not supported", "echo")
     # Accepted only at a value that changes nothing: anything else is refused, never ignored.
-    harmless = {"logit_bias": (None, {}), "best_of": (None, 1, body.n), "suffix": (None, "")}
+    harmless: dict[str, tuple[object, ...]] = {
+        "logit_bias": (None, {}),
+        "best_of": (None, 1, body.n),
+        "suffix": (None, ""),
+    }
     for name, allowed in harmless.items():
         if getattr(body, name, allowed[0]) not in allowed:
             raise APIError(400, f"'{name}' is not supported by this server", name)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minivtc.core.engine import Engine
 from minivtc.core.params import SamplingParams
 from minivtc.core.tokenizer import Tokenizer
 from minivtc.serving.openai_api import (
@@ -38,8 +37,9 @@ class PromptRoom:
     max_messages: int  # a chat with more messages can never fit
 
     @classmethod
-    def of(cls, engine: Engine, tokenizer: Tokenizer) -> PromptRoom:
-        room = engine.max_model_len
+    def of(cls, room: int, tokenizer: Tokenizer) -> PromptRoom:
+        """For an engine (or a fleet) whose longest request holds `room` tokens
+        (`Engine.max_model_len`)."""
         longest_piece = max(len(tokenizer.sp.id_to_piece(i)) for i in range(tokenizer.vocab_size))
         exchange = exchange_tokens(tokenizer)
         # n messages hold at least (n - 2) / 2 exchanges (less one system message and the last
@@ -141,7 +141,7 @@ def sampling_params(body: Sampling, max_tokens: int, logprobs: int | None) -> Sa
         raise APIError(400, "stop sequences must be non-empty strings", "stop")
     if body.min_tokens > max_tokens:
         raise APIError(400, f"min_tokens must be <= max_tokens ({max_tokens})", "min_tokens")
-    fields = ("temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos", "n")
+    fields: tuple[str, ...] = ("temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos", "n")
     fields += ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens")
     fields += ("skip_special_tokens", "include_stop_str_in_output")
     return SamplingParams(

@@ -103,7 +103,7 @@ def make_app(
         model_name,
         int(time.time()),
         gate,
-        PromptRoom.of(engine, tokenizer),
+        PromptRoom.of(engine.max_model_len, tokenizer),
         limits,
         tuple(aliases),
         chat.load_template(chat_template) if chat_template else None,
@@ -267,7 +267,8 @@ class Server:
             self.app,
             host=host,
             port=port,
-            timeout_graceful_shutdown=shutdown_timeout + 5,
+            # (annotated int, used as asyncio.wait_for's float: seconds, fractions kept)
+            timeout_graceful_shutdown=shutdown_timeout + 5,  # type: ignore[arg-type]
             **self.app.state.minivtc.limits.uvicorn_options(),
         )
         self.server = uvicorn.Server(config)

@@ -211,9 +211,11 @@ def chunk_logprobs(reply: Reply, choice: Choice, k: int, offset: int) -> dict | 
 
 
 def format_logprobs(reply: Reply, tokens: list[int], entries: list, offset: int) -> dict:
+    top = reply.top_logprobs
+    assert top is not None, "asked for only when logprobs were"
     if reply.shape.chat:
-        return chat_logprobs(reply.tokenizer, tokens, entries, reply.top_logprobs)
-    return completion_logprobs(reply.tokenizer, tokens, entries, reply.top_logprobs, offset)
+        return chat_logprobs(reply.tokenizer, tokens, entries, top)
+    return completion_logprobs(reply.tokenizer, tokens, entries, top, offset)
 
 
 def event(payload: dict) -> str:
