@@ -290,25 +290,17 @@ def test_a_gap_below_one_blocks_decode_charge_is_refused_as_thrashing():
     """The audit's --preempt-gap 1 (blocks of 16, w_q = 2) took 4,659 preemptions for 30
     requests: a readmitted request was displaced again before it generated a block. The
     smallest gap accepted is w_q x block_size; it and anything above it run."""
+
+    def fair_engine(block_size: int, gap: float) -> Engine:
+        options = EngineOptions(reservation="none", victim="fair", preempt_gap=gap)
+        return Engine(
+            UnitRunner([0.0]), BlockAllocator(40, block_size), VTC(), 100, -1, options=options
+        )
+
     for block_size, gap in ((16, 31.9), (1, 1.0)):
         with pytest.raises(ValueError, match="below one block's decode charge"):
-            Engine(
-                UnitRunner([0.0]),
-                BlockAllocator(40, block_size),
-                VTC(),
-                100,
-                eos_id=-1,
-                options=EngineOptions(reservation="none", victim="fair", preempt_gap=gap),
-            )
-    engine = Engine(
-        UnitRunner([0.0]),
-        BlockAllocator(40, 16),
-        VTC(),
-        100,
-        eos_id=-1,
-        options=EngineOptions(reservation="none", victim="fair", preempt_gap=32.0),
-    )
-    assert engine.preempt_gap == 32.0
+            fair_engine(block_size, gap)
+    assert fair_engine(16, 32.0).preempt_gap == 32.0
 
 
 def test_check_fairness_refuses_admission_every_few_steps_with_the_fair_victim():
