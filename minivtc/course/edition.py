@@ -3,10 +3,11 @@
 Owns `release(out)` (the edition: the package, its bundled model, the lessons without their
 solution cells, and a README; every assignment's function kept up to its docstring and then
 `raise NotImplementedError`) and
-the source surgery it and the grader share: `stub` (empty one function) and `splice` (put one
-function of another copy of the file in place of this one's). Functions are found by their
-qualified name with `ast`, so a student's helper functions and comments elsewhere in the file
-are never touched. Does not own grading (`grade.py`).
+the source surgery it and the grader share: `stub` (empty one function), `splice` (put one
+function of another copy of the file in place of this one's) and `take` (the assignment's
+functions, and the functions, methods and imports the student added beside them, into the
+reference's file; `helpers.py`). Functions are found by their qualified name with `ast`.
+Does not own grading (`grade.py`).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from minivtc.course.assignments import ASSIGNMENTS
+from minivtc.course.helpers import carry, not_taken
 
 PACKAGE = Path(__file__).resolve().parents[1]  # minivtc/
 REPOSITORY = PACKAGE.parent  # where weights/ and lessons/ are, in a checkout
@@ -75,6 +77,16 @@ def splice(target: str, donor: str, qualname: str) -> str:
     return "".join(
         lines[: start - 1] + donor_lines[donor_start - 1 : new.end_lineno] + lines[old.end_lineno :]
     )
+
+
+def take(target: str, donor: str, names: list[str]) -> tuple[str, list[str]]:
+    """`target` (the reference's file) with the functions `names` and the student's own
+    helpers taken from `donor` (the student's copy), and what of the student's changes was
+    not taken, by name (their changes to the reference's other functions and statements)."""
+    source = target
+    for qualname in names:
+        source = splice(source, donor, qualname)
+    return carry(source, donor), not_taken(target, donor, names)
 
 
 def find(tree: ast.Module, qualname: str) -> ast.FunctionDef:

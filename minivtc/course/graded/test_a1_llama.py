@@ -58,6 +58,8 @@ def test_rmsnorm_matches_transformers():
         theirs.weight.copy_(ours.weight)
     x = torch.randn(7, 64) * 3
     torch.testing.assert_close(ours(x), theirs(x))
+    tiny = torch.randn(7, 64) * 1e-3  # here eps matters: mean(x^2) ~ 1e-6 < eps
+    torch.testing.assert_close(ours(tiny), theirs(tiny), msg="RMSNorm of small inputs (eps)")
 
 
 @pytest.mark.parametrize("config", [MHA, GQA], ids=["theta 1e4", "theta 5e5"])

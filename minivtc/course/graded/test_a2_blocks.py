@@ -28,8 +28,18 @@ def test_allocate_grow_free_and_slots():
     assert len(a.block_tables["r"]) == 3 and a.block_tables["r"][:2] == blocks
     a.grow("r", 9)  # already there: nothing more
     assert a.num_free_blocks == 3
+    a.grow("r", 12)  # exactly 3 blocks of 4: nothing more
+    assert len(a.block_tables["r"]) == 3, (
+        f"12 positions fill 3 blocks of 4 exactly: grow took {len(a.block_tables['r'])}"
+    )
     a.free("r")
     assert a.num_free_blocks == 6 and "r" not in a.block_tables
+    a.allocate("s", 1)
+    a.grow("s", 17)  # 1 block to 5 at once
+    assert len(a.block_tables["s"]) == 5, (
+        f"growing from 1 position to 17 needs 5 blocks of 4; the table has "
+        f"{len(a.block_tables['s'])}"
+    )
     a.check_invariants()
 
 
@@ -56,7 +66,10 @@ def test_random_operations_keep_the_invariants(block_size):
             del held[r]
         a.check_invariants()
         for r, n in held.items():
-            assert len(a.block_tables[r]) >= a.blocks_needed(n)
+            assert len(a.block_tables[r]) == a.blocks_needed(n), (
+                f"{r} holds {len(a.block_tables[r])} blocks for {n} positions of "
+                f"{block_size}: exactly {a.blocks_needed(n)} are needed"
+            )
             slots = a.slots(r, 0, n)
             assert len(set(slots)) == n  # distinct cells
             assert all(s // block_size in a.block_tables[r] for s in slots)

@@ -42,10 +42,16 @@ def test_clients_served_alike_and_as_demanded_have_no_difference():
     assert m.throughput == pytest.approx(2 * 600 * 20 / 605.0)
 
 
-def test_a_starved_client_counts_up_to_its_demand():
+@pytest.mark.parametrize("cost", ["linear", "profiled"])
+def test_a_starved_client_counts_up_to_its_demand(cost):
     """b is served nothing while asking for half of a's service: its shortfall against the
     best served client is capped by how far it is from its own demand."""
     a = [Served("a", float(t), 10, 20, 1.0, 2.0) for t in range(600)]  # 50 a second
     b = [Served("b", float(t), 10, 5, 1000.0, 1001.0) for t in range(0, 600, 2)]  # 10 a second
-    m = metrics.table_metrics(a + b, 1601.0)
-    assert m.max_diff == pytest.approx(10.0, rel=0.05)  # b's whole demand, not a's 50
+    h = {"linear": metrics.linear_cost, "profiled": metrics.profiled_cost}[cost]
+    m = metrics.table_metrics(a + b, 1601.0, cost=h)  # the demand is priced linearly either way
+    expected = min(h(a[0]), 10.0)  # a's rate (one request a second), or b's demand (10/s)
+    assert m.max_diff == pytest.approx(expected, rel=0.05), (
+        f"Max Diff {m.max_diff:.2f}, not {expected:.2f}: b's shortfall against a, capped by b's "
+        "demand (priced with the linear cost, as the artifact's script does)"
+    )
