@@ -22,6 +22,8 @@ from minivtc.course.helpers import carry, not_taken
 
 PACKAGE = Path(__file__).resolve().parents[1]  # minivtc/
 REPOSITORY = PACKAGE.parent  # where weights/ and lessons/ are, in a checkout
+# Not in the edition: the catalogue of wrong solutions quotes the reference's bodies
+INSTRUCTOR_ONLY = ("__pycache__", "*.pyc", "wrong.py", "check.py")
 
 
 def release(out: str | Path) -> Path:
@@ -30,7 +32,7 @@ def release(out: str | Path) -> Path:
     if out.exists():
         raise ValueError(f"{out} exists: the edition goes to a new directory")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(PACKAGE, out / "minivtc", ignore=ignore)
+    shutil.copytree(PACKAGE, out / "minivtc", ignore=shutil.ignore_patterns(*INSTRUCTOR_ONLY))
     for folder in ("weights", "lessons"):
         if (REPOSITORY / folder).is_dir():
             shutil.copytree(REPOSITORY / folder, out / folder, ignore=ignore)
@@ -138,6 +140,13 @@ they must do), then grade yourself from this directory:
 
 An assignment is graded on its own: its tests run on the reference package with just your
 functions for it, so an unfinished assignment never costs points in another.
+
+Your helpers are yours: besides the functions named below, every function, method, class and
+import you *add* in an assignment's files is graded with them. The rest of those files is the
+reference's: a change you make to one of its other functions or methods is not taken, and the
+grader names each such change in the assignment's note. For each failed test the grader prints
+what it checks and its first assertion message (also in `grades.json`); `--verbose` prints
+the tests' full output.
 
 | assignment | what you write | points | time | functions |
 | --- | --- | --- | --- | --- |

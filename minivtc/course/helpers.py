@@ -22,9 +22,10 @@ def carry(target: str, donor: str) -> str:
     tree, theirs = ast.parse(target), ast.parse(donor)
     ours = {n.name: n for n in tree.body if isinstance(n, DEFINITIONS)}
     inserts: list[tuple[int, list[str]]] = []  # (after line, lines)
+    appended: list[str] = []  # new top-level definitions, after everything
     for node in theirs.body:
         if isinstance(node, DEFINITIONS) and node.name not in ours:
-            inserts.append((len(lines), ["\n", "\n", *segment(donor_lines, node)]))
+            appended += ["\n", "\n", *segment(donor_lines, node)]
         elif isinstance(node, ast.ClassDef) and isinstance(ours.get(node.name), ast.ClassDef):
             mine = ours[node.name]
             have = {n.name for n in mine.body if isinstance(n, DEFINITIONS)}
@@ -40,7 +41,9 @@ def carry(target: str, donor: str) -> str:
         if new and not new[-1].endswith("\n"):
             new[-1] += "\n"
         lines[after:after] = new
-    return "".join(lines)
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    return "".join(lines + appended)
 
 
 def not_taken(target: str, donor: str, names: list[str]) -> list[str]:

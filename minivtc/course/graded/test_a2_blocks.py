@@ -19,6 +19,8 @@ from minivtc.llm import build_engine
 
 
 def test_allocate_grow_free_and_slots():
+    """allocate, grow, free and slots on one request: exactly the blocks needed, and the slots they
+    give."""
     a = BlockAllocator(num_blocks=6, block_size=4)
     a.allocate("r", 6)  # 6 positions: 2 blocks
     assert len(a.block_tables["r"]) == 2 and a.num_free_blocks == 4
@@ -45,6 +47,8 @@ def test_allocate_grow_free_and_slots():
 
 @pytest.mark.parametrize("block_size", [1, 3, 16])
 def test_random_operations_keep_the_invariants(block_size):
+    """Random allocate / grow / free keep the allocator's invariants, exactly the blocks needed and
+    distinct slots."""
     rng = random.Random(block_size)
     a, held = BlockAllocator(40, block_size), {}
     for i in range(400):
@@ -77,6 +81,8 @@ def test_random_operations_keep_the_invariants(block_size):
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_paged_engine_gives_the_tokens_of_dense_attention(block_size):
+    """The paged engine gives the tokens of dense attention (the slots put K/V where attention reads
+    them)."""
     torch.manual_seed(0)
     model = Llama(
         LlamaConfig(

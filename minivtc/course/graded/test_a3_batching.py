@@ -26,6 +26,7 @@ from minivtc.llm import build_engine
 
 
 def test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing():
+    """reserve takes blocks for prompt + max_tokens, or nothing when they do not fit."""
     allocator = BlockAllocator(10, 4)  # 40 tokens
     full = FullReservation(allocator)
     a = Request("a", "c", [1] * 10, SamplingParams(max_tokens=14), 0.0)  # 24 tokens: 6 blocks
@@ -92,6 +93,8 @@ def test_with_blocks_on_demand_a_step_grows_the_blocks_it_writes():
 
 
 def test_one_step_admits_runs_appends_and_retires():
+    """One step admits, runs, appends a token to each running request and retires the finished
+    ones."""
     engine = unit_engine(kv_tokens=30)
     a = engine.add_request([5] * 4, SamplingParams(max_tokens=2, ignore_eos=True))
     b = engine.add_request([5] * 4, SamplingParams(max_tokens=3, ignore_eos=True))
@@ -121,6 +124,7 @@ def test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it():
 
 
 def test_continuous_batching_gives_each_request_its_tokens_alone():
+    """Continuous batching gives each request the tokens it would get alone."""
     torch.manual_seed(0)
     model = Llama(
         LlamaConfig(

@@ -175,7 +175,7 @@ def test_output_charges_follow_any_cost_the_profiled_one_too():
 @settings(PROPERTY, max_examples=60)
 @given(workloads)
 def test_lemma_4_3_and_theorems_4_4_and_4_9(w):
-    """Lemma 4.3 after every step (the engine asserts it); Thm 4.4 and 4.9 on every interval."""
+    """Lemma 4.3 after every step, Theorems 4.4 and 4.9 on every interval, on random workloads."""
     arrivals = random_arrivals(w)
     u = bound_u(max(a.prompt for a in arrivals), w["kv_tokens"])
     engine, steps, _ = drive(VTC(), arrivals, w["kv_tokens"], fairness=True)
@@ -198,6 +198,8 @@ def test_lemma_4_3_and_theorems_4_4_and_4_9(w):
 @settings(PROPERTY, max_examples=30)
 @given(workloads)
 def test_weighted_vtc_follows_weights_within_the_bound(w):
+    """Weighted VTC: two backlogged clients' weighted service stays within 2U, on random
+    workloads."""
     arrivals = random_arrivals(w)
     weights = {f"c{i}": float(i + 1) for i in range(w["n_clients"])}
     u = bound_u(max(a.prompt for a in arrivals), w["kv_tokens"])  # weights >= 1: U/min_w <= U
@@ -209,6 +211,7 @@ def test_weighted_vtc_follows_weights_within_the_bound(w):
 
 
 def test_weighted_vtc_shares_are_proportional_when_all_are_backlogged():
+    """Weighted VTC: clients always backlogged get service in proportion to their weights."""
     weights = {"a": 1.0, "b": 2.0, "c": 4.0}
     arrivals = [Arrival(0.0, c, 10, 10) for c in weights for _ in range(150)]
     _, steps, _ = drive(VTC(weights=weights), arrivals, kv_tokens=100)
@@ -219,8 +222,9 @@ def test_weighted_vtc_shares_are_proportional_when_all_are_backlogged():
 
 
 def test_theorem_4_8_the_bound_is_tight_within_2x():
-    """F floods first and fills the pool; G arrives a moment later and cannot preempt. Any
-    work-conserving, non-preemptive policy (VTC and FCFS alike) shows a gap ~ w_q * M."""
+    """Theorem 4.8: a gap of about w_q M is unavoidable, and VTC's stays within 2U. F floods first
+    and fills the pool; G arrives a moment later and cannot preempt. Any work-conserving,
+    non-preemptive policy (VTC and FCFS alike) shows a gap ~ w_q * M."""
     m = 100
     arrivals = [Arrival(0.0, "F", 1, m - 1)] + [
         Arrival(0.5, c, 1, m - 1) for c in "FG" for _ in range(3)
@@ -235,6 +239,7 @@ def test_theorem_4_8_the_bound_is_tight_within_2x():
 
 
 def test_lcf_lets_a_returning_client_monopolise_and_vtc_does_not():
+    """A client back from idle does not monopolise the server (LCF, without the lift, lets it)."""
     u = bound_u(8, 64)
     _, lcf_steps, _ = idle_then_return(make_scheduler("lcf"))
     _, vtc_steps, _ = idle_then_return(make_scheduler("vtc"))

@@ -27,6 +27,7 @@ def run(name: str) -> tuple[list[Served], float]:
     ],
 )
 def test_table_2_rows(name, expected):
+    """Table 2's FCFS and VTC rows, from the artifact's measured runs, to two decimals."""
     served, total = run(name)
     m = metrics.table_metrics(served, total)
     assert (round(m.max_diff, 2), round(m.avg_diff, 2), round(m.diff_var, 2)) == expected[:3]
@@ -44,8 +45,8 @@ def test_clients_served_alike_and_as_demanded_have_no_difference():
 
 @pytest.mark.parametrize("cost", ["linear", "profiled"])
 def test_a_starved_client_counts_up_to_its_demand(cost):
-    """b is served nothing while asking for half of a's service: its shortfall against the
-    best served client is capped by how far it is from its own demand."""
+    """A starved client's shortfall is capped by its own demand (priced with the linear cost).
+    b is served nothing while asking for less than a's service."""
     a = [Served("a", float(t), 10, 20, 1.0, 2.0) for t in range(600)]  # 50 a second
     b = [Served("b", float(t), 10, 5, 1000.0, 1001.0) for t in range(0, 600, 2)]  # 10 a second
     h = {"linear": metrics.linear_cost, "profiled": metrics.profiled_cost}[cost]

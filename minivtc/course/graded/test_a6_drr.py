@@ -120,6 +120,8 @@ def test_the_turn_passes_when_the_deficit_is_spent():
 @settings(PROPERTY, max_examples=25)
 @given(w=workloads)
 def test_the_service_gap_stays_within_2_u_plus_q(quantum, w):
+    """Two backlogged clients' service stays within 2(U + Q), on random workloads through the
+    engine."""
     arrivals = random_arrivals(w)
     u = bound_u(max(a.prompt for a in arrivals), w["kv_tokens"])
     _, steps, _ = drive(DRR(quantum), arrivals, w["kv_tokens"])  # (every request is served)
@@ -144,6 +146,7 @@ def test_backlogged_clients_share_equally_whatever_their_request_sizes():
 
 @pytest.mark.parametrize("name", ["overload", "on_off_overload", "real"])
 def test_on_the_papers_workloads_as_fair_as_vtc_and_as_fast(name):
+    """On the paper's workloads DRR is as fair as VTC (within 10%) and as fast."""
     w = workload(name)
     trace = w.make()
     table = {}
