@@ -41,6 +41,11 @@ def add_course(sub) -> None:
         "--verbose", action="store_true", help="print each assignment's full test output"
     )
     grade.set_defaults(run=run_grade)
+    add_check(verbs)
+    add_render(verbs)
+
+
+def add_check(verbs) -> None:
     check = verbs.add_parser(
         "check-grader",
         help="grade the catalogue of wrong solutions and the mutants of the reference",
@@ -56,7 +61,6 @@ def add_course(sub) -> None:
     check.add_argument("--jobs", type=int, default=1, help="graded runs at once")
     check.add_argument("--json", help="also write the results to this file")
     check.set_defaults(run=run_check)
-    add_render(verbs)
 
 
 def add_render(verbs) -> None:

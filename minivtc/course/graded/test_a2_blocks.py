@@ -22,7 +22,8 @@ def test_allocate_grow_free_and_slots():
     """allocate, grow, free and slots on one request: exactly the blocks needed, and the slots they
     give."""
     a = BlockAllocator(num_blocks=6, block_size=4)
-    a.allocate("r", 6)  # 6 positions: 2 blocks
+    table = a.allocate("r", 6)  # 6 positions: 2 blocks
+    assert table == a.block_tables["r"], f"allocate returned {table}, not the block table"
     assert len(a.block_tables["r"]) == 2 and a.num_free_blocks == 4
     blocks = list(a.block_tables["r"])
     assert a.slots("r", 0, 6) == [blocks[p // 4] * 4 + p % 4 for p in range(6)]

@@ -62,6 +62,12 @@ def test_each_step_charges_its_tokens_to_the_clients():
     )
 
 
+class NoEmptyBatch(UnitRunner):
+    def run(self, requests, allocator):
+        assert requests, "a step with nothing to run must not call the runner (a forward pass)"
+        return super().run(requests, allocator)
+
+
 class Broken(FCFS):
     def check_invariants(self) -> None:
         raise AssertionError("the scheduler's invariants were checked")
@@ -105,7 +111,9 @@ def test_one_step_admits_runs_appends_and_retires():
     assert a.finish_reason == "length" and a not in engine.running
     assert engine.allocator.num_used_blocks == 7  # b's reservation only
     engine.step()
-    assert b.finish_reason == "length" and engine.step() == []
+    assert b.finish_reason == "length"
+    engine.runner = NoEmptyBatch(engine.runner.clock)
+    assert engine.step() == []  # nothing to run: no forward pass
     assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
 
 
