@@ -8,9 +8,9 @@ The changes: an arithmetic operator swapped (+ -, * /, // /, % //, ** *), a comp
 turned (< <=, > >=, == !=, is / is not, in / not in), min and max exchanged, and / or
 exchanged, a `not` or a unary minus dropped, a number raised by one (a float doubled, 0.0 to
 1.0), True and False exchanged, a statement replaced by `pass`. Not mutated: docstrings and
-`assert` statements (a caller's contract checked defensively: a correct caller never trips
-it, so no test of the function's behaviour can see it go). At most `limit` mutants per
-assignment, chosen evenly over every site and reproducibly.
+`assert` statements, messages included (a caller's contract checked defensively: a correct
+caller never trips it, so no test of the function's behaviour can see it go or change). At
+most `limit` mutants per assignment, chosen evenly over every site and reproducibly.
 """
 
 from __future__ import annotations
@@ -79,6 +79,9 @@ class Mutator(ast.NodeTransformer):
                     ):
                         block[i] = ast.copy_location(ast.Pass(), statement)
         return super().generic_visit(node)
+
+    def visit_Assert(self, node: ast.Assert) -> ast.AST:
+        return node  # neither dropped nor changed inside (its message included)
 
     def visit_op(self, node: ast.AST, op: ast.AST, set_op) -> None:
         swap = SWAPS.get(type(op))

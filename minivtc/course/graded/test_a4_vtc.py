@@ -117,6 +117,24 @@ def test_the_lift_never_lowers_a_counter_and_lifts_to_the_smallest_waiting():
     )
 
 
+def test_a_client_joining_an_empty_queue_is_lifted_to_the_last_to_leave():
+    """A client joining an empty queue is lifted to the counter of the last client to leave
+    it."""
+    vtc = VTC()
+    vtc.add(request("a", 2, name="a1"), 0.0)
+    vtc.add(request("a", 2, name="a2"), 0.0)
+    dispatch_next(vtc), dispatch_next(vtc)  # a: 4, and the queue is empty
+    b = request("b", 2)
+    vtc.add(b, 0.0)  # lifted to a's 4
+    dispatch_next(vtc)  # b: 6, the last to leave
+    decode(vtc, b, 10)  # b: 26
+    vtc.add(request("c", 2), 0.0)
+    assert vtc.counters["c"] == vtc.counters["b"] == 26.0, (
+        f"c joined an empty queue whose last client to leave was b (counter 26.0): lifted to "
+        f"{vtc.counters['c']} (Algorithm 2: c_u <- max(c_u, c_l), l the last to leave)"
+    )
+
+
 def test_ties_go_to_the_client_seen_first():
     """Among waiting clients with equal counters, peek picks the one seen first."""
     vtc = VTC()

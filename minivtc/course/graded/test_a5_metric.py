@@ -43,6 +43,17 @@ def test_clients_served_alike_and_as_demanded_have_no_difference():
     assert m.throughput == pytest.approx(2 * 600 * 20 / 605.0)
 
 
+def test_without_a_total_time_throughput_is_over_the_served_span():
+    """Without total_time, throughput is over the span from the first arrival to the last end."""
+    served = [Served(c, 10.0 + t, 10, 10, 1.0, 5.0) for t in range(600) for c in "ab"]
+    m = metrics.table_metrics(served)
+    span = (609.0 + 5.0) - 10.0
+    assert m.throughput == pytest.approx(2 * 600 * 20 / span), (
+        f"throughput {m.throughput:.3f}, not {2 * 600 * 20 / span:.3f} tokens/s: without "
+        "total_time it is the last end minus the first arrival"
+    )
+
+
 @pytest.mark.parametrize("cost", ["linear", "profiled"])
 def test_a_starved_client_counts_up_to_its_demand(cost):
     """A starved client's shortfall is capped by its own demand (priced with the linear cost).
