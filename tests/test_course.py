@@ -291,3 +291,15 @@ def test_the_same_submission_gets_the_same_points_every_time(tmp_path):
     )
     runs = [grade(edition, tmp_path / f"out{i}", only=["a4_vtc"]) for i in range(3)]
     assert runs[0]["total"] < 30 and runs[0] == runs[1] == runs[2], runs
+
+
+@pytest.mark.slow
+def test_grade_verbose_prints_the_tests_whole_output(tmp_path, capsys):
+    from minivtc.cli import main
+
+    argv = ["course", "grade", "--reference", "--out", str(tmp_path), "--only", "a5_metric"]
+    assert main(argv) == 0
+    assert "passed in" not in capsys.readouterr().err
+    assert main([*argv, "--verbose"]) == 0
+    err = capsys.readouterr().err
+    assert "--- a5_metric: the tests' output ---" in err and "6 passed in" in err
