@@ -303,3 +303,25 @@ def test_grade_verbose_prints_the_tests_whole_output(tmp_path, capsys):
     assert main([*argv, "--verbose"]) == 0
     err = capsys.readouterr().err
     assert "--- a5_metric: the tests' output ---" in err and "6 passed in" in err
+
+
+@pytest.mark.slow
+def test_a_student_tests_one_assignment_on_their_edition_as_it_stands(tmp_path, capsys):
+    """`minivtc course test a5` in a fresh edition: 0, with each failure named; with a5's
+    function written (the reference's): full marks. The edition has its own pyproject.toml."""
+    import tomllib
+
+    from minivtc.cli import main
+    from minivtc.course.edition import PACKAGE
+
+    edition = release(tmp_path / "edition")
+    project = tomllib.loads((edition / "pyproject.toml").read_text())
+    assert project["project"]["name"] == "minivtc"
+    assert project["tool"]["pytest"]["ini_options"]["testpaths"] == ["minivtc/course/graded"]
+    assert main(["course", "test", "a5", str(edition)]) == 1
+    out = capsys.readouterr().out
+    assert "a5_metric" in out and "failed: Table 2's FCFS and VTC rows" in out, out
+    metrics = "harness/metrics.py"
+    (edition / "minivtc" / metrics).write_text((PACKAGE / metrics).read_text())
+    assert main(["course", "test", "a5_metric", str(edition)]) == 0
+    assert not (edition / "report.xml").exists()

@@ -42,6 +42,13 @@ def add_course(sub) -> None:
     )
     grade.set_defaults(run=run_grade)
     add_check(verbs)
+    test = verbs.add_parser(
+        "test",
+        help="run one assignment's graded tests on an edition as it stands (for students)",
+    )
+    test.add_argument("assignment", help="e.g. a4_vtc (or a4)")
+    test.add_argument("edition", nargs="?", default=".", help="the edition (default: here)")
+    test.set_defaults(run=run_test)
     add_render(verbs)
 
 
@@ -116,6 +123,20 @@ def run_grade(args) -> int:
     print(table(result))
     print(f"wrote {out}/grades.json")
     return 0
+
+
+def run_test(args) -> int:
+    from minivtc.course.assignments import ASSIGNMENTS
+    from minivtc.course.grade import table, test_edition
+
+    keys = [a.key for a in ASSIGNMENTS if args.assignment in (a.key, a.key.split("_")[0])]
+    if not keys:
+        raise ValueError(
+            f"no assignment {args.assignment!r}: one of {[a.key for a in ASSIGNMENTS]}"
+        )
+    result = test_edition(keys[0], args.edition)
+    print(table(result))
+    return 0 if result["total"] == result["max_total"] else 1
 
 
 def run_check(args) -> int:

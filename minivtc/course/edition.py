@@ -44,7 +44,18 @@ def release(out: str | Path) -> Path:
             message = f"Assignment {a.key}: write {qualname} ({a.title})"
             path.write_text(stub(path.read_text(), qualname, message))
     (out / "README.md").write_text(readme())
+    if (REPOSITORY / "pyproject.toml").is_file():  # installable alone: pip install -e 'DIR[dev]'
+        (out / "pyproject.toml").write_text(pyproject((REPOSITORY / "pyproject.toml").read_text()))
     return out
+
+
+def pyproject(text: str) -> str:
+    """The repository's pyproject.toml for the edition: the edition has no tests/ folder."""
+    lines = [
+        'testpaths = ["minivtc/course/graded"]' if line.startswith("testpaths =") else line
+        for line in text.splitlines()
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def without_solutions(notebook: Path) -> None:
@@ -137,6 +148,13 @@ Each assignment is a handful of functions of the package whose bodies say
 they must do), then grade yourself from this directory:
 
     minivtc course grade .
+
+or run one assignment's graded tests on your edition as it stands (the same tests and
+messages; a4 and a6 drive the engine, so they need a3's `Engine.step` done first):
+
+    minivtc course test a4_vtc
+
+The edition installs on its own: `pip install -e '.[dev]'` from this directory.
 
 An assignment is graded on its own: its tests run on the reference package with just your
 functions for it, so an unfinished assignment never costs points in another.

@@ -113,8 +113,9 @@ def grade_one(a: Assignment, edition: Path | None, how: How = How()) -> Grade:
         return grade
 
 
-def run_tests(a: Assignment, root: Path, how: How) -> Grade:
-    report, log = root / "report.xml", root / "output.txt"
+def run_tests(a: Assignment, root: Path, how: How, work: Path | None = None) -> Grade:
+    """`a`'s graded tests on the package in `root`; the report and output go to `work`."""
+    report, log = (work or root) / "report.xml", (work or root) / "output.txt"
     tests = root / "minivtc" / "course" / "graded" / f"test_{a.key}.py"
     args = ["-q", "-p", "no:cacheprovider", f"--junitxml={report}", str(tests)]
     args += ["-x"] * how.first_failure
@@ -135,6 +136,14 @@ def run_tests(a: Assignment, root: Path, how: How) -> Grade:
     points = round(a.max_points * passed / total, 1) if total else 0.0
     failed = [asdict(f) for f in failures]
     return Grade(a.key, points, a.max_points, passed, total, failures=failed, output=output)
+
+
+def test_edition(key: str, edition: str | Path, time_limit_s: float = TIME_LIMIT_S) -> dict:
+    """`key`'s graded tests on `edition`'s own package as it stands (`minivtc course test`):
+    the student's functions with the rest of their edition, nothing of the reference's."""
+    (a,) = [a for a in ASSIGNMENTS if a.key == key]
+    with tempfile.TemporaryDirectory(prefix=f"minivtc-test-{key}-") as work:
+        return summary([run_tests(a, Path(edition).resolve(), How(time_limit_s), Path(work))])
 
 
 def run_pytest(args: list[str], root: Path, log: Path, time_limit_s: float) -> bool:
