@@ -201,7 +201,11 @@ def test_lemma_4_3_and_theorems_4_4_and_4_9(w):
     for f in clients:
         for g in clients:
             if f < g:
-                assert max_gap(steps, f, g) <= 2 * u, (f, g)  # Theorem 4.4
+                gap = max_gap(steps, f, g)
+                assert gap <= 2 * u, (
+                    f"Theorem 4.4 violated: {f} and {g} both backlogged, service gap {gap} > "
+                    f"2U = {2 * u}"
+                )
             # Theorem 4.9: f backlogged throughout => W_f >= W_g - 4U, for any g.
             worst, prefix, lo = 0.0, 0.0, 0.0
             for s in steps:
@@ -210,7 +214,9 @@ def test_lemma_4_3_and_theorems_4_4_and_4_9(w):
                     worst, lo = max(worst, prefix - lo), min(lo, prefix)
                 else:
                     prefix = lo = 0.0
-            assert worst <= 4 * u, (f, g)
+            assert worst <= 4 * u, (
+                f"Theorem 4.9 violated: {f} backlogged got {worst} less than {g} > 4U = {4 * u}"
+            )
 
 
 @settings(PROPERTY, max_examples=30)
@@ -225,7 +231,11 @@ def test_weighted_vtc_follows_weights_within_the_bound(w):
     for f in weights:
         for g in weights:
             if f < g:
-                assert max_gap(steps, f, g, weights) <= 2 * u
+                gap = max_gap(steps, f, g, weights)
+                assert gap <= 2 * u, (
+                    f"{f} and {g} (weights {weights[f]}, {weights[g]}) both backlogged: weighted "
+                    f"service gap {gap} > 2U = {2 * u}"
+                )
 
 
 def test_weighted_vtc_shares_are_proportional_when_all_are_backlogged():
@@ -235,8 +245,9 @@ def test_weighted_vtc_shares_are_proportional_when_all_are_backlogged():
     _, steps, _ = drive(VTC(weights=weights), arrivals, kv_tokens=100)
     busy = [s for s in steps if s.backlogged == set(weights)]
     total = {c: sum(s.service.get(c, 0.0) for s in busy) for c in weights}
-    assert total["b"] / total["a"] == pytest.approx(2.0, rel=0.1)
-    assert total["c"] / total["a"] == pytest.approx(4.0, rel=0.1)
+    shares = f"service of a, b, c (weights 1, 2, 4): {total}"
+    assert total["b"] / total["a"] == pytest.approx(2.0, rel=0.1), shares
+    assert total["c"] / total["a"] == pytest.approx(4.0, rel=0.1), shares
 
 
 def test_theorem_4_8_the_bound_is_tight_within_2x():
@@ -251,9 +262,10 @@ def test_theorem_4_8_the_bound_is_tight_within_2x():
     for policy in (VTC(), FCFS()):
         _, steps, _ = drive(policy, arrivals, kv_tokens=m)
         gap = max_gap(steps, "F", "G")
-        assert W_Q * (m - 2) <= gap, policy.name
+        assert W_Q * (m - 2) <= gap, f"{policy.name}: gap {gap} below w_q (M - 2)"
         if isinstance(policy, VTC):
-            assert gap <= 2 * u  # so VTC's 2U is within 2x of what any such policy must allow
+            # so VTC's 2U is within 2x of what any such policy must allow
+            assert gap <= 2 * u, f"VTC's service gap {gap} > 2U = {2 * u}"
 
 
 def test_lcf_lets_a_returning_client_monopolise_and_vtc_does_not():
@@ -261,8 +273,10 @@ def test_lcf_lets_a_returning_client_monopolise_and_vtc_does_not():
     u = bound_u(8, 64)
     _, lcf_steps, _ = idle_then_return(make_scheduler("lcf"))
     _, vtc_steps, _ = idle_then_return(make_scheduler("vtc"))
-    assert max_gap(lcf_steps, "A", "B") > 5 * u  # B's stale low counter takes every dispatch
-    assert max_gap(vtc_steps, "A", "B") <= 2 * u
+    # B's stale low counter takes every dispatch
+    assert max_gap(lcf_steps, "A", "B") > 5 * u, "the LCF baseline should fail here"
+    gap = max_gap(vtc_steps, "A", "B")
+    assert gap <= 2 * u, f"B back from idle: service gap {gap} > 2U = {2 * u} (a stale counter?)"
 
 
 def test_an_over_predicted_length_is_refunded():

@@ -129,7 +129,11 @@ def test_the_service_gap_stays_within_2_u_plus_q(quantum, w):
     for f in clients:
         for g in clients:
             if f < g:
-                assert max_gap(steps, f, g) <= 2 * (u + quantum), (f, g)
+                gap = max_gap(steps, f, g)
+                assert gap <= 2 * (u + quantum), (
+                    f"{f} and {g} both backlogged: service gap {gap} > 2(U + Q) = "
+                    f"{2 * (u + quantum)}"
+                )
 
 
 def test_backlogged_clients_share_equally_whatever_their_request_sizes():
@@ -141,7 +145,9 @@ def test_backlogged_clients_share_equally_whatever_their_request_sizes():
     busy = [s for s in steps if s.backlogged == set(sizes)]
     total = {c: sum(s.service.get(c, 0.0) for s in busy) for c in sizes}
     mean = sum(total.values()) / 3
-    assert all(abs(v - mean) <= 0.15 * mean for v in total.values()), total
+    assert all(abs(v - mean) <= 0.15 * mean for v in total.values()), (
+        f"service of small, medium and large: {total}, not within 15% of a third each"
+    )
 
 
 @pytest.mark.parametrize("name", ["overload", "on_off_overload", "real"])
@@ -156,6 +162,9 @@ def test_on_the_papers_workloads_as_fair_as_vtc_and_as_fast(name):
             r.served, r.total_time, horizon=w.duration
         )
     drr, vtc, fcfs = table["drr:256"], table["vtc"], table["fcfs"]
-    assert drr.max_diff <= 1.1 * vtc.max_diff and drr.avg_diff <= 1.1 * vtc.avg_diff
-    assert drr.avg_diff < 0.7 * fcfs.avg_diff
-    assert drr.throughput >= 0.98 * vtc.throughput
+    assert drr.max_diff <= 1.1 * vtc.max_diff and drr.avg_diff <= 1.1 * vtc.avg_diff, (
+        f"{name}: Max / Avg Diff {drr.max_diff:.1f} / {drr.avg_diff:.1f}, VTC's "
+        f"{vtc.max_diff:.1f} / {vtc.avg_diff:.1f}: more than 10% above"
+    )
+    assert drr.avg_diff < 0.7 * fcfs.avg_diff, f"{name}: Avg Diff not 30% below FCFS's"
+    assert drr.throughput >= 0.98 * vtc.throughput, f"{name}: throughput 2% below VTC's"
