@@ -116,6 +116,28 @@ def test_the_turn_passes_when_the_deficit_is_spent():
     )
 
 
+def test_a_turn_lasts_while_the_deficit_is_positive_however_little():
+    """A deficit of half a token is still positive: the client dispatches again."""
+    drr = DRR(10.5)
+    for r in (request("a", 10, "a1"), request("a", 10, "a2"), request("b", 10, "b1")):
+        drr.add(r, 0.0)
+    order = [dispatch_next(drr).request_id for _ in range(3)]
+    assert order == ["a1", "a2", "b1"], (
+        f"quantum 10.5, prompts of 10: dispatched {order}, not a1, a2, b1 (a's deficit 0.5 after "
+        "a1 is positive: still a's turn)"
+    )
+
+
+def test_when_a_client_leaves_the_round_the_next_one_s_turn_begins():
+    """A client whose queue empties leaves the round; the next client's turn begins, with its
+    quantum."""
+    drr = DRR(10.0)
+    for client in "abc":
+        drr.add(request(client, 5), 0.0)
+    order = [dispatch_next(drr).client_id for _ in range(3)]
+    assert order == ["a", "b", "c"], f"one request each from a, b, c in turn: dispatched {order}"
+
+
 @pytest.mark.parametrize("quantum", [1.0, 32.0, 256.0])
 @settings(PROPERTY, max_examples=25)
 @given(w=workloads)
