@@ -12,7 +12,7 @@ import textwrap
 import pytest
 
 from minivtc.course.assignments import ASSIGNMENTS
-from minivtc.course.edition import release, splice, stub
+from minivtc.course.edition import release, splice, stub, take
 from minivtc.course.grade import grade
 
 SOURCE = textwrap.dedent('''
@@ -145,3 +145,183 @@ def test_render_writes_a_lesson_with_its_outputs_and_without_its_solutions(tmp_p
         assert own and not [line for line in own if line in text], own
     assert '<a href="01_forward_pass.html">Lesson 1' in index.read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["01_forward_pass.html", "index.html"]
+
+
+HELPED = textwrap.dedent("""
+    import math
+
+
+    class A:
+        def f(self, x):
+            return self.twice(x) + half(x)
+
+        def g(self):
+            return "changed"
+
+        def twice(self, x):
+            return 2 * x
+
+
+    def half(x):
+        return math.floor(x / 2)
+""")
+REFERENCE = textwrap.dedent("""
+    class A:
+        def f(self, x):
+            raise NotImplementedError
+
+        def g(self):
+            return "reference"
+""")
+
+
+def test_take_carries_the_student_s_helpers_and_names_what_it_leaves():
+    """The named function, with the method, function and import it needs, is taken; a change
+    to another of the reference's methods is not, and is reported by name."""
+    source, left = take(REFERENCE, HELPED, ["A.f"])
+    namespace: dict = {}
+    exec(source, namespace)
+    a = namespace["A"]()
+    assert a.f(5) == 12 and a.g() == "reference"
+    assert left == ["your changes to A.g were not taken (only new helpers are)"]
+    _, left = take(REFERENCE, HELPED.replace("def g(self):", "def g2(self):"), ["A.f"])
+    assert left == ["you removed A.g; the reference's is used"]
+
+
+def test_failed_tests_are_read_with_a_student_s_name_and_the_first_message(tmp_path):
+    from minivtc.course.feedback import read_report
+
+    tests = tmp_path / "test_x.py"
+    tests.write_text('def test_the_lift():\n    """The lift never lowers a counter. More."""\n')
+    report = tmp_path / "report.xml"
+    report.write_text(
+        '<testsuites><testsuite tests="3"><testcase name="test_ok"/>'
+        '<testcase name="test_the_lift"><failure message="AssertionError: lowered to 3&#10;'
+        'assert 3 == 5">trace</failure></testcase>'
+        '<testcase name="test_two_words[x 1]"><error message="boom"/></testcase>'
+        "</testsuite></testsuites>"
+    )
+    total, failures = read_report(report, tests)
+    assert total == 3
+    assert [(f.name, f.message) for f in failures] == [
+        ("The lift never lowers a counter", "lowered to 3"),
+        ("two words (x 1)", "boom"),
+    ]
+
+
+def test_the_edition_states_the_helpers_rule_and_ships_no_wrong_solutions(tmp_path):
+    edition = release(tmp_path / "edition")
+    assert (
+        "every function, method, class and\nimport you *add*" in (edition / "README.md").read_text()
+    )
+    assert not (edition / "minivtc/course/wrong.py").exists()
+    assert not (edition / "minivtc/course/check.py").exists()
+
+
+def edition_with(tmp_path, file: str, old: str, new: str):
+    """A released edition whose `file` is the reference's, with `old` replaced by `new`."""
+    from minivtc.course.edition import PACKAGE
+
+    edition = release(tmp_path / "edition")
+    source = (PACKAGE / file).read_text()
+    assert source.count(old) == 1, old
+    (edition / "minivtc" / file).write_text(source.replace(old, new))
+    return edition
+
+
+@pytest.mark.slow
+def test_a_correct_a4_with_a_helper_of_its_own_gets_full_marks(tmp_path):
+    """VTC.peek calling a method and a function the student added, with an import of theirs,
+    and a change to VTC.join (not theirs): full marks, and the change named in the note."""
+    edition = edition_with(
+        tmp_path,
+        "core/vtc.py",
+        "        client = self.least.least()\n        return None if",
+        "        client = self.my_least()\n        return None if",
+    )
+    path = edition / "minivtc/core/vtc.py"
+    path.write_text(
+        path.read_text()
+        .replace(
+            "from collections import deque\n", "import operator\nfrom collections import deque\n"
+        )
+        .replace(
+            "    # helpers\n",
+            "    # helpers\n\n    def my_least(self):\n        return mine(self)\n",
+        )
+        .replace("        self.ran_while_empty.clear()  # Q", "        pass  # Q")
+        + "\n\ndef mine(vtc):\n    return operator.methodcaller('least')(vtc.least)\n"
+    )
+    result = grade(edition, tmp_path / "out", only=["a4_vtc"])
+    (g,) = result["assignments"]
+    assert g["points"] == g["max_points"] == 30, g
+    assert "your changes to VTC.join were not taken" in g["note"], g
+
+
+@pytest.mark.slow
+def test_each_failed_test_is_named_with_its_message_in_the_table_and_grades_json(tmp_path):
+    from minivtc.course.grade import table
+
+    edition = edition_with(
+        tmp_path,
+        "core/vtc.py",
+        "floor is not None and floor > self.counters[client]",
+        "floor is not None",
+    )
+    result = grade(edition, tmp_path / "out", only=["a4_vtc"])
+    (g,) = result["assignments"]
+    assert 0 < g["points"] < 30, g
+    names = {f["name"]: f["message"] for f in g["failures"]}
+    lift = "The lift raises a joining client to the smallest waiting counter, never lowers one"
+    assert lift in names and "a lift is max(c_u, floor)" in names[lift], names
+    assert f"failed: {lift}: a joined with counter" in table(result)
+    saved = json.loads((tmp_path / "out/grades.json").read_text())
+    assert saved["assignments"][0]["failures"] == g["failures"]
+
+
+@pytest.mark.slow
+def test_the_same_submission_gets_the_same_points_every_time(tmp_path):
+    """Three gradings of one submission (a4 whose output charges ignore the weights: it fails
+    the derandomized property tests of weighted VTC): identical, failures and all."""
+    edition = edition_with(
+        tmp_path,
+        "core/vtc.py",
+        ") / weights.get(request.client_id, 1.0)",
+        ")",
+    )
+    runs = [grade(edition, tmp_path / f"out{i}", only=["a4_vtc"]) for i in range(3)]
+    assert runs[0]["total"] < 30 and runs[0] == runs[1] == runs[2], runs
+
+
+@pytest.mark.slow
+def test_grade_verbose_prints_the_tests_whole_output(tmp_path, capsys):
+    from minivtc.cli import main
+
+    argv = ["course", "grade", "--reference", "--out", str(tmp_path), "--only", "a5_metric"]
+    assert main(argv) == 0
+    assert "passed in" not in capsys.readouterr().err
+    assert main([*argv, "--verbose"]) == 0
+    err = capsys.readouterr().err
+    assert "--- a5_metric: the tests' output ---" in err and "6 passed in" in err
+
+
+@pytest.mark.slow
+def test_a_student_tests_one_assignment_on_their_edition_as_it_stands(tmp_path, capsys):
+    """`minivtc course test a5` in a fresh edition: 0, with each failure named; with a5's
+    function written (the reference's): full marks. The edition has its own pyproject.toml."""
+    import tomllib
+
+    from minivtc.cli import main
+    from minivtc.course.edition import PACKAGE
+
+    edition = release(tmp_path / "edition")
+    project = tomllib.loads((edition / "pyproject.toml").read_text())
+    assert project["project"]["name"] == "minivtc"
+    assert project["tool"]["pytest"]["ini_options"]["testpaths"] == ["minivtc/course/graded"]
+    assert main(["course", "test", "a5", str(edition)]) == 1
+    out = capsys.readouterr().out
+    assert "a5_metric" in out and "failed: Table 2's FCFS and VTC rows" in out, out
+    metrics = "harness/metrics.py"
+    (edition / "minivtc" / metrics).write_text((PACKAGE / metrics).read_text())
+    assert main(["course", "test", "a5_metric", str(edition)]) == 0
+    assert not (edition / "report.xml").exists()

@@ -37,8 +37,37 @@ def add_course(sub) -> None:
         "--time-limit", type=float, default=240.0, help="seconds per assignment before it scores 0"
     )
     grade.add_argument("--only", action="append", help="grade only this assignment (repeat)")
+    grade.add_argument(
+        "--verbose", action="store_true", help="print each assignment's full test output"
+    )
     grade.set_defaults(run=run_grade)
+    add_check(verbs)
+    test = verbs.add_parser(
+        "test",
+        help="run one assignment's graded tests on an edition as it stands (for students)",
+    )
+    test.add_argument("assignment", help="e.g. a4_vtc (or a4)")
+    test.add_argument("edition", nargs="?", default=".", help="the edition (default: here)")
+    test.set_defaults(run=run_test)
     add_render(verbs)
+
+
+def add_check(verbs) -> None:
+    check = verbs.add_parser(
+        "check-grader",
+        help="grade the catalogue of wrong solutions and the mutants of the reference",
+        description="Does the grader tell wrong from right? Grades every wrong solution of "
+        "minivtc/course/wrong.py (each must lose points) and every mutant of each "
+        "assignment's reference functions (the share that loses points is the mutation "
+        "score; the survivors are listed). Exits 1 if a wrong solution keeps full marks.",
+    )
+    check.add_argument("--only", action="append", help="check only this assignment (repeat)")
+    check.add_argument("--catalogue-only", action="store_true", help="skip the mutation run")
+    check.add_argument("--mutants-only", action="store_true", help="skip the catalogue")
+    check.add_argument("--full", action="store_true", help="grade wrong solutions fully")
+    check.add_argument("--jobs", type=int, default=1, help="graded runs at once")
+    check.add_argument("--json", help="also write the results to this file")
+    check.set_defaults(run=run_check)
 
 
 def add_render(verbs) -> None:
@@ -85,10 +114,35 @@ def run_grade(args) -> int:
     if out is None:
         raise ValueError("--reference needs --out DIR for grades.json")
     print("grading (each assignment in a fresh process)...", file=sys.stderr)
-    result = grade(None if args.reference else args.edition, out, args.time_limit, args.only)
+
+    def echo(key: str, output: str) -> None:
+        print(f"--- {key}: the tests' output ---\n{output}", file=sys.stderr)
+
+    edition = None if args.reference else args.edition
+    result = grade(edition, out, args.time_limit, args.only, echo if args.verbose else None)
     print(table(result))
     print(f"wrote {out}/grades.json")
     return 0
+
+
+def run_test(args) -> int:
+    from minivtc.course.assignments import ASSIGNMENTS
+    from minivtc.course.grade import table, test_edition
+
+    keys = [a.key for a in ASSIGNMENTS if args.assignment in (a.key, a.key.split("_")[0])]
+    if not keys:
+        raise ValueError(
+            f"no assignment {args.assignment!r}: one of {[a.key for a in ASSIGNMENTS]}"
+        )
+    result = test_edition(keys[0], args.edition)
+    print(table(result))
+    return 0 if result["total"] == result["max_total"] else 1
+
+
+def run_check(args) -> int:
+    from minivtc.course.check import run
+
+    return run(args)
 
 
 def run_render(args) -> int:

@@ -3,10 +3,11 @@
 Owns `release(out)` (the edition: the package, its bundled model, the lessons without their
 solution cells, and a README; every assignment's function kept up to its docstring and then
 `raise NotImplementedError`) and
-the source surgery it and the grader share: `stub` (empty one function) and `splice` (put one
-function of another copy of the file in place of this one's). Functions are found by their
-qualified name with `ast`, so a student's helper functions and comments elsewhere in the file
-are never touched. Does not own grading (`grade.py`).
+the source surgery it and the grader share: `stub` (empty one function), `splice` (put one
+function of another copy of the file in place of this one's) and `take` (the assignment's
+functions, and the functions, methods and imports the student added beside them, into the
+reference's file; `helpers.py`). Functions are found by their qualified name with `ast`.
+Does not own grading (`grade.py`).
 """
 
 from __future__ import annotations
@@ -17,9 +18,12 @@ import shutil
 from pathlib import Path
 
 from minivtc.course.assignments import ASSIGNMENTS
+from minivtc.course.helpers import carry, not_taken
 
 PACKAGE = Path(__file__).resolve().parents[1]  # minivtc/
 REPOSITORY = PACKAGE.parent  # where weights/ and lessons/ are, in a checkout
+# Not in the edition: the catalogue of wrong solutions quotes the reference's bodies
+INSTRUCTOR_ONLY = ("__pycache__", "*.pyc", "wrong.py", "check.py")
 
 
 def release(out: str | Path) -> Path:
@@ -28,7 +32,7 @@ def release(out: str | Path) -> Path:
     if out.exists():
         raise ValueError(f"{out} exists: the edition goes to a new directory")
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    shutil.copytree(PACKAGE, out / "minivtc", ignore=ignore)
+    shutil.copytree(PACKAGE, out / "minivtc", ignore=shutil.ignore_patterns(*INSTRUCTOR_ONLY))
     for folder in ("weights", "lessons"):
         if (REPOSITORY / folder).is_dir():
             shutil.copytree(REPOSITORY / folder, out / folder, ignore=ignore)
@@ -40,7 +44,18 @@ def release(out: str | Path) -> Path:
             message = f"Assignment {a.key}: write {qualname} ({a.title})"
             path.write_text(stub(path.read_text(), qualname, message))
     (out / "README.md").write_text(readme())
+    if (REPOSITORY / "pyproject.toml").is_file():  # installable alone: pip install -e 'DIR[dev]'
+        (out / "pyproject.toml").write_text(pyproject((REPOSITORY / "pyproject.toml").read_text()))
     return out
+
+
+def pyproject(text: str) -> str:
+    """The repository's pyproject.toml for the edition: the edition has no tests/ folder."""
+    lines = [
+        'testpaths = ["minivtc/course/graded"]' if line.startswith("testpaths =") else line
+        for line in text.splitlines()
+    ]
+    return "\n".join(lines) + "\n"
 
 
 def without_solutions(notebook: Path) -> None:
@@ -75,6 +90,16 @@ def splice(target: str, donor: str, qualname: str) -> str:
     return "".join(
         lines[: start - 1] + donor_lines[donor_start - 1 : new.end_lineno] + lines[old.end_lineno :]
     )
+
+
+def take(target: str, donor: str, names: list[str]) -> tuple[str, list[str]]:
+    """`target` (the reference's file) with the functions `names` and the student's own
+    helpers taken from `donor` (the student's copy), and what of the student's changes was
+    not taken, by name (their changes to the reference's other functions and statements)."""
+    source = target
+    for qualname in names:
+        source = splice(source, donor, qualname)
+    return carry(source, donor), not_taken(target, donor, names)
 
 
 def find(tree: ast.Module, qualname: str) -> ast.FunctionDef:
@@ -124,8 +149,22 @@ they must do), then grade yourself from this directory:
 
     minivtc course grade .
 
+or run one assignment's graded tests on your edition as it stands (the same tests and
+messages; a4 and a6 drive the engine, so they need a3's `Engine.step` done first):
+
+    minivtc course test a4_vtc
+
+The edition installs on its own: `pip install -e '.[dev]'` from this directory.
+
 An assignment is graded on its own: its tests run on the reference package with just your
 functions for it, so an unfinished assignment never costs points in another.
+
+Your helpers are yours: besides the functions named below, every function, method, class and
+import you *add* in an assignment's files is graded with them. The rest of those files is the
+reference's: a change you make to one of its other functions or methods is not taken, and the
+grader names each such change in the assignment's note. For each failed test the grader prints
+what it checks and its first assertion message (also in `grades.json`); `--verbose` prints
+the tests' full output.
 
 | assignment | what you write | points | time | functions |
 | --- | --- | --- | --- | --- |

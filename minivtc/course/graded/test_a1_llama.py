@@ -51,6 +51,8 @@ def hf_config(config: LlamaConfig):
 
 
 def test_rmsnorm_matches_transformers():
+    """RMSNorm matches transformers' LlamaRMSNorm, on large inputs and on small ones (where eps
+    matters)."""
     torch.manual_seed(0)
     ours, theirs = RMSNorm(64, 1e-5), hf.LlamaRMSNorm(64, eps=1e-5)
     with torch.no_grad():
@@ -58,10 +60,14 @@ def test_rmsnorm_matches_transformers():
         theirs.weight.copy_(ours.weight)
     x = torch.randn(7, 64) * 3
     torch.testing.assert_close(ours(x), theirs(x))
+    tiny = torch.randn(7, 64) * 1e-3  # here eps matters: mean(x^2) ~ 1e-6 < eps
+    torch.testing.assert_close(ours(tiny), theirs(tiny), msg="RMSNorm of small inputs (eps)")
 
 
 @pytest.mark.parametrize("config", [MHA, GQA], ids=["theta 1e4", "theta 5e5"])
 def test_rotary_positions_match_transformers(config):
+    """RoPE's cos/sin tables and rotation match transformers' (the halves layout, the configured
+    theta)."""
     torch.manual_seed(1)
     positions = torch.tensor([0, 1, 2, 7, 30, 31])
     q = torch.randn(len(positions), config.n_heads, config.head_dim)  # (T, H, D)
@@ -76,8 +82,8 @@ def test_rotary_positions_match_transformers(config):
 
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (4, 2), (6, 1)])
 def test_causal_attention_with_grouped_queries(heads, kv_heads):
-    """Two sequences laid end to end: each query head h reads key/value head h // (H / K),
-    and each token the earlier tokens of its own sequence."""
+    """Causal attention with grouped queries: query head h reads K/V head h // (H / K), and
+    each token the earlier tokens of its own sequence only (two sequences laid end to end)."""
     torch.manual_seed(2)
     s, d = 5, 8
     q, k, v = (
@@ -98,6 +104,7 @@ def test_causal_attention_with_grouped_queries(heads, kv_heads):
 
 @pytest.mark.parametrize("config", [MHA, GQA], ids=["mha", "gqa"])
 def test_whole_model_logits_match_transformers(config, tmp_path):
+    """The whole model's logits match transformers' Llama with the same weights."""
     torch.manual_seed(3)
     model = transformers.LlamaForCausalLM(hf_config(config)).eval()
     model.save_pretrained(tmp_path, safe_serialization=True)

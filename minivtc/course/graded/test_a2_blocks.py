@@ -19,8 +19,11 @@ from minivtc.llm import build_engine
 
 
 def test_allocate_grow_free_and_slots():
+    """allocate, grow, free and slots on one request: exactly the blocks needed, and the slots they
+    give."""
     a = BlockAllocator(num_blocks=6, block_size=4)
-    a.allocate("r", 6)  # 6 positions: 2 blocks
+    table = a.allocate("r", 6)  # 6 positions: 2 blocks
+    assert table == a.block_tables["r"], f"allocate returned {table}, not the block table"
     assert len(a.block_tables["r"]) == 2 and a.num_free_blocks == 4
     blocks = list(a.block_tables["r"])
     assert a.slots("r", 0, 6) == [blocks[p // 4] * 4 + p % 4 for p in range(6)]
@@ -28,13 +31,25 @@ def test_allocate_grow_free_and_slots():
     assert len(a.block_tables["r"]) == 3 and a.block_tables["r"][:2] == blocks
     a.grow("r", 9)  # already there: nothing more
     assert a.num_free_blocks == 3
+    a.grow("r", 12)  # exactly 3 blocks of 4: nothing more
+    assert len(a.block_tables["r"]) == 3, (
+        f"12 positions fill 3 blocks of 4 exactly: grow took {len(a.block_tables['r'])}"
+    )
     a.free("r")
     assert a.num_free_blocks == 6 and "r" not in a.block_tables
+    a.allocate("s", 1)
+    a.grow("s", 17)  # 1 block to 5 at once
+    assert len(a.block_tables["s"]) == 5, (
+        f"growing from 1 position to 17 needs 5 blocks of 4; the table has "
+        f"{len(a.block_tables['s'])}"
+    )
     a.check_invariants()
 
 
 @pytest.mark.parametrize("block_size", [1, 3, 16])
 def test_random_operations_keep_the_invariants(block_size):
+    """Random allocate / grow / free keep the allocator's invariants, exactly the blocks needed and
+    distinct slots."""
     rng = random.Random(block_size)
     a, held = BlockAllocator(40, block_size), {}
     for i in range(400):
@@ -56,7 +71,10 @@ def test_random_operations_keep_the_invariants(block_size):
             del held[r]
         a.check_invariants()
         for r, n in held.items():
-            assert len(a.block_tables[r]) >= a.blocks_needed(n)
+            assert len(a.block_tables[r]) == a.blocks_needed(n), (
+                f"{r} holds {len(a.block_tables[r])} blocks for {n} positions of "
+                f"{block_size}: exactly {a.blocks_needed(n)} are needed"
+            )
             slots = a.slots(r, 0, n)
             assert len(set(slots)) == n  # distinct cells
             assert all(s // block_size in a.block_tables[r] for s in slots)
@@ -64,6 +82,8 @@ def test_random_operations_keep_the_invariants(block_size):
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
 def test_paged_engine_gives_the_tokens_of_dense_attention(block_size):
+    """The paged engine gives the tokens of dense attention (the slots put K/V where attention reads
+    them)."""
     torch.manual_seed(0)
     model = Llama(
         LlamaConfig(

@@ -6,10 +6,12 @@ for the tokens (continuous batching gives each request the tokens of generating 
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from minivtc.core.admission import FullReservation
 from minivtc.core.config import LlamaConfig
+from minivtc.core.cost import W_P, W_Q
 from minivtc.core.engine import Engine
 from minivtc.core.generate import generate_plain
 from minivtc.core.kv_pool import BlockAllocator
@@ -18,11 +20,13 @@ from minivtc.core.options import EngineOptions
 from minivtc.core.params import SamplingParams
 from minivtc.core.request import Request, Status
 from minivtc.core.scheduler import FCFS
+from minivtc.core.vtc import VTC
 from minivtc.course.graded.harness import UnitRunner
 from minivtc.llm import build_engine
 
 
 def test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing():
+    """reserve takes blocks for prompt + max_tokens, or nothing when they do not fit."""
     allocator = BlockAllocator(10, 4)  # 40 tokens
     full = FullReservation(allocator)
     a = Request("a", "c", [1] * 10, SamplingParams(max_tokens=14), 0.0)  # 24 tokens: 6 blocks
@@ -32,20 +36,71 @@ def test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing():
     allocator.check_invariants()
 
 
-def unit_engine(kv_tokens: int) -> Engine:
+def unit_engine(kv_tokens: int, scheduler=None, block_size: int = 1, **options) -> Engine:
     clock = [0.0]
     return Engine(
         UnitRunner(clock),
-        BlockAllocator(kv_tokens, 1),
-        FCFS(),
+        BlockAllocator(kv_tokens // block_size, block_size),
+        scheduler or FCFS(),
         10**6,
         eos_id=-1,
         clock=lambda: clock[0],
-        options=EngineOptions(check_invariants=True),
+        options=EngineOptions(check_invariants=True, **options),
     )
 
 
+def test_each_step_charges_its_tokens_to_the_clients():
+    """A step charges the tokens it made to their clients (the scheduler's on_decode)."""
+    engine = unit_engine(kv_tokens=40, scheduler=VTC())
+    engine.add_request([5] * 4, SamplingParams(max_tokens=3, ignore_eos=True), client_id="a")
+    engine.step()
+    engine.step()
+    counter = engine.scheduler.counters["a"]
+    assert counter == W_P * 4 + W_Q * 2, (
+        f"after two steps of a request with a 4-token prompt, client a's counter is {counter}, "
+        f"not {W_P * 4 + W_Q * 2}: each step's tokens are charged (scheduler.on_decode)"
+    )
+
+
+class NoEmptyBatch(UnitRunner):
+    def run(self, requests, allocator):
+        assert requests, "a step with nothing to run must not call the runner (a forward pass)"
+        return super().run(requests, allocator)
+
+
+class Broken(FCFS):
+    def check_invariants(self) -> None:
+        raise AssertionError("the scheduler's invariants were checked")
+
+
+def test_a_step_ends_by_checking_the_invariants():
+    """With check_invariants on, a step ends by checking them (the pool's, the scheduler's)."""
+    engine = unit_engine(kv_tokens=40, scheduler=Broken())
+    engine.add_request([5] * 4, SamplingParams(max_tokens=3, ignore_eos=True))
+    with pytest.raises(AssertionError, match="invariants were checked"):
+        engine.step()
+
+
+def test_with_blocks_on_demand_a_step_grows_the_blocks_it_writes():
+    """With blocks on demand (reservation "none"), each step first gives the positions it
+    writes their blocks."""
+    engine = unit_engine(kv_tokens=64, block_size=4, reservation="none")
+    r = engine.add_request([5] * 3, SamplingParams(max_tokens=9, ignore_eos=True))
+    for n in range(1, 10):
+        engine.step()
+        if r.finish_reason is None:
+            held = len(engine.allocator.block_tables[r.request_id])
+            written = r.num_tokens - 1  # (the last token's K/V is written by the next step)
+            assert held * 4 >= written, (
+                f"after {n} steps the request wrote {written} positions but holds {held} blocks "
+                "of 4: a step must grow the blocks first (Engine.grow)"
+            )
+    assert r.output_ids == [7] * 9 and engine.allocator.num_free_blocks == 16
+
+
 def test_one_step_admits_runs_appends_and_retires():
+    """One step admits, runs, appends a token to each running request and retires the finished
+    ones."""
     engine = unit_engine(kv_tokens=30)
     a = engine.add_request([5] * 4, SamplingParams(max_tokens=2, ignore_eos=True))
     b = engine.add_request([5] * 4, SamplingParams(max_tokens=3, ignore_eos=True))
@@ -56,7 +111,9 @@ def test_one_step_admits_runs_appends_and_retires():
     assert a.finish_reason == "length" and a not in engine.running
     assert engine.allocator.num_used_blocks == 7  # b's reservation only
     engine.step()
-    assert b.finish_reason == "length" and engine.step() == []
+    assert b.finish_reason == "length"
+    engine.runner = NoEmptyBatch(engine.runner.clock)
+    assert engine.step() == []  # nothing to run: no forward pass
     assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
 
 
@@ -75,6 +132,7 @@ def test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it():
 
 
 def test_continuous_batching_gives_each_request_its_tokens_alone():
+    """Continuous batching gives each request the tokens it would get alone."""
     torch.manual_seed(0)
     model = Llama(
         LlamaConfig(

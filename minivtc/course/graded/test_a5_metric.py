@@ -27,6 +27,7 @@ def run(name: str) -> tuple[list[Served], float]:
     ],
 )
 def test_table_2_rows(name, expected):
+    """Table 2's FCFS and VTC rows, from the artifact's measured runs, to two decimals."""
     served, total = run(name)
     m = metrics.table_metrics(served, total)
     assert (round(m.max_diff, 2), round(m.avg_diff, 2), round(m.diff_var, 2)) == expected[:3]
@@ -42,10 +43,27 @@ def test_clients_served_alike_and_as_demanded_have_no_difference():
     assert m.throughput == pytest.approx(2 * 600 * 20 / 605.0)
 
 
-def test_a_starved_client_counts_up_to_its_demand():
-    """b is served nothing while asking for half of a's service: its shortfall against the
-    best served client is capped by how far it is from its own demand."""
+def test_without_a_total_time_throughput_is_over_the_served_span():
+    """Without total_time, throughput is over the span from the first arrival to the last end."""
+    served = [Served(c, 10.0 + t, 10, 10, 1.0, 5.0) for t in range(600) for c in "ab"]
+    m = metrics.table_metrics(served)
+    span = (609.0 + 5.0) - 10.0
+    assert m.throughput == pytest.approx(2 * 600 * 20 / span), (
+        f"throughput {m.throughput:.3f}, not {2 * 600 * 20 / span:.3f} tokens/s: without "
+        "total_time it is the last end minus the first arrival"
+    )
+
+
+@pytest.mark.parametrize("cost", ["linear", "profiled"])
+def test_a_starved_client_counts_up_to_its_demand(cost):
+    """A starved client's shortfall is capped by its own demand (priced with the linear cost).
+    b is served nothing while asking for less than a's service."""
     a = [Served("a", float(t), 10, 20, 1.0, 2.0) for t in range(600)]  # 50 a second
     b = [Served("b", float(t), 10, 5, 1000.0, 1001.0) for t in range(0, 600, 2)]  # 10 a second
-    m = metrics.table_metrics(a + b, 1601.0)
-    assert m.max_diff == pytest.approx(10.0, rel=0.05)  # b's whole demand, not a's 50
+    h = {"linear": metrics.linear_cost, "profiled": metrics.profiled_cost}[cost]
+    m = metrics.table_metrics(a + b, 1601.0, cost=h)  # the demand is priced linearly either way
+    expected = min(h(a[0]), 10.0)  # a's rate (one request a second), or b's demand (10/s)
+    assert m.max_diff == pytest.approx(expected, rel=0.05), (
+        f"Max Diff {m.max_diff:.2f}, not {expected:.2f}: b's shortfall against a, capped by b's "
+        "demand (priced with the linear cost, as the artifact's script does)"
+    )

@@ -1,0 +1,76 @@
+"""What a student reads about a graded run: each failed test by a name written for them, and
+its first assertion message.
+
+Owns `read_report` (a pytest JUnit XML report: how many tests ran, which failed and why) and
+`describe` (a test's name for a student: the first sentence of its docstring, else its function
+name in words, with its parameters). Does not run anything (`grade.py` does).
+"""
+
+from __future__ import annotations
+
+import ast
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path
+
+MESSAGE_CHARS = 300  # a message longer than this is cut (the full output: `--verbose`)
+
+
+@dataclass(frozen=True)
+class Failure:
+    test: str  # pytest's name, e.g. test_rotary_positions_match_transformers[theta 1e4]
+    name: str  # for a student: "RoPE tables and rotation match transformers' (theta 1e4)"
+    message: str  # the first line of its assertion's message
+
+
+def read_report(report: Path, tests_file: Path) -> tuple[int, list[Failure]]:
+    """(tests run, the failed ones) from the report; raises ValueError if it is unreadable.
+    A skipped test counts as failed (its reason is the message)."""
+    root = ET.parse(report).getroot()
+    suite = root if root.tag == "testsuite" else root.find("testsuite")
+    if suite is None:
+        raise ValueError("no testsuite in the report")
+    names = docstrings(tests_file)
+    cases = list(suite.iter("testcase"))
+    failures = []
+    for case in cases:
+        problem = next(
+            (case.find(k) for k in ("failure", "error", "skipped") if case.find(k) is not None),
+            None,
+        )
+        if problem is not None:
+            test = case.get("name", "?")
+            message = first_line(problem.get("message") or problem.text or "")
+            failures.append(Failure(test, describe(test, names), message))
+    return len(cases), failures
+
+
+def describe(test: str, names: dict[str, str]) -> str:
+    """`test` for a student: its docstring's first line (or its name in words), and its
+    parameters in parentheses."""
+    base, _, params = test.partition("[")
+    words = names.get(base) or base.removeprefix("test_").replace("_", " ")
+    return f"{words} ({params.rstrip(']')})" if params else words
+
+
+def docstrings(tests_file: Path) -> dict[str, str]:
+    """Each test function's docstring, first sentence, by name (empty if the file is unreadable)."""
+    try:
+        tree = ast.parse(tests_file.read_text())
+    except (OSError, SyntaxError, ValueError):
+        return {}
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+            doc = " ".join((ast.get_docstring(node) or "").split())
+            if doc:
+                found[node.name] = doc.split(". ")[0].rstrip(".")  # its first sentence
+    return found
+
+
+def first_line(message: str) -> str:
+    """The first line that says something, without pytest's "AssertionError: " prefix."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    line = lines[0] if lines else "(no message)"
+    line = line.removeprefix("AssertionError: ")
+    return line if len(line) <= MESSAGE_CHARS else line[: MESSAGE_CHARS - 3] + "..."

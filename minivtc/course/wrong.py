@@ -1,0 +1,341 @@
+"""The catalogue of wrong solutions: mistakes a student makes, each of which must lose points.
+
+Owns `WRONG` (each entry: the assignment, the mistake in a student's words, and the edits that
+make it from the reference's functions; `check.write_edition` makes the submission). The
+grader's own check (`check.py`: `minivtc course check-grader`, and tests/test_course_grader.py
+in CI) grades every entry and fails if one keeps full marks. Not shipped in the student
+edition: the edits quote the reference.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Wrong:
+    key: str  # the assignment
+    what: str  # the mistake
+    edits: tuple[tuple[str, str, str], ...]  # (qualified name, text in its body, replaced by)
+
+
+def w(key: str, what: str, *edits: tuple[str, str, str]) -> Wrong:
+    return Wrong(key, what, edits)
+
+
+RMS, ROT, APPLY, ATT = "RMSNorm.forward", "rotary_cos_sin", "apply_rotary", "causal_attention"
+ALLOC, GROW, FREE, SLOTS = (f"BlockAllocator.{m}" for m in ("allocate", "grow", "free", "slots"))
+RESERVE, STEP = "FullReservation.reserve", "Engine.step"
+PEEK, DISPATCH, LIFT, CHARGE, FINISH = (
+    f"VTC.{m}" for m in ("peek", "dispatch", "lift_counter", "charge_outputs", "on_finish")
+)
+METRIC = "table_metrics"
+D_ADD, D_PEEK, D_DISPATCH, D_DECODE = (f"DRR.{m}" for m in ("add", "peek", "dispatch", "on_decode"))
+
+A1 = [
+    w("a1_llama", "RMSNorm without eps", (RMS, " + self.eps)", ")")),
+    w("a1_llama", "RMSNorm's mean over tokens, not features", (RMS, ".mean(-1,", ".mean(0,")),
+    w(
+        "a1_llama",
+        "RMSNorm multiplies by the root mean square",
+        (RMS, "torch.rsqrt(", "torch.sqrt("),
+    ),
+    w("a1_llama", "RMSNorm forgets its weight", (RMS, "return self.weight * x32", "return x32")),
+    w("a1_llama", "RoPE with theta fixed at 10,000", (ROT, "config.rope_theta **", "10000.0 **")),
+    w(
+        "a1_llama",
+        "RoPE's frequencies interleaved (GPT-J layout), not halves",
+        (ROT, "torch.cat([angles, angles], dim=-1)", "angles.repeat_interleave(2, dim=-1)"),
+    ),
+    w(
+        "a1_llama",
+        "cos and sin swapped",
+        (ROT, "angles.cos(), angles.sin()", "angles.sin(), angles.cos()"),
+    ),
+    w(
+        "a1_llama",
+        "rotation with the wrong sign",
+        (APPLY, "x * cos + rotate_half", "x * cos - rotate_half"),
+    ),
+    w("a1_llama", "attention not causal", (ATT, "is_causal=True", "is_causal=False")),
+    w(
+        "a1_llama",
+        "grouped queries tiled (head h reads K/V head h % K)",
+        (
+            ATT,
+            "    out = F.scaled",
+            "    k, v = k.repeat(1, h // k.shape[1], 1, 1), v.repeat(1, h // v.shape[1], 1, 1)\n"
+            "    out = F.scaled",
+        ),
+    ),
+    w(
+        "a1_llama",
+        "attention across the sequences of the batch",
+        (ATT, "s = t // batch", "s, batch = t, 1"),
+    ),
+]
+A2 = [
+    w(
+        "a2_blocks",
+        "allocate rounds the blocks down",
+        (ALLOC, "self.blocks_needed(num_tokens)", "num_tokens // self.block_size"),
+    ),
+    w(
+        "a2_blocks",
+        "allocate leaves its blocks on the free list",
+        (ALLOC, "del self.free_blocks[top:]", "pass"),
+    ),
+    w(
+        "a2_blocks",
+        "allocate takes other blocks than it removes",
+        (ALLOC, "self.free_blocks[top:][::-1]", "self.free_blocks[:n]"),
+    ),
+    w(
+        "a2_blocks",
+        "allocate does not record the table",
+        (ALLOC, "self.block_tables[request_id] = table", "pass"),
+    ),
+    w(
+        "a2_blocks",
+        "grow takes a block too many at a block's end",
+        (GROW, "self.block_size < num_tokens", "self.block_size <= num_tokens"),
+    ),
+    w("a2_blocks", "grow adds at most one block", (GROW, "while len(table)", "if len(table)")),
+    w(
+        "a2_blocks",
+        "free forgets to return the blocks",
+        (
+            FREE,
+            "self.free_blocks.extend(reversed(self.block_tables.pop(request_id)))",
+            "self.block_tables.pop(request_id)",
+        ),
+    ),
+    w(
+        "a2_blocks",
+        "free keeps the table",
+        (FREE, "self.block_tables.pop(request_id)", "self.block_tables[request_id]"),
+    ),
+    w(
+        "a2_blocks",
+        "slots forget the block size",
+        (SLOTS, "table[p // bs] * bs + p % bs", "table[p // bs] + p % bs"),
+    ),
+    w(
+        "a2_blocks",
+        "slots ignore the block table (contiguous)",
+        (SLOTS, "table[p // bs] * bs + p % bs", "table[0] * bs + p"),
+    ),
+    w(
+        "a2_blocks",
+        "slots shifted by one position",
+        (SLOTS, "range(start, end)", "range(start + 1, end + 1)"),
+    ),
+]
+A3 = [
+    w(
+        "a3_batching",
+        "reserve the prompt only",
+        (RESERVE, "request.max_num_tokens", "request.num_prompt"),
+    ),
+    w(
+        "a3_batching",
+        "reserve one token short",
+        (RESERVE, "request.max_num_tokens", "request.max_num_tokens - 1"),
+    ),
+    w(
+        "a3_batching",
+        "reserve says yes when it took nothing",
+        (
+            RESERVE,
+            "return reserve_blocks(self.allocator, request, request.max_num_tokens)",
+            "reserve_blocks(self.allocator, request, request.max_num_tokens)\n        return True",
+        ),
+    ),
+    w("a3_batching", "step never admits", (STEP, "self.schedule()  #", "pass  #")),
+    w(
+        "a3_batching",
+        "step never grows the blocks (blocks on demand)",
+        (STEP, "self.grow()  #", "pass  #"),
+    ),
+    w("a3_batching", "step never charges the clients", (STEP, "self.charge(batch)", "pass")),
+    w("a3_batching", "step never retires", (STEP, "self.retire(request)", "pass")),
+    w(
+        "a3_batching",
+        "step retires every request",
+        (STEP, "if request.finish_reason is not None:", "if True:"),
+    ),
+    w("a3_batching", "step never checks the invariants", (STEP, "self.check()", "pass")),
+    w(
+        "a3_batching",
+        "step appends the tokens without the stop rules",
+        (STEP, "self.append(request, token)", "request.output_ids.append(token)"),
+    ),
+]
+A4 = [
+    w(
+        "a4_vtc",
+        "a lift that can lower a counter",
+        (LIFT, "floor is not None and floor > self.counters[client]", "floor is not None"),
+    ),
+    w(
+        "a4_vtc",
+        "a lift to the largest waiting counter",
+        (
+            LIFT,
+            "floor = self.join_floor()",
+            "waiting = [self.counters[c] for c, q in self.queues.items() if q]\n"
+            "        floor = max(waiting) if waiting else self.join_floor()",
+        ),
+    ),
+    w(
+        "a4_vtc",
+        "ties go to the client seen last",
+        (
+            PEEK,
+            "client = self.least.least()",
+            "waiting = [c for c, q in self.queues.items() if q][::-1]\n"
+            "        client = min(waiting, key=self.counters.__getitem__, default=None)",
+        ),
+    ),
+    w(
+        "a4_vtc",
+        "never calls predictor.observe",
+        (FINISH, "self.predictor.observe(request)", "pass"),
+    ),
+    w(
+        "a4_vtc",
+        "observes aborted requests too",
+        (FINISH, ' and request.finish_reason != "abort"', ""),
+    ),
+    w(
+        "a4_vtc",
+        "a charge valid only for the linear cost",
+        (CHARGE, "now = cost(len(request.prompt_ids), n_q)", "now = service + 2.0 * (n_q - q)"),
+    ),
+    w("a4_vtc", "no cache discount", (DISPATCH, "service - discount)", "service)")),
+    w(
+        "a4_vtc",
+        "no dispatch charge",
+        (DISPATCH, "self.charge(request.client_id, service - discount)", "pass"),
+    ),
+    w("a4_vtc", "never sets last_left", (DISPATCH, "self.last_left = request.client_id", "pass")),
+    w(
+        "a4_vtc",
+        "a readmitted request's prompt charged again",
+        (DISPATCH, "if not request.num_preemptions:", "if True:"),
+    ),
+    w("a4_vtc", "the refund with the wrong sign", (FINISH, "now - service)", "service - now)")),
+    w("a4_vtc", "no refund", (FINISH, "self.charge(request.client_id, now - service)", "pass")),
+    w(
+        "a4_vtc",
+        "output charges ignore the weights",
+        (CHARGE, ") / weights.get(request.client_id, 1.0)", ")"),
+    ),
+]
+A5 = [
+    w(
+        "a5_metric",
+        "the shortfall not capped by the demand",
+        (METRIC, "min(best - s[c], abs(r[c] - s[c]))", "best - s[c]"),
+    ),
+    w("a5_metric", "a tick too many", (METRIC, "range(1, num_x)", "range(0, num_x)")),
+    w("a5_metric", "a 30-second window", (METRIC, "lo + 60, cost", "lo + 30, cost")),
+    w(
+        "a5_metric",
+        "the sample variance",
+        (METRIC, "statistics.pvariance(diffs)", "statistics.variance(diffs)"),
+    ),
+    w(
+        "a5_metric",
+        "the median difference as the average",
+        (METRIC, "statistics.fmean(diffs)", "statistics.median(diffs)"),
+    ),
+    w(
+        "a5_metric",
+        "throughput of output tokens only",
+        (METRIC, "r.input_tokens + r.output_tokens", "r.output_tokens"),
+    ),
+    w(
+        "a5_metric",
+        "ticks that ignore the warm-up",
+        (METRIC, "lo = (horizon - warmup) * i", "lo = horizon * i"),
+    ),
+    w(
+        "a5_metric",
+        "the shortfall against the mean, not the best",
+        (METRIC, "best = max(s.values())", "best = sum(s.values()) / len(s)"),
+    ),
+    w(
+        "a5_metric",
+        "Max and Avg swapped",
+        (METRIC, "max(diffs), statistics.fmean(diffs)", "statistics.fmean(diffs), max(diffs)"),
+    ),
+    w(
+        "a5_metric",
+        "the demand priced with the service's cost",
+        (METRIC, "lo + 60, demand_cost", "lo + 60, cost"),
+    ),
+]
+A6 = [
+    w("a6_drr", "never charges prompts", (D_DISPATCH, "self.deficits[client] -= service", "pass")),
+    w(
+        "a6_drr",
+        "ignores decode charges",
+        (D_DECODE, "self.deficits[r.client_id] -= now - before", "pass"),
+    ),
+    w(
+        "a6_drr",
+        "a quantum at every peek, not every turn",
+        (D_PEEK, "if not self.turn_begun:", "if True:"),
+    ),
+    w("a6_drr", "the turn never passes", (D_PEEK, "if self.deficits[client] > 0:", "if True:")),
+    w(
+        "a6_drr",
+        "a client banks credit while idle",
+        (
+            D_ADD,
+            "self.join_if_idle(request.client_id).append(request)",
+            "queue = self.queues.setdefault(request.client_id, deque())\n"
+            "        if not queue:\n"
+            "            self.deficits.setdefault(request.client_id, 0.0)\n"
+            "            self.active.append(request.client_id)\n"
+            "        queue.append(request)",
+        ),
+    ),
+    w(
+        "a6_drr",
+        "a debt forgiven when a client rejoins",
+        (
+            D_ADD,
+            "self.join_if_idle(request.client_id).append(request)",
+            "if not self.queues.get(request.client_id):\n"
+            "            self.deficits[request.client_id] = 0.0\n"
+            "        self.join_if_idle(request.client_id).append(request)",
+        ),
+    ),
+    w(
+        "a6_drr",
+        "a client whose queue empties stays in the round",
+        (D_DISPATCH, "self.active.popleft()", "pass"),
+    ),
+    w(
+        "a6_drr",
+        "a readmitted request's prompt charged again",
+        (D_DISPATCH, "if not request.num_preemptions:", "if True:"),
+    ),
+    w(
+        "a6_drr",
+        "decode charges valid only for the linear cost",
+        (
+            D_DECODE,
+            "self.deficits[r.client_id] -= now - before",
+            "self.deficits[r.client_id] -= 2.0",
+        ),
+    ),
+    w(
+        "a6_drr",
+        "the deficit may run to zero and still dispatch",
+        (D_PEEK, "self.deficits[client] > 0", "self.deficits[client] >= -self.quantum"),
+    ),
+]
+WRONG = A1 + A2 + A3 + A4 + A5 + A6

@@ -1,0 +1,52 @@
+"""The grader tells wrong from right: every wrong solution of the catalogue loses points.
+
+Runs `python -m minivtc.course.check --catalogue-only` (a fresh process, which forks each
+graded run from itself: `course/warm.py`), each wrong solution graded on its own assignment
+only, stopping at its first failed test. The mutation run (`minivtc course check-grader`) is
+longer and is not run here; its numbers are in the README."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from minivtc.course.assignments import ASSIGNMENTS
+from minivtc.course.wrong import WRONG
+
+NAMED_IN_THE_ISSUE = {  # the wrong answers that once got full marks
+    "a4_vtc": [
+        "a lift that can lower a counter",
+        "a lift to the largest waiting counter",
+        "ties go to the client seen last",
+        "never calls predictor.observe",
+        "a charge valid only for the linear cost",
+        "no cache discount",
+        "no dispatch charge",
+        "never sets last_left",
+    ],
+    "a6_drr": ["never charges prompts", "ignores decode charges"],
+}
+
+
+def test_the_catalogue_has_eight_wrong_solutions_per_assignment_and_the_known_ones():
+    for a in ASSIGNMENTS:
+        assert sum(w.key == a.key for w in WRONG) >= 8, a.key
+    for key, names in NAMED_IN_THE_ISSUE.items():
+        assert set(names) <= {w.what for w in WRONG if w.key == key}, key
+
+
+@pytest.mark.slow
+def test_every_wrong_solution_loses_points(tmp_path):
+    out = tmp_path / "catalogue.json"
+    command = [sys.executable, "-m", "minivtc.course.check", "--catalogue-only"]
+    command += ["--jobs", str(min(4, os.cpu_count() or 1)), "--json", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    rows = json.loads(out.read_text())["catalogue"]
+    assert len(rows) == len(WRONG), done.stderr[-3000:]
+    kept = [f"{r['assignment']}: {r['wrong']}" for r in rows if r["points"] >= r["max"]]
+    assert not kept, f"full marks for wrong solutions: {kept}"
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
