@@ -119,7 +119,7 @@ class Mutator(ast.NodeTransformer):
     def visit_Constant(self, node: ast.Constant) -> ast.AST:
         value = node.value
         if isinstance(value, bool):
-            new: object = not value
+            new: bool | int | float = not value
         elif isinstance(value, int):
             new = value + 1
         elif isinstance(value, float):
