@@ -325,7 +325,7 @@ def test_recomputed_tokens_are_the_positions_a_request_computed_twice(
         for _ in range(wait):
             engine.step()
     run_to_end(engine)
-    assert engine.recomputed_tokens == twice[0]
+    assert engine.preemption.recomputed_tokens == twice[0]
     assert engine.preemption.host_tokens == 0 and not engine.runner.swapped
 
 
@@ -426,8 +426,10 @@ def test_preempted_requests_give_the_tokens_of_an_unpreempted_run(
     reqs = [engine.add_request(p, params, client_id=f"c{i % 3}") for i, p in enumerate(ps)]
     run_to_end(engine)
     swap, host_full = preemption == "swap", swap_tokens == 40
-    assert engine.num_preemptions > 0 and (engine.swapped_tokens > 0) == swap
-    assert (engine.recomputed_tokens > 0) == (not swap or host_full)  # swap: only when full
+    assert engine.num_preemptions > 0 and (engine.preemption.swapped_tokens > 0) == swap
+    assert (engine.preemption.recomputed_tokens > 0) == (
+        not swap or host_full
+    )  # swap: only when full
     assert not engine.runner.swapped and engine.preemption.host_tokens == 0  # all back, or dropped
     for p, r in zip(ps, reqs, strict=True):
         assert r.output_ids == list(generate_plain(tiny, p, params)), r

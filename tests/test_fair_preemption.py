@@ -54,7 +54,7 @@ def test_the_preemptive_bound_holds_after_every_step_and_bounds_every_backlogged
     clients = sorted({a.client for a in arrivals})
     check = engine.fairness
     two_u_p = check.gap_bound()
-    assert two_u_p == 2 * (max(engine.preempt_gap, check.dispatch_charge) + check.step_charge)
+    assert two_u_p == 2 * (max(engine.victim.gap, check.dispatch_charge) + check.step_charge)
     for f in clients:
         for g in clients:
             if f < g:
@@ -235,7 +235,7 @@ def test_a_policy_without_counters_displaces_nothing():
         clock=lambda: clock[0],
         options=EngineOptions(reservation="none", victim="fair"),
     )
-    assert engine.preempt_gap == float("inf")
+    assert engine.victim.gap == float("inf")
 
 
 # --- where no bound is stated ------------------------------------------------------------------
@@ -300,7 +300,7 @@ def test_a_gap_below_one_blocks_decode_charge_is_refused_as_thrashing():
     for block_size, gap in ((16, 31.9), (1, 1.0)):
         with pytest.raises(ValueError, match="below one block's decode charge"):
             fair_engine(block_size, gap)
-    assert fair_engine(16, 32.0).preempt_gap == 32.0
+    assert fair_engine(16, 32.0).victim.gap == 32.0
 
 
 def test_check_fairness_refuses_admission_every_few_steps_with_the_fair_victim():

@@ -254,13 +254,20 @@ def test_what_a_cache_keeps_is_neither_thrown_away_nor_copied_by_a_preemption(
     assert b.num_cached == 8 and b.num_computed == 8
     engine.preempt(b)
     engine.step()  # admitted again (8 cached) and prefilled
-    assert engine.recomputed_tokens == engine.swapped_tokens == engine.preemption.host_tokens == 0
+    assert (
+        engine.preemption.recomputed_tokens
+        == engine.preemption.swapped_tokens
+        == engine.preemption.host_tokens
+        == 0
+    )
     engine.preempt(b)  # 11 positions computed: 0-7 in named blocks, 8-10 in its own
     engine.schedule()  # back, with 0-7 found cached
     if preemption == "swap":
-        assert engine.swapped_tokens == 11 + 3 and engine.recomputed_tokens == 0
+        assert (
+            engine.preemption.swapped_tokens == 11 + 3 and engine.preemption.recomputed_tokens == 0
+        )
     else:
-        assert engine.recomputed_tokens == 11 - 8
+        assert engine.preemption.recomputed_tokens == 11 - 8
     run_to_end(engine)
     assert b.output_ids == list(generate_plain(tiny, b.prompt_ids, params))
     assert engine.preemption.host_tokens == 0 and not engine.runner.swapped

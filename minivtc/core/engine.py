@@ -20,7 +20,8 @@ ends that request alone, with finish_reason "error"; a fault in shared work prop
 whoever runs the engine must stop. Does not own: the policy (`scheduler.py`), whether blocks may
 be reserved (`admission.py`), blocks (`kv_pool.py`), whom to preempt and what a victim keeps
 (`preemption.py`), the fairness check (`fairness_check.py`), the checks before a request is
-queued (`intake.py`). Lesson 3.
+queued (`intake.py`). After the class: the checks, and the server's housekeeping between
+steps (`forget_idle_clients`). Lesson 3.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from minivtc.core.admission import make_admission
@@ -73,7 +75,6 @@ class Engine:
         self.cache = allocator if isinstance(allocator, PrefixCachingAllocator) else None
         self.admission = make_admission(options.reservation, allocator)
         self.victim = make_victim(options, scheduler, allocator)  # (fair: sets the policy's gap)
-        self.preempt_gap = self.victim.gap if isinstance(self.victim, Fair) else None
         self.preemption = Preemption(options, allocator, self.cache)  # what a victim keeps
         self.fairness = build_fairness_check(self) if options.check_fairness else None
         self.running: list[Request] = []  # the batch
@@ -146,8 +147,7 @@ class Engine:
         waiting = request.status is Status.WAITING
         if waiting:
             self.scheduler.remove(request)
-        request.status, request.finish_reason = Status.ABORTED, "abort"
-        request.finish_time = self.clock()
+        request.end(Status.ABORTED, "abort", self.clock())
         if request in self.running:
             self.retire(request)
             return
@@ -159,38 +159,16 @@ class Engine:
         """What the last step gave `request` (`StepOutput.take`), for a server to stream."""
         return StepOutput.take(request)
 
-    @property
-    def recomputed_tokens(self) -> int:  # the waste a preemption costs (`preemption.py`)
-        return self.preemption.recomputed_tokens
-
-    @property
-    def swapped_tokens(self) -> int:
-        return self.preemption.swapped_tokens
-
     def has_unfinished(self) -> bool:
         # Not peek(): a policy's peek may begin a turn (DRR), and asking must change nothing.
         return bool(self.running) or next(iter(self.scheduler.waiting()), None) is not None
 
-    def forget_idle_clients(self) -> dict[str, ClientTokens]:
-        """Drop idle clients where the policy says no decision changes (`Scheduler.forget`);
-        return their token counts (a server sums them into its totals)."""
-        busy = {r.client_id for r in self.requests.values()}
-        idle = sorted((set(self.client_tokens) | set(self.scheduler.accounts())) - busy)
-        gone = self.scheduler.forget(idle, self.clock())
-        return {c: self.client_tokens.pop(c, ClientTokens()) for c in gone}
-
-    def check_shared_state(self) -> None:
-        """The pool and the scheduler are sound (else whoever runs the engine must stop)."""
-        self.allocator.check_invariants()
-        self.scheduler.check_invariants()
-
     # --- the step's parts ------------------------------------------------------------------------
 
     def schedule(self) -> None:
-        """Algorithm 2's admission round: peek; make room, or stop (never skip to another
-        request: the bound's "one dispatch raises the minimum by at most w_p L_input" would
-        break); reserve; dispatch. Every step (the artifact: `admit_every` steps after a
-        successful admission: one that grew the batch; every step while none does)."""
+        """Algorithm 2's admission round: peek; make room or stop (never skip: Lemma 4.3's "a
+        dispatch raises the minimum by at most w_p L_input" would break); reserve; dispatch.
+        Every step (the artifact: `admit_every` steps after one that grew the batch)."""
         self.steps_since_admission += 1
         if self.running and self.steps_since_admission < self.options.admit_every:
             return
@@ -225,9 +203,7 @@ class Engine:
         request.num_computed = request.num_cached = cached  # the scheduler may price them (w_c)
         self.num_prompt_tokens += request.num_prompt
         self.num_cached_tokens += cached
-        tokens = self.client_tokens.setdefault(request.client_id, ClientTokens())
-        tokens.num_input += request.num_prompt
-        tokens.num_cached += cached
+        self.client_tokens.setdefault(request.client_id, ClientTokens()).admit(request, cached)
 
     def grow(self) -> None:
         """Blocks for the positions this step writes (on demand: preempting until they fit)."""
@@ -236,9 +212,8 @@ class Engine:
         self.admission.grow(self.running)
 
     def preempt(self, request: Request) -> None:
-        """Make room: `request` leaves the batch, its blocks are freed, and it waits at the
-        head of its client's queue with its tokens (`Preemption.keep`: recompute or swap). Its
-        client is not charged again: the recomputation (or the copy) is the server's cost."""
+        """`request` leaves the batch and waits at the head of its client's queue with what it
+        keeps (`Preemption.keep`), uncharged: recomputing (or copying) is the server's cost."""
         self.running.remove(request)
         self.preemption.keep(request, self.runner)  # before its blocks are freed
         self.admission.release(request)
@@ -277,23 +252,17 @@ class Engine:
 
     def charge(self, batch: list[Request]) -> None:
         """Algorithm 2's "c_i <- c_i + the cost of i's new tokens", one scheduler call."""
-        if self.fairness is None:
-            self.scheduler.on_decode(batch)
-            return
-        with self.fairness.step(batch):  # each client's charge in this step
+        with self.fairness.step(batch) if self.fairness else nullcontext():  # (its charges)
             self.scheduler.on_decode(batch)
 
     def finish(self, request: Request, reason: str) -> None:
         """Mark finished; its text is complete (`Texts.finish`)."""
-        request.status, request.finish_reason = Status.FINISHED, reason
-        request.finish_time = self.clock()
+        request.end(Status.FINISHED, reason, self.clock())
         self.texts.finish(request, reason)
 
     def fail(self, request: Request, cause: BaseException) -> None:
         """A fault in `request`'s own work ends it: "error", and why (retired with the step)."""
-        request.status, request.finish_reason = Status.ABORTED, "error"
-        request.error = f"{type(cause).__name__}: {cause}"
-        request.finish_time = self.clock()
+        request.end(Status.ABORTED, "error", self.clock(), f"{type(cause).__name__}: {cause}")
 
     def retire(self, request: Request) -> None:
         self.running.remove(request)
@@ -301,7 +270,7 @@ class Engine:
         self.scheduler.on_finish(request)
         self.forget(request)
         if request.finish_reason == "error":  # its fault must not have hurt shared state
-            self.check_shared_state()
+            check_shared_state(self)
 
     def forget(self, request: Request) -> None:
         self.preemption.forget(request)
@@ -322,14 +291,29 @@ def build_fairness_check(engine: Engine) -> FairnessCheck:
     the pool, B the most requests at once (the batch's limit, or the pool's blocks)."""
     most = min(engine.options.max_running, engine.allocator.num_blocks)
     pool, reservation = engine.allocator.num_tokens, engine.options.reservation
-    gap = engine.preempt_gap
+    gap = engine.victim.gap if isinstance(engine.victim, Fair) else None
     return FairnessCheck(engine.scheduler, engine.max_model_len - 1, pool, most, reservation, gap)
+
+
+def forget_idle_clients(engine: Engine) -> dict[str, ClientTokens]:
+    """Drop `engine`'s idle clients where the policy says no decision changes
+    (`Scheduler.forget`); return their token counts (a server sums them into its totals)."""
+    busy = {r.client_id for r in engine.requests.values()}
+    idle = sorted((set(engine.client_tokens) | set(engine.scheduler.accounts())) - busy)
+    gone = engine.scheduler.forget(idle, engine.clock())
+    return {c: engine.client_tokens.pop(c, ClientTokens()) for c in gone}
+
+
+def check_shared_state(engine: Engine) -> None:
+    """The pool and the scheduler are sound (else whoever runs the engine must stop)."""
+    engine.allocator.check_invariants()
+    engine.scheduler.check_invariants()
 
 
 def check_invariants(engine: Engine) -> None:
     """Every invariant of a step's end: the pool, the scheduler, the blocks held by exactly
     the running requests, admission's and preemption's own books."""
-    engine.check_shared_state()
+    check_shared_state(engine)
     held, running = set(engine.allocator.block_tables), engine.running
     assert held == {r.request_id for r in running}, (
         f"blocks held by {sorted(held)} but running {[r.request_id for r in running]}"

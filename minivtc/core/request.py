@@ -92,6 +92,10 @@ class Request:
             return self.output_ids[self.num_computed - self.num_prompt :]
         return self.all_ids[self.num_computed :]
 
+    def end(self, status: Status, reason: str, now: float, error: str | None = None) -> None:
+        """Finished (a stop rule's `reason`) or aborted ("abort", or "error" and why)."""
+        self.status, self.finish_reason, self.finish_time, self.error = status, reason, now, error
+
     @property
     def is_finished(self) -> bool:
         return self.status in (Status.FINISHED, Status.ABORTED)
@@ -139,3 +143,8 @@ class ClientTokens:
     num_input: int = 0
     num_output: int = 0
     num_cached: int = 0  # of num_input, prompt tokens the prefix cache held
+
+    def admit(self, request: Request, cached: int) -> None:
+        """Count `request`'s prompt, of which `cached` tokens the prefix cache held."""
+        self.num_input += request.num_prompt
+        self.num_cached += cached

@@ -172,12 +172,12 @@ def simulate(
         steps=steps,
         counters={c: n for c, (n, _) in policy.accounts().items() if n is not None},
         preemptions=engine.num_preemptions,
-        recomputed_tokens=engine.recomputed_tokens,
+        recomputed_tokens=engine.preemption.recomputed_tokens,
         bound=engine.fairness.gap_bound() if engine.fairness else None,
         backlogged_gap=watch.worst if watch else None,
         prompt_tokens=engine.num_prompt_tokens,
         cached_tokens=engine.num_cached_tokens,
-        swapped_tokens=engine.swapped_tokens,
+        swapped_tokens=engine.preemption.swapped_tokens,
     )
 
 

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minivtc.core.engine import Engine
+from minivtc.core.engine import Engine, forget_idle_clients
 from minivtc.core.request import Request, StepOutput
 from minivtc.core.sampler import SamplingParams
 from minivtc.serving.observability import OTHER, ClientRow, Snapshot
@@ -83,7 +83,7 @@ class EngineLoop:
     ) -> None:
         """`on_fatal(error)` runs on the loop thread if the engine fails in a way that leaves
         shared state unsound (the loop has ended; `minivtc serve` then exits non-zero).
-        Every `forget_every_s` the loop forgets idle clients (`Engine.forget_idle_clients`),
+        Every `forget_every_s` the loop forgets idle clients (`engine.forget_idle_clients`),
         except that `tenants` (client -> weight: the API keys' clients, a fixed set, so
         forgetting them saves nothing) keep their rows and totals for the life of the loop."""
         self.engine = engine
@@ -242,7 +242,7 @@ class EngineLoop:
     def forget_idle_clients(self) -> list[str]:
         """Between steps: forget idle clients; their totals move to `forgotten`."""
         self.next_forget = time.monotonic() + self.forget_every_s
-        gone = self.engine.forget_idle_clients()
+        gone = forget_idle_clients(self.engine)
         for client, tokens in gone.items():
             row = self.kept.get(client, self.forgotten)
             row.input_tokens += tokens.num_input
@@ -291,8 +291,8 @@ class EngineLoop:
                 None, 1.0, 0, 0, self.forgotten.input_tokens, self.forgotten.output_tokens
             ),
             preemptions=engine.num_preemptions,
-            recomputed_tokens=engine.recomputed_tokens,
-            swapped_tokens=engine.swapped_tokens,
+            recomputed_tokens=engine.preemption.recomputed_tokens,
+            swapped_tokens=engine.preemption.swapped_tokens,
             prompt_tokens=engine.num_prompt_tokens,
             cached_tokens=engine.num_cached_tokens,
             host_tokens=engine.preemption.host_tokens,
