@@ -44,6 +44,7 @@ from minivtc.core.engine import Engine
 from minivtc.core.tokenizer import Tokenizer
 from minivtc.serving.api_keys import Caller, Gate, weights_of
 from minivtc.serving.connections import Limits
+from minivtc.serving.dashboard import Setup, add_dashboard, server_data, viewer
 from minivtc.serving.door import Door, add_error_handlers
 from minivtc.serving.engine_loop import EngineLoop
 from minivtc.serving.info_routes import add_info_routes
@@ -114,6 +115,7 @@ def make_app(
         description="OpenAI-compatible completions over minivtc's engine, scheduled fairly.",
     )
     app.state.minivtc = state
+    app.state.dashboard = Setup.of(engine)  # (read now: the engine thread has not started)
     add_error_handlers(app)
     app.add_middleware(Door, gate=state.gate, limits=limits)
     app.post("/v1/completions")(completions)
@@ -122,6 +124,7 @@ def make_app(
     app.get("/health")(health)
     app.get("/fairness")(fairness)
     app.get("/metrics", response_class=Response)(metrics)
+    add_dashboard(app, dashboard_data)  # /dashboard, /dashboard/data (`dashboard.py`)
     return app
 
 
@@ -211,6 +214,15 @@ async def fairness(http: Request):
     caller = identify(state, http, None)
     snap = await snapshot(state)
     return await asyncio.to_thread(fairness_view, snap, None if caller.admin else caller.client)
+
+
+async def dashboard_data(http: Request):
+    """What `/dashboard` draws: `/fairness`'s view for the caller and more (`dashboard.py`).
+    Without keys, for callers on loopback only."""
+    state: ServerState = http.app.state.minivtc
+    caller = viewer(state.gate, http)
+    snap = await snapshot(state)
+    return await asyncio.to_thread(server_data, snap, http.app.state.dashboard, caller)
 
 
 async def metrics(http: Request):
