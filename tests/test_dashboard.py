@@ -6,6 +6,8 @@ page in a real browser: `test_dashboard_browser.py`."""
 from __future__ import annotations
 
 import re
+import socket
+import threading
 import time
 
 import httpx
@@ -279,3 +281,53 @@ def test_the_data_changes_while_requests_run(bundled):
         after = httpx.get(url + "/dashboard/data").json()
     assert after["time"] > before["time"] and after["tokens"] > before["tokens"] == 0
     assert after["clients"]["alice"]["service"] > 0 and after["started"] == before["started"]
+
+
+# --- minivtc demo --dashboard -----------------------------------------------------------------
+
+
+def test_demo_dashboard_refuses_a_taken_port_before_loading_anything(tmp_path, capsys):
+    from minivtc.cli import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["demo", "--dashboard", str(port), "--out", str(tmp_path)]) == 2
+    error = capsys.readouterr().err
+    assert f"minivtc demo: error: --dashboard: cannot serve on 127.0.0.1:{port}" in error
+
+
+def test_each_demo_run_serves_its_dashboard_at_the_same_address(bundled):
+    from minivtc.harness.workloads import TraceRequest
+    from minivtc.serving import demo
+    from minivtc.serving.dashboard import dashboard_url
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = dashboard_url(port)
+    seen: set[tuple[str, float]] = set()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            try:
+                data = httpx.get(url + "/dashboard/data", timeout=1).json()
+                seen.add((data["scheduler"], data["started"]))
+            except httpx.HTTPError:  # between two runs: nobody serves
+                pass
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    trace = [TraceRequest(c, k * 0.1, 8, 8) for k in range(10) for c in ("heavy", "light")]
+    try:
+        for scheduler in ("fcfs", "vtc"):
+            result = demo.serve_once(*bundled, scheduler, trace, 5.0, progress=False, port=port)
+            assert len(result.served) == len(trace)
+    finally:
+        done.set()
+        watcher.join()
+    assert sorted({name for name, _ in seen}) == ["fcfs", "vtc"]
+    assert len({started for _, started in seen}) == 2  # the page starts afresh for the second

@@ -31,6 +31,7 @@ usage, so the page and its data answer callers on loopback only.
 from __future__ import annotations
 
 import ipaddress
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import asdict, dataclass
@@ -169,9 +170,27 @@ def spread_view(clients: dict[str, dict], bound: float | None, bound_name: str) 
     return {"spread": spread, "bound": bound, "bound_name": bound_name}
 
 
+# --- minivtc demo --dashboard -------------------------------------------------------------------
+
+
+def dashboard_url(port: int, host: str = "127.0.0.1") -> str:
+    """The server's root on `port`, once it is known to be free: the demo's runs take turns
+    there, so the page stays at one address. A ValueError (a clear refusal) if it is taken."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # (as `BackgroundServer` binds)
+        try:
+            s.bind((host, port))
+        except OSError as e:
+            raise ValueError(
+                f"--dashboard: cannot serve on {host}:{port} ({e.strerror}); give another port, "
+                "e.g. --dashboard 8123"
+            ) from None
+    return f"http://{host}:{port}"
+
+
 def announce(url: str) -> str:
     """What `minivtc demo --dashboard` prints before its runs."""
     return (
-        f"watch it live: open {url}/dashboard in a browser on this machine (the page keeps "
-        "its place while each run's server replaces the last)"
+        f"watch it live: open {url}/dashboard in a browser on this machine. Each run (FCFS, "
+        "then VTC) serves there in turn; the page starts afresh when the next one begins"
     )

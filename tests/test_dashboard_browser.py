@@ -1,0 +1,124 @@
+"""The dashboard in a real browser: headless Chromium (Debian's `chromium`, driven by
+Playwright, which downloads no browser of its own here) opens `/dashboard` on a server of the
+bundled model while a heavy and a light client send requests, sees both clients appear and
+their numbers change, the spread drawn under its ceiling, no error in the page's console, and
+saves a screenshot (`MINIVTC_DASHBOARD_PNG=path` saves it there too: the README's).
+
+Skipped, saying why, where Chromium or Playwright is missing (`.ci/run` installs Chromium).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+
+import httpx
+import pytest
+
+from minivtc.harness.workloads import TraceRequest
+from minivtc.llm import build_engine
+from minivtc.serving.loadgen import run_replay
+from minivtc.serving.server import BackgroundServer, make_app
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+if CHROMIUM is None:
+    pytest.skip(
+        "no Chromium: install Debian's `chromium` (apt-get install chromium) to run the "
+        "dashboard's browser test",
+        allow_module_level=True,
+    )
+sync_api = pytest.importorskip(
+    "playwright.sync_api", reason="no Playwright: pip install -e '.[dev]' (it drives Chromium)"
+)
+
+SECONDS = 8.0  # of arrivals: the heavy client sends 3x the light one's rate
+INPUT_TOKENS, OUTPUT_TOKENS = 32, 48
+SCREENSHOT_AFTER_S = 7.0  # of load: a few seconds of lines in the charts
+
+
+def workload() -> list[TraceRequest]:
+    heavy = [TraceRequest("heavy", k / 6, INPUT_TOKENS, OUTPUT_TOKENS) for k in range(48)]
+    light = [TraceRequest("light", 0.1 + k / 2, INPUT_TOKENS, OUTPUT_TOKENS) for k in range(16)]
+    return sorted(heavy + light, key=lambda t: t.arrival_s)
+
+
+def test_the_dashboard_draws_a_live_load_in_chromium(bundled, tmp_path):
+    model, tokenizer = bundled
+    # a small pool (4 requests at once): the heavy client's backlog waits, VTC's counters
+    # and their spread move, and check_fairness asserts Lemma 4.3 after every step
+    engine = build_engine(
+        model,
+        tokenizer,
+        "vtc",
+        kv_tokens=4 * (INPUT_TOKENS + OUTPUT_TOKENS),
+        check_invariants=True,
+        check_fairness=True,
+    )
+    with BackgroundServer(make_app(engine, tokenizer)) as url:
+        load = threading.Thread(target=run_replay, args=(url, workload()), daemon=True)
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            problems: list[str] = []
+            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.goto(url + "/dashboard?every=0.25&history=30")
+            page.wait_for_selector("text=live", timeout=10_000)
+            started = time.monotonic()
+            load.start()
+            first = rows_when(page, lambda rows: {"heavy", "light"} <= set(rows), 20)
+            rows_when(page, lambda rows: changed(first, rows), 20)
+            rows_when(page, lambda rows: all(r["ttft-mean"] != "–" for r in rows.values()), 30)
+            rows_when(page, lambda rows: page.inner_text("#rate") not in ("–", "0"), 20)
+            rows_when(page, lambda rows: time.monotonic() > started + SCREENSHOT_AFTER_S, 20)
+            spread = page.inner_text("#spread")  # "spread / ceiling" (mid-load)
+            lines = page.locator("#chart-service polyline").count()
+            ceiling = page.locator("#chart-spread line.ceiling").count()
+            page.screenshot(path=str(tmp_path / "dashboard.png"), full_page=True)
+            if os.environ.get("MINIVTC_DASHBOARD_PNG"):
+                page.screenshot(path=os.environ["MINIVTC_DASHBOARD_PNG"], full_page=True)
+            load.join(timeout=90)
+            served = httpx.get(url + "/fairness").json()["clients"]
+            last = rows_when(page, lambda rows: shows(rows, served), 10)  # the page has caught up
+            seconds = time.monotonic() - started
+            browser.close()
+    print(f"\nfirst {first}\nlast {last}\nspread {spread}; {seconds:.1f} s in the browser")
+    assert problems == [], f"the page logged errors: {problems}"
+    assert lines >= 2, "a service-rate line per client"
+    assert ceiling == 1, "the spread's ceiling, Lemma 4.3's U, is drawn"
+    now, bound = spread.split(" / ")
+    assert float(bound.replace(",", "")) == engine.fairness.bound
+    assert now == "none waiting" or 0 <= float(now.replace(",", "")) <= engine.fairness.bound
+
+
+def rows_when(page, ready, timeout_s: float) -> dict[str, dict[str, str]]:
+    """The client table as {client: {column: text}}, once `ready(rows)` holds."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        rows = page.evaluate(
+            """() => Object.fromEntries([...document.querySelectorAll('#clients tbody tr')]
+                 .map(tr => [tr.dataset.client, Object.fromEntries([...tr.querySelectorAll('td')]
+                 .filter(td => td.className).map(td => [td.className, td.textContent])) ]))"""
+        )
+        if ready(rows):
+            return rows
+        assert time.monotonic() < deadline, f"the page did not get there in {timeout_s} s: {rows}"
+        time.sleep(0.1)
+
+
+def shows(rows: dict, served: dict) -> bool:
+    """The page's table says what `/fairness` says: every client's service, nothing left."""
+    return all(
+        rows[c]["service"] == f"{row['service']:,.0f}" and rows[c]["waiting"] == "0"
+        for c, row in served.items()
+    )
+
+
+def changed(first: dict, rows: dict) -> bool:
+    """Both clients' service and counter moved since `first`."""
+    return all(
+        rows[c]["service"] != first[c]["service"] and rows[c]["counter"] != first[c]["counter"]
+        for c in ("heavy", "light")
+    )
