@@ -122,3 +122,41 @@ def changed(first: dict, rows: dict) -> bool:
         rows[c]["service"] != first[c]["service"] and rows[c]["counter"] != first[c]["counter"]
         for c in ("heavy", "light")
     )
+
+
+def test_the_gateways_dashboard_shows_its_backends_and_clients_in_chromium(bundled):
+    """The same page at `minivtc route`: a gateway in front of one in-process backend."""
+    from minivtc.core.vtc import VTC
+    from minivtc.fleet.backend import Backend
+    from minivtc.fleet.gateway import Gateway
+    from minivtc.fleet.gateway_app import make_gateway
+    from minivtc.serving.api_keys import Gate
+
+    model, tokenizer = bundled
+    budget = 4 * (INPUT_TOKENS + OUTPUT_TOKENS)
+    engine = build_engine(model, tokenizer, "vtc", kv_tokens=budget)
+    with BackgroundServer(make_app(engine, tokenizer)) as backend_url:
+        gateway = Gateway(VTC(), [Backend(backend_url, budget)], tokenizer, "minivtc-tiny", Gate())
+        with BackgroundServer(make_gateway(gateway)) as url:
+            trace = [t for t in workload() if t.arrival_s < 3]
+            load = threading.Thread(target=run_replay, args=(url, trace), daemon=True)
+            with sync_api.sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+                page = browser.new_page()
+                problems: list[str] = []
+                page.on("console", lambda m: m.type == "error" and problems.append(m.text))
+                page.on("pageerror", lambda e: problems.append(str(e)))
+                page.goto(url + "/dashboard?every=0.25")
+                page.wait_for_selector(f"#backends tr[data-backend='{backend_url}']")
+                load.start()
+                rows_when(page, lambda rows: {"heavy", "light"} <= set(rows), 20)
+                load.join(timeout=60)
+                served = page.locator(f"#backends tr[data-backend='{backend_url}'] td").nth(5)
+                deadline = time.monotonic() + 10
+                while served.inner_text() != str(len(trace)):  # every request, on its backend
+                    assert time.monotonic() < deadline, served.inner_text()
+                    time.sleep(0.1)
+                kind, requests = page.inner_text("#kind"), page.inner_text("#requests")
+                browser.close()
+    assert problems == [], f"the page logged errors: {problems}"
+    assert kind == "gateway" and f"{len(trace)} served" in requests

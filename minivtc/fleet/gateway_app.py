@@ -1,9 +1,10 @@
 """The gateway's HTTP face: its FastAPI app and thin routes, and its reports.
 
 Owns `make_gateway` (the app over a `Gateway`, `gateway.py`), the routes (`/v1/completions`,
-`/v1/chat/completions`, `/v1/models`, `/health`, `/fairness`, `/metrics`) and what `/fairness`
-and `/metrics` say about the fleet: each client's counter, weight and requests waiting and
-running at the gateway, each backend's budget, reservation and health, and the bound. The body
+`/v1/chat/completions`, `/v1/models`, `/health`, `/fairness`, `/metrics`, and the dashboard's
+`/dashboard/data`: its page is `serving/dashboard.py`'s) and what they say about the fleet:
+each client's counter, weight and requests waiting and running at the gateway, each backend's
+budget, reservation and health, and the bound. The body
 rules are the server's own (`serving/prompts.py`, `serving/openai_api.py`), the door the
 server's (`serving/door.py`), the callers the server's (`serving/api_keys.py`).
 README: "Fair across replicas".

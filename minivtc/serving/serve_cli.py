@@ -22,11 +22,12 @@ def add_serve(sub) -> None:
         allow_abbrev=False,  # vLLM's --api-key must never pass for --api-keys
         help="an OpenAI-compatible server with fair scheduling",
         description="Serve /v1/completions and /v1/chat/completions (streaming or not), "
-        "/v1/models, /health, /metrics (Prometheus) and /fairness (each client's counter, "
-        "weight, queue and service). Without --api-keys the client is the X-Client-Id "
-        "header, else the body's 'user', else 'default' (for local use: anyone can claim any "
-        "client). With --api-keys, callers send 'Authorization: Bearer KEY' and are the key's "
-        "client.",
+        "/v1/models, /health, /metrics (Prometheus), /fairness (each client's counter, "
+        "weight, queue and service) and /dashboard, a live page of the same in a browser "
+        "(without --api-keys, for callers on this machine only). Without --api-keys the "
+        "client is the X-Client-Id header, else the body's 'user', else 'default' (for local "
+        "use: anyone can claim any client). With --api-keys, callers send 'Authorization: "
+        "Bearer KEY' and are the key's client.",
     )
     p.add_argument(
         "--weights", default=None, help="Hugging Face Llama directory (default: bundled)"

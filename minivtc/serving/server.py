@@ -6,9 +6,10 @@ first (body size and deadline, API key) and the error answers are `door.py`'s; w
 connection may cost (`Limits`, and the uvicorn settings made from them) `connections.py`'s;
 what a body becomes (checked body, prompt, sampling params) `prompts.py`'s; streaming or
 collecting a request's outputs `streaming.py`'s; the bodies and error shape `openai_api.py`'s;
-who the caller is `api_keys.py`'s; the reports `observability.py`'s. The engine runs on
-`engine_loop.EngineLoop`'s thread, and nothing here touches it: handlers send the loop
-commands, and read engine state only through a snapshot taken there. Lesson 8 uses it.
+who the caller is `api_keys.py`'s; the reports `observability.py`'s; the live page
+(`/dashboard`) `dashboard.py`'s. The engine runs on `engine_loop.EngineLoop`'s thread, and
+nothing here touches it: handlers send the loop commands, and read engine state only through
+a snapshot taken there. Lesson 8 uses it.
 
 Follow one request: uvicorn answers 503 beyond `max_connections` and closes a connection slow
 to send its head; the door refuses a body over `max_body_bytes` (413), one slow to arrive
