@@ -160,3 +160,35 @@ def test_the_gateways_dashboard_shows_its_backends_and_clients_in_chromium(bundl
                 browser.close()
     assert problems == [], f"the page logged errors: {problems}"
     assert kind == "gateway" and f"{len(trace)} served" in requests
+
+
+def test_with_api_keys_the_page_asks_for_one_and_shows_a_tenant_its_own_row(bundled):
+    from minivtc.serving.api_keys import Gate, Key
+
+    keys = {"sk-alice-123": Key("alice"), "sk-bob-4567": Key("bob")}
+    model, tokenizer = bundled
+    engine = build_engine(model, tokenizer, "vtc", kv_tokens=256)
+    with BackgroundServer(make_app(engine, tokenizer, gate=Gate(keys))) as url:
+        for key in keys:  # each tenant is served once
+            auth = {"authorization": f"Bearer {key}"}
+            body = {"prompt": "Hello", "max_tokens": 4}
+            assert httpx.post(url + "/v1/completions", json=body, headers=auth).status_code == 200
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+            page = browser.new_page()
+            problems: list[str] = []
+            page.on("console", lambda m: m.type == "error" and problems.append(m.text))
+            page.on("pageerror", lambda e: problems.append(str(e)))
+            page.goto(url + "/dashboard?every=0.25")
+            page.wait_for_selector("#key-form", state="visible", timeout=10_000)
+            page.fill("#key", "sk-bob-4567")
+            page.click("#key-form button")
+            rows = rows_when(page, lambda rows: bool(rows), 10)
+            hidden = [
+                page.is_hidden(f"#{tile}") for tile in ("tile-kv", "tile-rate", "tile-spread")
+            ]
+            browser.close()
+    # the one error: the browser's own line for the first, keyless poll's 401
+    assert [m for m in problems if "401" not in m] == [], problems
+    assert list(rows) == ["bob"] and rows["bob"]["ttft-mean"] != "–"
+    assert hidden == [True, True, True], "a tenant sees no pool use, throughput or spread"
