@@ -12,6 +12,7 @@ import time
 
 import httpx
 import pytest
+from fastapi import Request
 from fastapi.testclient import TestClient
 
 from minivtc.core.cost import W_P, W_Q
@@ -23,12 +24,11 @@ from minivtc.fleet.gateway import Gateway
 from minivtc.fleet.gateway_app import make_gateway
 from minivtc.llm import build_engine
 from minivtc.serving.api_keys import Caller, Gate, Key, weights_of
-from minivtc.serving.dashboard import Setup, read_page, server_data
+from minivtc.serving.dashboard import Setup, on_loopback, read_page, server_data
 from minivtc.serving.engine_loop import EngineLoop
 from minivtc.serving.observability import ClientRow, FirstTokens, Snapshot, fairness_view
 from minivtc.serving.server import BackgroundServer, make_app
 
-LOOPBACK = ("127.0.0.1", 40000)
 KEYS = {
     "sk-alice-1": Key("alice", 2.0),
     "sk-bob-123": Key("bob"),
@@ -202,9 +202,26 @@ def test_without_keys_loopback_callers_only(bundled):
             assert "loopback only" in answer.json()["error"]["message"]
         assert stranger.get("/fairness").status_code == 200  # (its rule is unchanged)
     app = make_app(engine_of(bundled, "vtc"), bundled[1])  # (an app's engine runs once)
-    with TestClient(app, client=LOOPBACK) as local:
+    with TestClient(app, client=("127.0.0.1", 40000)) as local:
         assert local.get("/dashboard").status_code == 200
         assert local.get("/dashboard/data").json()["kind"] == "server"
+
+
+@pytest.mark.parametrize(
+    "address, local",
+    [
+        ("127.0.0.1", True),
+        ("127.8.9.10", True),
+        ("::1", True),
+        ("::ffff:127.0.0.1", True),  # (IPv4 on a dual-stack socket)
+        ("10.0.0.5", False),
+        ("::ffff:10.0.0.5", False),
+        ("2001:db8::1", False),
+        ("testclient", False),
+    ],
+)
+def test_loopback_is_an_address_on_the_loopback_network(address, local):
+    assert on_loopback(Request({"type": "http", "client": (address, 40000)})) is local
 
 
 def test_with_keys_the_page_is_open_and_its_data_follows_fairness(bundled):

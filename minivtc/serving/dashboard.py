@@ -84,10 +84,15 @@ def refuse_strangers(gate: Gate, http: Request) -> None:
 
 
 def on_loopback(http: Request) -> bool:
+    if http.client is None:
+        return False
     try:
-        return http.client is not None and ipaddress.ip_address(http.client.host).is_loopback
+        address = ipaddress.ip_address(http.client.host)
     except ValueError:  # not an address (a test client's "testclient"): not loopback
         return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # 127.0.0.1 as a dual-stack socket reports it
+    return address.is_loopback
 
 
 # --- the server's data ---------------------------------------------------------------------------
