@@ -100,7 +100,7 @@ def rows_when(page, ready, timeout_s: float) -> dict[str, dict[str, str]]:
         rows = page.evaluate(
             """() => Object.fromEntries([...document.querySelectorAll('#clients tbody tr')]
                  .map(tr => [tr.dataset.client, Object.fromEntries([...tr.querySelectorAll('td')]
-                 .filter(td => td.className).map(td => [td.className, td.textContent])) ]))"""
+                 .filter(td => td.className).map(td => [td.classList[0], td.textContent])) ]))"""
         )
         if ready(rows):
             return rows
