@@ -159,8 +159,9 @@ def run_serve(args) -> int:
     model, tokenizer = load_model(vllm.checkpoint, vllm.dtype(args), args.device)
     engine = build_engine(model, tokenizer, scheduler, **memory, **vllm.pool(args, model))
     name = vllm.name
+    root = f"http://{args.host}:{args.port}"
     print(
-        f"serving {name} with {args.scheduler} on http://{args.host}:{args.port}/v1",
+        f"serving {name} with {args.scheduler} on {root}/v1 (watch it live: {root}/dashboard)",
         file=sys.stderr,
     )
     if keys is None and args.host not in ("127.0.0.1", "localhost", "::1"):
