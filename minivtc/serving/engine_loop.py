@@ -7,7 +7,8 @@ the loop thread runs between two steps, and they receive each request's `StepOut
 `asyncio.Queue`. So the engine needs no locks, and a slow handler never stalls a step.
 
 Also owns what the server reports about finished requests: first-token and end-to-end latency
-histograms and finish counts per client. Does not own HTTP (`server.py`). Lesson 8 uses it.
+histograms, each client's times to first token (the dashboard's mean and recent) and finish
+counts per client. Does not own HTTP (`server.py`). Lesson 8 uses it.
 
     handler --command--> [queue] --(between steps)--> engine.add_request / abort / snapshot
     handler <--StepOutput-- asyncio.Queue <--call_soon_threadsafe-- engine.step()

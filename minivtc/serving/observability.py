@@ -1,9 +1,10 @@
 """What the server reports: the fairness view (`/fairness`) and Prometheus metrics (`/metrics`).
 
-Owns: `Snapshot`, a copy of what the reports need, taken on the engine thread between two
-steps (plain dict copies: the engine waits only for those), and the two views built from it
-afterwards, away from the engine thread. Does not own: routes (`server.py`) or the numbers'
-meaning (the scheduler's counters, the engine's token counts). Lesson 8 reads both views.
+Owns: `Snapshot`, a copy of what the reports need (the dashboard's too: `dashboard.py`), taken
+on the engine thread between two steps (plain dict copies: the engine waits only for those),
+and the two views built from it afterwards, away from the engine thread. Does not own: routes
+(`server.py`) or the numbers' meaning (the scheduler's counters, the engine's token counts).
+Lesson 8 reads both views.
 
 The Prometheus text is made by `prometheus_client`, which owns the format and its escaping.
 Per-client series are capped: every tenant (an API key's client: a fixed set, never forgotten)
