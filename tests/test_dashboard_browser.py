@@ -74,6 +74,7 @@ def test_the_dashboard_draws_a_live_load_in_chromium(bundled, tmp_path):
             rows_when(page, lambda rows: all(r["ttft-mean"] != "–" for r in rows.values()), 30)
             rows_when(page, lambda rows: page.inner_text("#rate") not in ("–", "0"), 20)
             rows_when(page, lambda rows: time.monotonic() > started + SCREENSHOT_AFTER_S, 20)
+            drawn = page.evaluate(RATE_AND_SAMPLES)  # (at one instant: between two polls)
             spread = page.inner_text("#spread")  # "spread / ceiling" (mid-load)
             lines = page.locator("#chart-service polyline").count()
             ceiling = page.locator("#chart-spread line.ceiling").count()
@@ -90,9 +91,29 @@ def test_the_dashboard_draws_a_live_load_in_chromium(bundled, tmp_path):
     assert problems == [], f"the page logged errors: {problems}"
     assert lines >= 2, "a service-rate line per client"
     assert ceiling == 1, "the spread's ceiling, Lemma 4.3's U, is drawn"
+    for client in ("heavy", "light"):  # the page's rate is the service's slope over 5 s
+        assert drawn["rates"][client] == f"{service_rate(drawn['samples'], client, 5.0):,.0f}"
     now, bound = spread.split(" / ")
     assert float(bound.replace(",", "")) == engine.fairness.bound
     assert now == "none waiting" or 0 <= float(now.replace(",", "")) <= engine.fairness.bound
+
+
+# The rate column and the samples it was computed from, read at one instant in the page
+RATE_AND_SAMPLES = """() => ({samples, rates: Object.fromEntries(
+    [...document.querySelectorAll('#clients tbody tr')]
+    .map(tr => [tr.dataset.client, tr.querySelector('td.rate').textContent]))})"""
+
+
+def service_rate(samples: list[dict], client: str, window_s: float) -> float:
+    """A client's service per second over the last `window_s` of `samples` (the page's own
+    history of /dashboard/data), computed here as the page should: from the earliest sample
+    within the window (or, with none, the one before the last) to the last."""
+    last = samples[-1]
+    then = next(s for s in samples if s["time"] >= last["time"] - window_s)
+    if then is last:
+        then = samples[-2]
+    before = then["clients"].get(client, {}).get("service", 0.0)
+    return max(0.0, (last["clients"][client]["service"] - before) / (last["time"] - then["time"]))
 
 
 def rows_when(page, ready, timeout_s: float) -> dict[str, dict[str, str]]:
