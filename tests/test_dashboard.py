@@ -61,6 +61,7 @@ def test_the_ceiling_is_the_one_check_fairness_asserts(bundled, scheduler, optio
     assert Setup.of(plain).bound == Setup.of(checked).bound == checked.fairness.bound
     if "victim" in options:
         assert "U_P" in Setup.of(plain).bound_name
+        assert Setup.of(plain).options["preempt_gap"] == 300.0  # (the gap in effect)
     else:  # Lemma 4.3's U, in counter units: divided by the smallest weight below 1
         pool, longest = plain.allocator.num_tokens, plain.max_model_len - 1
         assert Setup.of(plain).bound == max(W_P * longest, W_Q * pool) / 0.5

@@ -41,6 +41,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 
 from minivtc.core.engine import Engine, build_fairness_check
+from minivtc.core.preemption import Fair
 from minivtc.core.vtc import VTC
 from minivtc.serving.api_keys import Caller, Gate
 from minivtc.serving.observability import Snapshot, fairness_view
@@ -113,7 +114,7 @@ class Setup:
     @classmethod
     def of(cls, engine: Engine) -> Setup:
         options = asdict(engine.options) | {
-            "preempt_gap": engine.preempt_gap,  # (the default, once the engine chose it)
+            "preempt_gap": fair_gap(engine),  # (the default, once the engine chose it)
             "prefix_caching": engine.cache is not None,
             "kv_tokens": engine.allocator.num_tokens,
             "max_model_len": engine.max_model_len,
@@ -122,6 +123,11 @@ class Setup:
         bound, name = spread_bound(engine)
         weights = dict(vtc.weights) if vtc is not None else {}
         return cls(time.time(), engine.scheduler.name, options, weights, bound, name)
+
+
+def fair_gap(engine: Engine) -> float | None:
+    """The gap in effect for the fair victim (None: another victim, or no preemption)."""
+    return engine.victim.gap if isinstance(engine.victim, Fair) else None
 
 
 def spread_bound(engine: Engine) -> tuple[float | None, str]:
