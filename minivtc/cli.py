@@ -17,7 +17,7 @@ from minivtc.harness.cli import (
     add_trace_source,
     print_summary,
 )
-from minivtc.serving.serve_cli import add_serve
+from minivtc.serving.serve_cli import add_serve, port
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -68,6 +68,17 @@ def add_demo(sub) -> None:
         default=10.0,
         help="seconds to let the last requests finish before cancelling them (default 10)",
     )
+    p.add_argument(
+        "--dashboard",
+        nargs="?",
+        type=port,
+        const=8000,
+        default=None,
+        metavar="PORT",
+        help="serve each run on 127.0.0.1:PORT (default 8000) and print the address of its "
+        "live dashboard, /dashboard, to watch the counters move in a browser while FCFS and "
+        "then VTC serve the workload",
+    )
     p.set_defaults(run=run_demo)
 
 
@@ -76,7 +87,7 @@ def run_demo(args) -> int:
 
     if args.duration <= 0 or args.drain < 0:
         raise ValueError("--duration must be > 0 and --drain >= 0")
-    demo.main(args.out, args.duration, args.drain)
+    demo.main(args.out, args.duration, args.drain, dashboard=args.dashboard)
     return 0
 
 

@@ -1,9 +1,10 @@
 """The gateway's HTTP face: its FastAPI app and thin routes, and its reports.
 
 Owns `make_gateway` (the app over a `Gateway`, `gateway.py`), the routes (`/v1/completions`,
-`/v1/chat/completions`, `/v1/models`, `/health`, `/fairness`, `/metrics`) and what `/fairness`
-and `/metrics` say about the fleet: each client's counter, weight and requests waiting and
-running at the gateway, each backend's budget, reservation and health, and the bound. The body
+`/v1/chat/completions`, `/v1/models`, `/health`, `/fairness`, `/metrics`, and the dashboard's
+`/dashboard/data`: its page is `serving/dashboard.py`'s) and what they say about the fleet:
+each client's counter, weight and requests waiting and running at the gateway, each backend's
+budget, reservation and health, and the bound. The body
 rules are the server's own (`serving/prompts.py`, `serving/openai_api.py`), the door the
 server's (`serving/door.py`), the callers the server's (`serving/api_keys.py`).
 README: "Fair across replicas".
@@ -12,6 +13,7 @@ README: "Fair across replicas".
 from __future__ import annotations
 
 import asyncio
+import time
 from contextlib import asynccontextmanager
 
 import httpx
@@ -22,7 +24,9 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from minivtc.fleet.gateway import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKENS, Gateway
+from minivtc.serving.api_keys import Caller
 from minivtc.serving.connections import Limits
+from minivtc.serving.dashboard import EVERY_S, add_dashboard, spread_view, viewer
 from minivtc.serving.door import Door, add_error_handlers
 from minivtc.serving.openai_api import APIError, check_unsupported
 from minivtc.serving.prompts import chat_body, check_length, completion_body
@@ -42,6 +46,8 @@ def make_gateway(gateway: Gateway, limits: Limits | None = None) -> FastAPI:
     app.get("/health")(health)
     app.get("/fairness")(fairness)
     app.get("/metrics", response_class=Response)(metrics)
+    app.state.started = time.time()  # (the dashboard starts afresh on a new gateway)
+    add_dashboard(app, dashboard_data)  # /dashboard, /dashboard/data (`serving/dashboard.py`)
     return app
 
 
@@ -142,12 +148,24 @@ async def health(http: HTTPRequest):
 async def fairness(http: HTTPRequest):
     """The fleet's view; with API keys, a non-admin key sees only its own client's row."""
     gateway: Gateway = http.app.state.gateway
-    caller = identify(gateway, http, None)
-    view = fleet_view(gateway)
-    if not caller.admin:
-        view["clients"] = {c: r for c, r in view["clients"].items() if c == caller.client}
-        del view["backends"]
-    return view
+    return view_for(fleet_view(gateway), identify(gateway, http, None))
+
+
+async def dashboard_data(http: HTTPRequest):
+    """What `/dashboard` draws at the gateway: `/fairness`'s view for the caller, and for an
+    admin the waiting counters' spread under Lemma 4.3's U with M the fleet's memory.
+    Without keys, for callers on loopback only."""
+    gateway: Gateway = http.app.state.gateway
+    caller = viewer(gateway.gate, http)
+    view = view_for(fleet_view(gateway), caller)
+    data = {"kind": "gateway", "started": http.app.state.started, "time": time.monotonic()}
+    data |= {"every_s": EVERY_S, **view}
+    if caller.admin:
+        check = gateway.dispatcher.fairness  # (the VTC family's; None for another policy)
+        bound = None if check is None else check.bound
+        name = FLEET_U if check else f"{view['scheduler']} keeps no counters: no spread to bound"
+        data["fairness"] = spread_view(view["clients"], bound, name)
+    return data
 
 
 async def metrics(http: HTTPRequest):
@@ -166,6 +184,17 @@ def identify(gateway: Gateway, http: HTTPRequest, user: str | None):
     return gateway.gate.caller(
         http.headers.get("authorization"), http.headers.get("x-client-id"), user
     )
+
+
+FLEET_U = "U = max(w_p L_input, w_q M), M the backends' budgets (Lemma 4.3 over the fleet)"
+
+
+def view_for(view: dict, caller: Caller) -> dict:
+    """`/fairness`'s rule: an admin sees the whole fleet, any other key its own row only."""
+    if not caller.admin:
+        view["clients"] = {c: r for c, r in view["clients"].items() if c == caller.client}
+        del view["backends"]
+    return view
 
 
 def fleet_view(gateway: Gateway) -> dict:

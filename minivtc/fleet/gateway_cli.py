@@ -20,8 +20,8 @@ def add_route(sub) -> None:
         "backends, and bind a request to a backend only when it has room (prompt + max_tokens "
         "within its budget): the backends never queue, so the dispatcher's order is the only "
         "order, and the bound is Lemma 4.3's with M the sum of the budgets. Serves "
-        "/v1/completions and /v1/chat/completions (streaming or not), /health, /fairness and "
-        "/metrics for the whole fleet.",
+        "/v1/completions and /v1/chat/completions (streaming or not), /health, /fairness, "
+        "/metrics and /dashboard (a live page in a browser) for the whole fleet.",
     )
     p.add_argument(
         "--backend",

@@ -5,6 +5,7 @@ overloads it — a heavy client sending 3x the light client's rate — and repla
 against the real server on the bundled model, first under FCFS, then under VTC. It prints a
 side-by-side table and writes `demo.png` (service rate and time to first token over time).
 Everything it runs is the package's own code: `server.py`, `loadgen.py`, `metrics.py`. Lesson 0.
+With `--dashboard`, both runs serve at one address, where `/dashboard` draws them live.
 
 What to expect: under FCFS both clients queue behind the heavy client's backlog, so the light
 client's time to first token grows for as long as the overload lasts; under VTC the light
@@ -23,6 +24,7 @@ from minivtc.core.weights import load_model
 from minivtc.harness import metrics
 from minivtc.harness.workloads import TraceRequest
 from minivtc.llm import build_engine
+from minivtc.serving.dashboard import announce, dashboard_url
 from minivtc.serving.loadgen import ReplayResult, run_replay
 from minivtc.serving.server import BackgroundServer, make_app
 
@@ -41,7 +43,11 @@ class Plan:
     trace: list[TraceRequest]
 
 
-def main(out: str | Path, duration: float = 60.0, drain: float = 10.0) -> dict:
+def main(
+    out: str | Path, duration: float = 60.0, drain: float = 10.0, dashboard: int | None = None
+) -> dict:
+    """`dashboard`: a port, where each run's server answers (`/dashboard`, `dashboard.py`)."""
+    url = dashboard_url(dashboard) if dashboard is not None else None  # (refused now if taken)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     say("loading the bundled model ...")
@@ -52,10 +58,12 @@ def main(out: str | Path, duration: float = 60.0, drain: float = 10.0) -> dict:
         f"{OUTPUT_TOKENS} tokens; offering {plan.heavy_rate + plan.light_rate:.1f}/s: "
         f"heavy {plan.heavy_rate:.1f}/s, light {plan.light_rate:.1f}/s, for {duration:.0f} s"
     )
+    if url is not None:
+        say(announce(url))
     runs: dict[str, ReplayResult] = {}
     for scheduler in ("fcfs", "vtc"):
         say(f"\n[{scheduler}] serving the workload over HTTP ...")
-        runs[scheduler] = serve_once(model, tokenizer, scheduler, plan.trace, drain)
+        runs[scheduler] = serve_once(model, tokenizer, scheduler, plan.trace, drain, port=dashboard)
         metrics.write_requests(out / f"requests_{scheduler}.csv", runs[scheduler].served)
     rows = table(runs, plan)
     text = format_table(rows)
@@ -98,12 +106,14 @@ def serve_once(
     trace: list[TraceRequest],
     drain: float | None,
     progress: bool = True,
+    port: int | None = None,
 ) -> ReplayResult:
-    """A fresh engine and server under `scheduler`, the trace replayed against it."""
+    """A fresh engine and server under `scheduler` (on `port`, else a free one), the trace
+    replayed against it."""
     engine = build_engine(
         model, tokenizer, scheduler, kv_tokens=BATCH * (INPUT_TOKENS + OUTPUT_TOKENS)
     )
-    with BackgroundServer(make_app(engine, tokenizer)) as url:
+    with BackgroundServer(make_app(engine, tokenizer), port=port or 0) as url:
         result = run_replay(url, trace, drain_s=drain, progress=progress)
     if result.failed:
         say(f"  failed requests: {dict(result.failed)}")

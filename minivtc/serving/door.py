@@ -22,11 +22,14 @@ from minivtc.serving.connections import Limits
 from minivtc.serving.openai_api import APIError, clip, validation_error
 
 DRAIN_BYTES = 64 * 1024 * 1024  # dropped after a refusal, so a client still sending can read it
+# Answered without a key: a supervisor's liveness check, and the dashboard's page, which holds
+# no data and asks for the key its data needs (a browser cannot send one when it opens a page)
+KEYLESS_PATHS = ("/health", "/dashboard")
 
 
 class Door:
     """ASGI middleware, before any parsing: with API keys, a request without a valid key gets
-    401 (everything but /health); a body over `max_body_bytes` gets 413 -- at once when
+    401 (everything but `KEYLESS_PATHS`); a body over `max_body_bytes` gets 413 -- at once when
     Content-Length says so, else as soon as the bytes read pass the limit; a body that has not
     all arrived `body_timeout_s` after the head gets 408. The body is read here (at most the
     limit) and handed to the app whole.
@@ -75,7 +78,7 @@ class Door:
 
     async def checked_body(self, scope, headers: dict[str, str], receive) -> bytes | None:
         """The key, the announced length, then the body (APIError: refused)."""
-        if self.gate.keys is not None and scope["path"] != "/health":
+        if self.gate.keys is not None and scope["path"] not in KEYLESS_PATHS:
             self.gate.key(headers.get("authorization"))
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.limits.max_body_bytes:

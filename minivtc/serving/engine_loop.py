@@ -7,7 +7,8 @@ the loop thread runs between two steps, and they receive each request's `StepOut
 `asyncio.Queue`. So the engine needs no locks, and a slow handler never stalls a step.
 
 Also owns what the server reports about finished requests: first-token and end-to-end latency
-histograms and finish counts per client. Does not own HTTP (`server.py`). Lesson 8 uses it.
+histograms, each client's times to first token (the dashboard's mean and recent) and finish
+counts per client. Does not own HTTP (`server.py`). Lesson 8 uses it.
 
     handler --command--> [queue] --(between steps)--> engine.add_request / abort / snapshot
     handler <--StepOutput-- asyncio.Queue <--call_soon_threadsafe-- engine.step()
@@ -30,7 +31,7 @@ import torch
 from minivtc.core.engine import Engine, forget_idle_clients
 from minivtc.core.request import Request, StepOutput
 from minivtc.core.sampler import SamplingParams
-from minivtc.serving.observability import OTHER, ClientRow, Snapshot
+from minivtc.serving.observability import OTHER, ClientRow, FirstTokens, Snapshot
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # seconds
 
@@ -104,6 +105,7 @@ class EngineLoop:
         self.wakeup = threading.Event()
         self.streams: dict[str, Stream] = {}  # loop thread only
         self.ttft = Histogram()  # loop thread only; read through snapshot()
+        self.first_tokens: dict[str, FirstTokens] = {}  # the same, per client (the dashboard)
         self.latency = Histogram()
         self.finished: dict[tuple[str, str], int] = {}  # (client, finish reason) -> count
         self.error: BaseException | None = None
@@ -247,6 +249,8 @@ class EngineLoop:
             row = self.kept.get(client, self.forgotten)
             row.input_tokens += tokens.num_input
             row.output_tokens += tokens.num_output
+        for client in [c for c in gone if c not in self.tenants]:
+            self.first_tokens.pop(client, None)
         for key in [k for k in self.finished if k[0] in gone and k[0] not in self.tenants]:
             other = (OTHER, key[1])
             self.finished[other] = self.finished.get(other, 0) + self.finished.pop(key)
@@ -298,11 +302,15 @@ class EngineLoop:
             host_tokens=engine.preemption.host_tokens,
             swap_tokens=engine.preemption.swap_tokens if engine.options.swaps else 0,
             tenants=tuple(self.tenants),
+            first_tokens={c: f.copy() for c, f in self.first_tokens.items()},
+            taken=time.monotonic(),
         )
 
     def record(self, request: Request) -> None:
         if request.first_token_time is not None:
-            self.ttft.observe(request.first_token_time - request.arrival_time)
+            ttft = request.first_token_time - request.arrival_time
+            self.ttft.observe(ttft)
+            self.first_tokens.setdefault(request.client_id, FirstTokens()).observe(ttft)
         if request.finish_time is not None:
             self.latency.observe(request.finish_time - request.arrival_time)
         key = (request.client_id, request.finish_reason or "")

@@ -1,9 +1,10 @@
 """What the server reports: the fairness view (`/fairness`) and Prometheus metrics (`/metrics`).
 
-Owns: `Snapshot`, a copy of what the reports need, taken on the engine thread between two
-steps (plain dict copies: the engine waits only for those), and the two views built from it
-afterwards, away from the engine thread. Does not own: routes (`server.py`) or the numbers'
-meaning (the scheduler's counters, the engine's token counts). Lesson 8 reads both views.
+Owns: `Snapshot`, a copy of what the reports need (the dashboard's too: `dashboard.py`), taken
+on the engine thread between two steps (plain dict copies: the engine waits only for those),
+and the two views built from it afterwards, away from the engine thread. Does not own: routes
+(`server.py`) or the numbers' meaning (the scheduler's counters, the engine's token counts).
+Lesson 8 reads both views.
 
 The Prometheus text is made by `prometheus_client`, which owns the format and its escaping.
 Per-client series are capped: every tenant (an API key's client: a fixed set, never forgotten)
@@ -14,6 +15,7 @@ scrape stays small however many client ids the server has seen.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -30,6 +32,7 @@ from minivtc.serving.vllm_metrics import vllm_families
 
 OTHER = "(other)"  # the label of every client outside the top N, and of forgotten ones
 TOP_CLIENTS = 50
+RECENT_FIRST_TOKENS = 10  # a client's "recent" time to first token: the mean of its last 10
 
 
 @dataclass
@@ -63,6 +66,32 @@ class ClientRow:
 
 
 @dataclass
+class FirstTokens:
+    """One client's times to first token (seconds, arrival to first token) of the requests it
+    finished: how many, their sum, and the latest few (the dashboard's mean and recent)."""
+
+    count: int = 0
+    total: float = 0.0
+    recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FIRST_TOKENS))
+
+    def observe(self, seconds: float) -> None:
+        self.count += 1
+        self.total += seconds
+        self.recent.append(seconds)
+
+    def copy(self) -> FirstTokens:
+        return FirstTokens(self.count, self.total, deque(self.recent, self.recent.maxlen))
+
+    @property
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
+
+    @property
+    def recent_mean(self) -> float | None:
+        return sum(self.recent) / len(self.recent) if self.recent else None
+
+
+@dataclass
 class Snapshot:
     scheduler: str
     clients: dict[str, ClientRow]
@@ -83,6 +112,8 @@ class Snapshot:
     host_tokens: int = 0  # preemption="swap": keys and values on the host now
     swap_tokens: int = 0  # and how many it may hold (0: no swapping)
     tenants: tuple[str, ...] = ()  # the API keys' clients: each always has its own label
+    first_tokens: dict[str, FirstTokens] = field(default_factory=dict)  # per client
+    taken: float = 0.0  # when (time.monotonic()): the dashboard's rates divide by its steps
 
 
 def fairness_view(snap: Snapshot, only: str | None = None) -> dict:

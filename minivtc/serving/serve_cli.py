@@ -22,11 +22,12 @@ def add_serve(sub) -> None:
         allow_abbrev=False,  # vLLM's --api-key must never pass for --api-keys
         help="an OpenAI-compatible server with fair scheduling",
         description="Serve /v1/completions and /v1/chat/completions (streaming or not), "
-        "/v1/models, /health, /metrics (Prometheus) and /fairness (each client's counter, "
-        "weight, queue and service). Without --api-keys the client is the X-Client-Id "
-        "header, else the body's 'user', else 'default' (for local use: anyone can claim any "
-        "client). With --api-keys, callers send 'Authorization: Bearer KEY' and are the key's "
-        "client.",
+        "/v1/models, /health, /metrics (Prometheus), /fairness (each client's counter, "
+        "weight, queue and service) and /dashboard, a live page of the same in a browser "
+        "(without --api-keys, for callers on this machine only). Without --api-keys the "
+        "client is the X-Client-Id header, else the body's 'user', else 'default' (for local "
+        "use: anyone can claim any client). With --api-keys, callers send 'Authorization: "
+        "Bearer KEY' and are the key's client.",
     )
     p.add_argument(
         "--weights", default=None, help="Hugging Face Llama directory (default: bundled)"
@@ -158,8 +159,9 @@ def run_serve(args) -> int:
     model, tokenizer = load_model(vllm.checkpoint, vllm.dtype(args), args.device)
     engine = build_engine(model, tokenizer, scheduler, **memory, **vllm.pool(args, model))
     name = vllm.name
+    root = f"http://{args.host}:{args.port}"
     print(
-        f"serving {name} with {args.scheduler} on http://{args.host}:{args.port}/v1",
+        f"serving {name} with {args.scheduler} on {root}/v1 (watch it live: {root}/dashboard)",
         file=sys.stderr,
     )
     if keys is None and args.host not in ("127.0.0.1", "localhost", "::1"):

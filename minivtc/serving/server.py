@@ -6,9 +6,10 @@ first (body size and deadline, API key) and the error answers are `door.py`'s; w
 connection may cost (`Limits`, and the uvicorn settings made from them) `connections.py`'s;
 what a body becomes (checked body, prompt, sampling params) `prompts.py`'s; streaming or
 collecting a request's outputs `streaming.py`'s; the bodies and error shape `openai_api.py`'s;
-who the caller is `api_keys.py`'s; the reports `observability.py`'s. The engine runs on
-`engine_loop.EngineLoop`'s thread, and nothing here touches it: handlers send the loop
-commands, and read engine state only through a snapshot taken there. Lesson 8 uses it.
+who the caller is `api_keys.py`'s; the reports `observability.py`'s; the live page
+(`/dashboard`) `dashboard.py`'s. The engine runs on `engine_loop.EngineLoop`'s thread, and
+nothing here touches it: handlers send the loop commands, and read engine state only through
+a snapshot taken there. Lesson 8 uses it.
 
 Follow one request: uvicorn answers 503 beyond `max_connections` and closes a connection slow
 to send its head; the door refuses a body over `max_body_bytes` (413), one slow to arrive
@@ -44,6 +45,7 @@ from minivtc.core.engine import Engine
 from minivtc.core.tokenizer import Tokenizer
 from minivtc.serving.api_keys import Caller, Gate, weights_of
 from minivtc.serving.connections import Limits
+from minivtc.serving.dashboard import Setup, add_dashboard, server_data, viewer
 from minivtc.serving.door import Door, add_error_handlers
 from minivtc.serving.engine_loop import EngineLoop
 from minivtc.serving.info_routes import add_info_routes
@@ -114,6 +116,7 @@ def make_app(
         description="OpenAI-compatible completions over minivtc's engine, scheduled fairly.",
     )
     app.state.minivtc = state
+    app.state.dashboard = Setup.of(engine)  # (read now: the engine thread has not started)
     add_error_handlers(app)
     app.add_middleware(Door, gate=state.gate, limits=limits)
     app.post("/v1/completions")(completions)
@@ -122,6 +125,7 @@ def make_app(
     app.get("/health")(health)
     app.get("/fairness")(fairness)
     app.get("/metrics", response_class=Response)(metrics)
+    add_dashboard(app, dashboard_data)  # /dashboard, /dashboard/data (`dashboard.py`)
     return app
 
 
@@ -211,6 +215,15 @@ async def fairness(http: Request):
     caller = identify(state, http, None)
     snap = await snapshot(state)
     return await asyncio.to_thread(fairness_view, snap, None if caller.admin else caller.client)
+
+
+async def dashboard_data(http: Request):
+    """What `/dashboard` draws: `/fairness`'s view for the caller and more (`dashboard.py`).
+    Without keys, for callers on loopback only."""
+    state: ServerState = http.app.state.minivtc
+    caller = viewer(state.gate, http)
+    snap = await snapshot(state)
+    return await asyncio.to_thread(server_data, snap, http.app.state.dashboard, caller)
 
 
 async def metrics(http: Request):
