@@ -138,7 +138,7 @@ def table(runs: dict[str, ReplayResult], plan: Plan) -> dict:
             col[f"{client}: mean TTFT (s)"] = f"{statistics.fmean(ttft):.2f}" if ttft else "-"
             col[f"{client}: max TTFT (s)"] = f"{max(ttft):.2f}" if ttft else "-"
         _, gaps = metrics.accumulated_service_diff(served, plan.duration)
-        col["max service difference (tokens)"] = f"{max(gaps):,.0f}"
+        col["max service difference (tokens)"] = f"{max(gaps, default=0.0):,.0f}"  # (none served)
         tokens = sum(r.input_tokens + r.output_tokens for r in served)
         col["throughput (tokens/s)"] = f"{tokens / run.wall_s:,.0f}"
         col["cancelled at the end"] = str(run.unfinished)
