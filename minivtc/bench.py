@@ -81,9 +81,19 @@ def main(argv: list[str] | None = None) -> int:
         help="engine, scheduler, sim: measured rounds, contenders interleaved "
         "(default 5 for engine, 3 for the others; engine adds a discarded warm-up round)",
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="engine, profile: torch's intra-op threads (default: torch's, one per core). On a "
+        "machine shared with other busy processes, 1 thread is steadier: a parallel kernel waits "
+        "for its slowest thread, and a descheduled thread stalls it",
+    )
     args = parser.parse_args(argv)
     if args.repeat is not None and args.repeat < 1:
         parser.error("--repeat: at least 1")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads: at least 1")
     if args.what == "gpu":
         if args.device.startswith("cuda") and not gpu_driver_seen():  # before torch's import
             print("no GPU here (no NVIDIA or ROCm driver): `bench gpu` needs one", file=sys.stderr)
@@ -94,6 +104,8 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     torch.set_grad_enabled(False)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     if args.what == "engine":
         return bench_engine(args.quick, args.repeat or 5)
     if args.what == "scheduler":
