@@ -15,13 +15,18 @@ functions it spent it in (cumulative times, so nothing is counted twice):
 - detokenizer: `Texts.add` (the 7B shape's random tokens have no tokenizer: none);
 - engine: the rest of `Engine.step` (scheduling, growing block tables, stop rules, charging).
 
-cProfile adds a little to every Python call, so the profiled step is slower than the timed one;
-the table gives both, and the shares are of the profiled step.
+The profiler's clock is the process's CPU time, not the wall clock: on a machine shared with
+other busy processes a function's wall time includes the spells its thread waited for a core,
+which fall on whichever function was running. cProfile adds a little to every Python call, so
+the profiled step is slower than the timed one; the table gives both, and the shares are of the
+profiled step.
 
 The limit: a decode step must read every weight once and every running request's keys and
 values, so (weight bytes + KV bytes) / memory bandwidth is the fastest a step can be. The
 bandwidth is measured here by a large copy (bytes read + written per second, as `bench gpu`
-states it for a GPU); "x limit" is the timed step over that bound.
+states it for a GPU; the best of ten copies, the least disturbed). "x limit" is the timed step's
+CPU time per thread (the wall time it would take if no thread waited for a core) over that
+bound.
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ class Case:
 
 
 def bench_profile(quick: bool) -> int:
-    bandwidth = copy_bandwidth(torch.device("cpu"))
+    bandwidth = max(copy_bandwidth(torch.device("cpu")) for _ in range(10))
     batches = [1, 4] if quick else [1, 16, 64]
     print(
         f"decode steps, fp32, {torch.get_num_threads()} threads, profiler: cProfile; memory "
@@ -78,7 +83,7 @@ def bench_profile(quick: bool) -> int:
     )
     header = " ".join(f"{c:>11}" for c in COLUMNS)
     print(
-        f"{'model':>8} {'batch':>5} {'step ms':>8} {'profiled':>8} {header} "
+        f"{'model':>8} {'batch':>5} {'wall ms':>8} {'CPU ms':>7} {'profiled':>8} {header} "
         f"{'limit ms':>8} {'x limit':>7}"
     )
     for case in cases(quick):
@@ -102,19 +107,21 @@ def cases(quick: bool) -> list[Case]:
 
 def profile_row(case: Case, batch: int, bandwidth: float) -> str:
     engine = decoding_engine(case, batch)
-    start = time.perf_counter()
-    run_steps(engine, case.steps)
-    step_s = (time.perf_counter() - start) / case.steps
     context = engine.running[0].num_tokens  # every request has as many tokens
-    profiler = cProfile.Profile()
+    wall, cpu = time.perf_counter(), time.process_time()
+    run_steps(engine, case.steps)
+    wall, cpu = (time.perf_counter() - wall) / case.steps, (time.process_time() - cpu) / case.steps
+    profiler = cProfile.Profile(time.process_time)
     profiler.runcall(run_steps, engine, case.steps)
     shares = split(pstats.Stats(profiler))
     total = shares.pop("step")
-    limit_s = step_bytes(case.model, batch, context + case.steps / 2) / bandwidth
+    limit_s = step_bytes(case.model, batch, context + case.steps) / bandwidth
     cells = " ".join(f"{shares[c] / total:>11.0%}" for c in COLUMNS)
+    per_thread = cpu / torch.get_num_threads()
     return (
-        f"{case.name:>8} {batch:>5} {1000 * step_s:>8.1f} {1000 * total / case.steps:>8.1f} "
-        f"{cells} {1000 * limit_s:>8.1f} {step_s / limit_s:>6.1f}x"
+        f"{case.name:>8} {batch:>5} {1000 * wall:>8.1f} {1000 * cpu:>7.1f} "
+        f"{1000 * total / case.steps:>8.1f} {cells} {1000 * limit_s:>8.2f} "
+        f"{per_thread / limit_s:>6.1f}x"
     )
 
 
