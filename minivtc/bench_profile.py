@@ -24,9 +24,9 @@ profiled step.
 The limit: a decode step must read every weight once and every running request's keys and
 values, so (weight bytes + KV bytes) / memory bandwidth is the fastest a step can be. The
 bandwidth is measured here by a large copy (bytes read + written per second, as `bench gpu`
-states it for a GPU; the best of ten copies, the least disturbed). "x limit" is the timed step's
-CPU time per thread (the wall time it would take if no thread waited for a core) over that
-bound.
+states it for a GPU), per second of CPU time per thread and the best of ten copies, for the same
+reason as the profiler's clock. "x limit" is the timed step's CPU time per thread (the wall time
+it would take if no thread waited for a core) over that bound.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from minivtc.bench_gpu import copy_bandwidth, random_model
+from minivtc.bench_gpu import random_model
 from minivtc.core.attention import PagedAttention, attend_group
 from minivtc.core.config import preset
 from minivtc.core.engine import Engine
@@ -75,7 +75,7 @@ class Case:
 
 
 def bench_profile(quick: bool) -> int:
-    bandwidth = max(copy_bandwidth(torch.device("cpu")) for _ in range(10))
+    bandwidth = cpu_copy_bandwidth()
     batches = [1, 4] if quick else [1, 16, 64]
     print(
         f"decode steps, fp32, {torch.get_num_threads()} threads, profiler: cProfile; memory "
@@ -96,7 +96,8 @@ def bench_profile(quick: bool) -> int:
 def cases(quick: bool) -> list[Case]:
     model, tokenizer = load_model()
     shape = "tiny" if quick else "llama-2-7b"  # quick: a smoke run of the same code
-    big = random_model(dataclasses.replace(preset(shape), n_layers=2), torch.float32, "cpu")
+    config = dataclasses.replace(preset(shape), n_layers=2)
+    big = random_model(config, torch.float32, torch.device("cpu"))
     # A short prompt for the 7B shape: its batch-64 prefill costs minutes on a laptop CPU, and
     # the decode steps measured here barely depend on it.
     return [
@@ -177,6 +178,19 @@ def split(stats: pstats.Stats) -> dict[str, float]:
 def key(fn: Callable) -> tuple[str, int, str]:
     code = inspect.unwrap(fn).__code__
     return code.co_filename, code.co_firstlineno, code.co_name
+
+
+def cpu_copy_bandwidth() -> float:
+    """Bytes read + written per CPU second per thread by a 256 MB copy, the best of ten."""
+    src = torch.randn(1 << 26)  # well past any cache
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(10):
+        start = time.process_time()
+        dst.copy_(src)
+        best = min(best, time.process_time() - start)
+    return 2 * src.numel() * src.element_size() / (best / torch.get_num_threads())
 
 
 def step_bytes(model: Llama, batch: int, context: float) -> float:

@@ -144,6 +144,22 @@ def test_bench_gpu_without_a_gpu_says_so_and_fails():
     assert "no GPU here" in result.stderr and "Traceback" not in result.stderr
 
 
+@pytest.mark.slow
+def test_bench_profile_quick(capsys):
+    """Every share of a step is a percentage, and the bandwidth limit is there."""
+    assert bench.main(["profile", "--quick", "--threads", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "cProfile" in lines[0] and "GB/s" in lines[0] and "x limit" in lines[1]
+    rows = [r.split() for r in lines[2:6]]
+    assert [(r[0], r[1]) for r in rows] == [
+        ("bundled", "1"),
+        ("bundled", "4"),
+        ("tiny-2L", "1"),
+        ("tiny-2L", "4"),
+    ]
+    assert all(cell.endswith("%") for r in rows for cell in r[5:13])
+
+
 def test_bench_scheduler_interleaves_rounds(capsys):
     assert bench.main(["scheduler", "--quick", "--repeat", "2"]) == 0
     rows = capsys.readouterr().out.splitlines()[2:]
@@ -154,7 +170,9 @@ def test_gpu_check_code_path_runs_on_cpu(capsys):
     """The GPU script's model building, engine runs and roofline arithmetic, on a tiny shape."""
     assert bench.main(["gpu", "--preset", "tiny", "--device", "cpu", "--quick", "--no-tests"]) == 0
     out = capsys.readouterr().out
-    assert "roofline" in out and len(out.splitlines()) == 5
+    lines = out.splitlines()
+    assert "roofline" in out and "first round s" in lines[1] and len(lines) == 6
+    assert [r.split()[0] for r in lines[2:5]] == ["1", "16", "64"]
 
 
 def test_serve_command_answers_over_http(tmp_path):
