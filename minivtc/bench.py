@@ -1,13 +1,24 @@
 """Benchmarks, measured on the machine that runs them, side by side with the obvious alternative.
 
     minivtc bench engine         # tok/s at batch 1/16/64: engine, transformers, contiguous cache
+    minivtc bench profile        # where a decode step's time goes, and this CPU's bandwidth limit
     python -m minivtc.bench gpu  # Llama-2-7B shape, random fp16 weights, compiled attention, CUDA
 
 `engine`: the same greedy workload (B prompts of 32 tokens, G new tokens each, EOS ignored) run
 three ways on the bundled model: minivtc's engine (paged pool, continuous batching),
 `transformers`' `generate` on the same weights and dtype, and a static batch over a plain
 contiguous KV cache (`attention.ContiguousAttention`) to show what paging costs. Throughput is
-generated tokens per second of wall time for the whole run, prefill included.
+generated tokens per second of wall time for the whole run, prefill included. The three take
+turns, round by round (`interleaved`: a warm-up round, then `--repeat` rounds, 5 by default),
+and each ratio is taken within a round: the table gives its median and [min, max], by wall time
+and by the process's CPU time (steadier on a shared machine), and the CPU seconds beside the
+wall seconds. `--threads 1` is steadier still where other processes compete for the cores.
+
+`profile` (`bench_profile.py`): at batch 1, 16 and 64, on the bundled model and on a
+Llama-2-7B-shaped model with random weights cut to 2 layers, each decode step's CPU time split
+into matmuls, attention (the gather, the rest), the rest of the forward pass, sampling, the
+runner, the detokenizer and the engine (cProfile), and how far the step is from the weight and
+KV bytes it must read over this CPU's measured memory bandwidth.
 
 `scheduler`: microseconds per VTC admission decision (pick the minimum-counter waiting client,
 admit its oldest request, charge the prompt) and per token charge, with 10 to 100,000 waiting
@@ -16,7 +27,9 @@ clients, for minivtc's heap and for the artifact's linear scan over clients, in 
 `sim`: simulated seconds per wall second of `minivtc simulate` (the a10g-llama7b step-time model)
 on the real trace and on the overload workload, under VTC and FCFS. `sim --million`: a
 synthetic trace of 1,000,000 short requests (64/16 tokens) from 1000 clients instead.
-`--repeat N` runs each case N times, VTC and FCFS alternating, and reports the min and median.
+`--repeat N` (default 3) runs each case N times, VTC and FCFS alternating, and reports the min
+and median, and the VTC / FCFS wall-time ratio round by round. `scheduler` likewise alternates
+heap and scan for `--repeat` rounds.
 
 `route`: microseconds per decision of the fleet's dispatcher, 64 full backends and up to
 100,000 waiting clients (`fleet/bench.py`); `route --gateway`: the gateway's added latency
@@ -26,7 +39,9 @@ and throughput against direct requests, 8 stand-in backends x 64 streams (`fleet
 runs the engine with compiled attention at batch 1, 16 and 64, and reports tokens/s and the
 fraction of the memory-bandwidth roofline: a decode step must read every weight once plus every
 running request's keys and values, so (weight bytes + KV bytes) / step time / measured copy
-bandwidth is how close the step is to the fastest possible. Then it runs the GPU-marked tests.
+bandwidth is how close the step is to the fastest possible, and how long the first round took
+(the same run, compiling every bucketed shape). Then it runs the GPU-marked tests. On a machine
+that shows no GPU driver it says so and exits 1 at once, before importing torch.
 """
 
 from __future__ import annotations
