@@ -61,7 +61,6 @@ from minivtc.core.least_counter import LinearScan
 from minivtc.core.params import SamplingParams
 from minivtc.core.request import Request
 from minivtc.core.vtc import VTC
-from minivtc.harness.sim import gc_paused
 
 if TYPE_CHECKING:
     import torch
@@ -329,6 +328,8 @@ class ScanVTC(VTC):
 
 
 def bench_scheduler(quick: bool, rounds: int) -> int:
+    from minivtc.harness.sim import gc_paused
+
     sizes = [10, 1000] if quick else [10, 1000, 10_000, 100_000]
     print(
         f"microseconds per operation, VTC with every client waiting (mean over a run; medians "
