@@ -1,13 +1,24 @@
 """Benchmarks, measured on the machine that runs them, side by side with the obvious alternative.
 
     minivtc bench engine         # tok/s at batch 1/16/64: engine, transformers, contiguous cache
+    minivtc bench profile        # where a decode step's time goes, and this CPU's bandwidth limit
     python -m minivtc.bench gpu  # Llama-2-7B shape, random fp16 weights, compiled attention, CUDA
 
 `engine`: the same greedy workload (B prompts of 32 tokens, G new tokens each, EOS ignored) run
 three ways on the bundled model: minivtc's engine (paged pool, continuous batching),
 `transformers`' `generate` on the same weights and dtype, and a static batch over a plain
 contiguous KV cache (`attention.ContiguousAttention`) to show what paging costs. Throughput is
-generated tokens per second of wall time for the whole run, prefill included.
+generated tokens per second of wall time for the whole run, prefill included. The three take
+turns, round by round (`interleaved`: a warm-up round, then `--repeat` rounds, 5 by default),
+and each ratio is taken within a round: the table gives its median and [min, max], by wall time
+and by the process's CPU time (steadier on a shared machine), and the CPU seconds beside the
+wall seconds. `--threads 1` is steadier still where other processes compete for the cores.
+
+`profile` (`bench_profile.py`): at batch 1, 16 and 64, on the bundled model and on a
+Llama-2-7B-shaped model with random weights cut to 2 layers, each decode step's CPU time split
+into matmuls, attention (the gather, the rest), the rest of the forward pass, sampling, the
+runner, the detokenizer and the engine (cProfile), and how far the step is from the weight and
+KV bytes it must read over this CPU's measured memory bandwidth.
 
 `scheduler`: microseconds per VTC admission decision (pick the minimum-counter waiting client,
 admit its oldest request, charge the prompt) and per token charge, with 10 to 100,000 waiting
@@ -16,7 +27,9 @@ clients, for minivtc's heap and for the artifact's linear scan over clients, in 
 `sim`: simulated seconds per wall second of `minivtc simulate` (the a10g-llama7b step-time model)
 on the real trace and on the overload workload, under VTC and FCFS. `sim --million`: a
 synthetic trace of 1,000,000 short requests (64/16 tokens) from 1000 clients instead.
-`--repeat N` runs each case N times, VTC and FCFS alternating, and reports the min and median.
+`--repeat N` (default 3) runs each case N times, VTC and FCFS alternating, and reports the min
+and median, and the VTC / FCFS wall-time ratio round by round. `scheduler` likewise alternates
+heap and scan for `--repeat` rounds.
 
 `route`: microseconds per decision of the fleet's dispatcher, 64 full backends and up to
 100,000 waiting clients (`fleet/bench.py`); `route --gateway`: the gateway's added latency
@@ -26,27 +39,36 @@ and throughput against direct requests, 8 stand-in backends x 64 streams (`fleet
 runs the engine with compiled attention at batch 1, 16 and 64, and reports tokens/s and the
 fraction of the memory-bandwidth roofline: a decode step must read every weight once plus every
 running request's keys and values, so (weight bytes + KV bytes) / step time / measured copy
-bandwidth is how close the step is to the fastest possible. Then it runs the GPU-marked tests.
+bandwidth is how close the step is to the fastest possible, and how long the first round took
+(the same run, compiling every bucketed shape). Then it runs the GPU-marked tests. On a machine
+that shows no GPU driver it says so and exits 1 at once, before importing torch.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
 import random
+import shutil
 import statistics
 import sys
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
-
-from minivtc.core.attention import ContiguousAttention
 from minivtc.core.least_counter import LinearScan
-from minivtc.core.model import Llama
+from minivtc.core.params import SamplingParams
 from minivtc.core.request import Request
-from minivtc.core.sampler import SamplingParams, sample
 from minivtc.core.vtc import VTC
-from minivtc.harness.sim import gc_paused
-from minivtc.llm import build_engine
+
+if TYPE_CHECKING:
+    import torch
+
+    from minivtc.core.model import Llama
+
+# torch is imported inside the benchmarks that use it, not here: importing it takes seconds, and
+# `bench gpu` on a machine without a GPU should say so at once (`gpu_driver_seen`).
 
 PROMPT_LEN = 32
 
@@ -57,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("what", choices=["engine", "scheduler", "sim", "route", "gpu"])
+    parser.add_argument("what", choices=["engine", "scheduler", "sim", "route", "gpu", "profile"])
     parser.add_argument("--quick", action="store_true", help="few tokens: a smoke run")
     parser.add_argument("--preset", default="llama-2-7b", help="gpu: model shape (default 7B)")
     parser.add_argument("--device", default="cuda", help="gpu: device (default cuda)")
@@ -67,30 +89,115 @@ def main(argv: list[str] | None = None) -> int:
         "--gateway", action="store_true", help="route: the gateway's overhead instead"
     )
     parser.add_argument(
-        "--repeat", type=int, default=1, help="sim: runs per case, schedulers alternating"
+        "--repeat",
+        type=int,
+        default=None,
+        help="engine, scheduler, sim: measured rounds, contenders interleaved "
+        "(default 5 for engine, 3 for the others; engine adds a discarded warm-up round)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="engine, profile: torch's intra-op threads (default: torch's, one per core). On a "
+        "machine shared with other busy processes, 1 thread is steadier: a parallel kernel waits "
+        "for its slowest thread, and a descheduled thread stalls it",
     )
     args = parser.parse_args(argv)
+    if args.repeat is not None and args.repeat < 1:
+        parser.error("--repeat: at least 1")
+    if args.threads is not None and args.threads < 1:
+        parser.error("--threads: at least 1")
+    if args.what == "gpu":
+        if args.device.startswith("cuda") and not gpu_driver_seen():  # before torch's import
+            print("no GPU here (no NVIDIA or ROCm driver): `bench gpu` needs one", file=sys.stderr)
+            return 1
+        from minivtc.bench_gpu import bench_gpu  # torch then confirms the device works
+
+        return bench_gpu(args)
+    import torch
+
     torch.set_grad_enabled(False)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     if args.what == "engine":
-        return bench_engine(args.quick)
+        return bench_engine(args.quick, args.repeat or 5)
     if args.what == "scheduler":
-        return bench_scheduler(args.quick)
+        return bench_scheduler(args.quick, args.repeat or 3)
     if args.what == "sim":
-        return bench_sim(args.quick, args.million, args.repeat)
-    if args.what == "route":  # the fleet's dispatcher (`fleet/bench.py`)
-        from minivtc.fleet.bench import bench_route
-        from minivtc.fleet.bench_gateway import bench_gateway
+        return bench_sim(args.quick, args.million, args.repeat or 3)
+    if args.what == "profile":
+        from minivtc.bench_profile import bench_profile
 
-        return bench_gateway() if args.gateway else bench_route(args.quick)
-    from minivtc.bench_gpu import bench_gpu  # the GPU check: its own module
+        return bench_profile(args.quick)
+    from minivtc.fleet.bench import bench_route  # the fleet's dispatcher (`fleet/bench.py`)
+    from minivtc.fleet.bench_gateway import bench_gateway
 
-    return bench_gpu(args)
+    return bench_gateway() if args.gateway else bench_route(args.quick)
+
+
+def gpu_driver_seen() -> bool:
+    """Whether this machine shows a GPU driver, asked of the file system in a millisecond
+    (importing torch to ask `torch.cuda.is_available()` takes seconds). A driver seen here may
+    still fail to give a device: `bench_gpu` then asks torch."""
+    marks = ["/proc/driver/nvidia", "/dev/nvidiactl", "/dev/kfd"]  # NVIDIA; ROCm's torch is "cuda"
+    return any(os.path.exists(m) for m in marks) or shutil.which("nvidia-smi") is not None
+
+
+# --- measuring: interleaved rounds, medians and ranges -------------------------------------
+
+
+def interleaved(
+    runs: dict[str, Callable[[], object]], rounds: int, warmup: bool = True
+) -> dict[str, list[tuple[float, float]]]:
+    """(wall s, process CPU s) of each run, `rounds` times, the runs taking turns.
+
+    This VM's speed drifts by tens of percent from minute to minute, so contenders timed one
+    after another see different machines. Taking turns round by round (and rotating who goes
+    first) gives each the same spells; a ratio is then taken within a round, and its median
+    over rounds is the number to believe. The first round warms allocators and thread pools and
+    is discarded. CPU time counts every thread: CPU s / wall s below the thread count means the
+    process waited (for another process on a shared machine, or in Python between kernels).
+    """
+    names = list(runs)
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for k in range(-1 if warmup else 0, rounds):
+        shift = k % len(names)
+        for name in names[shift:] + names[:shift]:
+            wall, cpu = time.perf_counter(), time.process_time()
+            runs[name]()
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            if k >= 0:
+                times[name].append((wall, cpu))
+    return times
+
+
+def ratios(
+    slow: list[tuple[float, float]], fast: list[tuple[float, float]], clock: int = 0
+) -> list[float]:
+    """Round by round, how many times faster `fast` ran than `slow`: by wall time (clock 0),
+    or by process CPU time (clock 1: the work done, blind to the spells a shared machine's
+    other processes held the cores, so steadier there; with one thread, the idle wall time)."""
+    return [s[clock] / f[clock] for s, f in zip(slow, fast, strict=True)]
+
+
+def spread(values: list[float], fmt: str = "{:.2f}x") -> str:
+    """'median [min, max]', e.g. '1.23x [1.18x, 1.30x]'."""
+    lo, mid, hi = (fmt.format(v) for v in (min(values), statistics.median(values), max(values)))
+    return f"{mid} [{lo}, {hi}]"
+
+
+def load_line() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (1 min) {five:.1f} (5 min) on {os.cpu_count()} CPUs"
 
 
 # --- engine vs transformers vs contiguous cache ----------------------------------------------
 
 
-def bench_engine(quick: bool) -> int:
+def bench_engine(quick: bool, rounds: int) -> int:
+    import torch
+
     from minivtc.core.weights import bundled_weights_dir, load_model
 
     model, _ = load_model()
@@ -98,37 +205,58 @@ def bench_engine(quick: bool) -> int:
     hf = load_transformers(bundled_weights_dir())
     print(
         f"bundled model, fp32, {torch.get_num_threads()} threads, prompt {PROMPT_LEN} tokens, "
-        f"{new_tokens} new tokens per request, greedy; generated tokens/s (wall, prefill incl.)"
+        f"{new_tokens} new tokens per request, greedy; {rounds} interleaved rounds after a "
+        f"warm-up; generated tokens/s (wall, prefill incl.), medians [min, max] over rounds"
     )
+    print(f"before: {load_line()}")
     print(
-        f"{'batch':>5} {'minivtc':>9} {'transformers':>12} {'contiguous':>10} {'vs hf':>6} "
-        f"{'paging cost':>11}"
+        f"{'batch':>5} {'minivtc':>8} {'transformers':>12} {'contiguous':>10} "
+        f"{'vs transformers':>21} {'(CPU time)':>21} {'paging cost':>20}"
     )
+    cpu_lines = []
     for b in batches:
         prompts = torch.randint(
             3, model.config.vocab_size, (b, PROMPT_LEN), generator=torch.Generator().manual_seed(b)
         )
-        n = b * new_tokens
-        ours = timed(n, run_engine, model, prompts, new_tokens)
-        plain = timed(n, run_contiguous, model, prompts, new_tokens)
-        theirs = timed(n, run_transformers, hf, prompts, new_tokens) if hf else float("nan")
-        print(
-            f"{b:>5} {ours:>9.0f} {theirs:>12.0f} {plain:>10.0f} {ours / theirs:>5.2f}x "
-            f"{1 - ours / plain:>10.1%}"
-        )
+        runs: dict[str, Callable[[], object]] = {
+            "minivtc": functools.partial(run_engine, model, prompts, new_tokens),
+            "contiguous": functools.partial(run_contiguous, model, prompts, new_tokens),
+        }
+        if hf is not None:
+            runs["transformers"] = functools.partial(run_transformers, hf, prompts, new_tokens)
+        times = interleaved(runs, rounds)
+        print(engine_row(b, b * new_tokens, times))
+        cpu_lines.append(f"{b:>5} " + " ".join(f"{median_wall_cpu(t):>14}" for t in times.values()))
+    print(f"after: {load_line()}")
+    print("wall s / process CPU s per run (medians):")
+    print(f"{'batch':>5} " + " ".join(f"{name:>14}" for name in times))
+    print("\n".join(cpu_lines))
     if hf is None:
         print("(transformers is not installed: pip install -e '.[dev]' for that column)")
     return 0
 
 
-def timed(num_tokens: int, fn, *args) -> float:
-    fn(*args)  # warm-up: allocator, thread pools, first-call costs
-    start = time.perf_counter()
-    fn(*args)
-    return num_tokens / (time.perf_counter() - start)
+def engine_row(batch: int, num_tokens: int, times: dict[str, list[tuple[float, float]]]) -> str:
+    tps = {name: num_tokens / statistics.median(w for w, _ in t) for name, t in times.items()}
+    # paging cost: how much slower the paged engine ran than the contiguous cache, per round
+    paging = [1 - r for r in ratios(times["contiguous"], times["minivtc"])]
+    hf = times.get("transformers")
+    vs_hf = spread(ratios(hf, times["minivtc"])) if hf else "-"
+    vs_hf_cpu = spread(ratios(hf, times["minivtc"], clock=1)) if hf else "-"
+    return (
+        f"{batch:>5} {tps['minivtc']:>8.0f} {tps.get('transformers', float('nan')):>12.0f} "
+        f"{tps['contiguous']:>10.0f} {vs_hf:>21} {vs_hf_cpu:>21} {spread(paging, '{:+.0%}'):>20}"
+    )
+
+
+def median_wall_cpu(times: list[tuple[float, float]]) -> str:
+    wall, cpu = (statistics.median(column) for column in zip(*times, strict=True))
+    return f"{wall:.2f} / {cpu:.2f}"
 
 
 def run_engine(model: Llama, prompts: torch.Tensor, new_tokens: int) -> None:
+    from minivtc.llm import build_engine
+
     b = prompts.shape[0]
     engine = build_engine(model, None, kv_tokens=b * (PROMPT_LEN + new_tokens), max_running=b)
     params = SamplingParams(temperature=0, max_tokens=new_tokens, ignore_eos=True)
@@ -140,6 +268,11 @@ def run_engine(model: Llama, prompts: torch.Tensor, new_tokens: int) -> None:
 
 def run_contiguous(model: Llama, prompts: torch.Tensor, new_tokens: int) -> None:
     """A static batch over a contiguous cache: every row at the same position, no block tables."""
+    import torch
+
+    from minivtc.core.attention import ContiguousAttention
+    from minivtc.core.sampler import sample
+
     c = model.config
     b, p = prompts.shape
     cache = ContiguousAttention(
@@ -163,6 +296,8 @@ def run_contiguous(model: Llama, prompts: torch.Tensor, new_tokens: int) -> None
 
 
 def load_transformers(path):
+    import torch
+
     try:
         import transformers
     except ImportError:
@@ -171,6 +306,8 @@ def load_transformers(path):
 
 
 def run_transformers(hf, prompts: torch.Tensor, new_tokens: int) -> None:
+    import torch
+
     hf.generate(
         prompts,
         attention_mask=torch.ones_like(prompts),
@@ -190,21 +327,33 @@ class ScanVTC(VTC):
     Least = LinearScan
 
 
-def bench_scheduler(quick: bool) -> int:
+def bench_scheduler(quick: bool, rounds: int) -> int:
+    from minivtc.harness.sim import gc_paused
+
     sizes = [10, 1000] if quick else [10, 1000, 10_000, 100_000]
-    print("microseconds per operation, VTC with every client waiting (mean over the run)")
     print(
-        f"{'clients':>8} {'decide heap':>12} {'decide scan':>12} {'ratio':>7} "
+        f"microseconds per operation, VTC with every client waiting (mean over a run; medians "
+        f"of {rounds} interleaved rounds, the ratio's [min, max])"
+    )
+    print(
+        f"{'clients':>8} {'decide heap':>12} {'decide scan':>12} {'scan / heap':>20} "
         f"{'charge heap':>12} {'charge scan':>12}"
     )
     # As timeit does: a collection over 200k live requests is not the scheduler's cost.
     with gc_paused():
         for n in sizes:
-            decide = [time_decisions(cls(), n, quick) for cls in (VTC, ScanVTC)]
-            charge = [time_charges(cls(), n) for cls in (VTC, ScanVTC)]
+            decide: dict[str, list[float]] = {"heap": [], "scan": []}
+            charge: dict[str, list[float]] = {"heap": [], "scan": []}
+            for k in range(rounds):  # heap and scan take turns, who goes first alternating
+                for name, cls in (("heap", VTC), ("scan", ScanVTC))[:: 1 - 2 * (k % 2)]:
+                    decide[name].append(time_decisions(cls(), n, quick))
+                    charge[name].append(time_charges(cls(), n))
+            ratio = [s / h for s, h in zip(decide["scan"], decide["heap"], strict=True)]
+            med = {name: statistics.median(v) for name, v in decide.items()}
             print(
-                f"{n:>8} {decide[0]:>12.2f} {decide[1]:>12.2f} {decide[1] / decide[0]:>6.0f}x "
-                f"{charge[0]:>12.2f} {charge[1]:>12.2f}"
+                f"{n:>8} {med['heap']:>12.2f} {med['scan']:>12.2f} {spread(ratio, '{:.0f}x'):>20} "
+                f"{statistics.median(charge['heap']):>12.2f} "
+                f"{statistics.median(charge['scan']):>12.2f}"
             )
     return 0
 
@@ -271,9 +420,10 @@ def million_trace(n: int = 1_000_000, clients: int = 1000, rate: float = 200.0, 
     return trace
 
 
-def bench_sim(quick: bool, million: bool = False, repeat: int = 1) -> int:
+def bench_sim(quick: bool, million: bool = False, repeat: int = 3) -> int:
     """Each case `repeat` times, the schedulers alternating (a VM's speed drifts from minute to
-    minute: alternation gives both the same spells); rates use the median wall time."""
+    minute: alternation gives both the same spells); rates use the median wall time, and the
+    VTC / FCFS wall-time ratio is taken round by round."""
     from minivtc.harness.sim import simulate
     from minivtc.harness.workloads import workload
 
@@ -283,6 +433,7 @@ def bench_sim(quick: bool, million: bool = False, repeat: int = 1) -> int:
         f"{'min s':>7} {'median s':>8} {'sim s':>7} {'sim s/wall s':>12} "
         f"{'us/token':>9}"
     )
+    ratio_lines = []
     for name in names:
         trace = million_trace() if name == "1M" else workload(name).make()
         if quick:
@@ -290,8 +441,8 @@ def bench_sim(quick: bool, million: bool = False, repeat: int = 1) -> int:
         tokens = sum(t.output_tokens for t in trace)
         walls: dict[str, list[float]] = {"vtc": [], "fcfs": []}
         results = {}
-        for _ in range(repeat):
-            for policy in walls:
+        for k in range(repeat):
+            for policy in list(walls)[:: 1 - 2 * (k % 2)]:  # who goes first alternates
                 r = simulate(trace, policy, progress=million)  # minutes each: show progress
                 walls[policy].append(r.wall_s)
                 results[policy] = r  # every run simulates the same steps: keep one
@@ -302,6 +453,9 @@ def bench_sim(quick: bool, million: bool = False, repeat: int = 1) -> int:
                 f"{min(times):>7.2f} {wall:>8.2f} {r.total_time:>7.0f} "
                 f"{r.total_time / wall:>12.0f} {1e6 * wall / tokens:>9.1f}"
             )
+        ratio = [v / f for v, f in zip(walls["vtc"], walls["fcfs"], strict=True)]
+        ratio_lines.append(f"{name}: VTC wall / FCFS wall {spread(ratio)} over {repeat} rounds")
+    print("\n".join(ratio_lines))
     return 0
 
 

@@ -8,7 +8,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minivtc.core.attention import ContiguousAttention, PagedAttention
+from minivtc.core.attention import (
+    ContiguousAttention,
+    PagedAttention,
+    attend_group,
+    visibility_mask,
+)
 from minivtc.core.kv_pool import BlockAllocator
 from minivtc.core.request import Request
 from minivtc.core.runner import build_group
@@ -93,6 +98,50 @@ def test_paged_equals_dense_random(seed):
     ]
     paged, dense = run_paged(specs, block_size=rng.choice([1, 2, 16]), seed=seed)
     torch.testing.assert_close(paged, dense, atol=1e-5, rtol=1e-5)
+
+
+def paged_group(n_rows, n_q, seed):
+    """A random group: queries (R, Q, H, D), a shuffled pool, block tables, query positions."""
+    gen = torch.Generator().manual_seed(seed)
+    block_size, blocks_per_row = 4, 5
+    num_blocks = n_rows * blocks_per_row
+    q = torch.randn(n_rows, n_q, H, D, generator=gen)
+    k_cache = torch.randn(num_blocks, block_size, K, D, generator=gen)
+    v_cache = torch.randn(num_blocks, block_size, K, D, generator=gen)
+    tables = torch.randperm(num_blocks, generator=gen).view(n_rows, blocks_per_row)
+    last = torch.randint(n_q - 1, num_blocks // n_rows * block_size, (n_rows, 1), generator=gen)
+    return q, k_cache, v_cache, last - n_q + 1 + torch.arange(n_q), tables
+
+
+def grouped_query_reference(q, k_cache, v_cache, query_positions, tables):
+    """SDPA's own grouped-query path (enable_gqa) with a boolean mask: (R, Q, H, D)."""
+    n_rows = q.shape[0]
+    k = k_cache[tables].flatten(1, 2).transpose(1, 2)  # (R, K, L, D)
+    v = v_cache[tables].flatten(1, 2).transpose(1, 2)
+    visible = torch.arange(k.shape[2])[None, None, :] <= query_positions[:, :, None]
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k, v, attn_mask=visible[:, None], enable_gqa=True
+    )
+    return out.transpose(1, 2).reshape(n_rows, q.shape[1], H, D)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_decode_attention_equals_sdpa_grouped_query_path(seed):
+    """Decoding folds each KV head's query heads into queries of that head: the same numbers
+    as SDPA's enable_gqa (to float rounding: the kernels sum in another order)."""
+    group = paged_group(n_rows=6, n_q=1, seed=seed)
+    got = attend_group(*group)
+    torch.testing.assert_close(got, grouped_query_reference(*group), atol=1e-6, rtol=1e-5)
+
+
+def test_prefill_attention_and_a_precomputed_mask_are_exact():
+    """The additive mask is the one SDPA makes of a boolean mask: prefill gives SDPA's exact
+    numbers, whether attend_group makes the mask or is handed it (once per step)."""
+    q, k_cache, v_cache, positions, tables = paged_group(n_rows=3, n_q=7, seed=0)
+    expected = grouped_query_reference(q, k_cache, v_cache, positions, tables)
+    mask = visibility_mask(positions, tables.shape[1] * k_cache.shape[1], q.dtype)
+    assert torch.equal(attend_group(q, k_cache, v_cache, positions, tables), expected)
+    assert torch.equal(attend_group(q, k_cache, v_cache, positions, tables, mask), expected)
 
 
 def test_contiguous_equals_dense():

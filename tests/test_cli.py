@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import subprocess
 import sys
 
@@ -106,23 +107,72 @@ def test_bench_scheduler_quick(capsys):
 
 @pytest.mark.slow
 def test_bench_engine_quick(capsys):
-    assert bench.main(["engine", "--quick"]) == 0
-    rows = capsys.readouterr().out.splitlines()[2:]
-    assert [r.split()[0] for r in rows] == ["1", "4"]
+    assert bench.main(["engine", "--quick", "--repeat", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [r.split()[0] for r in lines[3:5]] == ["1", "4"]
+    assert "x [" in lines[3]  # the ratio to transformers: median [min, max]
+    assert lines[6].startswith("wall s / process CPU s")
+    assert [r.split()[0] for r in lines[8:10]] == ["1", "4"]
 
 
 def test_bench_sim_quick(capsys):
     assert bench.main(["sim", "--quick", "--repeat", "2"]) == 0
-    rows = [r.split() for r in capsys.readouterr().out.splitlines()[1:]]
+    lines = capsys.readouterr().out.splitlines()
+    rows = [r.split() for r in lines[1:3]]
     assert [r[:2] for r in rows] == [["overload", "vtc"], ["overload", "fcfs"]]
     assert all(0 < float(r[5]) <= float(r[6]) for r in rows)  # min <= median of 2 runs
+    assert lines[3].startswith("overload: VTC wall / FCFS wall") and "over 2 rounds" in lines[3]
+
+
+def test_interleaved_rounds_discard_the_warm_up_and_rotate_who_goes_first():
+    order: list[str] = []
+    runs = {name: functools.partial(order.append, name) for name in ("a", "b", "c")}
+    times = bench.interleaved(runs, rounds=3)
+    assert order == ["c", "a", "b"] + ["a", "b", "c"] + ["b", "c", "a"] + ["c", "a", "b"]
+    assert all(len(t) == 3 and all(w >= 0 and c >= 0 for w, c in t) for t in times.values())
+    assert bench.ratios([(2.0, 0.0), (3.0, 0.0)], [(1.0, 0.0), (1.0, 0.0)]) == [2.0, 3.0]
+    assert bench.spread([1.0, 1.5, 1.25]) == "1.25x [1.00x, 1.50x]"
+
+
+@pytest.mark.skipif(bench.gpu_driver_seen(), reason="this machine shows a GPU driver")
+def test_bench_gpu_without_a_gpu_says_so_and_fails():
+    """Before importing torch (seconds): a machine with no GPU driver is told at once."""
+    result = subprocess.run(
+        [sys.executable, "-m", "minivtc.bench", "gpu"], capture_output=True, text=True
+    )
+    assert result.returncode == 1
+    assert "no GPU here" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.slow
+def test_bench_profile_quick(capsys):
+    """Every share of a step is a percentage, and the bandwidth limit is there."""
+    assert bench.main(["profile", "--quick", "--threads", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "cProfile" in lines[0] and "GB/s" in lines[0] and "x limit" in lines[1]
+    rows = [r.split() for r in lines[2:6]]
+    assert [(r[0], r[1]) for r in rows] == [
+        ("bundled", "1"),
+        ("bundled", "4"),
+        ("tiny-2L", "1"),
+        ("tiny-2L", "4"),
+    ]
+    assert all(cell.endswith("%") for r in rows for cell in r[5:13])
+
+
+def test_bench_scheduler_interleaves_rounds(capsys):
+    assert bench.main(["scheduler", "--quick", "--repeat", "2"]) == 0
+    rows = capsys.readouterr().out.splitlines()[2:]
+    assert all("x [" in r for r in rows)  # scan / heap: median [min, max] of 2 rounds
 
 
 def test_gpu_check_code_path_runs_on_cpu(capsys):
     """The GPU script's model building, engine runs and roofline arithmetic, on a tiny shape."""
     assert bench.main(["gpu", "--preset", "tiny", "--device", "cpu", "--quick", "--no-tests"]) == 0
     out = capsys.readouterr().out
-    assert "roofline" in out and len(out.splitlines()) == 5
+    lines = out.splitlines()
+    assert "roofline" in out and "first round s" in lines[1] and len(lines) == 6
+    assert [r.split()[0] for r in lines[2:5]] == ["1", "16", "64"]
 
 
 def test_serve_command_answers_over_http(tmp_path):
