@@ -68,6 +68,14 @@ def add_demo(sub) -> None:
         default=10.0,
         help="seconds to let the last requests finish before cancelling them (default 10)",
     )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N backends (>= 2) instead of one: through the fair gateway (one VTC for them "
+        "all) vs round-robin straight to them (a VTC each), the same table",
+    )
     p.set_defaults(run=run_demo)
 
 
@@ -76,6 +84,11 @@ def run_demo(args) -> int:
 
     if args.duration <= 0 or args.drain < 0:
         raise ValueError("--duration must be > 0 and --drain >= 0")
+    if args.replicas is not None:
+        from minivtc.fleet import demo_replicas
+
+        demo_replicas.main(args.out, args.duration, args.drain, args.replicas)
+        return 0
     demo.main(args.out, args.duration, args.drain)
     return 0
 
@@ -90,7 +103,13 @@ def add_loadgen(sub) -> None:
         "latency per request, and write requests.csv, metrics.json and plots to --out, the "
         "same files `minivtc simulate` writes.",
     )
-    p.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8000")
+    p.add_argument(
+        "--url",
+        required=True,
+        action="append",
+        help="server root, e.g. http://127.0.0.1:8000; repeat it for several servers: requests "
+        "go to them round-robin in arrival order (the per-replica baseline)",
+    )
     add_trace_source(p)
     p.add_argument("--speedup", type=float, default=1.0, help="replay X times faster (default 1)")
     p.add_argument(
