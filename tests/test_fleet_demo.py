@@ -1,9 +1,11 @@
 """`minivtc demo --replicas N` (fleet/demo_replicas.py): the demo's table with one column per
-run, through the gateway and round-robin, on short requests and a capacity given (no
-calibration), so that it runs in seconds."""
+run, through the gateway and a round-robin router, on short requests, a capacity given (no
+calibration) and backends in this process, so that it runs in seconds; the round-robin order of
+the load generator over several servers."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import pytest
@@ -12,19 +14,33 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import StreamingResponse
 
 from minivtc.cli import main
+from minivtc.core.weights import load_model
 from minivtc.fleet import demo_replicas
 from minivtc.harness.workloads import TraceRequest
+from minivtc.llm import build_engine
 from minivtc.serving import demo
 from minivtc.serving.connections import Limits
 from minivtc.serving.loadgen import run_replay
-from minivtc.serving.server import BackgroundServer
+from minivtc.serving.server import BackgroundServer, make_app
+
+
+@contextlib.contextmanager
+def in_process_backends(n: int):
+    """`demo_replicas.backends` in this process, on one loaded model (the demo runs them as
+    `minivtc serve` processes; starting those is most of a short run)."""
+    model, tokenizer = load_model()
+    kv_tokens = demo.BATCH * (demo.INPUT_TOKENS + demo.OUTPUT_TOKENS)
+    with contextlib.ExitStack() as stack:
+        engines = [build_engine(model, tokenizer, "vtc", kv_tokens=kv_tokens) for _ in range(n)]
+        yield [stack.enter_context(BackgroundServer(make_app(e, tokenizer))) for e in engines]
 
 
 def test_two_backends_behind_the_gateway_and_round_robin_print_one_table(
     tmp_path, monkeypatch, capsys
 ):
     monkeypatch.setattr(demo, "OUTPUT_TOKENS", 4)  # short requests: seconds, not minutes
-    monkeypatch.setattr(demo_replicas, "calibrate", lambda model, tokenizer, replicas: 3.0)
+    monkeypatch.setattr(demo_replicas, "calibrate", lambda tokenizer, replicas: 3.0)
+    monkeypatch.setattr(demo_replicas, "backends", in_process_backends)
     rows = demo_replicas.main(tmp_path, duration=2.0, drain=30.0, replicas=2)
     plan = demo_replicas.make_plan(3.0, 2.0)
     for client in ("heavy", "light"):

@@ -45,6 +45,7 @@ from minivtc.fleet.proxy import (
     send_once,
     send_stream,
 )
+from minivtc.fleet.routing import Route
 from minivtc.serving.api_keys import Gate
 from minivtc.serving.connections import Limits
 from minivtc.serving.openai_api import APIError
@@ -65,9 +66,10 @@ class Gateway:
         model_name: str,
         gate: Gate,
         health_every_s: float = 1.0,
+        route: Route | None = None,
     ) -> None:
         checked = isinstance(scheduler, VTC)  # Lemma 4.3 over the fleet, after every event
-        self.dispatcher = Dispatcher(scheduler, backends, check_fairness=checked)
+        self.dispatcher = Dispatcher(scheduler, backends, route, check_fairness=checked)
         self.tokenizer, self.model_name, self.gate = tokenizer, model_name, gate
         self.room = PromptRoom.of(self.dispatcher.largest, tokenizer)
         self.health_every_s = health_every_s
