@@ -73,8 +73,9 @@ def add_demo(sub) -> None:
         type=int,
         default=None,
         metavar="N",
-        help="N backends (>= 2) instead of one: through the fair gateway (one VTC for them "
-        "all) vs round-robin straight to them (a VTC each), the same table",
+        help="N minivtc serve backends (>= 2) instead of one: the fair gateway in front (one "
+        "VTC for them all) vs a round-robin router (each backend queueing behind its own VTC), "
+        "the same table",
     )
     p.set_defaults(run=run_demo)
 
