@@ -79,6 +79,15 @@ def add_demo(sub) -> None:
         "live dashboard, /dashboard, to watch the counters move in a browser while FCFS and "
         "then VTC serve the workload",
     )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help="N minivtc serve backends (>= 2) instead of one: the fair gateway in front (one "
+        "VTC for them all) vs a round-robin router (each backend queueing behind its own VTC), "
+        "the same table",
+    )
     p.set_defaults(run=run_demo)
 
 
@@ -87,6 +96,16 @@ def run_demo(args) -> int:
 
     if args.duration <= 0 or args.drain < 0:
         raise ValueError("--duration must be > 0 and --drain >= 0")
+    if args.replicas is not None:
+        if args.dashboard is not None:
+            raise ValueError(
+                "--dashboard watches one server; with --replicas, open each backend's "
+                "/dashboard or the gateway's (minivtc route prints its address)"
+            )
+        from minivtc.fleet import demo_replicas
+
+        demo_replicas.main(args.out, args.duration, args.drain, args.replicas)
+        return 0
     demo.main(args.out, args.duration, args.drain, dashboard=args.dashboard)
     return 0
 
@@ -101,7 +120,13 @@ def add_loadgen(sub) -> None:
         "latency per request, and write requests.csv, metrics.json and plots to --out, the "
         "same files `minivtc simulate` writes.",
     )
-    p.add_argument("--url", required=True, help="server root, e.g. http://127.0.0.1:8000")
+    p.add_argument(
+        "--url",
+        required=True,
+        action="append",
+        help="server root, e.g. http://127.0.0.1:8000; repeat it for several servers: requests "
+        "go to them round-robin in arrival order (the per-replica baseline)",
+    )
     add_trace_source(p)
     p.add_argument("--speedup", type=float, default=1.0, help="replay X times faster (default 1)")
     p.add_argument(

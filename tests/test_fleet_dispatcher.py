@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from minivtc.core.params import SamplingParams
@@ -128,3 +130,58 @@ def test_check_fairness_fails_when_the_stated_bound_is_broken():
     with pytest.raises(AssertionError, match="Lemma 4.3 violated"):
         d.add(request(99, "b"), 0.0)  # b joins at 0, more than U below a
     assert fleet(8, 8).fairness.u == 32
+
+
+class FullScan(Dispatcher):
+    """The reference: every round looks at every backend (no memory of the stuck head)."""
+
+    def room_for(self, request: Request) -> list[Backend]:
+        need = request.max_num_tokens
+        return [b for b in self.backends if b.healthy and b.reserved + need <= b.budget]
+
+
+@pytest.mark.parametrize("route", ["least-loaded", "prefix", "round-robin", "random"])
+def test_the_stuck_head_tried_only_where_room_grew_binds_as_a_full_scan_would(route):
+    """Random arrivals, finishes, give-backs and health changes on two dispatchers, one that
+    retries the head that fitted nowhere only on the backends whose room grew since, and one
+    that scans every backend every time: the same bindings, in the same order."""
+    rng = random.Random(route)
+    for _ in range(40):
+        budgets = [rng.randint(4, 24) for _ in range(rng.randint(1, 5))]
+        pair = [
+            cls(VTC(), [Backend(f"b{k}", b) for k, b in enumerate(budgets)], make_route(route))
+            for cls in (Dispatcher, FullScan)
+        ]
+        made: list[dict[str, Request]] = [{}, {}]  # each dispatcher's own request objects
+        running: list[str] = []
+        for i in range(80):
+            op = rng.random()
+            if op < 0.5:
+                args = (
+                    i,
+                    rng.choice("abc"),
+                    rng.randint(1, 6),
+                    rng.randint(1, 4),
+                    rng.randint(0, 2),
+                )
+                for d, mine in zip(pair, made, strict=True):
+                    mine[f"r{i}"] = request(*args)
+                    d.add(mine[f"r{i}"], 0.0)
+            elif op < 0.8 and running:
+                rid = running.pop(rng.randrange(len(running)))
+                back = rng.random() < 0.2  # refused by its backend: given back, uncharged
+                for d, mine in zip(pair, made, strict=True):
+                    (d.give_back if back else d.on_finish)(mine[rid])
+            elif op < 0.9:
+                k, healthy = rng.randrange(len(budgets)), rng.random() < 0.7
+                for d in pair:
+                    d.backends[k].healthy = healthy
+                    if healthy:
+                        d.wake()  # as the gateway's health check does on a return
+            if rng.random() < 0.4:
+                continue  # no round yet: several rooms may grow before the next one
+            fast, full = ([(r.request_id, b.name) for r, b in d.bind()] for d in pair)
+            assert fast == full, (route, budgets, i)
+            running += [rid for rid, _ in fast]
+        for d in pair:
+            d.check_invariants()

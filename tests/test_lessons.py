@@ -19,8 +19,8 @@ LESSONS_DIR = Path(__file__).parent.parent / "lessons"
 LESSONS = sorted(LESSONS_DIR.glob("[0-9][0-9]_*.ipynb"))
 
 
-def test_there_are_eleven_lessons_linked_in_order_from_both_readmes():
-    assert [p.name[:2] for p in LESSONS] == [f"{i:02d}" for i in range(11)]
+def test_there_are_twelve_lessons_linked_in_order_from_both_readmes():
+    assert [p.name[:2] for p in LESSONS] == [f"{i:02d}" for i in range(12)]
     for readme in (LESSONS_DIR / "README.md", LESSONS_DIR.parent / "README.md"):
         text = readme.read_text()
         positions = [text.find(p.name) for p in LESSONS]

@@ -2,7 +2,7 @@
 
 Owns their parsing and terminal output; `harness/cli.py`'s simulate calls in here when
 --replicas is given. (`minivtc route`, the gateway, is `gateway_cli.py`'s.)
-README: "Fair across replicas".
+README: "Fair across replicas"; Lesson 11.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ request back to the queue uncharged, and (unless 429) is skipped until its `/hea
 200 again; one that fails mid-stream ends only the requests it was serving, each with an error
 event. Requests waiting at the gateway are never lost to a backend's failure. The tenant is
 the API key's (`serving/api_keys.py`), as in `minivtc serve`. `/fairness` and `/metrics` report
-the fleet (`gateway_app.py`). README: "Fair across replicas".
+the fleet (`gateway_app.py`). README: "Fair across replicas"; Lesson 11.
 """
 
 from __future__ import annotations
@@ -45,6 +45,7 @@ from minivtc.fleet.proxy import (
     send_once,
     send_stream,
 )
+from minivtc.fleet.routing import Route
 from minivtc.serving.api_keys import Gate
 from minivtc.serving.connections import Limits
 from minivtc.serving.openai_api import APIError
@@ -65,9 +66,10 @@ class Gateway:
         model_name: str,
         gate: Gate,
         health_every_s: float = 1.0,
+        route: Route | None = None,
     ) -> None:
         checked = isinstance(scheduler, VTC)  # Lemma 4.3 over the fleet, after every event
-        self.dispatcher = Dispatcher(scheduler, backends, check_fairness=checked)
+        self.dispatcher = Dispatcher(scheduler, backends, route, check_fairness=checked)
         self.tokenizer, self.model_name, self.gate = tokenizer, model_name, gate
         self.room = PromptRoom.of(self.dispatcher.largest, tokenizer)
         self.health_every_s = health_every_s

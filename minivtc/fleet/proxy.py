@@ -11,7 +11,7 @@ apart, because the dispatcher treats them differently:
   ends, with an error event, charged for what it received.
 
 Any other answer (a 4xx the backend found in the body) is `Answered`: passed to the caller as
-the backend said it. Plain Python over httpx; no FastAPI. README: "Fair across replicas".
+the backend said it. Plain Python over httpx; no FastAPI. README: "Fair across replicas"; Lesson 11.
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@ per-replica counters fail (README: "Fair across replicas").
   `minivtc simulate --replicas N` scales the paper's workloads so;
 - "affinity": a tenant whose requests all share a system prompt ("system") and a flooding one
   with prompts of its own ("flood"), both above their fair share. Cache affinity sends every
-  "system" request to one replica, so it gets one replica's worth at most (its counters share
-  that replica with whatever "flood" sends there) while "flood" takes the rest of the fleet;
+  "system" request to one replica, so it gets one replica's worth at most while "flood" takes
+  the rest of the fleet (flood's own prompts go to the least loaded, never that replica, whose
+  queue only grows: at 4 and 8 replicas each replica serves one tenant, and its VTC has no one
+  to weigh);
 - "weighted": the same shape with operator weights 4:1 ("gold" with the shared system
   prompt, "free" flooding): per-replica counters keep 4:1 on gold's one replica only.
 

@@ -12,19 +12,22 @@ could not promise across tokenizers. Requests with the same `prefix_id` share th
 `prefix_tokens` ids, as in the simulator, so a server's prefix cache can find them; the cached
 prompt tokens it reports (`usage.prompt_tokens_details.cached_tokens`) are recorded.
 `ignore_eos` is vLLM's extension; `--no-ignore-eos` drops it for servers that reject unknown
-fields.
+fields. Given several server roots, requests go to them round-robin in arrival order (the
+field's baseline in front of replicas: `minivtc demo --replicas 2`, Lesson 11).
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import json
 import math
 import random
 import sys
 import time
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -67,7 +70,7 @@ def prompt_ids(t: TraceRequest, rng: random.Random, prefixes: dict[str, list[int
 
 
 async def replay(
-    url: str,
+    url: str | Sequence[str],
     trace: list[TraceRequest],
     speedup: float = 1.0,
     duration: float | None = None,
@@ -79,9 +82,13 @@ async def replay(
     progress: bool = True,
 ) -> ReplayResult:
     """Send each request at `arrival_s / speedup` seconds after the start (those arriving
-    before `duration`, in trace time), then wait up to `drain_s` for the last to finish."""
+    before `duration`, in trace time), then wait up to `drain_s` for the last to finish.
+    `url`: a server root, or several: the k-th request in arrival order goes to the k mod n-th."""
     if speedup <= 0:
         raise ValueError(f"speedup must be > 0, got {speedup}")
+    urls = [url] if isinstance(url, str) else list(url)
+    if not urls:
+        raise ValueError("no server to send to: give at least one URL")
     trace = [t for t in trace if duration is None or t.arrival_s < duration]
     if not trace:
         raise ValueError("the trace has no requests to send (check --duration)")
@@ -90,12 +97,19 @@ async def replay(
     result = ReplayResult(served=[])
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     with trace_bar(math.ceil(trace[-1].arrival_s), progress) as bar:
-        async with httpx.AsyncClient(base_url=url, timeout=None, limits=limits) as http:
-            start = time.monotonic()
-            tasks = [
-                asyncio.create_task(one(http, t, b, start + t.arrival_s / speedup, start, result))
-                for t, b in zip(trace, bodies, strict=True)
+        async with contextlib.AsyncExitStack() as stack:
+            servers = [
+                await stack.enter_async_context(
+                    httpx.AsyncClient(base_url=u, timeout=None, limits=limits)
+                )
+                for u in urls
             ]
+            start = time.monotonic()
+            tasks = []
+            for k, (t, b) in enumerate(zip(trace, bodies, strict=True)):
+                http = servers[k % len(servers)]  # round-robin, in arrival order
+                send_at = start + t.arrival_s / speedup
+                tasks.append(asyncio.create_task(one(http, t, b, send_at, start, result)))
             reporter = asyncio.create_task(report(tasks, result, start, speedup, bar))
             last = start + trace[-1].arrival_s / speedup
             timeout = None if drain_s is None else max(0.0, last - time.monotonic()) + drain_s
