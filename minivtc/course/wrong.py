@@ -277,20 +277,20 @@ A5 = [
     ),
 ]
 A6 = [
-    w("a6_drr", "never charges prompts", (D_DISPATCH, "self.deficits[client] -= service", "pass")),
+    w("a6_fair", "never charges prompts", (D_DISPATCH, "self.deficits[client] -= service", "pass")),
     w(
-        "a6_drr",
+        "a6_fair",
         "ignores decode charges",
         (D_DECODE, "self.deficits[r.client_id] -= now - before", "pass"),
     ),
     w(
-        "a6_drr",
+        "a6_fair",
         "a quantum at every peek, not every turn",
         (D_PEEK, "if not self.turn_begun:", "if True:"),
     ),
-    w("a6_drr", "the turn never passes", (D_PEEK, "if self.deficits[client] > 0:", "if True:")),
+    w("a6_fair", "the turn never passes", (D_PEEK, "if self.deficits[client] > 0:", "if True:")),
     w(
-        "a6_drr",
+        "a6_fair",
         "a client banks credit while idle",
         (
             D_ADD,
@@ -303,7 +303,7 @@ A6 = [
         ),
     ),
     w(
-        "a6_drr",
+        "a6_fair",
         "a debt forgiven when a client rejoins",
         (
             D_ADD,
@@ -314,17 +314,17 @@ A6 = [
         ),
     ),
     w(
-        "a6_drr",
+        "a6_fair",
         "a client whose queue empties stays in the round",
         (D_DISPATCH, "self.active.popleft()", "pass"),
     ),
     w(
-        "a6_drr",
+        "a6_fair",
         "a readmitted request's prompt charged again",
         (D_DISPATCH, "if not request.num_preemptions:", "if True:"),
     ),
     w(
-        "a6_drr",
+        "a6_fair",
         "decode charges valid only for the linear cost",
         (
             D_DECODE,
@@ -333,7 +333,7 @@ A6 = [
         ),
     ),
     w(
-        "a6_drr",
+        "a6_fair",
         "the deficit may run to zero and still dispatch",
         (D_PEEK, "self.deficits[client] > 0", "self.deficits[client] >= -self.quantum"),
     ),
