@@ -82,10 +82,10 @@ class Bench:
             if self.check is not None:
                 self.check.dispatched(r)
         self.unoffered += r is None and bool(self.waiting_ids)
-        batch = list(self.running)
-        if not batch:
-            return []
+        if not self.running:
+            return []  # nothing to serve: the time does not move
         self.clock += 1.0
+        batch = list(self.running)
         for r in batch:
             r.num_computed = len(r.prompt_ids) + len(r.output_ids)
             r.output_ids.append(7)
