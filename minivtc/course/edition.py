@@ -248,6 +248,11 @@ the engine, so they need no other assignment done. a1, a2, a5 need none either; 
 run the engine, so they need a2's allocator and a1's model pieces (and a2's paged-attention
 test runs a3's `Engine.step`).
 
+Each lesson runs with this edition's package once the assignments it uses are done; Lessons
+4, 5 and 9 say which in their first cell (4: a2, a3, a4, a5; 5: a2, a3, a4; 9: a2, a3, a4,
+a5). Readable copies, executed, with the solutions and their checks' outputs left out:
+`minivtc course render PAGES` (the instructor runs it with the reference package).
+
 The capstone, a6, is yours: `minivtc/course/capstone.py` says what a fair policy must do and
 how it is graded; write `FairPolicy` and state its bound (`gap_bound` and `BOUND`).
 
