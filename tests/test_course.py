@@ -452,3 +452,17 @@ def test_the_bench_serves_as_the_engine_does_step_by_step():
             assert len(rejected) == len(refused)
 
     same()
+
+
+@pytest.mark.slow
+def test_a6_s_recorded_vtc_numbers_are_the_package_s_vtc_on_the_bench():
+    """a6 compares a policy with VTC on the paper's workloads without running VTC (a4's): its
+    recorded gaps and throughputs are what the package's VTC gives on the bench."""
+    from minivtc.core.vtc import VTC
+    from minivtc.course.graded.bench import clients_of, on_a10g, throughput, worst_gap
+    from minivtc.course.graded.test_a6_fair import VTC_ON_A10G
+
+    for name, (gap, tokens_per_s) in VTC_ON_A10G.items():
+        bench, steps = on_a10g(VTC(), name)
+        assert worst_gap(steps, clients_of(bench))[0] == gap, name
+        assert throughput(bench) == pytest.approx(tokens_per_s, abs=1e-3), name

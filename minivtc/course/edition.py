@@ -244,9 +244,11 @@ messages):
     minivtc course test a4
 
 a4 and a6 are tested on a bench of their own (`minivtc/course/graded/bench.py`), not through
-the engine, so they need no other assignment done. a1, a2, a5 need none either; a3's tests
-run the engine, so they need a2's allocator and a1's model pieces (and a2's paged-attention
-test runs a3's `Engine.step`).
+the engine, so they need no other assignment done; so do a1 and a5. a3's tests run the
+engine, so they need a2's allocator, a1's model pieces and a4's VTC (one test), and a2's
+paged-attention test runs a3's `Engine.step`: until those are done, those tests fail here
+with the other assignment's NotImplementedError (grading never needs them: it runs your
+functions in the reference package).
 
 Each lesson runs with this edition's package once the assignments it uses are done; Lessons
 4, 5 and 9 say which in their first cell (4: a2, a3, a4, a5; 5: a2, a3, a4; 9: a2, a3, a4,

@@ -3,8 +3,9 @@
 Graded by properties any fair policy must have, whatever its design, on random workloads and
 adversarial ones served by the course's bench (`bench.py`): work conservation, equal shares
 for equal weights whatever the request sizes, a backlogged gap within the bound it states and
-within twice VTC's, no starvation of a returning client; then on the paper's workloads in the
-simulator, side by side with VTC and FCFS."""
+within twice VTC's, no starvation of a returning client; then on the paper's workloads with
+the simulator's A10G step times, side by side with VTC and FCFS. No other assignment needs to
+be done: the bench is not the engine, and VTC's numbers are recorded."""
 
 from __future__ import annotations
 
@@ -13,29 +14,26 @@ import math
 import pytest
 from hypothesis import given, settings
 
-from minivtc.core.scheduler import Scheduler
+from minivtc.core.scheduler import FCFS, Scheduler
 from minivtc.course.capstone import FairPolicy
-from minivtc.course.graded.bench import idle_then_return, serve
+from minivtc.course.graded.bench import (
+    clients_of,
+    idle_then_return,
+    on_a10g,
+    serve,
+    throughput,
+    worst_gap,
+)
 from minivtc.course.graded.harness import (
     Arrival,
     Step,
     bound_u,
-    max_gap,
     random_arrivals,
     workloads,
 )
-from minivtc.harness import metrics
-from minivtc.harness.sim import simulate
-from minivtc.harness.workloads import workload
 
 # Derandomized: the same submission gets the same examples, so the same points, on every run.
 PROPERTY = settings(deadline=None, derandomize=True, database=None)
-
-
-def worst_gap(steps: list[Step], clients: list[str]) -> tuple[float, str, str]:
-    """The largest backlogged service gap of any pair, and between whom."""
-    pairs = [(max_gap(steps, f, g), f, g) for f in clients for g in clients if f < g]
-    return max(pairs, default=(0.0, "", ""))
 
 
 def stated(u: float) -> float:
@@ -159,24 +157,30 @@ def test_a_client_back_from_idle_is_served_soon_and_does_not_take_over():
     check_gap(steps, ["A", "B"], bound_u(8, 64), "B back from idle")
 
 
-@pytest.mark.parametrize("name", ["overload", "on_off_overload", "real"])
+# VTC on the same bench and workloads (`bench.on_a10g`): its worst backlogged gap and its
+# throughput (tokens/s). Recorded, so that a6 needs no a4 (VTC) done; tests/test_course.py
+# checks them against the package's VTC.
+VTC_ON_A10G = {
+    "overload": (3344.0, 867.226),
+    "on_off_overload": (3688.0, 869.633),
+    "real": (4383.0, 602.462),
+}
+
+
+@pytest.mark.parametrize("name", list(VTC_ON_A10G))
 def test_on_the_papers_workloads_as_fair_as_vtc_and_as_fast(name):
-    """On the paper's workloads your policy is as fair as VTC (within 10%), fairer than FCFS
-    and as fast."""
-    w = workload(name)
-    trace = w.make()
-    table = {}
-    for key, policy in (("fcfs", "fcfs"), ("vtc", "vtc"), ("yours", FairPolicy())):
-        r = simulate(trace, policy)
-        table[key] = metrics.table_metrics(r.served, r.total_time, horizon=w.duration)
-    yours, vtc, fcfs = table["yours"], table["vtc"], table["fcfs"]
-    assert yours.max_diff <= 1.1 * vtc.max_diff and yours.avg_diff <= 1.1 * vtc.avg_diff, (
-        f"{name}: Max / Avg Diff {yours.max_diff:.1f} / {yours.avg_diff:.1f}, VTC's "
-        f"{vtc.max_diff:.1f} / {vtc.avg_diff:.1f}: more than 10% above"
+    """On the paper's workloads (A10G step times), your worst backlogged gap is within 25% of
+    VTC's and a tenth of FCFS's, and your throughput is VTC's."""
+    vtc_gap, vtc_throughput = VTC_ON_A10G[name]
+    bench, steps = on_a10g(FairPolicy(), name)
+    gap, f, g = worst_gap(steps, clients_of(bench))
+    fcfs, fcfs_steps = on_a10g(FCFS(), name)
+    fcfs_gap, _, _ = worst_gap(fcfs_steps, clients_of(fcfs))
+    assert gap <= 1.25 * vtc_gap, (
+        f"{name}: your worst backlogged gap {gap:.0f} ({f}, {g}) is more than 25% above "
+        f"VTC's {vtc_gap:.0f}"
     )
-    assert yours.avg_diff < 0.7 * fcfs.avg_diff, (
-        f"{name}: Avg Diff {yours.avg_diff:.1f}, not 30% below FCFS's {fcfs.avg_diff:.1f}"
-    )
-    assert yours.throughput >= 0.98 * vtc.throughput, (
-        f"{name}: throughput {yours.throughput:.1f}, 2% below VTC's {vtc.throughput:.1f}"
+    assert gap <= 0.1 * fcfs_gap, f"{name}: your gap {gap:.0f}, FCFS's {fcfs_gap:.0f}"
+    assert throughput(bench) >= 0.98 * vtc_throughput, (
+        f"{name}: throughput {throughput(bench):.1f} tokens/s, 2% below VTC's {vtc_throughput:.1f}"
     )
