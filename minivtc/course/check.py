@@ -92,13 +92,15 @@ def write_edition(wrong: Wrong, out: Path) -> Path:
     """A minimal edition at `out`: the reference's files of `wrong`'s assignment, its edits made."""
     a = assignment(wrong.key)
     file_of = {q: f for f, q in a.reference_functions}
+    if a.own_file is not None:  # an edit of a function of the capstone's own file
+        file_of |= {q: a.own_file for q, _, _ in wrong.edits if q not in file_of}
+    write_own_file(a, out)
     for file in sorted(set(file_of.values())):
         source = (PACKAGE / file).read_text()
         for qualname, old, new in wrong.edits:
             if file_of[qualname] == file:
                 source = edit(source, qualname, old, new)
         write(out / "minivtc" / file, source)
-    write_own_file(a, out)
     return out
 
 

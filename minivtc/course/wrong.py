@@ -30,6 +30,7 @@ PEEK, DISPATCH, LIFT, CHARGE, FINISH = (
     f"VTC.{m}" for m in ("peek", "dispatch", "lift_counter", "charge_outputs", "on_finish")
 )
 METRIC = "table_metrics"
+# a6: the capstone's answer (DRR) edited, and the policy built on it
 D_ADD, D_PEEK, D_DISPATCH, D_DECODE = (f"DRR.{m}" for m in ("add", "peek", "dispatch", "on_decode"))
 
 A1 = [
@@ -336,6 +337,28 @@ A6 = [
         "a6_fair",
         "the deficit may run to zero and still dispatch",
         (D_PEEK, "self.deficits[client] > 0", "self.deficits[client] >= -self.quantum"),
+    ),
+]
+FAIR = "FairPolicy.__init__"  # the capstone's own file: the policy built on the answer
+A6 += [
+    w(
+        "a6_fair",
+        "a quantum far above U (round robin by whole backlogs)",
+        (FAIR, "super().__init__(QUANTUM, cost)", "super().__init__(1e9, cost)"),
+    ),
+    w(
+        "a6_fair",
+        "a stated bound that ignores U (a constant)",
+        (
+            FAIR,
+            'self.name = "fair"',
+            'self.name = "fair"\n        self.gap_bound = lambda u: 100.0',
+        ),
+    ),
+    w(
+        "a6_fair",
+        "no bound stated",
+        (FAIR, 'self.name = "fair"', 'self.name = "fair"\n        self.gap_bound = lambda u: None'),
     ),
 ]
 WRONG = A1 + A2 + A3 + A4 + A5 + A6
