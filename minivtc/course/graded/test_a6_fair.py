@@ -157,6 +157,39 @@ def test_a_client_back_from_idle_is_served_soon_and_does_not_take_over():
     check_gap(steps, ["A", "B"], bound_u(8, 64), "B back from idle")
 
 
+def test_a_request_back_from_a_preemption_is_not_charged_again():
+    """A request preempted and readmitted costs its client nothing more: two clients with
+    equal prompt-heavy requests, one of whose every request is preempted once right after its
+    admission, are still admitted equally often."""
+    from minivtc.core.params import SamplingParams
+    from minivtc.core.request import Request, Status
+
+    policy = FairPolicy()
+    for i in range(60):
+        for client in "AB":
+            params = SamplingParams(max_tokens=1, ignore_eos=True)
+            policy.add(Request(f"{client}{i}", client, [5] * 50, params, 0.0), 0.0)
+    done = []
+    while len(done) < 80:
+        r = policy.peek()
+        assert r is not None, "peek() gave None while requests waited"
+        policy.dispatch(r)
+        if r.client_id == "A" and not r.num_preemptions:  # preempted before it ran
+            r.num_preemptions, r.status = 1, Status.WAITING
+            policy.requeue(r)
+            continue
+        r.output_ids.append(7)
+        policy.on_decode([r])
+        r.finish_reason = "length"
+        policy.on_finish(r)
+        done.append(r.client_id)
+    a = done.count("A")
+    assert 32 <= a <= 48, (
+        f"of 80 requests run, {a} were A's (each preempted once and readmitted) and {80 - a} "
+        "B's: a readmitted request must not pay its prompt again"
+    )
+
+
 # VTC on the same bench and workloads (`bench.on_a10g`): its worst backlogged gap and its
 # throughput (tokens/s). Recorded, so that a6 needs no a4 (VTC) done; tests/test_course.py
 # checks them against the package's VTC.
