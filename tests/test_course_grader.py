@@ -28,7 +28,7 @@ NAMED_IN_THE_ISSUE = {  # the wrong answers that once got full marks
         "no dispatch charge",
         "never sets last_left",
     ],
-    "a6_drr": ["never charges prompts", "ignores decode charges"],
+    "a6_fair": ["never charges prompts", "ignores decode charges"],
 }
 
 

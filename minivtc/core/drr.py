@@ -1,30 +1,20 @@
 """Deficit Round Robin adapted to LLM serving: the classical fair queue VTC descends from.
 
-Owns `DRR`, the reference solution of the coursework's capstone (a fair policy of the
-student's own, plugged into the engine) and the paper's Appendix C.2. Classical DRR
-(Shreedhar and Varghese, 1995) visits the backlogged flows in turn; a flow whose turn begins
-gets a quantum Q of credit (its deficit) and sends packets while its deficit covers them. For
-LLM serving the cost of a request is not known when it is sent, so, as Appendix C.2 adapts it:
+Owns `DRR`, the paper's Appendix C.2 (`make_scheduler("drr:Q")`). Classical DRR (Shreedhar and
+Varghese, 1995) visits the backlogged flows in turn; a flow whose turn begins gets a quantum Q
+of credit (its deficit) and sends packets while its deficit covers them. A request's cost is
+not known when it is sent, so here a dispatch pays the prompt, each generated token pays its
+charge as it comes, and a deficit may go negative (a debt, paid by waiting turns). A client
+that rejoins has no credit, as VTC's lift keeps a returning client from banking service. The
+method docstrings say the rest.
 
-- a client whose turn begins gets Q; it dispatches its requests while its deficit is positive,
-  each dispatch costing h(n_p, 0) (the prompt), and the turn passes when the deficit is spent;
-- every generated token costs h(n_p, n_q) - h(n_p, n_q - 1), taken from the deficit as it is
-  generated, so a deficit may go negative and the client then waits turns to refill it;
-- a client that joins the queue has no credit: a positive deficit drops to 0 (it cannot bank
-  credit while idle: the role VTC's lift plays), a negative one stays (its decode charges ran
-  past its turns: a debt, kept as VTC's max(c_u, floor) keeps a counter above the floor).
-  Forgiving the debt would let a client that keeps leaving and rejoining, as a preempted
-  request does when it is its client's only one (`requeue`), run up debts it never pays;
-- as in Algorithm 2, a request that does not fit ends the admission round (no skipping: the
-  engine stops at the first peeked request that does not fit).
-
-Bound (checked by the graded tests, with U = max(w_p L_input, w_q M) as for VTC): two clients
-backlogged over an interval receive service within 2(U + Q) of each other. Sketch: over whole
-rounds both receive Q per round; within a round a client can be ahead by its quantum, one
-dispatch's overshoot (at most w_p L_input) and the decode charges its running requests build up
-while the other waits for memory (at most w_q M); the same holds at both ends of an interval.
-As Q shrinks below one token's cost, DRR tends to VTC (Appendix C.2): the client with the
-largest deficit is the one VTC would pick. Plain Python: no tensors. Lesson 5.
+Its bound: two clients backlogged over an interval receive service within 2(U + Q) of each
+other (`gap_bound`; U = max(w_p L_input, w_q M) as for VTC). Over whole rounds both receive Q
+per round; within a round a client can be ahead by its quantum, one dispatch's overshoot (at
+most w_p L_input) and the decode charges its running requests build up while the other waits
+for memory (at most w_q M). As Q shrinks below one token's cost, DRR tends to VTC (Appendix
+C.2). In the coursework it is one answer to the capstone (`course/capstone.py`: a fair policy
+of the student's own), kept in the instructor's edition only. Plain Python: no tensors.
 """
 
 from __future__ import annotations

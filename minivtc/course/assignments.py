@@ -4,6 +4,8 @@ Each names functions of the package by file and qualified name. The student edit
 their bodies with `raise NotImplementedError`; grading an assignment runs its graded tests
 (`graded/test_<key>.py`) on the reference package with just those functions taken from the
 student's edition, so an assignment is graded on its own, whatever the student did elsewhere.
+The capstone is a file the student writes whole (`own_file`); its instructor's answer
+(`answer`, Deficit Round Robin) is not in the edition.
 """
 
 from __future__ import annotations
@@ -19,6 +21,17 @@ class Assignment:
     max_points: int
     hours: str  # how long it takes a student, roughly
     teaches: str
+    # The student writes this file whole (the capstone): the edition ships its docstring, the
+    # task, with an empty class; grading takes the student's file as it is.
+    own_file: str | None = None
+    # The instructor's answer to an own-file assignment, kept outside the edition: the
+    # functions the grader's own check mutates and edits (`mutate.py`, `wrong.py`).
+    answer: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def reference_functions(self) -> tuple[tuple[str, str], ...]:
+        """What the grader's check mutates: the functions asked for, or the answer's."""
+        return self.functions + self.answer
 
 
 ASSIGNMENTS = (
@@ -80,17 +93,20 @@ ASSIGNMENTS = (
         "Lessons 4 and 6; graded against the artifact's measured A10G runs",
     ),
     Assignment(
-        "a6_drr",
-        "Capstone: a fair policy of your own, Deficit Round Robin (Appendix C.2)",
-        (
+        "a6_fair",
+        "Capstone: a fair policy of your own, with a written statement of its bound",
+        (),
+        30,
+        "4-6",
+        "Lessons 4, 5 and 9; graded by what any fair policy must do (work conservation, equal "
+        "shares, a bounded backlogged gap, no starvation) and on the paper's workloads against "
+        "VTC and FCFS",
+        own_file="course/capstone.py",
+        answer=(
             ("core/drr.py", "DRR.add"),
             ("core/drr.py", "DRR.peek"),
             ("core/drr.py", "DRR.dispatch"),
             ("core/drr.py", "DRR.on_decode"),
         ),
-        30,
-        "4-6",
-        "Lesson 5; graded on its stated bound 2(U + Q) through the engine and on the "
-        "paper's workloads in the simulator against VTC and FCFS",
     ),
 )

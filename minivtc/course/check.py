@@ -27,6 +27,10 @@ from minivtc.course.grade import How, grade_one
 from minivtc.course.mutate import Mutant, mutants
 from minivtc.course.wrong import WRONG, Wrong
 
+# Per submission: a6's tests take about a minute (the paper's workloads in the simulator), and
+# a submission that runs them all must not be cut off and counted as losing points.
+CHECK_LIMIT_S = 180
+
 
 def check_catalogue(
     only: list[str] | None = None, first_failure: bool = True, jobs: int = 1
@@ -39,7 +43,8 @@ def check_catalogue(
     def one(wrong: Wrong) -> dict:
         with tempfile.TemporaryDirectory(prefix="minivtc-wrong-") as scratch:
             edition = write_edition(wrong, Path(scratch))
-            g = grade_one(assignment(wrong.key), edition, How(60, True, first_failure))
+            a = assignment(wrong.key)
+            g = grade_one(a, edition, How(CHECK_LIMIT_S, True, first_failure), answer_files(a))
         return row(wrong.key, wrong.what, g)
 
     return warm.parallel_map(one, chosen, jobs)
@@ -53,12 +58,18 @@ def check_mutants(key: str, limit: int = 60, jobs: int = 1) -> dict:
 
     def killed(m: Mutant) -> bool:
         with tempfile.TemporaryDirectory(prefix="minivtc-mutant-") as scratch:
-            g = grade_one(a, write_mutant(a, m, Path(scratch)), How(60, True, True))
+            edition = write_mutant(a, m, Path(scratch))
+            g = grade_one(a, edition, How(CHECK_LIMIT_S, True, True), answer_files(a))
         return g.points < g.max_points
 
     dead = warm.parallel_map(killed, found, jobs)
     survivors = [f"{m.qualname} {m.change}" for m, d in zip(found, dead, strict=True) if not d]
     return {"assignment": key, "killed": sum(dead), "total": len(found), "survivors": survivors}
+
+
+def answer_files(a: Assignment) -> tuple[str, ...]:
+    """The instructor's answer's files (the capstone's DRR), graded beside its own file."""
+    return tuple(sorted({f for f, _ in a.answer}))
 
 
 def row(key: str, what: str, g) -> dict:
@@ -79,7 +90,11 @@ def assignment(key: str) -> Assignment:
 
 def write_edition(wrong: Wrong, out: Path) -> Path:
     """A minimal edition at `out`: the reference's files of `wrong`'s assignment, its edits made."""
-    file_of = {q: f for f, q in assignment(wrong.key).functions}
+    a = assignment(wrong.key)
+    file_of = {q: f for f, q in a.reference_functions}
+    if a.own_file is not None:  # an edit of a function of the capstone's own file
+        file_of |= {q: a.own_file for q, _, _ in wrong.edits if q not in file_of}
+    write_own_file(a, out)
     for file in sorted(set(file_of.values())):
         source = (PACKAGE / file).read_text()
         for qualname, old, new in wrong.edits:
@@ -89,9 +104,16 @@ def write_edition(wrong: Wrong, out: Path) -> Path:
     return out
 
 
+def write_own_file(a: Assignment, out: Path) -> None:
+    """An own-file assignment's file, the reference's (it uses the answer written beside it)."""
+    if a.own_file is not None:
+        write(out / "minivtc" / a.own_file, (PACKAGE / a.own_file).read_text())
+
+
 def write_mutant(a: Assignment, m: Mutant, out: Path) -> Path:
-    for file in {f for f, _ in a.functions}:
+    for file in {f for f, _ in a.reference_functions}:
         write(out / "minivtc" / file, m.source if file == m.file else (PACKAGE / file).read_text())
+    write_own_file(a, out)
     return out
 
 

@@ -12,10 +12,11 @@ def add_course(sub) -> None:
         help="coursework: write the student edition, grade it, render the lessons",
         description="Assignments in which students write the engine's mechanisms themselves "
         "(the Llama pieces, the block allocator, admission and one batching step, VTC, the "
-        "paper's metric, and a capstone: Deficit Round Robin, a fair policy of their own). "
+        "paper's metric, and a capstone: a fair policy of their own, with its bound). "
         "`release OUT` writes the student edition; `grade OUT` grades it "
         "(each assignment alone, with a time limit) and writes OUT/grades.json; `render OUT` "
-        "runs the lessons and writes readable HTML copies (outputs in, solutions out).",
+        "runs the lessons and writes readable HTML copies (outputs in, solutions out; "
+        "--instructor: in); `site OUT` writes both editions' pages as a static site.",
     )
     verbs = p.add_subparsers(dest="verb", required=True, metavar="VERB")
     release = verbs.add_parser("release", help="write the student edition to OUT (a new dir)")
@@ -77,20 +78,39 @@ def add_render(verbs) -> None:
         "render",
         help="run the lessons; write each as an HTML page to read without running",
         description="The lessons are stored without outputs. This runs each in a fresh kernel "
-        "(MINIVTC_LESSON_QUICK=1, as the tests do), drops the exercises' solution cells and "
-        "writes OUT/NN_name.html (figures embedded) and OUT/index.html linking them.",
+        "(MINIVTC_LESSON_QUICK=1, as the tests do) in a scratch copy of the lessons' directory "
+        "(nothing is written into it) and writes OUT/NN_name.html (figures embedded) and "
+        "OUT/index.html linking them: the student edition's pages (the exercises' solutions "
+        "and their checks' outputs left out), or with --instructor the instructor's.",
     )
     render.add_argument("out", help="directory for the pages (created if missing)")
     render.add_argument(
+        "--instructor", action="store_true", help="the instructor's edition: solutions included"
+    )
+    add_lesson_choice(render, LESSONS)
+    render.set_defaults(run=run_render)
+    site = verbs.add_parser(
+        "site",
+        help="the rendered course, both editions, as a static site",
+        description="Runs each lesson once (as `render` does) and writes OUT/student/ and "
+        "OUT/instructor/ (each with its index.html) and OUT/index.html linking both: a static "
+        "site, figures embedded in the pages, to serve from any web server or open as files.",
+    )
+    site.add_argument("out", help="directory for the site (created if missing)")
+    add_lesson_choice(site, LESSONS)
+    site.set_defaults(run=run_site)
+
+
+def add_lesson_choice(parser, lessons) -> None:
+    parser.add_argument(
         "--only",
         action="append",
         metavar="NAME",
         help="render only the lessons whose name starts with NAME, e.g. 05 (repeat)",
     )
-    render.add_argument(
-        "--lessons", default=str(LESSONS), help="the lessons' directory (default: %(default)s)"
+    parser.add_argument(
+        "--lessons", default=str(lessons), help="the lessons' directory (default: %(default)s)"
     )
-    render.set_defaults(run=run_render)
 
 
 def run_release(args) -> int:
@@ -148,6 +168,15 @@ def run_check(args) -> int:
 def run_render(args) -> int:
     from minivtc.course.render import render
 
-    index = render(args.out, args.lessons, args.only)
-    print(f"wrote the lessons' pages to {index.parent}: open {index}")
+    edition = "instructor" if args.instructor else "student"
+    index = render(args.out, args.lessons, args.only, (edition,))
+    print(f"wrote the {edition} edition's pages to {index.parent}: open {index}")
+    return 0
+
+
+def run_site(args) -> int:
+    from minivtc.course.render import site
+
+    index = site(args.out, args.lessons, args.only)
+    print(f"wrote the course's site to {index.parent}: open {index}")
     return 0

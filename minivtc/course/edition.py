@@ -43,10 +43,95 @@ def release(out: str | Path) -> Path:
             path = out / "minivtc" / file
             message = f"Assignment {a.key}: write {qualname} ({a.title})"
             path.write_text(stub(path.read_text(), qualname, message))
+        if a.own_file is not None:
+            path = out / "minivtc" / a.own_file
+            path.write_text(skeleton(path.read_text(), a.key))
+        for file in sorted({f for f, _ in a.answer}):
+            (out / "minivtc" / file).write_text(placeholder(a.key))
     (out / "README.md").write_text(readme())
     if (REPOSITORY / "pyproject.toml").is_file():  # installable alone: pip install -e 'DIR[dev]'
         (out / "pyproject.toml").write_text(pyproject((REPOSITORY / "pyproject.toml").read_text()))
     return out
+
+
+def skeleton(source: str, key: str) -> str:
+    """An own-file assignment's file for the edition: its docstring (the task) and an empty
+    `FairPolicy`, every method raising NotImplementedError."""
+    tree = ast.parse(source)
+    if not tree.body or not is_docstring(tree.body[0]):
+        raise ValueError(f"{key}'s file must open with its docstring: the task")
+    docstring = "".join(source.splitlines(keepends=True)[: tree.body[0].end_lineno])
+    return docstring + SKELETON.replace("MESSAGE", repr(f"Assignment {key}: write FairPolicy"))
+
+
+SKELETON = """
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from minivtc.core.cost import PAPER_COST, Cost
+from minivtc.core.request import Request
+from minivtc.core.scheduler import Scheduler
+
+
+class FairPolicy(Scheduler):
+    \"\"\"Your fair policy (the module docstring says what it must do).\"\"\"
+
+    BOUND = ""  # your bound in words, with the argument for it
+
+    def __init__(self, cost: Cost = PAPER_COST) -> None:
+        self.cost = cost  # what service is priced by: the bound's w_p and w_q
+        self.name = "fair"
+
+    def add(self, request: Request, now: float) -> str | None:
+        raise NotImplementedError(MESSAGE)
+
+    def peek(self) -> Request | None:
+        raise NotImplementedError(MESSAGE)
+
+    def dispatch(self, request: Request) -> None:
+        raise NotImplementedError(MESSAGE)
+
+    def on_decode(self, requests: list[Request]) -> None:
+        raise NotImplementedError(MESSAGE)
+
+    def on_finish(self, request: Request) -> None:
+        raise NotImplementedError(MESSAGE)
+
+    def remove(self, request: Request) -> None:
+        raise NotImplementedError(MESSAGE)
+
+    def requeue(self, request: Request) -> None:
+        raise NotImplementedError(MESSAGE)
+
+    def waiting(self) -> Iterator[Request]:
+        raise NotImplementedError(MESSAGE)
+
+    def gap_bound(self, u: float) -> float | None:
+        raise NotImplementedError(MESSAGE)
+"""
+
+
+def placeholder(key: str) -> str:
+    """The edition's copy of a file holding an own-file assignment's answer (DRR): the
+    answer is kept outside the edition; its class is there, refusing to be built, so that
+    what imports it still imports."""
+    return f'''"""Deficit Round Robin (the paper's Appendix C.2) is one answer to the capstone
+({key}): it is kept in the instructor's edition. Write your own fair policy in
+minivtc/course/capstone.py."""
+
+from __future__ import annotations
+
+from minivtc.core.scheduler import Scheduler
+
+
+class DRR(Scheduler):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        raise NotImplementedError(
+            "DRR is an answer to the capstone ({key}), not in the student edition: write your "
+            "own policy in minivtc/course/capstone.py"
+        )
+'''
 
 
 def pyproject(text: str) -> str:
@@ -131,11 +216,15 @@ def is_docstring(statement: ast.stmt) -> bool:
     )
 
 
+def what_to_write(a) -> str:
+    if a.own_file is not None:
+        return f"`minivtc/{a.own_file}`: `FairPolicy`, the whole file"
+    return ", ".join(f"`minivtc/{f}`: `{q}`" for f, q in a.functions)
+
+
 def readme() -> str:
     rows = "\n".join(
-        f"| {a.key} | {a.title} | {a.max_points} | {a.hours} h | "
-        + ", ".join(f"`minivtc/{f}`: `{q}`" for f, q in a.functions)
-        + " |"
+        f"| {a.key} | {a.title} | {a.max_points} | {a.hours} h | {what_to_write(a)} |"
         for a in ASSIGNMENTS
     )
     return f"""# minivtc: the student edition
@@ -150,9 +239,24 @@ they must do), then grade yourself from this directory:
     minivtc course grade .
 
 or run one assignment's graded tests on your edition as it stands (the same tests and
-messages; a4 and a6 drive the engine, so they need a3's `Engine.step` done first):
+messages):
 
-    minivtc course test a4_vtc
+    minivtc course test a4
+
+a4 and a6 are tested on a bench of their own (`minivtc/course/graded/bench.py`), not through
+the engine, so they need no other assignment done; so do a1 and a5. a3's tests run the
+engine, so they need a2's allocator, a1's model pieces and a4's VTC (one test), and a2's
+paged-attention test runs a3's `Engine.step`: until those are done, those tests fail here
+with the other assignment's NotImplementedError (grading never needs them: it runs your
+functions in the reference package).
+
+Each lesson runs with this edition's package once the assignments it uses are done; Lessons
+4, 5 and 9 say which in their first cell (4: a2, a3, a4, a5; 5: a2, a3, a4; 9: a2, a3, a4,
+a5). Readable copies, executed, with the solutions and their checks' outputs left out:
+`minivtc course render PAGES` (the instructor runs it with the reference package).
+
+The capstone, a6, is yours: `minivtc/course/capstone.py` says what a fair policy must do and
+how it is graded; write `FairPolicy` and state its bound (`gap_bound` and `BOUND`).
 
 The edition installs on its own: `pip install -e '.[dev]'` from this directory.
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from minivtc.course import warm
 from minivtc.course.assignments import ASSIGNMENTS, Assignment
-from minivtc.course.edition import PACKAGE, REPOSITORY, take
+from minivtc.course.edition import PACKAGE, REPOSITORY, placeholder, take
 from minivtc.course.feedback import read_report
 
 TIME_LIMIT_S = 240  # per assignment: its tests take seconds; a hang is cut off here
@@ -90,7 +90,11 @@ def summary(grades: list[Grade]) -> dict:
     }
 
 
-def grade_one(a: Assignment, edition: Path | None, how: How = How()) -> Grade:
+def grade_one(
+    a: Assignment, edition: Path | None, how: How = How(), whole: tuple[str, ...] = ()
+) -> Grade:
+    """`whole`: files (under minivtc/) taken from `edition` as they are, besides the
+    assignment's own (the grader's check: a mutated answer beside the file that uses it)."""
     with tempfile.TemporaryDirectory(prefix=f"minivtc-grade-{a.key}-") as scratch:
         root = Path(scratch)
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
@@ -98,19 +102,35 @@ def grade_one(a: Assignment, edition: Path | None, how: How = How()) -> Grade:
         (root / "weights").symlink_to(REPOSITORY / "weights")  # the bundled model, read-only
         notes: list[str] = []
         try:
-            for file in sorted({f for f, _ in a.functions}) if edition is not None else ():
-                assert edition is not None
-                target = root / "minivtc" / file
-                names = [q for f, q in a.functions if f == file]
-                donor = (edition / "minivtc" / file).read_text()
-                source, left = take(target.read_text(), donor, names)
-                target.write_text(source)
-                notes += [f"{file}: {n}" for n in left]
+            if edition is not None:
+                notes = take_submission(a, edition, root, whole)
         except (OSError, ValueError, SyntaxError, UnicodeDecodeError) as e:
             return Grade(a.key, 0.0, a.max_points, 0, 0, f"could not take your code: {e}")
         grade = run_tests(a, root, how)
         grade.note = "; ".join([grade.note] * bool(grade.note) + notes)
         return grade
+
+
+def take_submission(a: Assignment, edition: Path, root: Path, whole: tuple[str, ...]) -> list[str]:
+    """Put `a`'s code from `edition` into the scratch package at `root`: its functions and the
+    student's helpers (`edition.take`), or its own file whole (the capstone, graded without
+    the instructor's answer: the edition's placeholder stands in for it, as on the student's
+    disk). Returns what of the student's changes was not taken, by name."""
+    notes = []
+    for file in sorted({f for f, _ in a.functions}):
+        target = root / "minivtc" / file
+        names = [q for f, q in a.functions if f == file]
+        donor = (edition / "minivtc" / file).read_text()
+        source, left = take(target.read_text(), donor, names)
+        target.write_text(source)
+        notes += [f"{file}: {n}" for n in left]
+    for file in sorted({f for f, _ in a.answer}):
+        (root / "minivtc" / file).write_text(placeholder(a.key))
+    for file in ((a.own_file,) if a.own_file else ()) + whole:
+        text = (edition / "minivtc" / file).read_text()
+        compile(text, file, "exec")  # a SyntaxError is the submission's, named in the note
+        (root / "minivtc" / file).write_text(text)
+    return notes
 
 
 def run_tests(a: Assignment, root: Path, how: How, work: Path | None = None) -> Grade:

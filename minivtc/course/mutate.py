@@ -134,7 +134,7 @@ class Mutator(ast.NodeTransformer):
 def mutants(assignment: Assignment, limit: int = 40) -> list[Mutant]:
     """Up to `limit` mutants of `assignment`'s reference functions, spread evenly over all."""
     found = []
-    for file, qualname in assignment.functions:
+    for file, qualname in assignment.reference_functions:
         source = (PACKAGE / file).read_text()
         node = find(ast.parse(source), qualname)
         sites = Mutator()

@@ -30,6 +30,7 @@ PEEK, DISPATCH, LIFT, CHARGE, FINISH = (
     f"VTC.{m}" for m in ("peek", "dispatch", "lift_counter", "charge_outputs", "on_finish")
 )
 METRIC = "table_metrics"
+# a6: the capstone's answer (DRR) edited, and the policy built on it
 D_ADD, D_PEEK, D_DISPATCH, D_DECODE = (f"DRR.{m}" for m in ("add", "peek", "dispatch", "on_decode"))
 
 A1 = [
@@ -276,21 +277,23 @@ A5 = [
         (METRIC, "lo + 60, demand_cost", "lo + 60, cost"),
     ),
 ]
+# (Not here: decode charges valid only for the linear cost. The capstone prices service with
+# the linear cost, w_p and w_q, so such a policy is not wrong for the task as stated.)
 A6 = [
-    w("a6_drr", "never charges prompts", (D_DISPATCH, "self.deficits[client] -= service", "pass")),
+    w("a6_fair", "never charges prompts", (D_DISPATCH, "self.deficits[client] -= service", "pass")),
     w(
-        "a6_drr",
+        "a6_fair",
         "ignores decode charges",
         (D_DECODE, "self.deficits[r.client_id] -= now - before", "pass"),
     ),
     w(
-        "a6_drr",
+        "a6_fair",
         "a quantum at every peek, not every turn",
         (D_PEEK, "if not self.turn_begun:", "if True:"),
     ),
-    w("a6_drr", "the turn never passes", (D_PEEK, "if self.deficits[client] > 0:", "if True:")),
+    w("a6_fair", "the turn never passes", (D_PEEK, "if self.deficits[client] > 0:", "if True:")),
     w(
-        "a6_drr",
+        "a6_fair",
         "a client banks credit while idle",
         (
             D_ADD,
@@ -303,7 +306,7 @@ A6 = [
         ),
     ),
     w(
-        "a6_drr",
+        "a6_fair",
         "a debt forgiven when a client rejoins",
         (
             D_ADD,
@@ -314,28 +317,41 @@ A6 = [
         ),
     ),
     w(
-        "a6_drr",
+        "a6_fair",
         "a client whose queue empties stays in the round",
         (D_DISPATCH, "self.active.popleft()", "pass"),
     ),
     w(
-        "a6_drr",
+        "a6_fair",
         "a readmitted request's prompt charged again",
         (D_DISPATCH, "if not request.num_preemptions:", "if True:"),
     ),
     w(
-        "a6_drr",
-        "decode charges valid only for the linear cost",
+        "a6_fair",
+        "the deficit may run to zero and still dispatch",
+        (D_PEEK, "self.deficits[client] > 0", "self.deficits[client] >= -self.quantum"),
+    ),
+]
+FAIR = "FairPolicy.__init__"  # the capstone's own file: the policy built on the answer
+A6 += [
+    w(
+        "a6_fair",
+        "a quantum far above U (round robin by whole backlogs)",
+        (FAIR, "super().__init__(QUANTUM, cost)", "super().__init__(1e9, cost)"),
+    ),
+    w(
+        "a6_fair",
+        "a stated bound that ignores U (a constant)",
         (
-            D_DECODE,
-            "self.deficits[r.client_id] -= now - before",
-            "self.deficits[r.client_id] -= 2.0",
+            FAIR,
+            'self.name = "fair"',
+            'self.name = "fair"\n        self.gap_bound = lambda u: 100.0',
         ),
     ),
     w(
-        "a6_drr",
-        "the deficit may run to zero and still dispatch",
-        (D_PEEK, "self.deficits[client] > 0", "self.deficits[client] >= -self.quantum"),
+        "a6_fair",
+        "no bound stated",
+        (FAIR, 'self.name = "fair"', 'self.name = "fair"\n        self.gap_bound = lambda u: None'),
     ),
 ]
 WRONG = A1 + A2 + A3 + A4 + A5 + A6

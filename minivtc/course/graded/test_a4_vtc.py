@@ -1,7 +1,8 @@
 """Assignment a4: the Virtual Token Counter, pick, lift, charge and refund (Lesson 5).
 
-Graded by the paper's theorems on random workloads through the real engine loop: Lemma 4.3
-after every step (the engine asserts it with check_fairness), Theorems 4.4 and 4.9 on every
+Graded by the paper's theorems on random workloads served by the course's bench (`bench.py`: the
+engine's admission and charging, without the engine): Lemma 4.3 after every step (the
+package's FairnessCheck, as the engine's check_fairness), Theorems 4.4 and 4.9 on every
 interval, weighted VTC's bound and shares, Theorem 4.8's construction, the LCF counterexample,
 and the refund of an over-predicted length (Algorithm 3)."""
 
@@ -17,14 +18,13 @@ from minivtc.core.predictors import Oracle
 from minivtc.core.request import Request
 from minivtc.core.scheduler import FCFS
 from minivtc.core.vtc import VTC
+from minivtc.course.graded.bench import idle_then_return, serve
 from minivtc.course.graded.harness import (
     W_P,
     W_Q,
     Arrival,
     admission_round,
     bound_u,
-    drive,
-    idle_then_return,
     max_gap,
     random_arrivals,
     workloads,
@@ -196,7 +196,7 @@ def test_lemma_4_3_and_theorems_4_4_and_4_9(w):
     """Lemma 4.3 after every step, Theorems 4.4 and 4.9 on every interval, on random workloads."""
     arrivals = random_arrivals(w)
     u = bound_u(max(a.prompt for a in arrivals), w["kv_tokens"])
-    engine, steps, _ = drive(VTC(), arrivals, w["kv_tokens"], fairness=True)
+    engine, steps, _ = serve(VTC(), arrivals, w["kv_tokens"], fairness=True)
     clients = sorted({a.client for a in arrivals})
     for f in clients:
         for g in clients:
@@ -227,7 +227,7 @@ def test_weighted_vtc_follows_weights_within_the_bound(w):
     arrivals = random_arrivals(w)
     weights = {f"c{i}": float(i + 1) for i in range(w["n_clients"])}
     u = bound_u(max(a.prompt for a in arrivals), w["kv_tokens"])  # weights >= 1: U/min_w <= U
-    engine, steps, _ = drive(VTC(weights=weights), arrivals, w["kv_tokens"], fairness=True)
+    engine, steps, _ = serve(VTC(weights=weights), arrivals, w["kv_tokens"], fairness=True)
     for f in weights:
         for g in weights:
             if f < g:
@@ -242,7 +242,7 @@ def test_weighted_vtc_shares_are_proportional_when_all_are_backlogged():
     """Weighted VTC: clients always backlogged get service in proportion to their weights."""
     weights = {"a": 1.0, "b": 2.0, "c": 4.0}
     arrivals = [Arrival(0.0, c, 10, 10) for c in weights for _ in range(150)]
-    _, steps, _ = drive(VTC(weights=weights), arrivals, kv_tokens=100)
+    _, steps, _ = serve(VTC(weights=weights), arrivals, kv_tokens=100)
     busy = [s for s in steps if s.backlogged == set(weights)]
     total = {c: sum(s.service.get(c, 0.0) for s in busy) for c in weights}
     shares = f"service of a, b, c (weights 1, 2, 4): {total}"
@@ -260,7 +260,7 @@ def test_theorem_4_8_the_bound_is_tight_within_2x():
     ]
     u = bound_u(1, m)
     for policy in (VTC(), FCFS()):
-        _, steps, _ = drive(policy, arrivals, kv_tokens=m)
+        _, steps, _ = serve(policy, arrivals, kv_tokens=m)
         gap = max_gap(steps, "F", "G")
         assert W_Q * (m - 2) <= gap, f"{policy.name}: gap {gap} below w_q (M - 2)"
         if isinstance(policy, VTC):

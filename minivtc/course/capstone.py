@@ -1,0 +1,54 @@
+"""The capstone (assignment a6): a fair policy of your own, through the scheduler interface.
+
+Write `FairPolicy`, a `Scheduler` (`minivtc/core/scheduler.py` lists the calls the engine
+makes: `add`, `peek`, `dispatch`, `on_decode`, `on_finish`, `remove`, `requeue`, `waiting`;
+`check_invariants` is yours to fill in or leave). Any design is welcome: a counter per client
+as VTC keeps, credit handed out in turns, virtual finish times, something of your own. It
+must be fair in the paper's sense, and you must say how fair:
+
+- `gap_bound(u)` returns your bound: the most service (w_p per prompt token, w_q per output
+  token) by which one of two clients backlogged over an interval may lead the other, given
+  Lemma 4.3's U = max(w_p L_input, w_q M) of the run;
+- `BOUND` states it in words, with the argument for it (a few sentences, as a proof sketch:
+  the instructor reads it). VTC's is Theorem 4.4's 2U; yours may be larger.
+
+What the grader checks (`graded/test_a6_fair.py`), on random workloads and on adversarial ones
+(a client that floods first, one with huge prompts beside one with tiny ones, one that comes
+and goes), served by the course's bench (`graded/bench.py`), with no other assignment needed:
+
+- work conservation: it never leaves the server idle while a request waits;
+- equal shares: clients backlogged throughout, with equal weights, get equal service whatever
+  the sizes of their requests (prompt-heavy or output-heavy, small or large);
+- a bounded gap: the service gap of two backlogged clients stays within your stated bound, and
+  within twice VTC's (4U: a bound far above Theorem 4.4's is no guarantee);
+- no starvation: a client back from a long idle stretch is served soon, and does not then take
+  the server over (the LCF counterexample of Lesson 5);
+- on the paper's workloads (Section 5), side by side with VTC and FCFS: within 10% of VTC's
+  Max / Avg Diff, well below FCFS's, and as fast.
+
+The instructor's answer is Deficit Round Robin as Appendix C.2 adapts it (`core/drr.py`), one
+answer among many; the student edition has this statement and an empty `FairPolicy`.
+"""
+
+from __future__ import annotations
+
+from minivtc.core.cost import PAPER_COST, Cost
+from minivtc.core.drr import DRR
+
+QUANTUM = 64.0  # a turn's credit: within U on every graded workload, so 2(U + Q) <= 4U
+
+
+class FairPolicy(DRR):
+    """Deficit Round Robin (`core/drr.py`) with a quantum of 64."""
+
+    BOUND = (
+        "Two clients backlogged over an interval receive service within 2(U + Q) of each other "
+        "(Q the quantum). Over whole rounds each receives Q per round; within a round one can "
+        "be ahead by its quantum, one dispatch's overshoot (at most w_p L_input) and the decode "
+        "charges its running requests build up while the other waits for memory (at most "
+        "w_q M); the same holds at both ends of an interval."
+    )
+
+    def __init__(self, cost: Cost = PAPER_COST) -> None:
+        super().__init__(QUANTUM, cost)
+        self.name = "fair"
