@@ -1,5 +1,5 @@
 """Deficit Round Robin (`core/drr.py`): its turns, deficits and bookkeeping. Its bound and its
-fairness on the paper's workloads are graded tests (minivtc/course/graded/test_a6_drr.py, run
+fairness on the paper's workloads are graded tests (minivtc/course/graded/test_a6_fair.py, run
 with this suite)."""
 
 from __future__ import annotations

@@ -279,6 +279,9 @@ A5 = [
 ]
 # (Not here: decode charges valid only for the linear cost. The capstone prices service with
 # the linear cost, w_p and w_q, so such a policy is not wrong for the task as stated.)
+# (Nor: a client that keeps its leftover deficit while idle, or one that may dispatch with a
+# deficit down to minus one quantum. Each moves the gap by at most one quantum, which the stated
+# bound covers: a different fair policy, not a wrong one. Both graded 30/30.)
 A6 = [
     w("a6_fair", "never charges prompts", (D_DISPATCH, "self.deficits[client] -= service", "pass")),
     w(
@@ -292,19 +295,6 @@ A6 = [
         (D_PEEK, "if not self.turn_begun:", "if True:"),
     ),
     w("a6_fair", "the turn never passes", (D_PEEK, "if self.deficits[client] > 0:", "if True:")),
-    w(
-        "a6_fair",
-        "a client banks credit while idle",
-        (
-            D_ADD,
-            "self.join_if_idle(request.client_id).append(request)",
-            "queue = self.queues.setdefault(request.client_id, deque())\n"
-            "        if not queue:\n"
-            "            self.deficits.setdefault(request.client_id, 0.0)\n"
-            "            self.active.append(request.client_id)\n"
-            "        queue.append(request)",
-        ),
-    ),
     w(
         "a6_fair",
         "a debt forgiven when a client rejoins",
@@ -325,11 +315,6 @@ A6 = [
         "a6_fair",
         "a readmitted request's prompt charged again",
         (D_DISPATCH, "if not request.num_preemptions:", "if True:"),
-    ),
-    w(
-        "a6_fair",
-        "the deficit may run to zero and still dispatch",
-        (D_PEEK, "self.deficits[client] > 0", "self.deficits[client] >= -self.quantum"),
     ),
 ]
 FAIR = "FairPolicy.__init__"  # the capstone's own file: the policy built on the answer
