@@ -446,7 +446,7 @@ def test_forgetting_idle_clients_changes_no_decision():
     """The real trace under VTC (and under FCFS and RPM), once as it is and once with the
     engine forgetting every idle client it may after every step: the same requests, served at
     the same times (the argument is in `VTC.forget`'s docstring)."""
-    from minivtc.core.engine import Engine
+    from minivtc.core.engine import Engine, forget_idle_clients
     from minivtc.harness.sim import simulate
     from minivtc.harness.workloads import workload
 
@@ -455,7 +455,7 @@ def test_forgetting_idle_clients_changes_no_decision():
 
     class Forgetful(Engine):
         def step(self):
-            forgets.append(len(self.forget_idle_clients()))
+            forgets.append(len(forget_idle_clients(self)))
             return super().step()
 
     for policy in ("vtc", "fcfs", "rpm:5", "vtc-predict"):
