@@ -109,9 +109,12 @@ def start(args: list[str]) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL)
 
 
-def wait_healthy(url: str, seconds: float = 60.0) -> None:
+def wait_healthy(url: str, seconds: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    """Until `url/health` answers 200; RuntimeError if `proc` (the server) exits first."""
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server at {url} exited with {proc.returncode} at start")
         try:
             if httpx.get(url + "/health", timeout=1).status_code == 200:
                 return

@@ -30,20 +30,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
-
-import httpx
 
 from minivtc.core.scheduler import FCFS
 from minivtc.core.tokenizer import Tokenizer
 from minivtc.core.vtc import VTC
 from minivtc.core.weights import bundled_weights_dir
 from minivtc.fleet.backend import Backend
+from minivtc.fleet.bench_gateway import free_port, wait_healthy
 from minivtc.fleet.gateway import Gateway
 from minivtc.fleet.gateway_app import make_gateway
 from minivtc.fleet.gateway_cli import backends_of
@@ -152,30 +149,10 @@ def backends(n: int) -> Iterator[list[str]]:
     try:
         urls = [f"http://127.0.0.1:{port}" for port in ports]
         for url, proc in zip(urls, procs, strict=True):
-            wait_healthy(url, proc)
+            wait_healthy(url, START_S, proc)
         yield urls
     finally:
         for proc in procs:
             proc.terminate()
         for proc in procs:
             proc.wait()
-
-
-def wait_healthy(url: str, proc: subprocess.Popen) -> None:
-    deadline = time.monotonic() + START_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the backend at {url} exited with {proc.returncode} at start")
-        try:
-            if httpx.get(url + "/health", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"the backend at {url} was not healthy within {START_S} s")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
