@@ -59,11 +59,7 @@ def test_the_dashboard_draws_a_live_load_in_chromium(bundled, tmp_path):
     with BackgroundServer(make_app(engine, tokenizer)) as url:
         load = threading.Thread(target=run_replay, args=(url, workload()), daemon=True)
         with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            problems: list[str] = []
-            page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: problems.append(str(e)))
+            browser, page, problems = open_page(p, viewport={"width": 1400, "height": 900})
             opened = time.monotonic()
             page.goto(url + "/dashboard?every=0.25&history=30")
             page.wait_for_selector("text=live", timeout=10_000)
@@ -116,6 +112,16 @@ def service_rate(samples: list[dict], client: str, window_s: float) -> float:
     return max(0.0, (last["clients"][client]["service"] - before) / (last["time"] - then["time"]))
 
 
+def open_page(p, **options):
+    """Headless Chromium, a page, and the list its console errors and page errors go to."""
+    browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
+    page = browser.new_page(**options)
+    problems: list[str] = []
+    page.on("console", lambda m: problems.append(m.text) if m.type == "error" else None)
+    page.on("pageerror", lambda e: problems.append(str(e)))
+    return browser, page, problems
+
+
 def rows_when(page, ready, timeout_s: float) -> dict[str, dict[str, str]]:
     """The client table as {client: {column: text}}, once `ready(rows)` holds."""
     deadline = time.monotonic() + timeout_s
@@ -164,11 +170,7 @@ def test_the_gateways_dashboard_shows_its_backends_and_clients_in_chromium(bundl
             trace = [t for t in workload() if t.arrival_s < 3]
             load = threading.Thread(target=run_replay, args=(url, trace), daemon=True)
             with sync_api.sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-                page = browser.new_page()
-                problems: list[str] = []
-                page.on("console", lambda m: m.type == "error" and problems.append(m.text))
-                page.on("pageerror", lambda e: problems.append(str(e)))
+                browser, page, problems = open_page(p)
                 page.goto(url + "/dashboard?every=0.25")
                 page.wait_for_selector(f"#backends tr[data-backend='{backend_url}']")
                 load.start()
@@ -197,11 +199,7 @@ def test_with_api_keys_the_page_asks_for_one_and_shows_a_tenant_its_own_row(bund
             body = {"prompt": "Hello", "max_tokens": 4}
             assert httpx.post(url + "/v1/completions", json=body, headers=auth).status_code == 200
         with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--no-sandbox"])
-            page = browser.new_page()
-            problems: list[str] = []
-            page.on("console", lambda m: m.type == "error" and problems.append(m.text))
-            page.on("pageerror", lambda e: problems.append(str(e)))
+            browser, page, problems = open_page(p)
             page.goto(url + "/dashboard?every=0.25")
             page.wait_for_selector("#key-form", state="visible", timeout=10_000)
             page.fill("#key", "sk-bob-4567")
