@@ -32,8 +32,9 @@ and median, and the VTC / FCFS wall-time ratio round by round. `scheduler` likew
 heap and scan for `--repeat` rounds.
 
 `route`: microseconds per decision of the fleet's dispatcher, 64 full backends and up to
-100,000 waiting clients (`fleet/bench.py`); `route --gateway`: the gateway's added latency
-and throughput against direct requests, 8 stand-in backends x 64 streams (`fleet/bench_gateway.py`).
+100,000 waiting clients, the median of `--repeat` rounds (default 5) with its range
+(`fleet/bench.py`); `route --gateway`: the gateway's added latency and throughput against
+direct requests, 8 stand-in backends x 64 streams (`fleet/bench_gateway.py`; `--quick`: 2 x 16).
 
 `gpu`: builds a model of the chosen preset's shape with random weights directly on the device,
 runs the engine with compiled attention at batch 1, 16 and 64, and reports tokens/s and the
@@ -92,8 +93,9 @@ def main(argv: list[str] | None = None) -> int:
         "--repeat",
         type=int,
         default=None,
-        help="engine, scheduler, sim: measured rounds, contenders interleaved "
-        "(default 5 for engine, 3 for the others; engine adds a discarded warm-up round)",
+        help="engine, scheduler, sim, route: measured rounds, contenders interleaved "
+        "(default 5 for engine and route, 3 for the others; engine and route add a discarded "
+        "warm-up round)",
     )
     parser.add_argument(
         "--threads",
@@ -115,6 +117,13 @@ def main(argv: list[str] | None = None) -> int:
         from minivtc.bench_gpu import bench_gpu  # torch then confirms the device works
 
         return bench_gpu(args)
+    if args.what == "route":  # the fleet: plain Python, no torch (`fleet/bench*.py`)
+        from minivtc.fleet.bench import bench_route
+        from minivtc.fleet.bench_gateway import bench_gateway
+
+        return (
+            bench_gateway(args.quick) if args.gateway else bench_route(args.quick, args.repeat or 5)
+        )
     import torch
 
     torch.set_grad_enabled(False)
@@ -126,14 +135,9 @@ def main(argv: list[str] | None = None) -> int:
         return bench_scheduler(args.quick, args.repeat or 3)
     if args.what == "sim":
         return bench_sim(args.quick, args.million, args.repeat or 3)
-    if args.what == "profile":
-        from minivtc.bench_profile import bench_profile
+    from minivtc.bench_profile import bench_profile
 
-        return bench_profile(args.quick)
-    from minivtc.fleet.bench import bench_route  # the fleet's dispatcher (`fleet/bench.py`)
-    from minivtc.fleet.bench_gateway import bench_gateway
-
-    return bench_gateway() if args.gateway else bench_route(args.quick)
+    return bench_profile(args.quick)
 
 
 def gpu_driver_seen() -> bool:

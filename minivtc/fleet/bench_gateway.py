@@ -22,6 +22,7 @@ import time
 import httpx
 
 NUM_BACKENDS, CONCURRENCY, REQUESTS, CHUNKS = 8, 64, 512, 16
+QUICK = 2, 16, 64  # `--quick`: backends, concurrency, requests (a smoke run)
 
 
 def standin_app():
@@ -44,8 +45,9 @@ def standin_app():
     return app
 
 
-def bench_gateway() -> int:
-    ports = [free_port() for _ in range(NUM_BACKENDS + 1)]
+def bench_gateway(quick: bool = False) -> int:
+    n_backends, concurrency, requests = QUICK if quick else (NUM_BACKENDS, CONCURRENCY, REQUESTS)
+    ports = [free_port() for _ in range(n_backends + 1)]
     backends = [f"http://127.0.0.1:{p}" for p in ports[:-1]]
     gateway = f"http://127.0.0.1:{ports[-1]}"
     procs = [
@@ -68,13 +70,13 @@ def bench_gateway() -> int:
     try:
         for url in [*backends, gateway]:
             wait_healthy(url)
-        direct = asyncio.run(load(lambda i: backends[i % NUM_BACKENDS]))
-        routed = asyncio.run(load(lambda i: gateway))
+        direct = asyncio.run(load(lambda i: backends[i % n_backends], requests, concurrency))
+        routed = asyncio.run(load(lambda i: gateway, requests, concurrency))
     finally:
         for proc in procs:
             proc.terminate()
             proc.wait()
-    print(f"{REQUESTS} streams of {CHUNKS} chunks, {CONCURRENCY} at once, {NUM_BACKENDS} backends")
+    print(f"{requests} streams of {CHUNKS} chunks, {concurrency} at once, {n_backends} backends")
     print(f"{'':>16} {'median ms':>10} {'p99 ms':>8} {'req/s':>7}")
     for name, (latencies, rate) in [("direct", direct), ("through gateway", routed)]:
         p99 = statistics.quantiles(latencies, n=100)[98]
@@ -84,11 +86,12 @@ def bench_gateway() -> int:
     return 0
 
 
-async def load(url_of) -> tuple[list[float], float]:
-    """REQUESTS streams, CONCURRENCY at a time: each one's latency, and requests per second."""
-    limits = httpx.Limits(max_connections=CONCURRENCY)
+async def load(url_of, requests: int, concurrency: int) -> tuple[list[float], float]:
+    """`requests` streams, `concurrency` at a time: each one's latency, and requests per
+    second."""
+    limits = httpx.Limits(max_connections=concurrency)
     async with httpx.AsyncClient(limits=limits, timeout=60) as client:
-        gate, latencies = asyncio.Semaphore(CONCURRENCY), []
+        gate, latencies = asyncio.Semaphore(concurrency), []
 
         async def one(i: int) -> None:
             async with gate:
@@ -100,8 +103,8 @@ async def load(url_of) -> tuple[list[float], float]:
                 latencies.append(time.perf_counter() - start)
 
         start = time.perf_counter()
-        await asyncio.gather(*(one(i) for i in range(REQUESTS)))
-        return latencies, REQUESTS / (time.perf_counter() - start)
+        await asyncio.gather(*(one(i) for i in range(requests)))
+        return latencies, requests / (time.perf_counter() - start)
 
 
 def start(args: list[str]) -> subprocess.Popen:

@@ -1,0 +1,38 @@
+"""`minivtc bench route`: the dispatcher's decision time, and the gateway's overhead, as smoke
+runs (the numbers themselves are the README's, measured, never asserted)."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+from minivtc.fleet.bench import bench_route, time_decisions
+
+
+def test_bench_route_prints_a_median_and_its_range_for_each_number_of_clients(capsys):
+    assert bench_route(quick=True, rounds=3) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [int(row[0]) for row in rows] == [10, 1000]
+    for _, median, low, high in rows:
+        assert 0 < float(low.strip("[,")) <= float(median) <= float(high.strip("]"))
+
+
+def test_each_round_is_timed_after_a_warm_up_the_fleet_kept_full():
+    # (time_decisions asserts that the fleet fills, and each decision binds exactly one request)
+    assert len(time_decisions(10, decisions=50, rounds=4)) == 4
+
+
+def test_bench_route_gateway_quick_measures_both_ways_through_real_processes():
+    done = subprocess.run(
+        [sys.executable, "-m", "minivtc.bench", "route", "--gateway", "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    rows = dict(re.findall(r"^\s*(direct|through gateway)\s+(.+)$", done.stdout, re.M))
+    assert set(rows) == {"direct", "through gateway"}, done.stdout
+    for numbers in rows.values():
+        median_ms, p99_ms, per_s = map(float, numbers.split())
+        assert 0 < median_ms <= p99_ms and per_s > 0
