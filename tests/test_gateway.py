@@ -33,7 +33,7 @@ from minivtc.serving.server import BackgroundServer
 BUDGET = 256  # tokens per backend: two requests of 100 output tokens each
 KEYS = {
     f"sk-{name}": Key(name, admin=name == "ops")
-    for name in ["first", "heavy", "light", "victim", "ops", "picky", "later", "vllm"]
+    for name in ["first", "heavy", "light", "victim", "ops", "picky", "later", "vllm", "chat"]
 }
 ADMIN = {"authorization": "Bearer sk-ops"}
 
@@ -154,6 +154,37 @@ def test_bad_input_gets_the_servers_own_answer(gateway):
     )
     text = httpx.get(gateway + "/metrics", headers=ADMIN).text
     assert "minivtc_gateway_backend_budget_tokens{backend=" in text and f"{BUDGET}.0" in text
+
+
+def test_the_openai_client_chats_through_the_gateway_and_each_reply_is_charged(gateway):
+    from openai import OpenAI
+
+    api = OpenAI(base_url=gateway + "/v1", api_key="sk-chat", max_retries=0)
+    messages = [{"role": "user", "content": "What is a tuple?"}]
+    reply = api.chat.completions.create(model="minivtc-tiny", messages=messages, max_tokens=5)
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].finish_reason in ("length", "stop")
+    assert 1 <= reply.usage.completion_tokens <= 5
+    before = fleet(gateway)["clients"]["chat"]["counter"]  # (lifted when it first joined)
+    chunks = list(
+        api.chat.completions.create(
+            model="minivtc-tiny",
+            messages=messages,
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert any(c.choices and c.choices[0].delta.content for c in chunks)
+    usage = chunks[-1].usage
+    assert usage is not None and 1 <= usage.completion_tokens <= 4
+    assert usage.prompt_tokens == reply.usage.prompt_tokens  # the same messages
+    view = fleet(gateway)
+    # the last to leave the queue, it rejoins unlifted: w_p per prompt token, w_q per output
+    assert view["clients"]["chat"]["counter"] - before == (
+        usage.prompt_tokens + 2 * usage.completion_tokens
+    )
+    assert all(b["reserved"] == 0 for b in view["backends"])
 
 
 HEAVY_TOKENS = 200  # one heavy request fills a backend's 256 tokens: one at a time each
