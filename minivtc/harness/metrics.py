@@ -57,8 +57,9 @@ class Served:
 Cost = Callable[[Served], float]
 
 
-def linear_cost(r: Served, w_p: float = 1.0, w_q: float = 2.0) -> float:
-    return linear_price(r.input_tokens, r.output_tokens, cost=LinearCost(w_p, w_q))
+def linear_cost(r: Served) -> float:
+    """The paper's price of a request's service: w_p per prompt token, w_q per output token."""
+    return linear_price(r.input_tokens, r.output_tokens)
 
 
 def charged_cost(w_c: float, w_p: float = 1.0, w_q: float = 2.0) -> Cost:
