@@ -14,7 +14,7 @@ must be fair in the paper's sense, and you must say how fair:
 
 What the grader checks (`graded/test_a6_fair.py`), on random workloads and on adversarial ones
 (a client that floods first, one with huge prompts beside one with tiny ones, one that comes
-and goes), served by the course's bench (`graded/bench.py`), with no other assignment needed:
+and goes, one that leaves the queue at every dispatch), served by the course's bench (`graded/bench.py`), with no other assignment needed:
 
 - work conservation: it never leaves the server idle while a request waits;
 - equal shares: clients backlogged throughout, with equal weights, get equal service whatever
@@ -23,8 +23,9 @@ and goes), served by the course's bench (`graded/bench.py`), with no other assig
   within twice VTC's (4U: a bound far above Theorem 4.4's is no guarantee);
 - no starvation: a client back from a long idle stretch is served soon, and does not then take
   the server over (the LCF counterexample of Lesson 5);
-- on the paper's workloads (Section 5), side by side with VTC and FCFS: within 10% of VTC's
-  Max / Avg Diff, well below FCFS's, and as fast.
+- on the paper's workloads (Section 5, with the A10G's step times), side by side with VTC and
+  FCFS: a worst backlogged gap within 25% of VTC's and under a tenth of FCFS's, and VTC's
+  throughput (within 2%).
 
 The instructor's answer is Deficit Round Robin as Appendix C.2 adapts it (`core/drr.py`), one
 answer among many; the student edition has this statement and an empty `FairPolicy`.

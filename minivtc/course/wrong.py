@@ -313,6 +313,15 @@ A6 = [
     ),
     w(
         "a6_fair",
+        "the next client's turn begins without its quantum when one leaves the round",
+        (
+            D_DISPATCH,
+            "self.active.popleft()\n            self.turn_begun = False",
+            "self.active.popleft()",
+        ),
+    ),
+    w(
+        "a6_fair",
         "a readmitted request's prompt charged again",
         (D_DISPATCH, "if not request.num_preemptions:", "if True:"),
     ),

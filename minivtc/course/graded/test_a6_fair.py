@@ -135,12 +135,22 @@ def come_and_go() -> tuple[list[Arrival], int]:
     return a + b, 64
 
 
+def one_at_a_time() -> tuple[list[Arrival], int]:
+    """B and C flood; A sends a small request every 8 time units, so its queue empties at each
+    dispatch: whoever comes after a client that leaves must still get its due."""
+    flood = [Arrival(float(t), c, 8, 8) for t in range(600) for c in "BC"]
+    return flood + [Arrival(float(t), "A", 4, 2) for t in range(0, 600, 8)], 64
+
+
 @pytest.mark.parametrize(
-    "make", [flood_first, huge_and_tiny, come_and_go], ids=lambda f: f.__name__
+    "make",
+    [flood_first, huge_and_tiny, come_and_go, one_at_a_time],
+    ids=lambda f: f.__name__,
 )
 def test_the_gap_stays_within_your_bound_on_adversarial_workloads(make):
     """Two backlogged clients' service stays within your stated bound and within 4U: a client
-    that floods first, huge prompts beside tiny requests, a client that comes and goes."""
+    that floods first, huge prompts beside tiny requests, a client that comes and goes, one
+    that leaves the queue at every dispatch beside two that flood."""
     arrivals, m = make()
     u = bound_u(max(a.prompt for a in arrivals), m)
     _, steps, _ = serve(FairPolicy(), arrivals, m)
