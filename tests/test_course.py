@@ -7,6 +7,7 @@ parse or hangs scores 0 for that assignment alone."""
 from __future__ import annotations
 
 import json
+import os
 import textwrap
 
 import pytest
@@ -281,6 +282,29 @@ def test_take_carries_the_student_s_helpers_and_names_what_it_leaves():
     assert left == ["you removed A.g; the reference's is used"]
 
 
+def test_take_carries_the_student_s_constants_and_names_a_changed_one():
+    """A module constant and a class attribute the student adds, used by the named function
+    (in a default argument too), are taken; a changed reference constant is not, by name."""
+    reference = "LIMIT = 3\n\n\nclass A:\n    KIND = 'a'\n\n    def f(self, x):\n        raise 0\n"
+    donor = textwrap.dedent("""
+        LIMIT = 4
+        SCALE = 10
+
+
+        class A:
+            KIND = 'a'
+            OFFSET = 1
+
+            def f(self, x, scale=SCALE):
+                return x * scale + self.OFFSET + LIMIT
+    """)
+    source, left = take(reference, donor, ["A.f"])
+    namespace: dict = {}
+    exec(source, namespace)
+    assert namespace["A"]().f(2) == 2 * 10 + 1 + 3  # the reference's LIMIT
+    assert left == ["your change to LIMIT was not taken (the reference's value is used)"]
+
+
 def test_failed_tests_are_read_with_a_student_s_name_and_the_first_message(tmp_path):
     from minivtc.course.feedback import read_report
 
@@ -302,10 +326,71 @@ def test_failed_tests_are_read_with_a_student_s_name_and_the_first_message(tmp_p
     ]
 
 
+def test_grading_in_the_student_edition_says_it_needs_the_reference(tmp_path):
+    """The edition's package holds stubs where the reference has answers: `course grade` run
+    with it would grade every assignment against stubs, so it refuses and names `course test`."""
+    import subprocess
+    import sys
+
+    edition = release(tmp_path / "edition")
+    assert "STUDENT_EDITION = True" in (edition / "minivtc/course/__init__.py").read_text()
+    assert "minivtc course grade ." not in (edition / "README.md").read_text()
+    done = subprocess.run(
+        [sys.executable, "-m", "minivtc", "course", "grade", "."],
+        cwd=edition,
+        env={**os.environ, "PYTHONPATH": str(edition)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and "minivtc course test" in done.stderr, done.stderr
+
+
+def test_every_lesson_states_the_assignments_it_needs_and_the_edition_lists_them(tmp_path):
+    from minivtc.course.edition import REPOSITORY, lesson_needs
+
+    needs = lesson_needs(REPOSITORY / "lessons")
+    assert len(needs) == 12 and all(needs.values()), needs  # each lesson runs some of the package
+    text = (release(tmp_path / "edition") / "README.md").read_text()
+    assert "0: a1, a2, a3, a4; 1: a1; 2: a1, a2, a3" in " ".join(text.split()), text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lesson", ["01", "04", "05", "11"])
+def test_a_lesson_runs_on_an_edition_with_just_the_assignments_it_states(
+    lesson, tmp_path, monkeypatch
+):
+    """The instructor's lesson (its solutions in) runs top to bottom on a student edition's
+    package in which only the assignments its first cell names are done (the reference's
+    functions put in) and every other assignment is still a stub. (The cheaper lessons: the
+    rest were checked the same way by hand, README's "Teaching with minivtc".)"""
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+
+    from minivtc.course.edition import PACKAGE, REPOSITORY, lesson_needs
+
+    edition = release(tmp_path / "edition")
+    done = lesson_needs(REPOSITORY / "lessons")[lesson]
+    for a in ASSIGNMENTS:
+        for file, qualname in a.functions if a.key.split("_")[0] in done else ():
+            path = edition / "minivtc" / file
+            path.write_text(splice(path.read_text(), (PACKAGE / file).read_text(), qualname))
+    monkeypatch.setenv("PYTHONPATH", str(edition))  # the kernel imports the edition's package
+    monkeypatch.setenv("MINIVTC_LESSON_QUICK", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    (path,) = (REPOSITORY / "lessons").glob(f"{lesson}_*.ipynb")
+    book = nbformat.read(path, as_version=4)
+    where = {"metadata": {"path": str(edition / "lessons")}}
+    NotebookClient(book, timeout=600, kernel_name="python3", resources=where).execute()
+    printed = "".join(o.get("text", "") for c in book.cells for o in c.get("outputs", []))
+    assert "NotImplementedError" not in printed
+
+
 def test_the_edition_states_the_helpers_rule_and_ships_no_wrong_solutions(tmp_path):
     edition = release(tmp_path / "edition")
     assert (
-        "every function, method, class and\nimport you *add*" in (edition / "README.md").read_text()
+        "every function, method, class,\nconstant and import you *add*"
+        in (edition / "README.md").read_text()
     )
     assert not (edition / "minivtc/course/wrong.py").exists()
     assert not (edition / "minivtc/course/check.py").exists()

@@ -6,3 +6,7 @@ bodies replaced by `raise NotImplementedError`); `grade.py` grades an edition, o
 a time, against the reference for everything else. The reference solutions are the package's
 own code: one source of truth. `minivtc course release OUT` and `minivtc course grade OUT`.
 """
+
+# The student edition's copy says True (`edition.release` writes it): grading needs the
+# reference solutions, which that edition does not hold (`minivtc course test` works there).
+STUDENT_EDITION = False

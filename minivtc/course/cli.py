@@ -126,8 +126,15 @@ def run_release(args) -> int:
 
 
 def run_grade(args) -> int:
+    from minivtc.course import STUDENT_EDITION
     from minivtc.course.grade import grade, table
 
+    if STUDENT_EDITION:  # its own package would be the "reference": every stub scores 0
+        raise ValueError(
+            "this is the student edition: grading runs your functions in the reference "
+            "package, which is the instructor's. Run an assignment's graded tests on your "
+            "edition as it stands with `minivtc course test KEY` (e.g. a4)"
+        )
     if args.reference == bool(args.edition):
         raise ValueError("grade an EDITION, or the reference with --reference --out DIR")
     out = args.out or args.edition

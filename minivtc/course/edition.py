@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -48,6 +49,10 @@ def release(out: str | Path) -> Path:
             path.write_text(skeleton(path.read_text(), a.key))
         for file in sorted({f for f, _ in a.answer}):
             (out / "minivtc" / file).write_text(placeholder(a.key))
+    marker = out / "minivtc" / "course" / "__init__.py"
+    marker.write_text(
+        marker.read_text().replace("STUDENT_EDITION = False", "STUDENT_EDITION = True")
+    )
     (out / "README.md").write_text(readme())
     if (REPOSITORY / "pyproject.toml").is_file():  # installable alone: pip install -e 'DIR[dev]'
         (out / "pyproject.toml").write_text(pyproject((REPOSITORY / "pyproject.toml").read_text()))
@@ -222,7 +227,24 @@ def what_to_write(a) -> str:
     return ", ".join(f"`minivtc/{f}`: `{q}`" for f, q in a.functions)
 
 
+def lesson_needs(lessons: Path) -> dict[str, list[str]]:
+    """Each lesson's assignments, as its first cell states them ("**In the student edition**
+    this lesson runs once a1 and a2 are done ..."): lesson number -> keys (a1, a2, ...)."""
+    needs = {}
+    for path in sorted(lessons.glob("[0-9][0-9]_*.ipynb")):
+        first = json.loads(path.read_text())["cells"][0]["source"]
+        text = "".join(first) if isinstance(first, list) else first
+        _, _, statement = text.partition("**In the student edition**")
+        sentence = statement.split(".\n")[0].split(". ")[0]
+        needs[path.name[:2]] = sorted(set(re.findall(r"\ba[1-6]\b", sentence)))
+    return needs
+
+
 def readme() -> str:
+    needs = "; ".join(
+        f"{n.lstrip('0') or '0'}: {', '.join(keys) or 'none'}"
+        for n, keys in lesson_needs(REPOSITORY / "lessons").items()
+    )
     rows = "\n".join(
         f"| {a.key} | {a.title} | {a.max_points} | {a.hours} h | {what_to_write(a)} |"
         for a in ASSIGNMENTS
@@ -234,14 +256,14 @@ once your answer is right, and not before.
 
 Each assignment is a handful of functions of the package whose bodies say
 `raise NotImplementedError`. Write them (their docstrings, the lessons and the paper say what
-they must do), then grade yourself from this directory:
-
-    minivtc course grade .
-
-or run one assignment's graded tests on your edition as it stands (the same tests and
-messages):
+they must do), then run one assignment's graded tests on your edition as it stands, from this
+directory (the same tests and messages the grader gives):
 
     minivtc course test a4
+
+Grading itself (`minivtc course grade`) is the instructor's: it runs each assignment's tests in
+the reference package, with only your functions for that assignment taken from your edition,
+and this edition holds no reference solutions (run here, it says so and stops).
 
 a4 and a6 are tested on a bench of their own (`minivtc/course/graded/bench.py`), not through
 the engine, so they need no other assignment done; so do a1 and a5. a3's tests run the
@@ -250,10 +272,10 @@ paged-attention test runs a3's `Engine.step`: until those are done, those tests 
 with the other assignment's NotImplementedError (grading never needs them: it runs your
 functions in the reference package).
 
-Each lesson runs with this edition's package once the assignments it uses are done; Lessons
-4, 5 and 9 say which in their first cell (4: a2, a3, a4, a5; 5: a2, a3, a4; 9: a2, a3, a4,
-a5). Readable copies, executed, with the solutions and their checks' outputs left out:
-`minivtc course render PAGES` (the instructor runs it with the reference package).
+Each lesson runs with this edition's package once the assignments it uses are done; each says
+which in its first cell: {needs}. None needs a6. Readable copies, executed, with the solutions
+and their checks' outputs left out: `minivtc course render PAGES` (the instructor runs it with
+the reference package).
 
 The capstone, a6, is yours: `minivtc/course/capstone.py` says what a fair policy must do and
 how it is graded; write `FairPolicy` and state its bound (`gap_bound` and `BOUND`).
@@ -263,10 +285,10 @@ The edition installs on its own: `pip install -e '.[dev]'` from this directory.
 An assignment is graded on its own: its tests run on the reference package with just your
 functions for it, so an unfinished assignment never costs points in another.
 
-Your helpers are yours: besides the functions named below, every function, method, class and
-import you *add* in an assignment's files is graded with them. The rest of those files is the
-reference's: a change you make to one of its other functions or methods is not taken, and the
-grader names each such change in the assignment's note. For each failed test the grader prints
+Your helpers are yours: besides the functions named below, every function, method, class,
+constant and import you *add* in an assignment's files is graded with them. The rest of those
+files is the reference's: a change you make to one of its other functions, methods or
+constants is not taken, and the grader names each such change in the assignment's note. For each failed test the grader prints
 what it checks and its first assertion message (also in `grades.json`); `--verbose` prints
 the tests' full output.
 

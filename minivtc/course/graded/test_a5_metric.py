@@ -25,6 +25,7 @@ def run(name: str) -> tuple[list[Served], float]:
         ("FCFS__real", (759.97, 433.53, 32112.00, 777)),  # Table 2
         ("VTC__real", (368.40, 251.66, 6549.16, 779)),
     ],
+    ids=["FCFS", "VTC"],
 )
 def test_table_2_rows(name, expected):
     """Table 2's FCFS and VTC rows, from the artifact's measured runs, to two decimals."""
