@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.answers import leaked, reference_bodies
+
 nbformat = pytest.importorskip("nbformat")
 
 LESSONS_DIR = Path(__file__).parent.parent / "lessons"
@@ -69,3 +71,18 @@ def test_lesson_runs_top_to_bottom(path, monkeypatch, capsys):
         o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs
     )
     assert printed.count("correct") >= 1, "the exercise checks should print their result"
+    # What the student edition's rendered page shows of this run (every cell but the
+    # exercises' solutions) holds no assignment's reference body (`course render` runs the
+    # lessons with the reference package, so a cell printing a function's source would).
+    shown = "\n".join(
+        text_of(o)
+        for c in nb.cells
+        if c.cell_type == "code" and "solution" not in c.metadata.get("tags", [])
+        for o in c.outputs
+    )
+    assert not leaked(reference_bodies(), shown), leaked(reference_bodies(), shown)
+
+
+def text_of(output: dict) -> str:
+    """An output as a reader sees it: printed text, or a value's plain-text form."""
+    return output.get("text", "") + output.get("data", {}).get("text/plain", "")
