@@ -14,7 +14,8 @@ must be fair in the paper's sense, and you must say how fair:
 
 What the grader checks (`graded/test_a6_fair.py`), on random workloads and on adversarial ones
 (a client that floods first, one with huge prompts beside one with tiny ones, one that comes
-and goes, one that leaves the queue at every dispatch), served by the course's bench (`graded/bench.py`), with no other assignment needed:
+and goes, one that leaves the queue at every dispatch), served by the course's bench
+(`graded/bench.py`), with no other assignment needed:
 
 - work conservation: it never leaves the server idle while a request waits;
 - equal shares: clients backlogged throughout, with equal weights, get equal service whatever

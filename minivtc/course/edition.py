@@ -288,9 +288,9 @@ functions for it, so an unfinished assignment never costs points in another.
 Your helpers are yours: besides the functions named below, every function, method, class,
 constant and import you *add* in an assignment's files is graded with them. The rest of those
 files is the reference's: a change you make to one of its other functions, methods or
-constants is not taken, and the grader names each such change in the assignment's note. For each failed test the grader prints
-what it checks and its first assertion message (also in `grades.json`); `--verbose` prints
-the tests' full output.
+constants is not taken, and the grader names each such change in the assignment's note.
+For each failed test the grader prints what it checks and its first assertion message (also
+in `grades.json`); `--verbose` prints the tests' full output.
 
 | assignment | what you write | points | time | functions |
 | --- | --- | --- | --- | --- |
