@@ -27,9 +27,10 @@ clients, for minivtc's heap and for the artifact's linear scan over clients, in 
 `sim`: simulated seconds per wall second of `minivtc simulate` (the a10g-llama7b step-time model)
 on the real trace and on the overload workload, under VTC and FCFS. `sim --million`: a
 synthetic trace of 1,000,000 short requests (64/16 tokens) from 1000 clients instead.
-`--repeat N` (default 3) runs each case N times, VTC and FCFS alternating, and reports the min
-and median, and the VTC / FCFS wall-time ratio round by round. `scheduler` likewise alternates
-heap and scan for `--repeat` rounds.
+`--repeat N` (default 5) runs each case N times, VTC and FCFS taking turns after a warm-up
+round, and reports the min and median, the median CPU time, and the VTC / FCFS ratio round by
+round, by wall and by CPU time. `scheduler` likewise alternates heap and scan for `--repeat`
+rounds after a warm-up round.
 
 `route`: microseconds per decision of the fleet's dispatcher, 64 full backends and up to
 100,000 waiting clients, the median of `--repeat` rounds (default 5) with its range
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
     import torch
 
     from minivtc.core.model import Llama
+    from minivtc.harness.sim import SimResult
 
 # torch is imported inside the benchmarks that use it, not here: importing it takes seconds, and
 # `bench gpu` on a machine without a GPU should say so at once (`gpu_driver_seen`).
@@ -94,8 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="engine, scheduler, sim, route: measured rounds, contenders interleaved "
-        "(default 5 for engine and route, 3 for the others; engine and route add a discarded "
-        "warm-up round)",
+        "(default 5), after a discarded warm-up round (not sim --million)",
     )
     parser.add_argument(
         "--threads",
@@ -132,9 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "engine":
         return bench_engine(args.quick, args.repeat or 5)
     if args.what == "scheduler":
-        return bench_scheduler(args.quick, args.repeat or 3)
+        return bench_scheduler(args.quick, args.repeat or 5)
     if args.what == "sim":
-        return bench_sim(args.quick, args.million, args.repeat or 3)
+        return bench_sim(args.quick, args.million, args.repeat or 5)
     from minivtc.bench_profile import bench_profile
 
     return bench_profile(args.quick)
@@ -336,27 +337,30 @@ def bench_scheduler(quick: bool, rounds: int) -> int:
 
     sizes = [10, 1000] if quick else [10, 1000, 10_000, 100_000]
     print(
-        f"microseconds per operation, VTC with every client waiting (mean over a run; medians "
-        f"of {rounds} interleaved rounds, the ratio's [min, max])"
+        f"microseconds per operation, VTC with every client waiting (each a mean over a run; "
+        f"medians of {rounds} interleaved rounds after a warm-up round; the ratio's [min, max] "
+        f"by wall time and by process CPU time)"
     )
     print(
         f"{'clients':>8} {'decide heap':>12} {'decide scan':>12} {'scan / heap':>20} "
-        f"{'charge heap':>12} {'charge scan':>12}"
+        f"{'(CPU time)':>20} {'charge heap':>12} {'charge scan':>12}"
     )
     # As timeit does: a collection over 200k live requests is not the scheduler's cost.
     with gc_paused():
         for n in sizes:
-            decide: dict[str, list[float]] = {"heap": [], "scan": []}
+            decide: dict[str, list[tuple[float, float]]] = {"heap": [], "scan": []}
             charge: dict[str, list[float]] = {"heap": [], "scan": []}
-            for k in range(rounds):  # heap and scan take turns, who goes first alternating
+            for k in range(-1, rounds):  # heap and scan take turns, who goes first alternating
                 for name, cls in (("heap", VTC), ("scan", ScanVTC))[:: 1 - 2 * (k % 2)]:
-                    decide[name].append(time_decisions(cls(), n, quick))
-                    charge[name].append(time_charges(cls(), n))
-            ratio = [s / h for s, h in zip(decide["scan"], decide["heap"], strict=True)]
-            med = {name: statistics.median(v) for name, v in decide.items()}
+                    decision, token = time_decisions(cls(), n, quick), time_charges(cls(), n)
+                    if k >= 0:  # round -1 warms up
+                        decide[name].append(decision)
+                        charge[name].append(token)
+            med = {name: statistics.median(w for w, _ in v) for name, v in decide.items()}
+            wall, cpu = (ratios(decide["scan"], decide["heap"], clock) for clock in (0, 1))
             print(
-                f"{n:>8} {med['heap']:>12.2f} {med['scan']:>12.2f} {spread(ratio, '{:.0f}x'):>20} "
-                f"{statistics.median(charge['heap']):>12.2f} "
+                f"{n:>8} {med['heap']:>12.2f} {med['scan']:>12.2f} {spread(wall, '{:.0f}x'):>20} "
+                f"{spread(cpu, '{:.0f}x'):>20} {statistics.median(charge['heap']):>12.2f} "
                 f"{statistics.median(charge['scan']):>12.2f}"
             )
     return 0
@@ -378,19 +382,21 @@ def populate(vtc: VTC, n_clients: int) -> list[Request]:
     return requests
 
 
-def time_decisions(vtc: VTC, n_clients: int, quick: bool) -> float:
-    """One decision = peek at the minimum, dispatch it (charge its prompt), refill its queue."""
+def time_decisions(vtc: VTC, n_clients: int, quick: bool) -> tuple[float, float]:
+    """One decision = peek at the minimum, dispatch it (charge its prompt), refill its queue.
+    Microseconds per decision: (wall, process CPU)."""
     populate(vtc, n_clients)
     rounds = 200 if n_clients >= 10_000 and not quick else 2000
     refills = [Request(f"new-{k}", "", [1] * 8, SamplingParams(), 0.0) for k in range(rounds)]
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     for refill in refills:
         request = vtc.peek()
         assert request is not None
         vtc.dispatch(request)
         refill.client_id = request.client_id  # keep every client waiting
         vtc.add(refill, 0.0)
-    return 1e6 * (time.perf_counter() - start) / rounds
+    wall, cpu = time.perf_counter() - start, time.process_time() - cpu
+    return 1e6 * wall / rounds, 1e6 * cpu / rounds
 
 
 def time_charges(vtc: VTC, n_clients: int) -> float:
@@ -424,17 +430,17 @@ def million_trace(n: int = 1_000_000, clients: int = 1000, rate: float = 200.0, 
     return trace
 
 
-def bench_sim(quick: bool, million: bool = False, repeat: int = 3) -> int:
-    """Each case `repeat` times, the schedulers alternating (a VM's speed drifts from minute to
-    minute: alternation gives both the same spells); rates use the median wall time, and the
-    VTC / FCFS wall-time ratio is taken round by round."""
-    from minivtc.harness.sim import simulate
+def bench_sim(quick: bool, million: bool = False, repeat: int = 5) -> int:
+    """Each case `repeat` times, the schedulers taking turns (`interleaved`: a VM's speed
+    drifts from minute to minute, and turns give both the same spells) after a warm-up round
+    (not with --million: each run is a minute); rates use the median wall time, and the VTC /
+    FCFS ratio is taken round by round, by wall time and by process CPU time."""
     from minivtc.harness.workloads import workload
 
     names = ["1M"] if million else ["overload"] if quick else ["real", "overload"]
     print(
         f"{'workload':>10} {'scheduler':>9} {'requests':>8} {'tokens':>9} {'steps':>7} "
-        f"{'min s':>7} {'median s':>8} {'sim s':>7} {'sim s/wall s':>12} "
+        f"{'min s':>7} {'median s':>8} {'CPU s':>7} {'sim s':>7} {'sim s/wall s':>12} "
         f"{'us/token':>9}"
     )
     ratio_lines = []
@@ -443,24 +449,32 @@ def bench_sim(quick: bool, million: bool = False, repeat: int = 3) -> int:
         if quick:
             trace = [t for t in trace if t.arrival_s < 30]
         tokens = sum(t.output_tokens for t in trace)
-        walls: dict[str, list[float]] = {"vtc": [], "fcfs": []}
-        results = {}
-        for k in range(repeat):
-            for policy in list(walls)[:: 1 - 2 * (k % 2)]:  # who goes first alternates
-                r = simulate(trace, policy, progress=million)  # minutes each: show progress
-                walls[policy].append(r.wall_s)
-                results[policy] = r  # every run simulates the same steps: keep one
-        for policy, times in walls.items():
-            r, wall = results[policy], statistics.median(times)
+        results: dict[str, SimResult] = {}  # every run simulates the same steps: keep one
+        runs: dict[str, Callable[[], object]] = {  # (--million: minutes a run, with progress)
+            p: functools.partial(simulate_into, results, trace, p, million) for p in ("vtc", "fcfs")
+        }
+        times = interleaved(runs, repeat, warmup=not million)
+        for policy, t in times.items():
+            r, walls = results[policy], [w for w, _ in t]
+            wall, cpu = statistics.median(walls), statistics.median(c for _, c in t)
             print(
                 f"{name:>10} {policy:>9} {len(trace):>8} {tokens:>9} {r.steps:>7} "
-                f"{min(times):>7.2f} {wall:>8.2f} {r.total_time:>7.0f} "
+                f"{min(walls):>7.2f} {wall:>8.2f} {cpu:>7.2f} {r.total_time:>7.0f} "
                 f"{r.total_time / wall:>12.0f} {1e6 * wall / tokens:>9.1f}"
             )
-        ratio = [v / f for v, f in zip(walls["vtc"], walls["fcfs"], strict=True)]
-        ratio_lines.append(f"{name}: VTC wall / FCFS wall {spread(ratio)} over {repeat} rounds")
+        wall_ratio, cpu_ratio = (ratios(times["fcfs"], times["vtc"], c) for c in (0, 1))
+        ratio_lines.append(
+            f"{name}: VTC / FCFS {spread([1 / x for x in wall_ratio])} by wall time, "
+            f"{spread([1 / x for x in cpu_ratio])} by CPU time, over {repeat} rounds"
+        )
     print("\n".join(ratio_lines))
     return 0
+
+
+def simulate_into(results: dict[str, SimResult], trace, policy: str, progress: bool) -> None:
+    from minivtc.harness.sim import simulate
+
+    results[policy] = simulate(trace, policy, progress=progress)
 
 
 if __name__ == "__main__":

@@ -121,7 +121,9 @@ def test_bench_sim_quick(capsys):
     rows = [r.split() for r in lines[1:3]]
     assert [r[:2] for r in rows] == [["overload", "vtc"], ["overload", "fcfs"]]
     assert all(0 < float(r[5]) <= float(r[6]) for r in rows)  # min <= median of 2 runs
-    assert lines[3].startswith("overload: VTC wall / FCFS wall") and "over 2 rounds" in lines[3]
+    assert all(float(r[7]) > 0 for r in rows)  # CPU s
+    assert lines[3].startswith("overload: VTC / FCFS ") and "x [" in lines[3]
+    assert "by CPU time, over 2 rounds" in lines[3]
 
 
 def test_interleaved_rounds_discard_the_warm_up_and_rotate_who_goes_first():
@@ -163,7 +165,7 @@ def test_bench_profile_quick(capsys):
 def test_bench_scheduler_interleaves_rounds(capsys):
     assert bench.main(["scheduler", "--quick", "--repeat", "2"]) == 0
     rows = capsys.readouterr().out.splitlines()[2:]
-    assert all("x [" in r for r in rows)  # scan / heap: median [min, max] of 2 rounds
+    assert all(r.count("x [") == 2 for r in rows)  # scan / heap, wall and CPU: median [min, max]
 
 
 def test_gpu_check_code_path_runs_on_cpu(capsys):
