@@ -55,3 +55,10 @@ def leaked(reference: tuple[dict[str, list[str]], set[str]], text: str) -> list[
         if any(w in joined for w in windows):
             found.append(name)
     return found
+
+
+def page_text(page: str) -> str:
+    import html
+    import re
+
+    return html.unescape(re.sub(r"<[^>]+>", "", page))  # the code as a reader sees it

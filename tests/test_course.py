@@ -15,7 +15,7 @@ import pytest
 from minivtc.course.assignments import ASSIGNMENTS
 from minivtc.course.edition import release, splice, stub, take
 from minivtc.course.grade import grade
-from tests.answers import code_lines, leaked, reference_bodies
+from tests.answers import code_lines, leaked, page_text, reference_bodies
 
 SOURCE = textwrap.dedent('''
     class A:
@@ -116,13 +116,6 @@ def test_the_edition_s_lessons_have_no_solutions_and_their_checks_fail_untouched
     with pytest.raises(nbclient.exceptions.CellExecutionError) as failure:
         client.execute()
     assert "got = bound_u(*setting)" in str(failure.value)  # exercise 1
-
-
-def page_text(page: str) -> str:
-    import html
-    import re
-
-    return html.unescape(re.sub(r"<[^>]+>", "", page))  # the code as a reader sees it
 
 
 def test_the_grep_finds_every_reference_body_where_it_is():

@@ -8,12 +8,13 @@ solution or a broken package API fails here.
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.answers import leaked, reference_bodies
+from tests.answers import leaked, page_text, reference_bodies
 
 nbformat = pytest.importorskip("nbformat")
 
@@ -50,10 +51,28 @@ def test_lesson_is_stored_without_outputs_and_has_checked_exercises(path):
         )
 
 
+@pytest.fixture(scope="session")
+def site_dir(tmp_path_factory) -> Path:
+    """The course's static site (`minivtc course site`), built here from the lessons' own runs
+    below: each lesson runs once in CI, and its two pages are written from that run."""
+    return tmp_path_factory.mktemp("site")
+
+
+def site_folders(site: Path) -> dict[str, Path]:
+    from minivtc.course.render import EDITIONS
+
+    folders = {edition: site / edition for edition in EDITIONS}
+    for folder in folders.values():
+        folder.mkdir(exist_ok=True)
+    return folders
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("path", LESSONS, ids=lambda p: p.stem)
-def test_lesson_runs_top_to_bottom(path, monkeypatch, capsys):
+def test_lesson_runs_top_to_bottom(path, monkeypatch, capsys, site_dir):
     from nbclient import NotebookClient
+
+    from minivtc.course.render import write_pages
 
     monkeypatch.setenv("MINIVTC_LESSON_QUICK", "1")
     # The inline backend (headless): plt.show() draws each figure into the outputs, so a
@@ -81,6 +100,30 @@ def test_lesson_runs_top_to_bottom(path, monkeypatch, capsys):
         for o in c.outputs
     )
     assert not leaked(reference_bodies(), shown), leaked(reference_bodies(), shown)
+    write_pages(nb, path.stem, site_folders(site_dir), LESSONS_DIR)
+    student = page_text((site_dir / "student" / f"{path.stem}.html").read_text())
+    assert not re.search(r"^correct: ", student, re.M)  # the checks' outputs: the reference's
+    assert not leaked(reference_bodies(), student), leaked(reference_bodies(), student)
+
+
+@pytest.mark.slow
+def test_the_course_site_is_built_from_the_lessons_run_here(site_dir):
+    """Both editions' pages of every lesson (`course site`'s output), with their indexes:
+    every page linked in order, figures embedded."""
+    from minivtc.course.render import write_indexes
+
+    missing = [p.stem for p in LESSONS if not (site_dir / "student" / f"{p.stem}.html").exists()]
+    if missing:
+        pytest.skip(f"the site is built from this run's lessons, and these did not run: {missing}")
+    index = write_indexes(LESSONS_DIR, site_dir, site_folders(site_dir))
+    front = index.read_text()
+    for edition in ("student", "instructor"):
+        pages = (site_dir / edition / "index.html").read_text()
+        links = [pages.find(f'href="{p.stem}.html"') for p in LESSONS]
+        assert -1 not in links and links == sorted(links), (edition, links)
+        assert f'href="{edition}/index.html"' in front
+    figures = sum("data:image/png;base64," in p.read_text() for p in site_dir.rglob("*.html"))
+    assert figures >= 12, figures  # most lessons draw; each page embeds its own
 
 
 def text_of(output: dict) -> str:

@@ -76,17 +76,28 @@ def render(
         shutil.copytree(lessons, copy, ignore=shutil.ignore_patterns("out", ".ipynb_checkpoints"))
         for path in paths:
             start = time.monotonic()
-            book = executed(copy / path.name)
-            for edition, folder in folders.items():
-                page = to_html(edition_of(book, edition), copy)
-                (folder / f"{path.stem}.html").write_text(page, encoding="utf-8")
+            write_pages(executed(copy / path.name), path.stem, folders, copy)
             print(f"{path.stem}: {time.monotonic() - start:.1f} s", file=sys.stderr)
+    return write_indexes(lessons, out, folders)
+
+
+def write_pages(book: NotebookNode, stem: str, folders: dict[str, Path], lessons: Path) -> None:
+    """One executed lesson's page for each edition, FOLDER/<stem>.html (`lessons`: the folder
+    it ran in, where the images its markdown links are)."""
+    for edition, folder in folders.items():
+        page = to_html(edition_of(book, edition), lessons)
+        (folder / f"{stem}.html").write_text(page, encoding="utf-8")
+
+
+def write_indexes(lessons: Path, out: Path, folders: dict[str, Path]) -> Path:
+    """Each edition's index of the pages in its folder, and (several editions) the site's
+    front page linking them; returns the top index's path."""
     for edition, folder in folders.items():
         (folder / "index.html").write_text(index_page(lessons, folder, edition), encoding="utf-8")
-    if len(editions) == 1:
-        return folders[editions[0]] / "index.html"
+    if len(folders) == 1:
+        return next(iter(folders.values())) / "index.html"
     index = out / "index.html"
-    index.write_text(site_page(lessons, out, editions), encoding="utf-8")
+    index.write_text(site_page(lessons, out, tuple(folders)), encoding="utf-8")
     return index
 
 
