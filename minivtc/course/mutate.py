@@ -9,8 +9,10 @@ turned (< <=, > >=, == !=, is / is not, in / not in), min and max exchanged, and
 exchanged, a `not` or a unary minus dropped, a number raised by one (a float doubled, 0.0 to
 1.0), True and False exchanged, a statement replaced by `pass`. Not mutated: docstrings and
 `assert` statements, messages included (a caller's contract checked defensively: a correct
-caller never trips it, so no test of the function's behaviour can see it go or change). At
-most `limit` mutants per assignment, chosen evenly over every site and reproducibly.
+caller never trips it, so no test of the function's behaviour can see it go or change), and a
+function's final `return None` (dropped, the function returns None all the same: a mutant
+equivalent by construction). At most `limit` mutants per assignment, chosen evenly over every
+site and reproducibly.
 """
 
 from __future__ import annotations
@@ -71,8 +73,11 @@ class Mutator(ast.NodeTransformer):
             block = getattr(node, name, None)
             if isinstance(block, list) and not isinstance(node, ast.Module):
                 for i, statement in enumerate(block):
-                    droppable = not isinstance(statement, ast.Assert) and not is_docstring(
-                        statement
+                    last = isinstance(node, ast.FunctionDef) and i == len(block) - 1
+                    droppable = not (
+                        isinstance(statement, ast.Assert)
+                        or is_docstring(statement)
+                        or (last and returns_none(statement))  # what falling off the end does
                     )
                     if droppable and self.site(
                         statement, f"drop `{ast.unparse(statement).splitlines()[0]}`"
@@ -129,6 +134,15 @@ class Mutator(ast.NodeTransformer):
         if self.site(node, f"{value!r} to {new!r}"):
             return ast.copy_location(ast.Constant(new), node)
         return node
+
+
+def returns_none(statement: ast.stmt) -> bool:
+    """`return` or `return None`: dropped as a function's last statement, it changes nothing."""
+    if not isinstance(statement, ast.Return):
+        return False
+    return statement.value is None or (
+        isinstance(statement.value, ast.Constant) and statement.value.value is None
+    )
 
 
 def mutants(assignment: Assignment, limit: int = 40) -> list[Mutant]:
