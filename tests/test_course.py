@@ -332,6 +332,31 @@ def test_a_lesson_runs_on_an_edition_with_just_the_assignments_it_states(
     assert "NotImplementedError" not in printed
 
 
+@pytest.mark.slow
+def test_the_edition_installs_on_its_own_and_its_package_is_the_students(tmp_path):
+    """`pip install` of the released edition (no dependencies fetched: they are this
+    environment's), into a folder of its own: the installed package is the student edition's,
+    its graded tests and package data included."""
+    import subprocess
+    import sys
+
+    edition = release(tmp_path / "edition")
+    target = tmp_path / "installed"
+    pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation"]
+    done = subprocess.run([*pip, "--target", str(target), str(edition)], capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    assert (target / "minivtc/course/graded/test_a4_vtc.py").is_file()
+    assert (target / "minivtc/serving/dashboard.html").is_file()  # package data
+    script = (
+        "import minivtc.course as c, minivtc.core.vtc as v; print(c.STUDENT_EDITION, v.__file__)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(target)}
+    shown = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=tmp_path
+    )
+    assert shown.stdout.split() == ["True", str(target / "minivtc/core/vtc.py")], shown
+
+
 def test_the_edition_states_the_helpers_rule_and_ships_no_wrong_solutions(tmp_path):
     edition = release(tmp_path / "edition")
     assert (
