@@ -179,7 +179,7 @@ class Fleet:
             return
         self.arrivals[request.request_id] = t
         if self.watch:
-            self.watch.num_waiting[t.client] += 1
+            self.watch.joined(t.client)
 
     def backends(self) -> list[Backend]:
         return [r.backend for r in self.replicas]
@@ -190,7 +190,7 @@ class Fleet:
         for request, backend in self.dispatcher.bind():
             self.send(request, backend)
             if self.watch:
-                self.watch.num_waiting[request.client_id] -= 1
+                self.watch.left(request.client_id)
 
     def send(self, request: Request, backend: Backend) -> str | None:
         """`request` joins `backend`'s engine; an idle replica's clock catches up to now."""
@@ -245,7 +245,7 @@ class Fleet:
             price = self.watch.price(r.num_prompt if first else 0, 1, r.client_id)
             service[r.client_id] = service.get(r.client_id, 0.0) + price
             if first and self.dispatcher is None:
-                self.watch.num_waiting[r.client_id] -= 1
+                self.watch.left(r.client_id)
         return service
 
     def finish(self, request: Request, k: int) -> None:
