@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from minivtc.bench import ScanVTC
+from minivtc.bench_policy import ScanVTC
 from minivtc.cli import main
 from minivtc.core.predictors import MeanOfLast
 from minivtc.core.vtc import VTC
