@@ -277,11 +277,10 @@ A5 = [
         (METRIC, "lo + 60, demand_cost", "lo + 60, cost"),
     ),
 ]
-# (Not here: decode charges valid only for the linear cost. The capstone prices service with
-# the linear cost, w_p and w_q, so such a policy is not wrong for the task as stated.)
-# (Nor: a client that keeps its leftover deficit while idle, or one that may dispatch with a
-# deficit down to minus one quantum. Each moves the gap by at most one quantum, which the stated
-# bound covers: a different fair policy, not a wrong one. Both graded 30/30.)
+# Not here: decode charges valid only for the linear cost (the capstone prices service with the
+# linear cost: not wrong for the task as stated); a client that keeps its leftover deficit while
+# idle, or may dispatch down to minus one quantum (each moves the gap by a quantum at most, which
+# the stated bound covers: a different fair policy, not a wrong one; both graded 30/30).
 A6 = [
     w("a6_fair", "never charges prompts", (D_DISPATCH, "self.deficits[client] -= service", "pass")),
     w(

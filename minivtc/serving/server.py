@@ -23,9 +23,8 @@ return to the pool. A fault in one request's own work ends that request alone (a
 or a 500); one that leaves the engine unsound ends the loop, `/health` answers 503, and
 `minivtc serve` exits non-zero for a supervisor to restart it.
 
-Client weights come from the server's configuration (the keys file or `--client-weights`),
-never from requests: a client cannot raise its own share.
-"""
+Client weights come from the server's configuration (the keys file or `--client-weights`), never
+from requests: a client cannot raise its own share."""
 
 from __future__ import annotations
 
@@ -240,9 +239,8 @@ async def metrics(http: Request):
 
 
 def identify(state: ServerState, http: Request, user: str | None) -> Caller:
-    return state.gate.caller(
-        http.headers.get("authorization"), http.headers.get("x-client-id"), user
-    )
+    headers = http.headers
+    return state.gate.caller(headers.get("authorization"), headers.get("x-client-id"), user)
 
 
 async def snapshot(state: ServerState):
