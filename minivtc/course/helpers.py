@@ -55,11 +55,13 @@ def carry(target: str, donor: str) -> str:
 def not_taken(target: str, donor: str, names: list[str]) -> list[str]:
     """The student's changes that are not graded: each of the reference's functions (other
     than `names`) and constants that `donor` changed or removed."""
-    ours, theirs = definitions(ast.parse(target)), definitions(ast.parse(donor))
+    target_tree, donor_tree = ast.parse(target), ast.parse(donor)
+    ours, theirs = definitions(target_tree), definitions(donor_tree)
+    reference = constants(target_tree)
     left = [
         f"your change to {name} was not taken (the reference's value is used)"
-        for name, dump in constants(ast.parse(donor)).items()
-        if constants(ast.parse(target)).get(name, dump) != dump
+        for name, dump in constants(donor_tree).items()
+        if reference.get(name, dump) != dump
     ]
     for qualname, dump in ours.items():
         if qualname in names or any(qualname.startswith(n + ".") for n in names):
