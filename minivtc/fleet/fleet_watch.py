@@ -59,7 +59,8 @@ class FleetWatch:
             return  # an arrival: no pair's difference moved
         # PERF: the pairs' table is updated in place, not rebuilt at every event, and a pair
         # whose difference did not move is left alone (the same pairs, in the same order, the
-        # same numbers): this method's time over the real trace at 16 replicas, 3.9 -> 2.1 s.
+        # same numbers). With `metrics.service`'s window skip, `minivtc simulate --workload
+        # real --replicas 16` took 0.80 of its time (median of 4 alternating pairs, 0.76-0.86).
         diffs = self.running_diff
         for pair, (prefix, lo, hi) in diffs.items():
             moved = service.get(pair[0], 0.0) - service.get(pair[1], 0.0)
