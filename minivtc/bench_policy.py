@@ -162,10 +162,10 @@ def bench_sim(quick: bool, million: bool = False, repeat: int = 5) -> int:
                 f"{min(walls):>7.2f} {wall:>8.2f} {cpu:>7.2f} {r.total_time:>7.0f} "
                 f"{r.total_time / wall:>12.0f} {1e6 * wall / tokens:>9.1f}"
             )
-        wall_ratio, cpu_ratio = (ratios(times["fcfs"], times["vtc"], c) for c in (0, 1))
+        wall_ratio, cpu_ratio = (ratios(times["vtc"], times["fcfs"], c) for c in (0, 1))
         ratio_lines.append(
-            f"{name}: VTC / FCFS {spread([1 / x for x in wall_ratio])} by wall time, "
-            f"{spread([1 / x for x in cpu_ratio])} by CPU time, over {repeat} rounds"
+            f"{name}: VTC / FCFS {spread(wall_ratio)} by wall time, "
+            f"{spread(cpu_ratio)} by CPU time, over {repeat} rounds"
         )
     print("\n".join(ratio_lines))
     return 0
