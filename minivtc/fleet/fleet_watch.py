@@ -22,7 +22,7 @@ class FleetWatch:
     def __init__(self, weights: dict[str, float] | None = None) -> None:
         self.weights = dict(weights or {})
         self.num_waiting: Counter[str] = Counter()  # client -> its requests waiting in the fleet
-        self.backlogged_now: set[str] = set()  # the clients with a request waiting
+        self.waiting_now: set[str] = set()  # the clients with a request waiting
         self.running_diff: dict[tuple[str, str], tuple[float, float, float]] = {}
         self.backlogged: list[str] = []  # at the last event's end, sorted: the pairs' clients
         self.worst = 0.0  # the largest gap so far
@@ -31,16 +31,16 @@ class FleetWatch:
     def joined(self, client: str) -> None:
         """A request of `client` waits in the fleet (at the dispatcher or a replica's queue)."""
         self.num_waiting[client] += 1
-        self.backlogged_now.add(client)
+        self.waiting_now.add(client)
 
     def left(self, client: str) -> None:
         """A request of `client` stopped waiting (bound to a replica, or admitted by one)."""
         self.num_waiting[client] -= 1
         if not self.num_waiting[client]:
-            self.backlogged_now.discard(client)
+            self.waiting_now.discard(client)
 
     def waiting(self) -> frozenset[str]:
-        return frozenset(self.backlogged_now)
+        return frozenset(self.waiting_now)
 
     def price(self, num_prompt: int, num_output: int, client: str) -> float:
         return (W_P * num_prompt + W_Q * num_output) / self.weights.get(client, 1.0)
