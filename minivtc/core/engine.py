@@ -72,6 +72,8 @@ class Engine:
         self.runner, self.allocator, self.scheduler = runner, allocator, scheduler
         self.max_positions, self.eos_id, self.options = max_positions, eos_id, options
         self.tokenizer, self.clock = tokenizer, clock
+        self.max_model_len = min(max_positions, allocator.num_tokens)  # vLLM's name: the most
+        # positions one request can hold (the context, or the pool)
         self.cache = allocator if isinstance(allocator, PrefixCachingAllocator) else None
         self.admission = make_admission(options.reservation, allocator)
         self.victim = make_victim(options, scheduler, allocator)  # (fair: sets the policy's gap)
@@ -86,11 +88,6 @@ class Engine:
         self.num_prompt_tokens = 0  # prompt tokens of the requests admitted (once each)
         self.num_cached_tokens = 0  # of which found in the prefix cache: prefill saved
         self.ids = itertools.count()
-
-    @property
-    def max_model_len(self) -> int:
-        """The most positions one request can hold: the context, or the pool (vLLM's name)."""
-        return min(self.max_positions, self.allocator.num_tokens)
 
     def add_request(
         self,
@@ -144,14 +141,13 @@ class Engine:
         request = self.requests.get(request_id)
         if request is None:
             return  # already finished (or never existed): aborting is idempotent
-        waiting = request.status is Status.WAITING
-        if waiting:
-            self.scheduler.remove(request)
+        running = request.status is Status.RUNNING
         request.end(Status.ABORTED, "abort", self.clock())
-        if request in self.running:
+        if running:
             self.retire(request)
             return
-        if waiting and request.num_preemptions:  # dispatched once: the policy closes its books
+        self.scheduler.remove(request)  # out of Q
+        if request.num_preemptions:  # dispatched once: the policy closes its books
             self.scheduler.on_finish(request)
         self.forget(request)
 
@@ -228,7 +224,7 @@ class Engine:
         """Give `request` its new token; finish it if that token ends it. A fault in its own
         work (its sampling, as the runner reports, or its text) ends it alone: "error"."""
         if isinstance(token, Exception):  # its sampler failed (the runner caught it)
-            self.fail(request, token)
+            request.fail(token, self.clock())  # (retired with the step)
             return
         try:
             # PERF: len(), not the num_tokens property, per token: -7% instructions (`bench sim`)
@@ -246,23 +242,15 @@ class Engine:
                 self.texts.add(request, token)
             n = len(request.output_ids)
             if reason := stop_reason(token, n, request.text, request.params, self.eos_id):
-                self.finish(request, reason)
+                request.end(Status.FINISHED, reason, self.clock())
+                self.texts.finish(request, reason)  # its text complete, a stop string cut
         except Exception as e:
-            self.fail(request, e)
+            request.fail(e, self.clock())
 
     def charge(self, batch: list[Request]) -> None:
         """Algorithm 2's "c_i <- c_i + the cost of i's new tokens", one scheduler call."""
         with self.fairness.step(batch) if self.fairness else nullcontext():  # (its charges)
             self.scheduler.on_decode(batch)
-
-    def finish(self, request: Request, reason: str) -> None:
-        """Mark finished; its text is complete (`Texts.finish`)."""
-        request.end(Status.FINISHED, reason, self.clock())
-        self.texts.finish(request, reason)
-
-    def fail(self, request: Request, cause: BaseException) -> None:
-        """A fault in `request`'s own work ends it: "error", and why (retired with the step)."""
-        request.end(Status.ABORTED, "error", self.clock(), f"{type(cause).__name__}: {cause}")
 
     def retire(self, request: Request) -> None:
         self.running.remove(request)
@@ -273,7 +261,8 @@ class Engine:
             check_shared_state(self)
 
     def forget(self, request: Request) -> None:
-        self.preemption.forget(request)
+        if request.num_preemptions:  # (what a victim kept: `Preemption.forget`)
+            self.preemption.forget(request)
         self.runner.release(request)
         self.requests.pop(request.request_id, None)
         self.texts.close(request)

@@ -96,6 +96,10 @@ class Request:
         """Finished (a stop rule's `reason`) or aborted ("abort", or "error" and why)."""
         self.status, self.finish_reason, self.finish_time, self.error = status, reason, now, error
 
+    def fail(self, cause: BaseException, now: float) -> None:
+        """A fault in its own work (its sampling, its text) ended it: "error", and why."""
+        self.end(Status.ABORTED, "error", now, f"{type(cause).__name__}: {cause}")
+
     @property
     def is_finished(self) -> bool:
         return self.status in (Status.FINISHED, Status.ABORTED)
