@@ -1,0 +1,111 @@
+"""The rooms one engine step visits: the functions `Engine.step` enters, followed by the
+interpreter's profile hook (not by reading the code), from `step` down to the allocator and
+back, the runner's forward pass counted as one call and not followed.
+
+Control flows down (`engine.py`): a step that began to call into the serving layer, the
+fairness check with checks off, or preemption's books for a request never preempted would
+show here as a room it had no business in. `pytest tests/test_step_path.py -s` prints the
+path.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import replace
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import pytest
+
+import minivtc
+from minivtc.core.engine import Engine
+from minivtc.core.kv_pool import BlockAllocator
+from minivtc.core.options import EngineOptions
+from minivtc.core.params import SamplingParams
+from minivtc.core.policies import make_scheduler
+from minivtc.core.prefix_cache import PrefixCachingAllocator
+from minivtc.harness.sim import StepTimeRunner, VirtualClock
+from minivtc.harness.step_time import step_time_model
+
+PACKAGE = Path(minivtc.__file__).parent
+
+# VTC, full reservation, no prefix cache, checks off: the paper's model.
+PAPER_ROOMS = {
+    "core/engine.py",
+    "core/admission.py",
+    "core/kv_pool.py",
+    "core/vtc.py",
+    "core/least_counter.py",
+    "core/cost.py",
+    "core/request.py",
+    "core/params.py",
+    "core/text.py",
+    "harness/sim.py",  # the runner (its step-time model not followed) and the virtual clock
+}
+# Blocks on demand, the fair victim and a prefix cache: the prefix-caching allocator too.
+FAIR_MEMORY_ROOMS = PAPER_ROOMS | {"core/prefix_cache.py"}
+
+
+def step_path(options: EngineOptions, pool: BlockAllocator) -> dict[str, list[str]]:
+    """One step that admits a request and finishes another: file -> functions entered."""
+    clock = VirtualClock()
+    runner = StepTimeRunner(step_time_model("a10g-llama7b"), clock)
+    scheduler = make_scheduler("vtc")
+    engine = Engine(runner, pool, scheduler, 1 << 20, eos_id=2, clock=clock, options=options)
+    engine.add_request(list(range(10, 18)), SamplingParams(max_tokens=2), "a")
+    engine.step()
+    engine.add_request(list(range(20, 28)), SamplingParams(max_tokens=3), "b")
+    entered: dict[str, list[str]] = {}
+    inside_runner = 0  # > 0: within the runner's forward pass, not followed
+
+    def hook(frame: FrameType, event: str, arg: Any) -> None:
+        nonlocal inside_runner
+        code = frame.f_code
+        if event == "call":
+            if inside_runner:
+                inside_runner += 1
+                return
+            path = Path(code.co_filename)
+            if path.is_relative_to(PACKAGE):
+                names = entered.setdefault(path.relative_to(PACKAGE).as_posix(), [])
+                if code.co_qualname not in names:
+                    names.append(code.co_qualname)
+            inside_runner = int(code.co_qualname == "StepTimeRunner.run")
+        elif event == "return" and inside_runner:
+            inside_runner -= 1
+
+    sys.setprofile(hook)
+    try:
+        ran = engine.step()
+    finally:
+        sys.setprofile(None)
+    assert {r.client_id for r in ran} == {"a", "b"}, "the step ran both clients' requests"
+    assert [r.client_id for r in ran if r.finish_reason] == ["a"], "and finished a's"
+    return entered
+
+
+@pytest.mark.parametrize(
+    ("options", "pool", "rooms"),
+    [
+        (EngineOptions(reservation="full"), BlockAllocator(64, 4), PAPER_ROOMS),
+        (
+            EngineOptions(reservation="none", victim="fair"),
+            PrefixCachingAllocator(64, 4),
+            FAIR_MEMORY_ROOMS,
+        ),
+    ],
+    ids=["paper", "fair-memory"],
+)
+def test_a_step_visits_only_its_rooms(
+    options: EngineOptions, pool: BlockAllocator, rooms: set[str]
+) -> None:
+    entered = step_path(replace(options, check_invariants=False, check_fairness=False), pool)
+    functions = sum(len(names) for names in entered.values())
+    print(f"\n{functions} functions in {len(entered)} files:")
+    for path, names in entered.items():
+        print(f"  {path}: {', '.join(names)}")
+    assert set(entered) == rooms
+    assert "Engine.step" in entered["core/engine.py"]
+    freed = [n for names in entered.values() for n in names if n.endswith("Allocator.free")]
+    assert freed, "down to the allocator: the finished request's blocks freed"
