@@ -72,8 +72,8 @@ class Engine:
         self.runner, self.allocator, self.scheduler = runner, allocator, scheduler
         self.max_positions, self.eos_id, self.options = max_positions, eos_id, options
         self.tokenizer, self.clock = tokenizer, clock
-        self.max_model_len = min(max_positions, allocator.num_tokens)  # vLLM's name: the most
-        # positions one request can hold (the context, or the pool)
+        # vLLM's name: the most positions one request can hold (the context, or the pool)
+        self.max_model_len = min(max_positions, allocator.num_tokens)
         self.cache = allocator if isinstance(allocator, PrefixCachingAllocator) else None
         self.admission = make_admission(options.reservation, allocator)
         self.victim = make_victim(options, scheduler, allocator)  # (fair: sets the policy's gap)
