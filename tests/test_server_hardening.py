@@ -316,6 +316,78 @@ def test_slow_clients_are_cut_off_and_connections_are_capped(bundled):
     assert closed_after < 4
 
 
+def test_one_client_holding_its_share_of_requests_cannot_lock_the_others_out(bundled):
+    """Issue: the connection cap was global, so one client's open streams could fill it and the
+    server answered everyone 503. Now each client may hold `max_client_requests` requests in
+    flight. "flood" opens six slow streams (it never reads them, so each stays open whatever
+    the machine's speed) against a limit of four and a connection cap of six (uvicorn serves
+    five at once), which flood alone would fill: its fifth and sixth get 429 (and it closes
+    them), and "light" is still admitted and served while flood's four are open. When flood
+    goes away what its requests held is given back."""
+    import socket
+
+    from minivtc.serving.connections import Limits
+
+    model, tokenizer = bundled
+    engine = build_engine(model, tokenizer, "vtc", kv_tokens=8192, check_invariants=True)
+    limits = Limits(max_connections=6, max_client_requests=4)
+    slow = {"prompt": "A", "max_tokens": 1500, "ignore_eos": True, "stream": True, "logprobs": 5}
+    payload = json.dumps(slow).encode()
+    with BackgroundServer(make_app(engine, tokenizer, limits=limits)) as url:
+        host, port = url.removeprefix("http://").split(":")
+        streams, answers = [], []
+        for _ in range(6):
+            s = socket.socket()
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a slow reader
+            s.connect((host, int(port)))
+            s.sendall(
+                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Client-Id: flood\r\n"
+                b"Content-Type: application/json\r\n"
+                + f"Content-Length: {len(payload)}\r\n\r\n".encode()
+                + payload
+            )
+            s.settimeout(30)
+            answers.append(s.recv(4096).decode("latin-1"))  # the head and a first chunk
+            if answers[-1].startswith("HTTP/1.1 200"):
+                streams.append(s)
+            else:
+                s.close()
+        deadline = time.monotonic() + 30
+        while httpx.get(url + "/health").status_code != 200:  # the refused ones closed
+            assert time.monotonic() < deadline, "the refused connections were never closed"
+            time.sleep(0.05)
+        statuses = [a.split(" ", 2)[1] for a in answers]
+        assert statuses == ["200"] * 4 + ["429"] * 2, statuses
+        assert "too_many_requests_in_flight" in answers[-1], answers[-1]
+        assert "--max-client-requests" in answers[-1]
+        started = time.monotonic()
+        light = httpx.post(
+            url + "/v1/completions",
+            json={"prompt": "A", "max_tokens": 4, "ignore_eos": True},
+            headers={"X-Client-Id": "light"},
+            timeout=60,
+        )
+        waited = time.monotonic() - started
+        assert light.status_code == 200, light.text
+        assert light.json()["usage"]["completion_tokens"] == 4
+        for s in streams:
+            s.close()
+        again = None
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:  # the server notices the closed sockets
+            again = httpx.post(
+                url + "/v1/completions",
+                json={"prompt": "A", "max_tokens": 2},
+                headers={"X-Client-Id": "flood"},
+                timeout=60,
+            )
+            if again.status_code == 200:
+                break
+            time.sleep(0.1)
+        assert again is not None and again.status_code == 200, again and again.text
+    print(f"\nlight served in {waited:.2f} s while flood held four open streams")
+
+
 @pytest.mark.parametrize(
     ("options", "why"),
     [
@@ -324,6 +396,7 @@ def test_slow_clients_are_cut_off_and_connections_are_capped(bundled):
         ({"body_timeout_s": float("inf")}, "--body-timeout must be seconds > 0"),
         ({"body_timeout_s": float("nan")}, "--body-timeout must be seconds > 0"),
         ({"max_connections": 0}, "--max-connections must be >= 1"),
+        ({"max_client_requests": 0}, "--max-client-requests must be >= 1"),
     ],
 )
 def test_limits_refuse_what_cannot_work(options, why):

@@ -25,7 +25,7 @@ from prometheus_client.core import GaugeMetricFamily
 
 from minivtc.fleet.gateway import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKENS, Gateway
 from minivtc.serving.api_keys import Caller
-from minivtc.serving.connections import Limits
+from minivtc.serving.connections import InFlight, Limits
 from minivtc.serving.dashboard import EVERY_S, add_dashboard, spread_view, viewer
 from minivtc.serving.door import Door, add_error_handlers
 from minivtc.serving.openai_api import APIError, check_unsupported
@@ -38,8 +38,9 @@ def make_gateway(gateway: Gateway, limits: Limits | None = None) -> FastAPI:
     app.state.gateway = gateway
     app.state.minivtc = gateway  # (`BackgroundServer` reads `limits` there)
     gateway.limits = limits = limits or Limits()
+    app.state.in_flight = InFlight(limits.max_client_requests)  # each client's, as `serve`'s
     add_error_handlers(app)
-    app.add_middleware(Door, gate=gateway.gate, limits=limits)
+    app.add_middleware(Door, gate=gateway.gate, limits=limits, in_flight=app.state.in_flight)
     app.post("/v1/completions")(completions)
     app.post("/v1/chat/completions")(chat_completions)
     app.get("/v1/models")(models)
@@ -86,6 +87,7 @@ async def completions(http: HTTPRequest):
         num_prompt = len(await asyncio.to_thread(gateway.tokenizer.encode, prompt))
     max_tokens = body.max_tokens or DEFAULT_MAX_TOKENS
     payload = body.model_dump(exclude_unset=True) | {"max_tokens": max_tokens}
+    http.app.state.in_flight.take(http.scope, caller.client, body.n)  # else 429
     return await forward(gateway, "/v1/completions", caller.client, num_prompt, payload)
 
 
@@ -100,6 +102,7 @@ async def chat_completions(http: HTTPRequest):
     max_tokens = body.max_completion_tokens or body.max_tokens or min(DEFAULT_CHAT_MAX_TOKENS, room)
     payload = body.model_dump(exclude_unset=True, exclude={"max_completion_tokens"})
     payload["max_tokens"] = max_tokens
+    http.app.state.in_flight.take(http.scope, caller.client, body.n)  # else 429
     return await forward(gateway, "/v1/chat/completions", caller.client, num_prompt, payload)
 
 

@@ -18,7 +18,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
 from minivtc.serving.api_keys import Gate
-from minivtc.serving.connections import Limits
+from minivtc.serving.connections import InFlight, Limits
 from minivtc.serving.openai_api import APIError, clip, validation_error
 
 DRAIN_BYTES = 64 * 1024 * 1024  # dropped after a refusal, so a client still sending can read it
@@ -37,10 +37,14 @@ class Door:
     A refused client may still be sending its body: closing the connection then would reset
     it, and the client would see a broken connection, not the answer (and retry: the OpenAI
     SDK uploaded a 5 MB body three times). So before answering, the door reads and drops what
-    is still coming, up to `DRAIN_BYTES` and within the body's deadline."""
+    is still coming, up to `DRAIN_BYTES` and within the body's deadline.
 
-    def __init__(self, app, gate: Gate, limits: Limits) -> None:
-        self.app, self.gate, self.limits = app, gate, limits
+    The door also wraps the whole exchange, so what a route took of the clients' requests in
+    flight (`InFlight.take`) is given back here once the response has ended, or the client
+    has gone, whatever happened in between."""
+
+    def __init__(self, app, gate: Gate, limits: Limits, in_flight: InFlight) -> None:
+        self.app, self.gate, self.limits, self.in_flight = app, gate, limits, in_flight
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -60,7 +64,10 @@ class Door:
                 return {"type": "http.request", "body": body, "more_body": False}
             return await receive()  # after the body: a disconnect, when it comes
 
-        await self.app(scope, replay, send)
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            self.in_flight.release(scope)
 
     async def admit(self, scope, headers: dict[str, str], receive) -> bytes | APIError | None:
         """The body, or the refusal to answer once the rest of the body is dropped (None: the

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -22,9 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from minivtc.core import chat
 from minivtc.serving.openai_api import APIError, Message, Text, parse_json, validate
-
-if TYPE_CHECKING:  # (server.py adds these routes)
-    from minivtc.serving.server import ServerState
+from minivtc.serving.server_state import ServerState
 
 
 class TokenizeBody(BaseModel):

@@ -93,10 +93,19 @@ def add_serve(sub) -> None:
     p.add_argument(
         "--max-connections",
         type=int,
-        default=256,
+        default=1024,
         metavar="N",
         help="connections open at once, streams included (uvicorn's limit_concurrency): "
-        "a request beyond them gets 503 (default 256)",
+        "a request beyond them gets 503 (default 1024, far above one client's share)",
+    )
+    p.add_argument(
+        "--max-client-requests",
+        type=int,
+        default=64,
+        metavar="N",
+        help="requests one client may have queued or running at once (each of n "
+        "completions counts); its requests beyond them get 429 while every other client "
+        "is still admitted (default 64)",
     )
     add_memory_options(p, default="full")
     add_prefix_options(p)
@@ -125,7 +134,11 @@ def run_serve(args) -> int:
     from minivtc.serving.vllm_flags import VLLMServe
 
     limits = Limits(
-        args.max_body_bytes, args.header_timeout, args.body_timeout, args.max_connections
+        args.max_body_bytes,
+        args.header_timeout,
+        args.body_timeout,
+        args.max_connections,
+        args.max_client_requests,
     )
     if not 0 <= args.shutdown_timeout < float("inf"):
         raise ValueError(f"--shutdown-timeout must be seconds >= 0, not {args.shutdown_timeout}")

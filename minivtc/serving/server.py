@@ -34,7 +34,6 @@ import sys
 import threading
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -43,7 +42,7 @@ from minivtc.core import chat
 from minivtc.core.engine import Engine
 from minivtc.core.tokenizer import Tokenizer
 from minivtc.serving.api_keys import Caller, Gate, weights_of
-from minivtc.serving.connections import Limits
+from minivtc.serving.connections import InFlight, Limits, allow_open_files
 from minivtc.serving.dashboard import Setup, add_dashboard, server_data, viewer
 from minivtc.serving.door import Door, add_error_handlers
 from minivtc.serving.engine_loop import EngineLoop
@@ -58,24 +57,8 @@ from minivtc.serving.prompts import (
     completion_inputs,
     sampling_params,
 )
+from minivtc.serving.server_state import ServerState
 from minivtc.serving.streaming import respond
-
-
-@dataclass
-class ServerState:
-    loop: EngineLoop
-    tokenizer: Tokenizer
-    model_name: str
-    created: int
-    gate: Gate
-    room: PromptRoom  # how much one request may hold
-    limits: Limits  # what one connection may cost (uvicorn's settings are made from it)
-    aliases: tuple[str, ...] = ()  # the model's other names (vLLM's --served-model-name)
-    chat_template: str | None = None  # a Jinja chat template (None: Llama-2's format)
-
-    @property
-    def names(self) -> tuple[str, ...]:
-        return (self.model_name, *self.aliases)
 
 
 def make_app(
@@ -106,6 +89,7 @@ def make_app(
         gate,
         PromptRoom.of(engine.max_model_len, tokenizer),
         limits,
+        InFlight(limits.max_client_requests),
         tuple(aliases),
         chat.load_template(chat_template) if chat_template else None,
     )
@@ -117,7 +101,7 @@ def make_app(
     app.state.minivtc = state
     app.state.dashboard = Setup.of(engine)  # (read now: the engine thread has not started)
     add_error_handlers(app)
-    app.add_middleware(Door, gate=state.gate, limits=limits)
+    app.add_middleware(Door, gate=state.gate, limits=limits, in_flight=state.in_flight)
     app.post("/v1/completions")(completions)
     app.post("/v1/chat/completions")(chat_completions)
     add_info_routes(app)  # /v1/models, /v1/models/{id}, /tokenize, /detokenize, /version, /ping
@@ -153,6 +137,7 @@ async def completions(http: Request):
     # every prompt checked before any is queued; tokenized off the event loop
     ids, echoes = await asyncio.to_thread(completion_inputs, state.room, state.tokenizer, body)
     params = sampling_params(body, body.max_tokens or 16, body.logprobs)
+    state.in_flight.take(http.scope, caller.client, len(ids) * params.n)  # else 429
     return await respond(
         state.loop,
         state.model_name,
@@ -186,6 +171,7 @@ async def chat_completions(http: Request):
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     params = sampling_params(body, max_tokens, logprobs)
+    state.in_flight.take(http.scope, caller.client, params.n)  # else 429
     return await respond(
         state.loop,
         state.model_name,
@@ -282,6 +268,7 @@ class Server:
             timeout_graceful_shutdown=shutdown_timeout + 5,  # type: ignore[arg-type]
             **self.app.state.minivtc.limits.uvicorn_options(),
         )
+        allow_open_files(self.app.state.minivtc.limits)
         self.server = uvicorn.Server(config)
         self.server.handle_exit = self.handle_exit  # type: ignore[method-assign]
 
@@ -314,9 +301,12 @@ class BackgroundServer:
     """uvicorn on a thread, on a free port: `with BackgroundServer(app) as url: ...`.
 
     For tests, the demo and notebooks; `minivtc serve` runs uvicorn in the foreground.
+    `log_path`: uvicorn's warnings and errors go to this file instead of the terminal.
     """
 
-    def __init__(self, app: FastAPI, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_path: str | None = None
+    ) -> None:
         import uvicorn
 
         self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
@@ -327,9 +317,11 @@ class BackgroundServer:
         config = uvicorn.Config(
             app,
             log_level="warning",
+            log_config=log_to_file(log_path) if log_path else uvicorn.config.LOGGING_CONFIG,
             timeout_graceful_shutdown=1,
             **app.state.minivtc.limits.uvicorn_options(),
         )
+        allow_open_files(app.state.minivtc.limits)
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(
             target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True

@@ -1,0 +1,35 @@
+"""What every route of the server shares: the engine loop, the tokenizer, the model's names,
+the keys, the limits and each client's requests in flight.
+
+Owns: `ServerState`, one value made by `server.make_app` and read by every route
+(`server.py`, `info_routes.py`) from `app.state.minivtc`. A module of its own so that the
+routes in other files can name its type without importing the app that holds it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from minivtc.core.tokenizer import Tokenizer
+from minivtc.serving.api_keys import Gate
+from minivtc.serving.connections import InFlight, Limits
+from minivtc.serving.engine_loop import EngineLoop
+from minivtc.serving.prompts import PromptRoom
+
+
+@dataclass
+class ServerState:
+    loop: EngineLoop
+    tokenizer: Tokenizer
+    model_name: str
+    created: int
+    gate: Gate
+    room: PromptRoom  # how much one request may hold
+    limits: Limits  # what one connection may cost (uvicorn's settings are made from it)
+    in_flight: InFlight  # each client's requests queued or running, against its limit
+    aliases: tuple[str, ...] = ()  # the model's other names (vLLM's --served-model-name)
+    chat_template: str | None = None  # a Jinja chat template (None: Llama-2's format)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return (self.model_name, *self.aliases)
