@@ -78,11 +78,18 @@ def test_help_explains_every_command():
 
 
 def test_demo_runs_fcfs_then_vtc_and_writes_its_table_and_plot(tmp_path, capsys):
-    """A 6-second demo: the light client's TTFT under VTC beats FCFS's (the full-length
-    numbers are in the README)."""
+    """A 6-second demo: both tables, each run's verdict, the server's log in a file and none
+    of it on the terminal (the full-length numbers are in the README)."""
     assert main(["demo", "--duration", "6", "--drain", "3", "--out", str(tmp_path)]) == 0
-    out = capsys.readouterr().out
+    captured = capsys.readouterr()
+    out = captured.out
     assert "FCFS" in out and "VTC" in out and "light: mean TTFT (s)" in out
+    assert "light: offered / received (tokens/s)" in out
+    for name in ("FCFS", "VTC"):
+        assert sum(line.startswith(f"{name}: light ") for line in out.splitlines()) == 1, out
+    assert f"the server's log: {tmp_path / 'server.log'}" in out
+    assert (tmp_path / "server.log").exists()
+    assert "Exceeded concurrency limit" not in captured.err + out
     assert (tmp_path / "demo.png").stat().st_size > 10_000
     assert (tmp_path / "demo.md").read_text().strip() in out
     for name in ("requests_fcfs.csv", "requests_vtc.csv"):

@@ -42,7 +42,7 @@ def test_two_backends_behind_the_gateway_and_round_robin_print_one_table(
     monkeypatch.setattr(demo_replicas, "calibrate", lambda tokenizer, replicas: 3.0)
     monkeypatch.setattr(demo_replicas, "backends", in_process_backends)
     rows = demo_replicas.main(tmp_path, duration=2.0, drain=30.0, replicas=2)
-    plan = demo_replicas.make_plan(3.0, 2.0)
+    plan = demo.plan_for(3.0, 2.0)
     for client in ("heavy", "light"):
         sent = sum(t.client == client for t in plan.trace)
         assert sent > 0
@@ -62,7 +62,7 @@ def test_two_backends_behind_the_gateway_and_round_robin_print_one_table(
 def test_the_round_robin_baseline_aliases_light_requests_onto_one_replica():
     """The workload's arrivals repeat heavy, heavy, light, heavy: with two replicas, every
     light request is an even one in arrival order (the docstring's "what to expect")."""
-    trace = demo_replicas.make_plan(10.0, 30.0).trace
+    trace = demo.plan_for(10.0, 30.0).trace
     light = {k % 2 for k, t in enumerate(trace) if t.client == "light"}
     assert light == {0}
 

@@ -65,7 +65,7 @@ def main(out: str | Path, duration: float = 60.0, drain: float = 10.0, replicas:
     tokenizer = Tokenizer(bundled_weights_dir() / "tokenizer.model")
     demo.say(f"starting {replicas} backends on the bundled model and measuring them ...")
     capacity = calibrate(tokenizer, replicas)
-    plan = make_plan(capacity, duration)
+    plan = demo.plan_for(capacity, duration)
     demo.say(
         f"{replicas} backends serve ~{capacity:.1f} requests/s of {demo.INPUT_TOKENS} + "
         f"{demo.OUTPUT_TOKENS} tokens through the gateway; offering "
@@ -85,16 +85,6 @@ def main(out: str | Path, duration: float = 60.0, drain: float = 10.0, replicas:
     names = ", ".join(f"requests_{how}.csv" for how in RUNS)
     demo.say(f"\nwrote {out}/demo.png, demo.md, {names}")
     return rows
-
-
-def make_plan(capacity: float, duration: float) -> demo.Plan:
-    """`demo.make_plan`'s workload for a fleet that serves `capacity` requests/s."""
-    offered = demo.OVERLOAD * capacity
-    heavy, light = demo.HEAVY_SHARE * offered, (1 - demo.HEAVY_SHARE) * offered
-    trace = demo.evenly("heavy", heavy, duration)
-    trace += demo.evenly("light", light, duration, offset=0.5)
-    trace.sort(key=lambda t: t.arrival_s)
-    return demo.Plan(capacity, heavy, light, duration, trace)
 
 
 def calibrate(tokenizer: Tokenizer, replicas: int) -> float:

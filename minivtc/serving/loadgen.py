@@ -43,6 +43,7 @@ from minivtc.harness.workloads import TraceRequest
 class ReplayResult:
     served: list[Served]  # finished requests, in arrival order
     failed: Counter = field(default_factory=Counter)  # "HTTP 429: ..." -> count
+    failed_by_client: Counter = field(default_factory=Counter)  # client -> count
     unfinished: int = 0  # still running when the drain time ran out (cancelled)
     wall_s: float = 0.0
 
@@ -178,8 +179,8 @@ async def one(
         async with http.stream("POST", "/v1/completions", json=payload, headers=headers) as resp:
             if resp.status_code != 200:
                 await resp.aread()
-                result.failed[f"HTTP {resp.status_code}: {error_message(resp.text)}"] += 1
-                return
+                why = f"HTTP {resp.status_code}: {error_message(resp.text)}"
+                return failed(result, t, why)
             async for line in resp.aiter_lines():
                 if not line.startswith("data: ") or line == "data: [DONE]":
                     continue
@@ -192,12 +193,10 @@ async def one(
                         "cached_tokens", 0
                     )
     except httpx.HTTPError as e:
-        result.failed[f"{type(e).__name__}: {e}"] += 1
-        return
+        return failed(result, t, f"{type(e).__name__}: {e}")
     end = time.monotonic()
     if first is None:
-        result.failed["stream ended without a token"] += 1
-        return
+        return failed(result, t, "stream ended without a token")
     result.served.append(
         Served(
             t.client,
@@ -209,6 +208,11 @@ async def one(
             cached_tokens,  # what the server's prefix cache held (0 without one)
         )
     )
+
+
+def failed(result: ReplayResult, t: TraceRequest, why: str) -> None:
+    result.failed[why] += 1
+    result.failed_by_client[t.client] += 1
 
 
 def error_message(text: str) -> str:

@@ -340,3 +340,18 @@ class BackgroundServer:
         self.server.should_exit = True
         self.thread.join(timeout=15)
         self.socket.close()
+
+
+def log_to_file(path: str) -> dict:
+    """A `logging.config` dictionary: uvicorn's loggers append to `path`, not the terminal."""
+    handler = {"class": "logging.FileHandler", "filename": path, "formatter": "plain"}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+        "handlers": {"file": handler},
+        "loggers": {
+            name: {"handlers": ["file"], "level": "INFO", "propagate": False}
+            for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
+        },
+    }

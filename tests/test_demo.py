@@ -1,0 +1,62 @@
+"""`minivtc demo`'s recipe, without running it: the workload, the limits and the verdict scale
+with the capacity measured, so the demo shows the same thing on any machine."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+
+from minivtc.harness.metrics import Served
+from minivtc.serving import demo
+from minivtc.serving.loadgen import ReplayResult
+
+
+@pytest.mark.parametrize("capacity", [0.5, 3.0, 10.0, 40.0, 200.0])
+def test_the_limits_scale_with_the_machine_and_the_demo_never_meets_the_connection_cap(capacity):
+    """Each client may hold QUEUE_S seconds of this machine's work; the most connections the
+    demo can have open (the heavy client at its share, and every light request sent during
+    the longest wait a request can have behind a full share) stay under the cap."""
+    limits = demo.plan_for(capacity, 60.0).server.limits
+    share = limits.max_client_requests
+    assert share >= capacity * demo.QUEUE_S and share >= 2 * demo.BATCH
+    plan = demo.plan_for(capacity, 60.0)
+    light_during_a_wait = plan.light_rate * (share / capacity + 1)
+    assert share + light_during_a_wait < limits.max_connections
+
+
+def served(client: str, arrival: float, ttft: float, span: float = 4.0) -> Served:
+    return Served(client, arrival, demo.INPUT_TOKENS, demo.OUTPUT_TOKENS, ttft, ttft + span)
+
+
+def test_the_verdict_is_computed_from_the_run():
+    plan = demo.plan_for(2.0, 10.0)
+    light = [t for t in plan.trace if t.client == "light"]
+    heavy = [t for t in plan.trace if t.client == "heavy"]
+    at_once = ReplayResult(
+        [served("light", t.arrival_s, 0.2) for t in light]
+        + [served("heavy", t.arrival_s, 3.0) for t in heavy[:8]],
+        failed_by_client=Counter(heavy=len(heavy) - 8),
+    )
+    late = ReplayResult([served("light", t.arrival_s, 2.5) for t in light])
+    lost = ReplayResult([served("light", t.arrival_s, 0.1) for t in light[1:]])
+    lines = demo.verdicts({"vtc": at_once, "fcfs": late, "rr": lost}, plan)
+    assert lines[0].startswith("VTC: light received all it asked for (mean TTFT 0.20 s)")
+    assert lines[0].endswith(
+        f"({len(heavy) - 8} of its requests refused): heavy absorbed the overload."
+    )
+    assert lines[1].startswith(
+        f"FCFS: light's {len(light)} requests all finished, but it waited 2.50 s"
+    )
+    assert lines[2].startswith(f"RR: light lost 1 of its {len(light)} requests")
+
+
+def test_throughput_counts_the_tokens_delivered_while_overloaded_not_the_drain():
+    """Requests spread over [WARM_UP_S, duration] count whole; one that ran after the arrivals
+    ended (in the drain) counts nothing."""
+    plan = demo.plan_for(2.0, 25.0)
+    inside = [served("heavy", 6.0 + k, 0.0, span=1.0) for k in range(10)]
+    after = [served("heavy", 30.0, 0.0, span=1.0)]
+    rate = demo.throughput(ReplayResult(inside + after), plan)
+    expected = 10 * (demo.INPUT_TOKENS + demo.OUTPUT_TOKENS) / (25.0 - demo.WARM_UP_S)
+    assert rate == pytest.approx(expected)
