@@ -269,9 +269,10 @@ def refusing_backend() -> FastAPI:
     return app
 
 
-def vllm_like_backend() -> FastAPI:
+def vllm_like_backend(texts: tuple[str, ...] = ("a", "b", "c")) -> FastAPI:
     """A stand-in speaking vLLM's shapes: text chunks with `stop_reason`, then (asked for) a
-    usage chunk with no choices whose prompt count is its own tokenizer's (here 7)."""
+    usage chunk with no choices whose prompt count is its own tokenizer's (here 7). Like
+    vLLM, it writes raw UTF-8 (no escapes)."""
     app = FastAPI()
     app.get("/health")(lambda: Response())  # vLLM's /health: 200, empty body
 
@@ -289,11 +290,12 @@ def vllm_like_backend() -> FastAPI:
             }
             return head | {"choices": [choice]}
 
-        chunks = [chunk(t, None) for t in ("a", "b")] + [chunk("c", "length")]
+        chunks = [chunk(t, None) for t in texts[:-1]] + [chunk(texts[-1], "length")]
         if body.get("stream_options", {}).get("include_usage"):
             usage = {"prompt_tokens": 7, "completion_tokens": 3, "total_tokens": 10}
             chunks.append(head | {"choices": [], "usage": usage})
-        lines = [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
+        lines = [f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in chunks]
+        lines.append("data: [DONE]\n\n")
         return StreamingResponse(iter(lines), media_type="text/event-stream")
 
     app.post("/v1/completions")(completions)
@@ -311,6 +313,20 @@ def test_a_backend_speaking_vllms_shapes_is_passed_through_and_settled_by_its_us
     assert events[0]["choices"][0]["stop_reason"] is None  # vLLM's own fields pass through
     assert view["clients"]["vllm"]["counter"] == 7 + 2 * 3  # its usage, not our tokenizer's
     assert view["backends"][0]["budget"] == 1000
+
+
+def test_a_chunk_holding_unicode_line_separators_reaches_the_caller_whole():
+    """Issue: the gateway split a backend's stream with `splitlines`, so a chunk whose text held
+    a raw U+2028 or U+0085 reached the caller cut in two, the rest dropped."""
+    texts = ("a", "b\u2028c", "d\u0085e")
+    with BackgroundServer(vllm_like_backend(texts)) as vllm:
+        gw = gateway_over(backends_of([f"{vllm}=1000"]))
+        with BackgroundServer(make_gateway(gw)) as url:
+            body = {"prompt": "x", "max_tokens": 3, "stream": True}
+            headers = {"authorization": "Bearer sk-vllm"}
+            answer = httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=60)
+    events = [e for e in answer.content.split(b"\n\n") if e.startswith(b"data: {")]
+    assert [json.loads(e[6:])["choices"][0]["text"] for e in events] == list(texts)
 
 
 def test_a_backend_answering_503_gives_the_request_back_uncharged(backends):

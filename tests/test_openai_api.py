@@ -4,6 +4,8 @@ the `openai` package's own types must accept. No engine: bodies are validated as
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from fastapi import FastAPI
 from fastapi.exceptions import RequestValidationError
@@ -246,3 +248,30 @@ def test_chat_objects_are_what_the_openai_client_parses():
     )
     tail = {**shape.head(streaming=True), "choices": [], "usage": usage(5, 2)}
     assert ChatCompletionChunk.model_validate(tail).usage.completion_tokens == 2
+
+
+def test_stream_lines_split_at_newlines_only_not_at_unicode_line_separators():
+    """Issue: the gateway split a backend's stream with `splitlines` (httpx's aiter_lines), so a
+    chunk whose text holds a raw U+2028 or U+0085 (vLLM writes raw UTF-8) reached the caller cut
+    in two, the rest dropped. Lines end at b"\\n" (CRLF too) and nowhere else, whatever the
+    network's cuts; a line without end is refused rather than held without bound."""
+    import asyncio
+
+    from minivtc.serving.openai_api import MAX_SSE_LINE_BYTES, sse_lines
+
+    chunk = json.dumps({"text": "a\u2028b\u0085c\u2029d"}, ensure_ascii=False).encode()
+    stream = b"data: " + chunk + b"\r\n\r\ndata: [DONE]\n\n"
+
+    async def lines(parts: list[bytes]) -> list[bytes]:
+        async def chunks():
+            for part in parts:
+                yield part
+
+        return [line async for line in sse_lines(chunks())]
+
+    for cut in range(1, len(stream)):
+        got = asyncio.run(lines([stream[:cut], stream[cut:]]))
+        assert got == [b"data: " + chunk, b"", b"data: [DONE]", b""], cut
+    assert json.loads(got[0][len(b"data: ") :])["text"] == "a\u2028b\u0085c\u2029d"
+    with pytest.raises(ValueError, match="line over"):
+        asyncio.run(lines([b"data: " + b"x" * MAX_SSE_LINE_BYTES, b"x"]))

@@ -179,3 +179,19 @@ def test_metrics_are_in_order(llm):
     m = out.metrics
     assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.finished_time
     assert m.time_in_queue == pytest.approx(m.first_scheduled_time - m.arrival_time)
+
+
+@pytest.mark.parametrize("penalty", [1e-300, 1e-45, 1e300])
+def test_an_extreme_repetition_penalty_keeps_the_logits_finite(penalty):
+    """Issue: `repetition_penalty: 1e-300` (inside the allowed range) made the logits of the seen
+    tokens inf and the server answered 500 "probability tensor contains inf/nan". Now they are
+    kept finite: with a tiny penalty the seen tokens win, with a huge one they lose."""
+    from minivtc.core.penalties import penalize_row
+
+    logits = torch.tensor([3.0, -2.0, 1.0, 0.5])
+    params = SamplingParams(repetition_penalty=penalty)
+    out = penalize_row(logits, [0, 1], [], params)
+    assert torch.isfinite(out).all(), out
+    probs = torch.softmax(out, -1)
+    assert torch.isfinite(probs).all()
+    assert (out.argmax() == 0) == (penalty < 1)

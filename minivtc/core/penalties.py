@@ -51,7 +51,10 @@ def penalize_row(
         seen = torch.tensor(sorted(set(prompt_ids) | set(output_ids)), device=logits.device)  # (U,)
         score = logits[seen]  # (U,)
         score = torch.where(score < 0, score * p.repetition_penalty, score / p.repetition_penalty)
-        logits = logits.scatter(0, seen, score)  # (V,)
+        # A tiny r (1e-300 is > 0, so allowed) makes score / r overflow to inf, and sampling
+        # from inf is NaN: kept at the largest finite logit, the seen tokens still win
+        big = torch.finfo(score.dtype).max
+        logits = logits.scatter(0, seen, score.clamp(-big, big))  # (V,)
     if output_ids and (p.frequency_penalty or p.presence_penalty):
         ids = torch.tensor(output_ids, device=logits.device)
         counts = torch.bincount(ids, minlength=logits.numel()).to(logits.dtype)  # (V,)

@@ -21,6 +21,8 @@ from collections.abc import AsyncIterator
 
 import httpx
 
+from minivtc.serving.openai_api import sse_lines
+
 GIVE_BACK = {429, 503}  # a backend's "not now": the request may run elsewhere, or later
 
 
@@ -51,12 +53,14 @@ async def send_stream(
                 raise Refused(f"{url} answered {response.status_code}")
             if response.status_code != 200:
                 raise Answered(response.status_code, await response.aread())
-            async for line in response.aiter_lines():
-                if line.startswith("data:"):
+            async for line in sse_lines(response.aiter_bytes()):
+                if line.startswith(b"data:"):
                     began = True
-                    yield line.encode()
+                    yield line
     except (httpx.ConnectError, httpx.ConnectTimeout) as e:
         raise Refused(f"{url}: {e!r}") from None
+    except ValueError as e:  # (sse_lines: a line without end)
+        raise Broken(f"{url}: {e}") from None
     except httpx.HTTPError as e:  # read errors, a connection closed mid-stream
         if not began:
             raise Refused(f"{url}: {e!r}") from None

@@ -37,6 +37,7 @@ from tqdm import tqdm
 from minivtc.harness import metrics
 from minivtc.harness.metrics import Served
 from minivtc.harness.workloads import TraceRequest
+from minivtc.serving.openai_api import sse_lines
 
 
 @dataclass
@@ -181,10 +182,10 @@ async def one(
                 await resp.aread()
                 why = f"HTTP {resp.status_code}: {error_message(resp.text)}"
                 return failed(result, t, why)
-            async for line in resp.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
+            async for line in sse_lines(resp.aiter_bytes()):
+                if not line.startswith(b"data: ") or line == b"data: [DONE]":
                     continue
-                chunk = json.loads(line[len("data: ") :])
+                chunk = json.loads(line[len(b"data: ") :])
                 if chunk.get("choices") and first is None:
                     first = time.monotonic()
                 if usage := chunk.get("usage"):
