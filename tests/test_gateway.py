@@ -34,7 +34,7 @@ BUDGET = 256  # tokens per backend: two requests of 100 output tokens each
 KEYS = {
     f"sk-{name}": Key(name, admin=name == "ops")
     for name in ["first", "heavy", "light", "victim", "ops", "picky", "later", "vllm", "chat"]
-}
+} | {"sk-proxy-key": Key("proxy", proxy=True), "sk-jose-key": Key("José")}
 ADMIN = {"authorization": "Bearer sk-ops"}
 
 
@@ -327,6 +327,42 @@ def test_a_chunk_holding_unicode_line_separators_reaches_the_caller_whole():
             answer = httpx.post(url + "/v1/completions", json=body, headers=headers, timeout=60)
     events = [e for e in answer.content.split(b"\n\n") if e.startswith(b"data: {")]
     assert [json.loads(e[6:])["choices"][0]["text"] for e in events] == list(texts)
+
+
+def test_client_ids_are_checked_at_the_door_and_unicode_names_reach_the_backends(
+    gateway, backends, tmp_path
+):
+    """Issue: `"user": "eve\\n"` through a proxy key made httpx raise before sending, which the
+    gateway took for the backend's refusal (marked down, retried every tick; /health 503);
+    "a\\x00b" gave 502; a keys-file tenant "José" or a proxy naming "Zoë" got 500 on every
+    request, charged. Now an id that is not printable text is a 400 at the door (the same
+    rule as `serve`), nothing is charged and the backends stay up; a Unicode name is carried
+    to the backend in the body, whole, and charged there under its own name."""
+    proxy = {"authorization": "Bearer sk-proxy-key"}
+    before = fleet(gateway)
+    for bad in ("eve\n", "a\x00b", "x\u202ey"):
+        body = {"prompt": "hi", "max_tokens": 2, "user": bad}
+        for stream in (False, True):
+            answer = httpx.post(
+                gateway + "/v1/completions", json=body | {"stream": stream}, headers=proxy
+            )
+            assert answer.status_code == 400, (bad, answer.text)
+            assert "printable text" in answer.json()["error"]["message"]
+    assert all(b["healthy"] for b in fleet(gateway)["backends"])
+    assert httpx.get(gateway + "/health").status_code == 200
+    assert fleet(gateway)["clients"].keys() == before["clients"].keys()
+    for headers, name in ((proxy, "Zoë"), ({"authorization": "Bearer sk-jose-key"}, "José")):
+        body = {"prompt": "hi", "max_tokens": 2, "user": name}
+        answer = httpx.post(gateway + "/v1/completions", json=body, headers=headers, timeout=60)
+        assert answer.status_code == 200, answer.text
+        assert fleet(gateway)["clients"][name]["counter"] > 0
+        served = [httpx.get(url + "/fairness").json()["clients"] for url, _ in backends]
+        assert any(name in rows for rows in served), served
+    from minivtc.serving.api_keys import read_keys
+
+    (tmp_path / "keys.json").write_text(json.dumps({"sk-evil-key": {"client": "eve\n"}}))
+    with pytest.raises(ValueError, match="printable text only"):
+        read_keys(tmp_path / "keys.json")
 
 
 def test_a_backend_answering_503_gives_the_request_back_uncharged(backends):

@@ -109,7 +109,9 @@ async def chat_completions(http: HTTPRequest):
 async def forward(gateway: Gateway, path: str, client: str, num_prompt: int, payload: dict):
     """Queue the request; answer with the backend's stream or response once it is bound."""
     request = gateway.enqueue(client, num_prompt, payload["max_tokens"])
-    headers = {"x-client-id": client}  # (the backend's own view; it never queues)
+    # The client in the body's `user`, not a header: JSON carries any name ("Zoë"), a header
+    # only Latin-1 (the backend's own view; it never queues)
+    payload["user"], headers = client, {}
     if not payload.get("stream"):
         return await gateway.once(request, path, payload, headers)
     wants_usage = bool((payload.get("stream_options") or {}).get("include_usage"))

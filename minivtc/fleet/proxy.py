@@ -42,6 +42,14 @@ class Answered(Exception):
         self.status, self.body = status, body
 
 
+def unsendable(url: str, e: Exception) -> Answered:
+    """A request httpx could not put on the wire (a header it cannot encode): our fault, not
+    the backend's, so it is answered 400 at once and the backend is not marked down."""
+    message = f"the request could not be sent to {url}: {e}"
+    body = {"error": {"message": message, "type": "invalid_request_error", "param": None}}
+    return Answered(400, json.dumps(body).encode())
+
+
 async def send_stream(
     client: httpx.AsyncClient, url: str, payload: dict, headers: dict[str, str]
 ) -> AsyncIterator[bytes]:
@@ -57,6 +65,8 @@ async def send_stream(
                 if line.startswith(b"data:"):
                     began = True
                     yield line
+    except (httpx.LocalProtocolError, UnicodeEncodeError) as e:
+        raise unsendable(url, e) from None
     except (httpx.ConnectError, httpx.ConnectTimeout) as e:
         raise Refused(f"{url}: {e!r}") from None
     except ValueError as e:  # (sse_lines: a line without end)
@@ -73,6 +83,8 @@ async def send_once(
     """POST a request and return its JSON response."""
     try:
         response = await client.post(url, json=payload, headers=headers)
+    except (httpx.LocalProtocolError, UnicodeEncodeError) as e:
+        raise unsendable(url, e) from None
     except (httpx.ConnectError, httpx.ConnectTimeout) as e:
         raise Refused(f"{url}: {e!r}") from None
     except httpx.HTTPError as e:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,8 @@ def read_keys(path: str | Path) -> dict[str, Key]:
         client, weight = entry.get("client"), entry.get("weight", 1.0)
         if not isinstance(client, str) or not 0 < len(client) <= MAX_CLIENT_ID_CHARS:
             raise ValueError(f"{where}: 'client' must be 1 to {MAX_CLIENT_ID_CHARS} characters")
+        if (bad := unprintable(client)) is not None:
+            raise ValueError(f"{where}: 'client' {client!r} holds {bad!r}: printable text only")
         if (
             isinstance(weight, bool)
             or not isinstance(weight, (int, float))
@@ -133,7 +136,10 @@ class Gate:
 
 
 def named(client_header: str | None, user: str | None) -> str | None:
-    """The client a request names itself (header first), checked for length."""
+    """The client a request names itself (header first), checked once here for `serve` and
+    `route` alike: at most `MAX_CLIENT_ID_CHARS` characters of printable text (any script:
+    "Zoë" is a client; "eve\n" and "a\x00b" are not, since no header or log line could carry
+    them)."""
     for value, param in ((client_header, "X-Client-Id"), (user, "user")):
         if value:
             if len(value) > MAX_CLIENT_ID_CHARS:
@@ -143,8 +149,17 @@ def named(client_header: str | None, user: str | None) -> str | None:
                     f"this one has {len(value)}",
                     param,
                 )
+            if (bad := unprintable(value)) is not None:
+                raise APIError(400, f"a client id is printable text; this one holds {bad!r}", param)
             return value
     return None
+
+
+def unprintable(name: str) -> str | None:
+    """The first character of `name` that is not printable text: a control or format
+    character, a lone surrogate, a private-use or unassigned code point (Unicode's "C"
+    categories). None: every character is printable (spaces included)."""
+    return next((ch for ch in name if unicodedata.category(ch).startswith("C")), None)
 
 
 def digest(key: str) -> bytes:
