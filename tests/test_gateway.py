@@ -420,3 +420,62 @@ def test_a_backend_killed_mid_stream_ends_only_its_requests(gateway, backends):
     view = fleet(gateway)
     assert [b["healthy"] for b in view["backends"] if b["url"] == on] == [False]
     assert all(b["reserved"] == 0 for b in view["backends"])
+
+
+def slow_backend(delay_s: float) -> FastAPI:
+    """A stand-in that streams three chunks `delay_s` apart, then its usage: many such streams
+    are in flight at once behind a large budget."""
+    app = FastAPI()
+    app.get("/health")(lambda: Response())
+
+    async def completions(http: HTTPRequest):
+        async def lines():
+            for k in range(3):
+                await asyncio.sleep(delay_s)
+                yield f"data: {json.dumps({'choices': [{'index': 0, 'text': str(k)}]})}\n\n"
+            usage = {"prompt_tokens": 2, "completion_tokens": 3, "total_tokens": 5}
+            yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n"
+
+        return StreamingResponse(lines(), media_type="text/event-stream")
+
+    app.post("/v1/completions")(completions)
+    app.state.minivtc = type("S", (), {"limits": Limits()})()
+    return app
+
+
+def test_two_hundred_streams_in_flight_leave_the_health_checks_their_own_connections():
+    """Issue: the gateway's one HTTP client kept httpx's default pool of 100 connections, shared
+    with its health checks (2 s, pool wait included): with 150 streams in flight, 51 waited up
+    to 20.9 s, /health answered 503 and every backend was marked dead. Now requests have a
+    pool as large as the backends' budgets allow and the checks one of their own: 200 streams
+    over two backends are all served, and /health answers 200 throughout."""
+    with BackgroundServer(slow_backend(0.5)) as a, BackgroundServer(slow_backend(0.5)) as b:
+        gw = gateway_over(backends_of([f"{a}=100000", f"{b}=100000"]))
+        with BackgroundServer(make_gateway(gw)) as url:
+
+            async def one(http: httpx.AsyncClient, k: int) -> int:
+                body = {"prompt": [1, 2], "max_tokens": 3, "stream": True, "user": f"s{k % 20}"}
+                headers = {"authorization": "Bearer sk-proxy-key"}  # a class of 20 students
+                async with http.stream("POST", "/v1/completions", json=body, headers=headers) as r:
+                    assert r.status_code == 200
+                    return sum([line.startswith("data: {") async for line in r.aiter_lines()])
+
+            async def health(http: httpx.AsyncClient, done: asyncio.Event) -> list[int]:
+                codes = []
+                while not done.is_set():
+                    codes.append((await http.get("/health")).status_code)
+                    await asyncio.sleep(0.1)
+                return codes
+
+            async def run() -> tuple[list[int], list[int]]:
+                limits = httpx.Limits(max_connections=None)
+                async with httpx.AsyncClient(base_url=url, timeout=60, limits=limits) as http:
+                    done = asyncio.Event()
+                    watch = asyncio.create_task(health(http, done))
+                    events = await asyncio.gather(*(one(http, k) for k in range(200)))
+                    done.set()
+                    return list(events), await watch
+
+            events, codes = asyncio.run(run())
+    assert events == [3] * 200  # three tokens each (the usage chunk was not asked for)
+    assert codes and set(codes) == {200}, codes

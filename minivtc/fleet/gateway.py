@@ -78,7 +78,10 @@ class Gateway:
         self.limits: Limits | None = None  # the connections' (`gateway_app.make_gateway`)
         self.ids = itertools.count()
         self.counts = {"served": 0, "given_back": 0, "broken": 0}  # requests, for /metrics
-        self.http: httpx.AsyncClient | None = None  # made on the serving loop (`lifespan`)
+        # Made on the serving loop (`gateway_app.lifespan`): one client for requests, one for
+        # health checks, so that a crowd of streams can never starve the checks of connections
+        self.http: httpx.AsyncClient | None = None
+        self.health_http: httpx.AsyncClient | None = None
 
     # --- a request's life -----------------------------------------------------------------
 
@@ -221,7 +224,8 @@ class Gateway:
 
     async def check(self, backend: Backend) -> None:
         try:
-            response = await self.client.get(backend.name + "/health", timeout=2.0)
+            assert self.health_http is not None, "made at startup (`lifespan`)"
+            response = await self.health_http.get(backend.name + "/health")
             backend.healthy = response.status_code == 200
         except httpx.HTTPError:
             backend.healthy = False

@@ -31,6 +31,10 @@ from minivtc.serving.door import Door, add_error_handlers
 from minivtc.serving.openai_api import APIError, check_unsupported
 from minivtc.serving.prompts import chat_body, check_length, completion_body
 
+# The longest a backend may go without sending a byte (a non-streamed answer comes whole at the
+# end, so this is also the longest a non-streamed request may take)
+BACKEND_IDLE_S = 600.0
+
 
 def make_gateway(gateway: Gateway, limits: Limits | None = None) -> FastAPI:
     """The app; it opens its httpx client and starts health checks at startup."""
@@ -55,15 +59,32 @@ def make_gateway(gateway: Gateway, limits: Limits | None = None) -> FastAPI:
 def lifespan(gateway: Gateway):
     @asynccontextmanager
     async def run(app: FastAPI):
-        gateway.http = httpx.AsyncClient(timeout=httpx.Timeout(None, connect=2.0))
+        gateway.http, gateway.health_http = backend_clients(len(gateway.dispatcher.backends))
         health = asyncio.create_task(gateway.watch_health())
         try:
             yield
         finally:
             health.cancel()
             await gateway.http.aclose()
+            await gateway.health_http.aclose()
 
     return run
+
+
+def backend_clients(num_backends: int) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
+    """The gateway's two HTTP clients. Requests: no cap on connections, since the dispatcher
+    already holds no more in flight than the backends' budgets take (httpx's default cap of
+    100, shared with the health checks, made 150 streams wait and every backend look dead);
+    a backend that sends nothing for `BACKEND_IDLE_S` is given up on, so a request's room is
+    never held for ever. Health checks: their own small pool, 2 s in all."""
+    requests = httpx.AsyncClient(
+        timeout=httpx.Timeout(BACKEND_IDLE_S, connect=2.0, pool=None),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+    )
+    checks = httpx.AsyncClient(
+        timeout=2.0, limits=httpx.Limits(max_connections=2 * num_backends + 2)
+    )
+    return requests, checks
 
 
 # --- routes --------------------------------------------------------------------------------------
