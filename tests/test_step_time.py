@@ -4,6 +4,7 @@ max(compute, memory) + overhead, the measured model's file, and the names that p
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -82,7 +83,8 @@ def test_a_bigger_step_never_takes_less_time(name, shape, more):
         assert model.step_time(bigger) >= base
 
 
-def test_measured_step_time_is_linear_in_the_shape():
+def test_measured_step_time_is_its_formula():
+    """overhead + a P + b B + c C + d B^2 + e C^2; without the squares, linear in the shape."""
     m = MeasuredStepTime(
         "m",
         overhead_s=1.0,
@@ -91,6 +93,8 @@ def test_measured_step_time_is_linear_in_the_shape():
         per_context_token_s=1000.0,
     )
     assert m.step_time(StepShape(2, 3, 4)) == pytest.approx(1 + 20 + 300 + 4000)
+    squared = dataclasses.replace(m, per_request_squared_s=0.5, per_context_token_squared_s=0.25)
+    assert squared.step_time(StepShape(2, 3, 4)) == pytest.approx(1 + 20 + 300 + 4000 + 4.5 + 4)
 
 
 def test_measured_step_time_round_trips_through_its_file(tmp_path):

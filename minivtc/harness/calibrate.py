@@ -3,24 +3,27 @@ engine) and the A100's of the paper's ablation (`fit_runs`, from the artifact's 
 
 Owns `measure_steps` (time every step of the real engine on the bundled model over a grid of
 batch sizes and prompt lengths), `fit` (least squares, coefficients kept >= 0, into
-`step_time.MeasuredStepTime`: a step takes overhead + a * prefill tokens + b * requests + c *
-context tokens, the linear form of `Roofline` before its max()), and `check` (one held-out
-workload run for real and in simulation with the fitted model, side by side). The result is a
-JSON file; `simulate --step-time measured` (or a path to the file) uses it, so a simulation of
-the tiny model can be compared with a real run of it. Does not own the simulator (`sim.py`).
+`step_time.MeasuredStepTime`: for this machine a step takes overhead + a * prefill tokens +
+b * requests + c * context tokens, the linear form of `Roofline` before its max()), and
+`check` (one held-out workload run for real and in simulation with the fitted model, side by
+side). The result is a JSON file; `simulate --step-time measured` (or a path to the file) uses
+it, so a simulation of the tiny model can be compared with a real run of it. Does not own the
+simulator (`sim.py`).
 
-`fit_runs` fits the same linear form to runs measured elsewhere, from nothing but the client's
-records (arrival, first token, last token, lengths): between its first and last token a
-request lives through output_tokens - 1 steps, so (last - first) / (output_tokens - 1) is the
-mean step time it saw, and the records say what those steps held on average (requests, K/V
-tokens, prompts prefilled meanwhile). One such sample per request, least squares as `fit`.
-`refit_a100()` reruns it on `data/a100_runs` into `data/a100_step_time.json`, the
+`fit_runs` fits the same form plus its two squares (d * requests^2 + e * context tokens^2,
+`MeasuredStepTime` says why) to runs measured elsewhere, from nothing but the client's records
+(arrival, first token, last token, lengths): between its first and last token a request lives
+through output_tokens - 1 steps, so (last - first) / (output_tokens - 1) is the mean step time
+it saw, and the records say what those steps held on average (requests, K/V tokens, prompts
+prefilled meanwhile). One such sample per request, least squares as `fit`. `refit_a100()`
+reruns it on `data/a100_runs` (two pool sizes) into `data/a100_step_time.json`, the
 `a100-llama13b` preset (`step_time.py`).
 """
 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import itertools
 import json
 import random
@@ -97,30 +100,39 @@ def measure_steps(
     return samples
 
 
-def fit(samples: list[tuple[StepShape, float]], name: str = "measured") -> MeasuredStepTime:
-    """Least squares for (overhead, per prefill token, per request, per context token) >= 0.
+def fit(
+    samples: list[tuple[StepShape, float]], name: str = "measured", squares: bool = False
+) -> MeasuredStepTime:
+    """Least squares for `MeasuredStepTime`'s coefficients, all >= 0: overhead, per prefill
+    token, per request, per context token, and with `squares` the two squares (B^2, C^2).
 
     Errors are relative (each row divided by its time): steps range from a millisecond (one
     decode) to a second (a batch of long prompts), and absolute errors would fit only the
     long prefills."""
-    x = torch.tensor(
-        [[1.0, s.prefill_tokens, s.num_requests, s.context_tokens] for s, _ in samples],
-        dtype=torch.float64,
-    )
+    n = 6 if squares else 4
+    x = torch.tensor([terms(s)[:n] for s, _ in samples], dtype=torch.float64)
     y = torch.tensor([t for _, t in samples], dtype=torch.float64)
     x, y = x / y[:, None], torch.ones_like(y)  # (pred - t) / t = x/t @ coef - 1
-    keep = list(range(4))
+    keep = list(range(n))
     while True:  # drop any coefficient that comes out negative and refit (non-negative LS)
         coef = torch.linalg.lstsq(x[:, keep], y[:, None]).solution[:, 0]
         if (coef >= 0).all():
             break
         keep.pop(int(coef.argmin()))
-    full = [0.0] * 4
+    full = [0.0] * 6
     for i, c in zip(keep, coef.tolist(), strict=True):
         full[i] = c
     machine = f"{torch.get_num_threads()} threads, torch {torch.__version__}"
-    overhead, per_prefill, per_request, per_context = full
-    return MeasuredStepTime(name, overhead, per_prefill, per_request, per_context, machine)
+    overhead, per_prefill, per_request, per_context, request_sq, context_sq = full
+    return MeasuredStepTime(
+        name, overhead, per_prefill, per_request, per_context, request_sq, context_sq, machine
+    )
+
+
+def terms(step: StepShape) -> tuple[float, ...]:
+    """What each of `MeasuredStepTime`'s coefficients multiplies, in its fields' order."""
+    b, c = step.num_requests, step.context_tokens
+    return 1.0, step.prefill_tokens, b, c, b * b, c * c
 
 
 def check(model, tokenizer, cost: MeasuredStepTime, seed: int = 1) -> tuple[float, float]:
@@ -208,9 +220,8 @@ def fit_runs(
     runs_dir: Path = A100_RUNS, name: str = "a100-llama13b", machine: str = A100_MACHINE
 ) -> MeasuredStepTime:
     """The step-time model of measured runs (`runs_dir`: CSVs and index.json, as in
-    data/a100_runs), fitted to every request of every run (`span_samples`)."""
-    fitted = fit(run_samples(runs_dir), name)
-    return MeasuredStepTime(name, *fit_coefficients(fitted), machine=machine)
+    data/a100_runs), squares included, fitted to every request of every run (`span_samples`)."""
+    return dataclasses.replace(fit(run_samples(runs_dir), name, squares=True), machine=machine)
 
 
 def run_samples(runs_dir: Path) -> list[tuple[StepShape, float]]:
@@ -218,8 +229,15 @@ def run_samples(runs_dir: Path) -> list[tuple[StepShape, float]]:
     return [s for run in index for s in span_samples(read_runs(runs_dir, run["run"]))]
 
 
-def fit_coefficients(m: MeasuredStepTime) -> tuple[float, float, float, float]:
-    return m.overhead_s, m.per_prefill_token_s, m.per_request_s, m.per_context_token_s
+def fit_coefficients(m: MeasuredStepTime) -> tuple[float, ...]:
+    return (
+        m.overhead_s,
+        m.per_prefill_token_s,
+        m.per_request_s,
+        m.per_context_token_s,
+        m.per_request_squared_s,
+        m.per_context_token_squared_s,
+    )
 
 
 def fit_error(model: MeasuredStepTime, runs_dir: Path = A100_RUNS) -> tuple[float, float]:
@@ -243,7 +261,9 @@ def refit_a100(out: Path = A100_FIT) -> MeasuredStepTime:
     print(
         f"  overhead {1e3 * model.overhead_s:.2f} ms, per prefill token "
         f"{1e6 * model.per_prefill_token_s:.2f} us, per request {1e6 * model.per_request_s:.2f} "
-        f"us, per context token {1e6 * model.per_context_token_s:.4f} us"
+        f"us, per context token {1e6 * model.per_context_token_s:.4f} us, per request squared "
+        f"{1e6 * model.per_request_squared_s:.3f} us, per context token squared "
+        f"{1e12 * model.per_context_token_squared_s:.3f} ps"
     )
     print(f"wrote {model.save(out)}")
     return model

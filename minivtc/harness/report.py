@@ -166,7 +166,8 @@ def validate(out: Path) -> list[str]:
     steps, as the artifact's router does; lessons/artifact_deviations.md). Compared: throughput, and each client's service over the trace's
     600 s (clients with at least 5% of the largest one's; afterwards a backlog drains, and over
     all time every client's total is the same in both). Then the measured A100 runs of the
-    ablation (`paper_figures.validate_a100`)."""
+    ablation and the 65000-token ones its step time was not fitted to
+    (`paper_figures.validate_a100`)."""
     runs_dir = A10G_RUNS
     index = json.loads((runs_dir / "index.json").read_text())
     lines = [

@@ -1,10 +1,11 @@
 """Step-time models: how long one engine step takes on a given GPU, from the step's shape.
 
 Owns: `StepShape` (what a step computes: prefill tokens, requests, context tokens), the
-`StepTimeModel` interface, `Roofline`, `MeasuredStepTime` (a step's time linear in its
-shape, fitted by `calibrate.py`), the presets (`STEP_TIME_MODELS`) and `step_time_model(name)`.
-The simulator (`sim.py`) advances its virtual clock by these; they say how long a step takes,
-not what service a client received (that is the cost h, `cost.py`). Lessons 4-7.
+`StepTimeModel` interface, `Roofline`, `MeasuredStepTime` (a step's time from its shape,
+linear terms and two squares, fitted by `calibrate.py`), the presets (`STEP_TIME_MODELS`)
+and `step_time_model(name)`. The simulator (`sim.py`) advances its virtual clock by these;
+they say how long a step takes, not what service a client received (that is the cost h,
+`cost.py`). Lessons 4-7.
 
 - `Roofline`: a step reads every weight once and each running request's K/V (memory time)
   and does 2 * params FLOPs per token (compute time); it takes the larger, plus a fixed
@@ -17,10 +18,13 @@ not what service a client received (that is the cost h, `cost.py`). Lessons 4-7.
   measured runs achieved (29 ms vs ~570 ms per 256/256 request), so it cannot time a step.
 - `a100-llama13b`: Llama-2-13B fp16 on an A100-80G as the artifact's server ran it for the
   ablation of Section 5.4 (Figure 15): a `MeasuredStepTime` fitted to the per-request
-  latencies of its three measured runs (`data/a100_runs`, `calibrate.fit_runs`; the
-  coefficients are `data/a100_step_time.json`). Its step times include what the artifact's
-  separate prefill passes cost (lessons/artifact_deviations.md). `a100-llama13b-roofline` is
-  the datasheet estimate it replaced, 10-30% too fast on those runs.
+  latencies of its four measured runs, two pool sizes (`data/a100_runs`, `calibrate.fit_runs`;
+  the coefficients are `data/a100_step_time.json`). Its step grows with the square of its
+  batch and of its context, not linearly (fitted to the 35000-token runs alone, the linear
+  form times the 65000-token run's steps 11% too fast, the squares 3%). Its step
+  times include what the artifact's separate prefill passes cost
+  (lessons/artifact_deviations.md). `a100-llama13b-roofline` is the datasheet estimate it
+  replaced, 10-30% too fast on those runs.
 - `measured`: this machine running the bundled model (`calibrate.py`), so a simulation of the
   tiny model can be set beside a real run of it.
 """
@@ -43,11 +47,29 @@ A100_FIT = A100_RUNS.parent / "a100_step_time.json"
 
 @dataclass(frozen=True)
 class MeasuredStepTime:
+    """A step's time fitted to measurements (`calibrate.py`), for a step of P prefill tokens,
+    B requests and C context tokens (`StepShape`):
+
+        time = overhead + a P + b B + c C + d B^2 + e C^2
+
+    The linear terms are `Roofline`'s before its max(). The squares are what the A100's
+    measured runs show (`a100-llama13b`): a step grows faster than its batch (0.11 ms per
+    request, its prompt's prefill included, between 23 and 34 requests; 0.17 ms between 34
+    and 68, at one pool's context) and faster than its context (fitted linearly, one pool's
+    runs time the larger pool's steps 11% too fast; with the squares, 3%). This machine's fit
+    (`minivtc calibrate`) keeps d = e = 0."""
+
     name: str
     overhead_s: float  # per step: Python, scheduling, sampling, the weights read once
-    per_prefill_token_s: float
-    per_request_s: float  # each request's one new token (decode)
-    per_context_token_s: float  # attention over the K/V the batch holds
+    per_prefill_token_s: float  # a: a prompt token's matmuls
+    per_request_s: float  # b: each request's one new token (decode)
+    per_context_token_s: float  # c: attention reading the K/V the batch holds
+    # d: a request costs more the larger its batch (likely: the decode matmuls leaving the
+    # memory-bound regime as their rows grow, the server's per-request work over the batch)
+    per_request_squared_s: float = 0.0
+    # e: attention costs more than the K/V it reads (likely: tokens scattered over a larger
+    # pool, attention tiles padded to the batch's longest request)
+    per_context_token_squared_s: float = 0.0
     machine: str = ""
 
     def step_time(self, step: StepShape) -> float:
@@ -56,6 +78,8 @@ class MeasuredStepTime:
             + self.per_prefill_token_s * step.prefill_tokens
             + self.per_request_s * step.num_requests
             + self.per_context_token_s * step.context_tokens
+            + self.per_request_squared_s * step.num_requests**2
+            + self.per_context_token_squared_s * step.context_tokens**2
         )
 
     def save(self, path: str | Path) -> Path:
