@@ -52,6 +52,15 @@ def test_lesson_is_stored_without_outputs_and_has_checked_exercises(path):
         )
 
 
+def test_the_syllabus_links_every_lesson_and_problem_set_in_order_and_is_linked():
+    text = (LESSONS_DIR / "SYLLABUS.md").read_text()
+    for books in (LESSONS, PROBLEMS):
+        positions = [text.find(f"({p.relative_to(LESSONS_DIR)})") for p in books]
+        assert -1 not in positions and positions == sorted(positions), positions
+    assert "(SYLLABUS.md)" in (LESSONS_DIR / "README.md").read_text()
+    assert len(PROBLEMS) >= 2
+
+
 @pytest.mark.parametrize("path", PROBLEMS, ids=lambda p: p.stem)
 def test_problem_set_is_stored_without_outputs_and_every_answer_is_hidden_and_checked(path):
     """A problem set (lessons/problems/): each worked answer is a cell tagged "solution", as
