@@ -107,7 +107,9 @@ def test_the_edition_s_lessons_have_no_solutions_and_their_checks_fail_untouched
     nbclient = pytest.importorskip("nbclient")
     nbformat = pytest.importorskip("nbformat")
     edition = release(tmp_path / "edition")
-    for path in (edition / "lessons").glob("*.ipynb"):
+    books = sorted((edition / "lessons").rglob("*.ipynb"))
+    assert any(p.parent.name == "problems" for p in books), "the problem sets are in the edition"
+    for path in books:
         cells = json.loads(path.read_text())["cells"]
         assert not any("solution" in c.get("metadata", {}).get("tags", []) for c in cells), path
     book = nbformat.read(edition / "lessons" / "05_virtual_token_counter.ipynb", as_version=4)

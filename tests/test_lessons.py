@@ -20,6 +20,7 @@ nbformat = pytest.importorskip("nbformat")
 
 LESSONS_DIR = Path(__file__).parent.parent / "lessons"
 LESSONS = sorted(LESSONS_DIR.glob("[0-9][0-9]_*.ipynb"))
+PROBLEMS = sorted((LESSONS_DIR / "problems").glob("[0-9][0-9]_*.ipynb"))
 
 
 def test_there_are_twelve_lessons_linked_in_order_from_both_readmes():
@@ -49,6 +50,73 @@ def test_lesson_is_stored_without_outputs_and_has_checked_exercises(path):
         assert check.cell_type == "code" and "assert" in check.source, (
             f"{path.name}: the cell after a solution must check the answer"
         )
+
+
+def test_the_syllabus_links_every_lesson_and_problem_set_in_order_and_is_linked():
+    text = (LESSONS_DIR / "SYLLABUS.md").read_text()
+    for books in (LESSONS, PROBLEMS):
+        positions = [text.find(f"({p.relative_to(LESSONS_DIR)})") for p in books]
+        assert -1 not in positions and positions == sorted(positions), positions
+    assert "(SYLLABUS.md)" in (LESSONS_DIR / "README.md").read_text()
+    assert len(PROBLEMS) >= 2
+
+
+@pytest.mark.parametrize("path", PROBLEMS, ids=lambda p: p.stem)
+def test_problem_set_is_stored_without_outputs_and_every_answer_is_hidden_and_checked(path):
+    """A problem set (lessons/problems/): each worked answer is a cell tagged "solution", as
+    the lessons' are, so the student edition leaves it out; the cell after it checks it."""
+    nb = nbformat.read(path, as_version=4)
+    nbformat.validate(nb)
+    assert all(not c.outputs for c in nb.cells if c.cell_type == "code"), f"{path.name}: outputs"
+    assert "**Covers:**" in nb.cells[0].source and "**Paper:**" in nb.cells[0].source
+    answers = [i for i, c in enumerate(nb.cells) if "solution" in c.metadata.get("tags", [])]
+    assert len(answers) >= 3, f"{path.name}: a problem set has worked answers"
+    for i in answers:
+        assert nb.cells[i].metadata["jupyter"]["source_hidden"], "answers start collapsed"
+        check = nb.cells[i + 1]
+        assert check.cell_type == "code" and "assert" in check.source, (
+            f"{path.name}: the cell after a worked answer must check it"
+        )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("path", PROBLEMS, ids=lambda p: p.stem)
+def test_problem_set_runs_top_to_bottom_and_its_student_copy_has_no_answers(
+    path, monkeypatch, capsys, tmp_path
+):
+    from nbclient import NotebookClient
+
+    from minivtc.course.edition import without_solutions
+
+    monkeypatch.setenv("MINIVTC_LESSON_QUICK", "1")
+    monkeypatch.setenv("MPLBACKEND", "module://matplotlib_inline.backend_inline")
+    nb = nbformat.read(path, as_version=4)
+    client = NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+    )
+    start = time.monotonic()
+    client.execute()
+    with capsys.disabled():
+        print(f"\n{path.name}: ran in {time.monotonic() - start:.1f} s")
+    printed = "".join(
+        o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs
+    )
+    assert printed.count("correct") >= 1, "the answers' checks should print their result"
+    shown = "\n".join(
+        text_of(o)
+        for c in nb.cells
+        if c.cell_type == "code" and "solution" not in c.metadata.get("tags", [])
+        for o in c.outputs
+    )
+    assert not leaked(reference_bodies(), shown), leaked(reference_bodies(), shown)
+    copy = tmp_path / path.name
+    copy.write_text(path.read_text())
+    without_solutions(copy)  # what the student edition does to it
+    student = nbformat.read(copy, as_version=4)
+    assert not any("solution" in c.metadata.get("tags", []) for c in student.cells)
+    assert len(student.cells) == len(nb.cells) - sum(
+        "solution" in c.metadata.get("tags", []) for c in nb.cells
+    )
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,7 @@ def release(out: str | Path) -> Path:
     for folder in ("weights", "lessons"):
         if (REPOSITORY / folder).is_dir():
             shutil.copytree(REPOSITORY / folder, out / folder, ignore=ignore)
-    for notebook in sorted((out / "lessons").glob("*.ipynb")):
+    for notebook in sorted((out / "lessons").rglob("*.ipynb")):  # problems/ too
         without_solutions(notebook)
     for a in ASSIGNMENTS:
         for file, qualname in a.functions:
