@@ -342,7 +342,8 @@ def test_each_demo_run_serves_its_dashboard_at_the_same_address(bundled):
     trace = [TraceRequest(c, k * 0.1, 8, 8) for k in range(10) for c in ("heavy", "light")]
     try:
         for scheduler in ("fcfs", "vtc"):
-            result = demo.serve_once(*bundled, scheduler, trace, 5.0, progress=False, port=port)
+            setup = demo.ServerSetup(port=port)
+            result = demo.serve_once(*bundled, scheduler, trace, 5.0, progress=False, setup=setup)
             assert len(result.served) == len(trace)
     finally:
         done.set()
