@@ -161,7 +161,7 @@ def bearer(client: str, **headers: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def keyed(bundled):
     """A server with API keys that forgets idle clients every 0.2 s."""
-    from minivtc.serving.api_keys import Gate, Key, weights_of
+    from minivtc.serving.api_keys import Auth, Key, weights_of
 
     model, tokenizer = bundled
     keys = {k: Key(**v) for k, v in KEYS.items()}
@@ -173,8 +173,8 @@ def keyed(bundled):
         check_invariants=True,
         client_weights=weights_of(keys),
     )
-    gate = Gate(keys)
-    with BackgroundServer(make_app(engine, tokenizer, gate=gate, forget_every_s=0.2)) as url:
+    auth = Auth(keys)
+    with BackgroundServer(make_app(engine, tokenizer, auth=auth, forget_every_s=0.2)) as url:
         yield url
         assert httpx.get(url + "/health").status_code == 200, "the engine loop died"
 

@@ -57,7 +57,7 @@ def run_route(args) -> int:
     from minivtc.gateway.launch import backends_of
     from minivtc.model.tokenizer import Tokenizer
     from minivtc.model.weights import bundled_weights_dir
-    from minivtc.serving.api_keys import Gate, read_keys, weights_of
+    from minivtc.serving.api_keys import Auth, read_keys, weights_of
 
     keys = read_keys(args.api_keys) if args.api_keys else None
     weights = weights_of(keys) if keys else None
@@ -68,7 +68,7 @@ def run_route(args) -> int:
         backends_of(args.backend),
         tokenizer,
         args.model,
-        Gate(keys),
+        Auth(keys),
     )
     app = make_gateway(gateway)
     uvicorn.run(

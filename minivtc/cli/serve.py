@@ -128,7 +128,7 @@ def run_serve(args) -> int:
     from minivtc.engine.factory import build_engine
     from minivtc.fairness.policies import make_scheduler
     from minivtc.model.weights import load_model
-    from minivtc.serving.api_keys import Gate, read_keys, weights_of
+    from minivtc.serving.api_keys import Auth, read_keys, weights_of
     from minivtc.serving.connections import Limits
     from minivtc.serving.server import Server
     from minivtc.serving.vllm_flags import VLLMServe
@@ -183,7 +183,7 @@ def run_serve(args) -> int:
             "any client (and take its share) and can read every client's usage",
             file=sys.stderr,
         )
-    gate = Gate(keys)
+    auth = Auth(keys)
     server = Server(
         engine,
         tokenizer,
@@ -191,7 +191,7 @@ def run_serve(args) -> int:
         args.host,
         args.port,
         args.shutdown_timeout,
-        gate=gate,
+        auth=auth,
         limits=limits,
         aliases=vllm.aliases,
         chat_template=args.chat_template,

@@ -27,7 +27,7 @@ from minivtc.gateway.gateway import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKENS,
 from minivtc.serving.api_keys import Caller
 from minivtc.serving.connections import InFlight, Limits
 from minivtc.serving.dashboard import EVERY_S, add_dashboard, spread_view, viewer
-from minivtc.serving.middleware import Door, add_error_handlers
+from minivtc.serving.middleware import GuardMiddleware, add_error_handlers
 from minivtc.serving.openai_api import APIError, check_unsupported
 from minivtc.serving.prompts import chat_body, check_length, completion_body
 
@@ -44,7 +44,9 @@ def make_gateway(gateway: Gateway, limits: Limits | None = None) -> FastAPI:
     gateway.limits = limits = limits or Limits()
     app.state.in_flight = InFlight(limits.max_client_requests)  # each client's, as `serve`'s
     add_error_handlers(app)
-    app.add_middleware(Door, gate=gateway.gate, limits=limits, in_flight=app.state.in_flight)
+    app.add_middleware(
+        GuardMiddleware, auth=gateway.auth, limits=limits, in_flight=app.state.in_flight
+    )
     app.post("/v1/completions")(completions)
     app.post("/v1/chat/completions")(chat_completions)
     app.get("/v1/models")(models)
@@ -104,7 +106,7 @@ async def completions(http: HTTPRequest):
     if isinstance(prompt, list):
         num_prompt = len(prompt)
     else:
-        check_length(gateway.room, len(prompt), "prompt")
+        check_length(gateway.prompt_limits, len(prompt), "prompt")
         num_prompt = len(await asyncio.to_thread(gateway.tokenizer.encode, prompt))
     max_tokens = body.max_tokens or DEFAULT_MAX_TOKENS
     payload = body.model_dump(exclude_unset=True) | {"max_tokens": max_tokens}
@@ -114,12 +116,12 @@ async def completions(http: HTTPRequest):
 
 async def chat_completions(http: HTTPRequest):
     gateway: Gateway = http.app.state.gateway
-    body = await asyncio.to_thread(chat_body, gateway.room, await http.body())
+    body = await asyncio.to_thread(chat_body, gateway.prompt_limits, await http.body())
     caller = identify(gateway, http, body.user)
     check_unsupported(body, gateway.model_name)
     messages = [m.model_dump(exclude_none=True) for m in body.messages]
     num_prompt = len(await asyncio.to_thread(gateway.tokenizer.chat_ids, messages))
-    room = max(gateway.room.tokens - num_prompt, 1)
+    room = max(gateway.prompt_limits.tokens - num_prompt, 1)
     max_tokens = body.max_completion_tokens or body.max_tokens or min(DEFAULT_CHAT_MAX_TOKENS, room)
     payload = body.model_dump(exclude_unset=True, exclude={"max_completion_tokens"})
     payload["max_tokens"] = max_tokens
@@ -132,7 +134,7 @@ async def forward(gateway: Gateway, path: str, client: str, num_prompt: int, pay
     request = gateway.enqueue(client, num_prompt, payload["max_tokens"])
     # The client in the body's `user`, not a header: JSON carries any name ("Zoë"), a header
     # only Latin-1 (the backend's own view; it never queues)
-    payload["user"], headers = client, {}
+    payload["user"], headers = client, dict[str, str]()
     if not payload.get("stream"):
         return await gateway.once(request, path, payload, headers)
     wants_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
@@ -182,7 +184,7 @@ async def dashboard_data(http: HTTPRequest):
     admin the waiting counters' spread under Lemma 4.3's U with M the fleet's memory.
     Without keys, for callers on loopback only."""
     gateway: Gateway = http.app.state.gateway
-    caller = viewer(gateway.gate, http)
+    caller = viewer(gateway.auth, http)
     view = view_for(fleet_view(gateway), caller)
     data = {"kind": "gateway", "started": http.app.state.started, "time": time.monotonic()}
     data |= {"every_s": EVERY_S, **view}
@@ -207,7 +209,7 @@ async def metrics(http: HTTPRequest):
 
 
 def identify(gateway: Gateway, http: HTTPRequest, user: str | None):
-    return gateway.gate.caller(
+    return gateway.auth.caller(
         http.headers.get("authorization"), http.headers.get("x-client-id"), user
     )
 

@@ -44,10 +44,10 @@ from minivtc.gateway.proxy import (
     send_stream,
 )
 from minivtc.model.tokenizer import Tokenizer
-from minivtc.serving.api_keys import Gate
+from minivtc.serving.api_keys import Auth
 from minivtc.serving.connections import Limits
 from minivtc.serving.openai_api import APIError
-from minivtc.serving.prompts import PromptRoom
+from minivtc.serving.prompts import PromptLimits
 from minivtc.vocab.params import SamplingParams
 from minivtc.vocab.request import Request
 
@@ -64,14 +64,14 @@ class Gateway:
         backends: list[Backend],
         tokenizer: Tokenizer,
         model_name: str,
-        gate: Gate,
+        auth: Auth,
         health_every_s: float = 1.0,
         route: Route | None = None,
     ) -> None:
         checked = isinstance(scheduler, VTC)  # Lemma 4.3 over the fleet, after every event
         self.dispatcher = Dispatcher(scheduler, backends, route, check_fairness=checked)
-        self.tokenizer, self.model_name, self.gate = tokenizer, model_name, gate
-        self.room = PromptRoom.of(self.dispatcher.largest, tokenizer)
+        self.tokenizer, self.model_name, self.auth = tokenizer, model_name, auth
+        self.prompt_limits = PromptLimits.of(self.dispatcher.largest, tokenizer)
         self.health_every_s = health_every_s
         self.waiters: dict[str, asyncio.Future[Backend]] = {}  # waiting for a binding
         self.clients: dict[str, str] = {}  # request id -> its client, while it lives

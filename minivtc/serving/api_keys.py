@@ -1,6 +1,6 @@
 """Who is calling: API keys, and the client each request is charged to.
 
-Owns: reading the keys file (`minivtc serve --api-keys FILE`) and `Gate`, which turns a request's
+Owns: reading the keys file (`minivtc serve --api-keys FILE`) and `Auth`, which turns a request's
 `Authorization`, `X-Client-Id` and `user` into a `Caller` (the client its service counts
 against, and whether it may see every tenant's usage). Does not own: HTTP routes (`server.py`).
 
@@ -102,7 +102,7 @@ def weights_of(keys: Mapping[Any, Key]) -> dict[str, float]:
     return {k.client: k.weight for k in keys.values()}
 
 
-class Gate:
+class Auth:
     """Names the caller of each request. `keys=None`: no authentication (local use)."""
 
     def __init__(self, keys: dict[str, Key] | None = None):
@@ -128,7 +128,7 @@ class Gate:
                 "You didn't provide an API key: send 'Authorization: Bearer YOUR_KEY'.",
                 code="missing_api_key",
             )
-        assert self.keys is not None, "only a gate with keys checks them"
+        assert self.keys is not None, "only an Auth with keys checks them"
         key = self.keys.get(digest(token.strip()))
         if key is None:
             raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")

@@ -24,6 +24,7 @@ import asyncio
 import math
 import resource
 from collections import Counter
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
 
 import h11
@@ -78,7 +79,7 @@ class InFlight:
     limit: int
     held: Counter[str] = field(default_factory=Counter)
 
-    def take(self, scope: dict, client: str, n: int = 1) -> None:
+    def take(self, scope: MutableMapping, client: str, n: int = 1) -> None:
         """Hold `n` requests for `client` until this HTTP exchange ends, or refuse with 429."""
         if self.held[client] + n > self.limit:
             raise APIError(

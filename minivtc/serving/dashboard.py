@@ -43,7 +43,7 @@ from fastapi.responses import HTMLResponse
 from minivtc.engine.engine import Engine, build_fairness_check
 from minivtc.engine.preemption import Fair
 from minivtc.fairness.vtc import VTC
-from minivtc.serving.api_keys import Caller, Gate
+from minivtc.serving.api_keys import Auth, Caller
 from minivtc.serving.observability import fairness_view
 from minivtc.serving.openai_api import APIError
 from minivtc.serving.snapshot import Snapshot
@@ -61,7 +61,7 @@ def add_dashboard(app: FastAPI, data: Callable[[Request], Awaitable[dict]]) -> N
     that caller) at `app`: the server's and the gateway's."""
 
     async def page(http: Request) -> HTMLResponse:
-        refuse_strangers(http.app.state.minivtc.gate, http)  # (with keys: open, it holds no data)
+        refuse_strangers(http.app.state.minivtc.auth, http)  # (with keys: open, it holds no data)
         return HTMLResponse(read_page())
 
     app.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)(page)
@@ -72,16 +72,16 @@ def read_page() -> str:
     return files("minivtc.serving").joinpath(PAGE).read_text(encoding="utf-8")
 
 
-def viewer(gate: Gate, http: Request) -> Caller:
+def viewer(auth: Auth, http: Request) -> Caller:
     """Who is looking: the caller `/fairness` would see (an admin: everyone; a tenant: itself);
     without keys, a caller on loopback (403 for any other)."""
-    refuse_strangers(gate, http)
-    return gate.caller(http.headers.get("authorization"), http.headers.get("x-client-id"))
+    refuse_strangers(auth, http)
+    return auth.caller(http.headers.get("authorization"), http.headers.get("x-client-id"))
 
 
-def refuse_strangers(gate: Gate, http: Request) -> None:
+def refuse_strangers(auth: Auth, http: Request) -> None:
     """Without keys, 403 for a caller not on loopback: everyone's usage is on the page."""
-    if gate.keys is None and not on_loopback(http):
+    if auth.keys is None and not on_loopback(http):
         raise APIError(403, LOOPBACK_ONLY, kind="permission_error")
 
 

@@ -71,7 +71,7 @@ def model_card(state: ServerState, name: str) -> dict:
         "owned_by": "minivtc",
         "root": state.model_name,
         "parent": None,
-        "max_model_len": state.room.tokens,
+        "max_model_len": state.prompt_limits.tokens,
     }
 
 
@@ -92,7 +92,7 @@ async def tokenize(http: Request):
             )
         except ValueError as e:
             raise APIError(400, str(e), "messages") from None
-    answer = {"count": len(ids), "max_model_len": state.room.tokens, "tokens": ids}
+    answer = {"count": len(ids), "max_model_len": state.prompt_limits.tokens, "tokens": ids}
     pieces = [state.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
     return answer | {"token_strs": pieces if body.return_token_strs else None}
 

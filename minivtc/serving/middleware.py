@@ -1,11 +1,11 @@
 """The door every request passes before it is parsed, and how every error is answered.
 
-Owns: `Door`, ASGI middleware that refuses a body over the size limit (413), a body slow to
-arrive (408) and, with API keys, a request without a valid key (401) before FastAPI reads
-anything, so a 10 MB body or a stranger costs the event loop nothing; and `add_error_handlers`,
-which answers every error, whatever raised it (ours, pydantic's, routing's 404 and 405, a bug),
-in OpenAI's error body. Does not own who the caller is (`api_keys.py`), the limits
-(`connections.py`) or routes (`server.py`).
+Owns: `GuardMiddleware`, ASGI middleware that refuses a body over the size limit (413), a body
+slow to arrive (408) and, with API keys, a request without a valid key (401) before FastAPI
+reads anything, so a 10 MB body or a stranger costs the event loop nothing; and
+`add_error_handlers`, which answers every error, whatever raised it (ours, pydantic's, routing's
+404 and 405, a bug), in OpenAI's error body. Does not own who the caller is (`api_keys.py`), the
+limits (`connections.py`) or routes (`server.py`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
-from minivtc.serving.api_keys import Gate
+from minivtc.serving.api_keys import Auth
 from minivtc.serving.connections import InFlight, Limits
 from minivtc.serving.openai_api import APIError, clip, validation_error
 
@@ -27,7 +27,7 @@ DRAIN_BYTES = 64 * 1024 * 1024  # dropped after a refusal, so a client still sen
 KEYLESS_PATHS = ("/health", "/dashboard")
 
 
-class Door:
+class GuardMiddleware:
     """ASGI middleware, before any parsing: with API keys, a request without a valid key gets
     401 (everything but `KEYLESS_PATHS`); a body over `max_body_bytes` gets 413 -- at once when
     Content-Length says so, else as soon as the bytes read pass the limit; a body that has not
@@ -43,8 +43,8 @@ class Door:
     flight (`InFlight.take`) is given back here once the response has ended, or the client
     has gone, whatever happened in between."""
 
-    def __init__(self, app, gate: Gate, limits: Limits, in_flight: InFlight) -> None:
-        self.app, self.gate, self.limits, self.in_flight = app, gate, limits, in_flight
+    def __init__(self, app, auth: Auth, limits: Limits, in_flight: InFlight) -> None:
+        self.app, self.auth, self.limits, self.in_flight = app, auth, limits, in_flight
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -85,8 +85,8 @@ class Door:
 
     async def checked_body(self, scope, headers: dict[str, str], receive) -> bytes | None:
         """The key, the announced length, then the body (APIError: refused)."""
-        if self.gate.keys is not None and scope["path"] not in KEYLESS_PATHS:
-            self.gate.key(headers.get("authorization"))
+        if self.auth.keys is not None and scope["path"] not in KEYLESS_PATHS:
+            self.auth.key(headers.get("authorization"))
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.limits.max_body_bytes:
             raise self.too_large()

@@ -1,7 +1,7 @@
 """What a request's body becomes before it reaches the engine: a checked body, prompt token
 ids, sampling params, and the refusals that must come before any per-token work.
 
-Owns: `PromptRoom` (how much one request may hold, and so what can be refused unread: a text
+Owns: `PromptLimits` (how much one request may hold, and so what can be refused unread: a text
 too long to fit whatever it tokenizes to, a chat with more messages than the context has room
 for), parsing and validating a body (`completion_body`, `chat_body`: pure functions, which
 `server.py` runs on a worker thread, so a large body never stalls other streams), and
@@ -30,14 +30,14 @@ CHARS_PER_TOKEN_BOUND = 4  # NFKC may compose up to ~3 code points into one; 4 i
 
 
 @dataclass(frozen=True)
-class PromptRoom:
+class PromptLimits:
     tokens: int  # the most tokens one request may hold: min(context, pool)
     max_chars: int  # a longer text can never fit, whatever it tokenizes to
     exchange_tokens: int  # the fewest tokens the chat template spends on a user/assistant pair
     max_messages: int  # a chat with more messages can never fit
 
     @classmethod
-    def of(cls, room: int, tokenizer: Tokenizer) -> PromptRoom:
+    def of(cls, room: int, tokenizer: Tokenizer) -> PromptLimits:
         """For an engine (or a fleet) whose longest request holds `room` tokens
         (`Engine.max_model_len`)."""
         longest_piece = max(len(tokenizer.sp.id_to_piece(i)) for i in range(tokenizer.vocab_size))
@@ -61,33 +61,33 @@ def completion_body(raw: bytes) -> CompletionBody:
     return validate(CompletionBody, parse_json(raw))
 
 
-def chat_body(room: PromptRoom, raw: bytes) -> ChatBody:
+def chat_body(limits: PromptLimits, raw: bytes) -> ChatBody:
     """The chat body, checked: the number of messages before any per-message work (80,000
     one-character messages fit in 4 MB, and validating them took the event loop 0.7 s)."""
     data = parse_json(raw)
     messages = data.get("messages")
-    if isinstance(messages, list) and len(messages) > room.max_messages:
+    if isinstance(messages, list) and len(messages) > limits.max_messages:
         raise APIError(
             400,
-            f"{len(messages)} messages cannot fit the {room.tokens} tokens one request may hold "
-            f"(each user/assistant exchange costs at least {room.exchange_tokens} tokens of the "
-            f"chat template): at most {room.max_messages} messages",
+            f"{len(messages)} messages cannot fit the {limits.tokens} tokens one request may hold "
+            f"(each user/assistant exchange costs at least {limits.exchange_tokens} tokens of the "
+            f"chat template): at most {limits.max_messages} messages",
             "messages",
             "context_length_exceeded",
         )
     body = validate(ChatBody, data)
     check_roles(body.messages)
-    check_length(room, sum(len(m.text) for m in body.messages), "messages")
+    check_length(limits, sum(len(m.text) for m in body.messages), "messages")
     return body
 
 
-def check_length(room: PromptRoom, num_chars: int, param: str) -> None:
+def check_length(limits: PromptLimits, num_chars: int, param: str) -> None:
     """Refuse, before tokenizing it, a text too long to fit whatever it tokenizes to: one token
     covers at most `longest_piece` characters (after normalization)."""
-    if num_chars > room.max_chars:
+    if num_chars > limits.max_chars:
         raise APIError(
             400,
-            f"the text is {num_chars} characters: it cannot fit the {room.tokens} tokens one "
+            f"the text is {num_chars} characters: it cannot fit the {limits.tokens} tokens one "
             "request may hold",
             param,
             "context_length_exceeded",
@@ -95,7 +95,7 @@ def check_length(room: PromptRoom, num_chars: int, param: str) -> None:
 
 
 def completion_inputs(
-    room: PromptRoom, tokenizer: Tokenizer, body: CompletionBody
+    limits: PromptLimits, tokenizer: Tokenizer, body: CompletionBody
 ) -> tuple[list[list[int]], list[str] | None]:
     """Each prompt's token ids, every one checked (a long text refused before tokenizing it),
     and with `echo` each prompt's text, to show before its completion (token ids: their
@@ -108,7 +108,7 @@ def completion_inputs(
             check_ids(tokenizer, p)
             ids.append(p)
         else:
-            check_length(room, len(p), "prompt")
+            check_length(limits, len(p), "prompt")
             ids.append(tokenizer.encode(p))
     if not body.echo:
         return ids, None

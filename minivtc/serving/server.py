@@ -15,7 +15,7 @@ Follow one request: uvicorn answers 503 beyond `max_connections` and closes a co
 to send its head; the door refuses a body over `max_body_bytes` (413), one slow to arrive
 (408) or a missing key (401) before anything is parsed; `completions()` parses and validates
 the body on a worker thread (a bad field is a 400 with an OpenAI error body), names the client
-(`api_keys.Gate`), tokenizes the prompt on a worker thread (a long prompt must not stall other
+(`api_keys.Auth`), tokenizes the prompt on a worker thread (a long prompt must not stall other
 streams), and `EngineLoop.add` queues it; the scheduler decides when it runs; each step's
 `StepOutput` arrives on the request's queue and becomes an SSE chunk (or, when not streaming,
 is collected into one response). A client that goes away is aborted at once and its KV blocks
@@ -41,16 +41,16 @@ from fastapi.responses import JSONResponse, Response
 from minivtc.engine.engine import Engine
 from minivtc.model import chat
 from minivtc.model.tokenizer import Tokenizer
-from minivtc.serving.api_keys import Caller, Gate, weights_of
+from minivtc.serving.api_keys import Auth, Caller, weights_of
 from minivtc.serving.connections import InFlight, Limits, allow_open_files
 from minivtc.serving.dashboard import Setup, add_dashboard, server_data, viewer
 from minivtc.serving.engine_loop import EngineLoop
 from minivtc.serving.info_routes import add_info_routes
-from minivtc.serving.middleware import Door, add_error_handlers
+from minivtc.serving.middleware import GuardMiddleware, add_error_handlers
 from minivtc.serving.observability import fairness_view, prometheus_text
 from minivtc.serving.openai_api import APIError, check_unsupported
 from minivtc.serving.prompts import (
-    PromptRoom,
+    PromptLimits,
     chat_body,
     check_fan_out,
     completion_body,
@@ -66,7 +66,7 @@ def make_app(
     tokenizer: Tokenizer,
     model_name: str = "minivtc-tiny",
     *,
-    gate: Gate | None = None,
+    auth: Auth | None = None,
     limits: Limits | None = None,
     on_fatal=None,
     forget_every_s: float = 10.0,
@@ -75,19 +75,19 @@ def make_app(
 ) -> FastAPI:
     """The app over `engine` (which it starts on a thread at startup and stops at shutdown).
 
-    `gate`: API keys (default: none, every caller names itself: local use). `limits`: what one
+    `auth`: API keys (default: none, every caller names itself: local use). `limits`: what one
     connection may cost (default `Limits()`; `Server` and `BackgroundServer` make uvicorn's
     settings from them). `on_fatal(error)`: called if the engine fails beyond one request
     (`serve` uses it to exit non-zero)."""
-    gate, limits = gate or Gate(), limits or Limits()
-    tenants = weights_of(gate.keys) if gate.keys is not None else None  # never forgotten
+    auth, limits = auth or Auth(), limits or Limits()
+    tenants = weights_of(auth.keys) if auth.keys is not None else None  # never forgotten
     state = ServerState(
         EngineLoop(engine, on_fatal=on_fatal, forget_every_s=forget_every_s, tenants=tenants),
         tokenizer,
         model_name,
         int(time.time()),
-        gate,
-        PromptRoom.of(engine.max_model_len, tokenizer),
+        auth,
+        PromptLimits.of(engine.max_model_len, tokenizer),
         limits,
         InFlight(limits.max_client_requests),
         tuple(aliases),
@@ -101,7 +101,7 @@ def make_app(
     app.state.minivtc = state
     app.state.dashboard = Setup.of(engine)  # (read now: the engine thread has not started)
     add_error_handlers(app)
-    app.add_middleware(Door, gate=state.gate, limits=limits, in_flight=state.in_flight)
+    app.add_middleware(GuardMiddleware, auth=state.auth, limits=limits, in_flight=state.in_flight)
     app.post("/v1/completions")(completions)
     app.post("/v1/chat/completions")(chat_completions)
     add_info_routes(app)  # /v1/models, /v1/models/{id}, /tokenize, /detokenize, /version, /ping
@@ -135,7 +135,9 @@ async def completions(http: Request):
     caller = identify(state, http, body.user)
     check_unsupported(body, state.model_name, state.aliases)
     # every prompt checked before any is queued; tokenized off the event loop
-    ids, echoes = await asyncio.to_thread(completion_inputs, state.room, state.tokenizer, body)
+    ids, echoes = await asyncio.to_thread(
+        completion_inputs, state.prompt_limits, state.tokenizer, body
+    )
     params = sampling_params(body, body.max_tokens or 16, body.logprobs)
     state.in_flight.take(http.scope, caller.client, len(ids) * params.n)  # else 429
     return await respond(
@@ -154,7 +156,9 @@ async def completions(http: Request):
 
 async def chat_completions(http: Request):
     state: ServerState = http.app.state.minivtc
-    body = await asyncio.to_thread(chat_body, state.room, await http.body())  # off the loop
+    body = await asyncio.to_thread(
+        chat_body, state.prompt_limits, await http.body()
+    )  # off the loop
     caller = identify(state, http, body.user)
     check_unsupported(body, state.model_name, state.aliases)
     check_fan_out(body.n)
@@ -165,7 +169,7 @@ async def chat_completions(http: Request):
         )
     except ValueError as e:  # (the template refused them)
         raise APIError(400, str(e), "messages") from None
-    room = state.room.tokens - len(prompt_ids)
+    room = state.prompt_limits.tokens - len(prompt_ids)
     max_tokens = body.max_completion_tokens or body.max_tokens or max(room, 1)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     if body.top_logprobs is not None and not body.logprobs:
@@ -206,7 +210,7 @@ async def dashboard_data(http: Request):
     """What `/dashboard` draws: `/fairness`'s view for the caller and more (`dashboard.py`).
     Without keys, for callers on loopback only."""
     state: ServerState = http.app.state.minivtc
-    caller = viewer(state.gate, http)
+    caller = viewer(state.auth, http)
     snap = await snapshot(state)
     return await asyncio.to_thread(server_data, snap, http.app.state.dashboard, caller)
 
@@ -226,7 +230,7 @@ async def metrics(http: Request):
 
 def identify(state: ServerState, http: Request, user: str | None) -> Caller:
     headers = http.headers
-    return state.gate.caller(headers.get("authorization"), headers.get("x-client-id"), user)
+    return state.auth.caller(headers.get("authorization"), headers.get("x-client-id"), user)
 
 
 async def snapshot(state: ServerState):

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from minivtc.model.tokenizer import Tokenizer
-from minivtc.serving.api_keys import Gate
+from minivtc.serving.api_keys import Auth
 from minivtc.serving.connections import InFlight, Limits
 from minivtc.serving.engine_loop import EngineLoop
-from minivtc.serving.prompts import PromptRoom
+from minivtc.serving.prompts import PromptLimits
 
 
 @dataclass
@@ -23,8 +23,8 @@ class ServerState:
     tokenizer: Tokenizer
     model_name: str
     created: int
-    gate: Gate
-    room: PromptRoom  # how much one request may hold
+    auth: Auth
+    prompt_limits: PromptLimits  # how much one request may hold
     limits: Limits  # what one connection may cost (uvicorn's settings are made from it)
     in_flight: InFlight  # each client's requests queued or running, against its limit
     aliases: tuple[str, ...] = ()  # the model's other names (vLLM's --served-model-name)
