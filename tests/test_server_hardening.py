@@ -404,3 +404,62 @@ def test_limits_refuse_what_cannot_work(options, why):
 
     with pytest.raises(ValueError, match=why):
         Limits(**options)
+
+
+def test_tokenize_goes_through_the_same_door_as_v1(open_server, bundled):
+    """The third audit: `/tokenize` skipped `/v1`'s checks (a 4 MB prompt or 80,001 messages
+    froze `/health` for 10-12 s) and decoded every token whether asked or not. Now: the
+    message count and the text's length are refused unread, a prompt longer than one request
+    may hold is a 400 as at `/v1`, and each token's text only when `return_token_strs`."""
+    url, (_, tokenizer) = open_server, bundled
+    r = httpx.post(url + "/tokenize", content=many_messages(), timeout=60)
+    assert openai_error(r, 400)["code"] == "context_length_exceeded"
+    long_text = "a" * 3_000_000  # over any 2048 tokens' characters, under the body limit
+    r = httpx.post(url + "/tokenize", json={"prompt": long_text}, timeout=60)
+    assert openai_error(r, 400)["code"] == "context_length_exceeded"
+    words = " ".join(["word"] * 3000)  # fits in characters, not in 2048 tokens
+    r = httpx.post(url + "/tokenize", json={"prompt": words}, timeout=60)
+    assert openai_error(r, 400)["code"] == "context_length_exceeded"
+    plain = httpx.post(url + "/tokenize", json={"prompt": "A list is"}).json()
+    assert plain["tokens"] == tokenizer.encode("A list is") and plain["token_strs"] is None
+    asked = {"prompt": "A list is", "return_token_strs": True}
+    pieces = httpx.post(url + "/tokenize", json=asked).json()["token_strs"]
+    assert pieces == [tokenizer.decode([t], skip_special_tokens=False) for t in plain["tokens"]]
+
+
+def test_tokenize_works_off_the_event_loop(bundled):
+    """Every tokenizer call `/tokenize` makes runs on a worker thread, never on the event
+    loop (where it stalled every other stream)."""
+    from fastapi.testclient import TestClient
+
+    model, tokenizer = bundled
+    app = make_app(build_engine(model, tokenizer, "vtc", kv_tokens=256), tokenizer)
+    on_loop: list[bool] = []
+
+    class Watched:
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def encode(self, *args, **kwargs):
+            on_loop.append(running_loop())
+            return tokenizer.encode(*args, **kwargs)
+
+        def decode(self, *args, **kwargs):
+            on_loop.append(running_loop())
+            return tokenizer.decode(*args, **kwargs)
+
+    app.state.minivtc.tokenizer = Watched()
+    with TestClient(app) as client:
+        asked = {"prompt": "A list is", "return_token_strs": True}
+        assert client.post("/tokenize", json=asked).status_code == 200
+        chat = {"messages": [{"role": "user", "content": "hi"}]}
+        assert client.post("/tokenize", json=chat).status_code == 200
+    assert on_loop and not any(on_loop), on_loop
+
+
+def running_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from minivtc.model import chat
 from minivtc.serving.openai_api import APIError, Message, Text, parse_json, validate
+from minivtc.serving.prompts import check_length, check_message_count, check_tokens
 from minivtc.serving.server_state import ServerState
 
 
@@ -76,15 +77,25 @@ def model_card(state: ServerState, name: str) -> dict:
 
 
 async def tokenize(http: Request):
-    state = http.app.state.minivtc
-    body = validate(TokenizeBody, parse_json(await http.body()))
+    """Through the same door as `/v1`: the body's limits before any work, and all of it
+    (parsing, the chat template, tokenizing, each token's text) on a worker thread."""
+    state: ServerState = http.app.state.minivtc
+    return await asyncio.to_thread(tokenize_answer, state, await http.body())
+
+
+def tokenize_answer(state: ServerState, raw: bytes) -> dict:
+    data = parse_json(raw)
+    check_message_count(state.prompt_limits, data)  # before any per-message work
+    body = validate(TokenizeBody, data)
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give one of 'prompt' or 'messages'", "prompt")
     check_model(state, body.model)
     if body.prompt is not None:
-        ids = await asyncio.to_thread(state.tokenizer.encode, body.prompt, body.add_special_tokens)
+        check_length(state.prompt_limits, len(body.prompt), "prompt")
+        ids = state.tokenizer.encode(body.prompt, body.add_special_tokens)
     else:
         assert body.messages is not None  # (one of the two, checked above)
+        check_length(state.prompt_limits, sum(len(m.text) for m in body.messages), "messages")
         messages = [{"role": m.role, "content": m.text} for m in body.messages]
         try:
             ids = chat.prompt_ids(
@@ -92,9 +103,12 @@ async def tokenize(http: Request):
             )
         except ValueError as e:
             raise APIError(400, str(e), "messages") from None
+    check_tokens(state.prompt_limits, len(ids), "messages" if body.messages else "prompt")
     answer = {"count": len(ids), "max_model_len": state.prompt_limits.tokens, "tokens": ids}
+    if not body.return_token_strs:  # per-token work only when asked
+        return answer | {"token_strs": None}
     pieces = [state.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
-    return answer | {"token_strs": pieces if body.return_token_strs else None}
+    return answer | {"token_strs": pieces}
 
 
 async def detokenize(http: Request):

@@ -65,6 +65,15 @@ def chat_body(limits: PromptLimits, raw: bytes) -> ChatBody:
     """The chat body, checked: the number of messages before any per-message work (80,000
     one-character messages fit in 4 MB, and validating them took the event loop 0.7 s)."""
     data = parse_json(raw)
+    check_message_count(limits, data)
+    body = validate(ChatBody, data)
+    check_roles(body.messages)
+    check_length(limits, sum(len(m.text) for m in body.messages), "messages")
+    return body
+
+
+def check_message_count(limits: PromptLimits, data: dict) -> None:
+    """Refuse a body with more messages than one request can hold, before looking at any."""
     messages = data.get("messages")
     if isinstance(messages, list) and len(messages) > limits.max_messages:
         raise APIError(
@@ -75,10 +84,17 @@ def chat_body(limits: PromptLimits, raw: bytes) -> ChatBody:
             "messages",
             "context_length_exceeded",
         )
-    body = validate(ChatBody, data)
-    check_roles(body.messages)
-    check_length(limits, sum(len(m.text) for m in body.messages), "messages")
-    return body
+
+
+def check_tokens(limits: PromptLimits, num_tokens: int, param: str) -> None:
+    """Refuse a prompt that tokenized to more than one request may hold."""
+    if num_tokens > limits.tokens:
+        raise APIError(
+            400,
+            f"the prompt is {num_tokens} tokens: one request may hold {limits.tokens}",
+            param,
+            "context_length_exceeded",
+        )
 
 
 def check_length(limits: PromptLimits, num_chars: int, param: str) -> None:
