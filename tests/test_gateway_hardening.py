@@ -1,0 +1,193 @@
+"""The gateway under the third audit's hostile backend and departing callers (issue 37, items
+4-6): stand-in backends that hang, answer what no OpenAI server sends, or report impossible
+usage; callers that leave while queued; `n` samples. Each must end in a clean answer (a 502, or
+the request gone from the queue) with every reservation released."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import httpx
+from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+
+from minivtc.fairness.cost import W_P, W_Q
+from minivtc.gateway.app import make_gateway
+from minivtc.gateway.launch import backends_of
+from minivtc.serving.connections import Limits
+from minivtc.serving.server import BackgroundServer
+from tests.test_gateway import fleet, gateway_over
+
+HEADERS = {"authorization": "Bearer sk-picky"}
+
+
+def answer(prompt: str, body: dict):
+    """What the stand-in answers a non-streamed completion whose prompt is `prompt`."""
+    head = {"id": "cmpl-1", "object": "text_completion", "created": 1, "model": "m"}
+    n = body.get("n") or 1
+    choices = [{"index": k, "text": "abc", "finish_reason": "length"} for k in range(n)]
+    usage = {"prompt_tokens": 7, "completion_tokens": 3 * n, "total_tokens": 7 + 3 * n}
+    if prompt == "not json":
+        return Response(b"{oops", media_type="application/json")
+    if prompt == "a list":
+        return JSONResponse([1, 2, 3])
+    if prompt == "huge":  # 40 MB of text
+        return JSONResponse(head | {"choices": [{"index": 0, "text": "a" * 40_000_000}]})
+    if prompt == "null usage":
+        usage = {"prompt_tokens": None, "completion_tokens": None}
+    if prompt == "string usage":
+        usage = {"prompt_tokens": "7", "completion_tokens": "lots"}
+    if prompt == "endless usage":
+        usage = {"prompt_tokens": 7, "completion_tokens": 10**12}
+    return JSONResponse(head | {"choices": choices, "usage": usage})
+
+
+def hostile_backend() -> FastAPI:
+    """A stand-in that answers by its prompt: "hang" never answers; the others as `answer`.
+    Streamed, it sends three chunks then a usage chunk that is the prompt's usage."""
+    app = FastAPI()
+    app.get("/health")(lambda: Response())
+
+    async def completions(http: HTTPRequest):
+        body = await http.json()
+        prompt = body["prompt"]
+        if prompt == "hang":
+            await asyncio.sleep(3600)
+        if not body.get("stream"):
+            return answer(prompt, body)
+        usage = json.loads(answer(prompt, body).body)["usage"]
+
+        def lines():
+            for k in range(3):
+                yield f"data: {json.dumps({'choices': [{'index': 0, 'text': str(k)}]})}\n\n"
+            yield f"data: {json.dumps({'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n"
+
+        return StreamingResponse(lines(), media_type="text/event-stream")
+
+    app.post("/v1/completions")(completions)
+    app.state.minivtc = type("S", (), {"limits": Limits()})()
+    return app
+
+
+def complete(url: str, prompt: str, timeout: float = 30, **extra) -> httpx.Response:
+    body = {"prompt": prompt, "max_tokens": 3, **extra}
+    return httpx.post(url + "/v1/completions", json=body, headers=HEADERS, timeout=timeout)
+
+
+def released(url: str) -> bool:
+    return all(b["reserved"] == 0 for b in fleet(url)["backends"])
+
+
+def until(condition, seconds: float = 10.0) -> bool:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_backend_that_never_answers_is_given_up_on_and_its_room_freed():
+    """Issue: the backend client had no read timeout a test could reach (600 s, fixed), so a
+    request to a backend that never answers held its room. Now `backend_idle_s` (`minivtc
+    route --backend-timeout`): a 502 once the backend has been silent that long, the room
+    freed, and the backend is not marked down for it by the request's own timeout alone."""
+    with BackgroundServer(hostile_backend()) as backend:
+        gw = gateway_over(backends_of([f"{backend}=1000"]))
+        gw.backend_idle_s = 1.0
+        with BackgroundServer(make_gateway(gw)) as url:
+            r = complete(url, "hang")
+            assert r.status_code == 502, r.text
+            assert r.json()["error"]["type"] == "server_error"
+            assert until(lambda: released(url))
+
+
+def test_backend_answers_are_validated_and_a_bad_one_is_a_502():
+    """Issue: bad JSON or a list from a backend was a 500; a 200 MB answer took the gateway's
+    memory with it. Now each is a 502 (the answer read at most 32 MB), the room is freed, and
+    the backend stays in service (it answered: it is not down)."""
+    with BackgroundServer(hostile_backend()) as backend:
+        gw = gateway_over(backends_of([f"{backend}=1000"]))
+        with BackgroundServer(make_gateway(gw)) as url:
+            for prompt in ("not json", "a list", "huge"):
+                r = complete(url, prompt, timeout=60)
+                assert r.status_code == 502, (prompt, r.status_code, r.text[:200])
+                assert "the backend failed" in r.json()["error"]["message"]
+            assert released(url)
+            assert all(b["healthy"] for b in fleet(url)["backends"])
+            assert complete(url, "fine").status_code == 200
+
+
+def test_impossible_usage_is_not_believed_and_the_room_is_released():
+    """Issue: a backend's `usage` with null or string counts gave a 500 (or a cut stream) and
+    the room stayed held until restart. Now a count that cannot be true (not a whole number,
+    or more than was reserved) is ignored: the gateway charges its own count, answers 200
+    and frees the room, streamed or not."""
+    with BackgroundServer(hostile_backend()) as backend:
+        gw = gateway_over(backends_of([f"{backend}=1000"]))
+        with BackgroundServer(make_gateway(gw)) as url:
+            for prompt in ("null usage", "string usage", "endless usage"):
+                before = fleet(url)["clients"].get("picky", {}).get("counter") or 0
+                assert complete(url, prompt).status_code == 200, prompt
+                r = complete(url, prompt, stream=True)
+                assert r.status_code == 200 and r.text.endswith("data: [DONE]\n\n"), r.text
+                assert "error" not in r.text, r.text
+                assert released(url), prompt
+                charged = fleet(url)["clients"]["picky"]["counter"] - before
+                assert 0 < charged <= 2 * (W_P * 1000 + W_Q * 3), (prompt, charged)
+
+
+def test_a_caller_that_leaves_takes_its_request_out_of_the_queue_at_once():
+    """Issue: of 300 non-streamed requests whose callers gave up, 258 were still queued 10 s
+    later, and the backends then ran them. Now the caller's leaving cancels its request: a
+    queued one leaves the queue at once, a bound one is closed at its backend (its room
+    freed)."""
+    with BackgroundServer(hostile_backend()) as backend:
+        gw = gateway_over(backends_of([f"{backend}=1000"]))
+        with BackgroundServer(make_gateway(gw)) as url:
+
+            def waiting() -> int:
+                return fleet(url)["clients"].get("picky", {}).get("waiting", 0)
+
+            async def run() -> tuple[bool, bool]:
+                body = {"prompt": "hang", "max_tokens": 900}
+                async with httpx.AsyncClient(base_url=url, timeout=60) as one:
+                    bound = asyncio.create_task(
+                        one.post("/v1/completions", json=body, headers=HEADERS)
+                    )
+                    await asyncio.sleep(0.5)
+                    async with httpx.AsyncClient(base_url=url, timeout=60) as two:
+                        queued = asyncio.create_task(
+                            two.post("/v1/completions", json=body, headers=HEADERS)
+                        )
+                        await asyncio.to_thread(until, lambda: waiting() == 1)
+                        queued.cancel()
+                    left_queue = await asyncio.to_thread(until, lambda: waiting() == 0, 5.0)
+                    bound.cancel()
+                await asyncio.sleep(0)
+                return left_queue, await asyncio.to_thread(until, lambda: released(url), 5.0)
+
+            left_queue, freed = asyncio.run(run())
+            assert left_queue, fleet(url)
+            assert freed, fleet(url)
+
+
+def test_n_samples_are_reserved_and_charged_as_n_requests():
+    """Issue: with `n=16` the gateway reserved one sample's room while the backend held 16, and
+    charged the prompt once where `serve` charges it 16 times. Now n samples reserve n times
+    (prompt + max_tokens), so a request whose samples cannot all fit one backend is a 400,
+    and the prompt is charged once per sample."""
+    with BackgroundServer(hostile_backend()) as backend:
+        gw = gateway_over(backends_of([f"{backend}=1000"]))
+        with BackgroundServer(make_gateway(gw)) as url:
+            r = complete(url, "fine", n=4)
+            assert r.status_code == 200 and len(r.json()["choices"]) == 4
+            counter = fleet(url)["clients"]["picky"]["counter"]
+            assert counter == 4 * 7 * W_P + 12 * W_Q  # the backend's usage: prompt 7, 4 x 3
+            too_many = {"prompt": "fine", "max_tokens": 300, "n": 4}  # 4 x 300 > 1000
+            r = httpx.post(url + "/v1/completions", json=too_many, headers=HEADERS)
+            assert r.status_code == 400 and "fits no backend" in r.json()["error"]["message"]
+            assert released(url)
