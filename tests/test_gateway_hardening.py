@@ -7,6 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
 import time
 
 import httpx
@@ -19,7 +24,7 @@ from minivtc.gateway.app import make_gateway
 from minivtc.gateway.launch import backends_of
 from minivtc.serving.connections import Limits
 from minivtc.serving.server import BackgroundServer
-from tests.test_gateway import fleet, gateway_over
+from tests.test_gateway import fleet, free_port, gateway_over, healthy
 
 HEADERS = {"authorization": "Bearer sk-picky"}
 
@@ -56,6 +61,8 @@ def hostile_backend() -> FastAPI:
         prompt = body["prompt"]
         if prompt == "hang":
             await asyncio.sleep(3600)
+        if prompt == "slow":  # a stream that goes on (a chunk every 0.1 s) until closed
+            return StreamingResponse(slowly(), media_type="text/event-stream")
         if not body.get("stream"):
             return answer(prompt, body)
         usage = json.loads(answer(prompt, body).body)["usage"]
@@ -70,6 +77,12 @@ def hostile_backend() -> FastAPI:
     app.post("/v1/completions")(completions)
     app.state.minivtc = type("S", (), {"limits": Limits()})()
     return app
+
+
+async def slowly():
+    for k in range(10_000):
+        await asyncio.sleep(0.1)
+        yield f"data: {json.dumps({'choices': [{'index': 0, 'text': str(k)}]})}\n\n"
 
 
 def complete(url: str, prompt: str, timeout: float = 30, **extra) -> httpx.Response:
@@ -191,3 +204,133 @@ def test_n_samples_are_reserved_and_charged_as_n_requests():
             r = httpx.post(url + "/v1/completions", json=too_many, headers=HEADERS)
             assert r.status_code == 400 and "fits no backend" in r.json()["error"]["message"]
             assert released(url)
+
+
+def start_route(tmp_path, *flags: str) -> tuple[subprocess.Popen, str, object]:
+    """`minivtc route` as a process, its stderr in a file; returns it, its URL, the file."""
+    port = free_port()
+    keys = tmp_path / "keys.json"
+    ops = {"client": "ops", "admin": True}
+    keys.write_text(json.dumps({"sk-picky": {"client": "picky"}, "sk-ops-route": ops}))
+    args = [sys.executable, "-m", "minivtc", "route", "--port", str(port)]
+    args += ["--api-keys", str(keys), *flags]
+    log = open(tmp_path / "route.log", "w+")  # noqa: SIM115 (read after the process ends)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while not healthy(url):
+        assert time.monotonic() < deadline and proc.poll() is None, "the gateway did not start"
+        time.sleep(0.2)
+    return proc, url, log
+
+
+def test_shutdown_ends_every_request_with_an_openai_error_event(tmp_path):
+    """Issue: on SIGTERM, streams still running (and those queued behind them) were cut at the
+    graceful limit with no error event, and the log filled with tracebacks. Now, once
+    `--shutdown-timeout` has passed, a stream running and one still queued each end with an
+    OpenAI error event and [DONE], the process exits, and the log holds no traceback."""
+    with BackgroundServer(hostile_backend()) as backend:
+        proc, url, log = start_route(
+            tmp_path, "--backend", f"{backend}=1000", "--shutdown-timeout", "1"
+        )
+
+        async def run() -> list[list[str]]:
+            body = {"prompt": "slow", "max_tokens": 900, "stream": True}
+            async with httpx.AsyncClient(base_url=url, timeout=60) as http:
+
+                async def one() -> list[str]:
+                    async with http.stream(
+                        "POST", "/v1/completions", json=body, headers=HEADERS
+                    ) as r:
+                        return [line async for line in r.aiter_lines() if line.startswith("data:")]
+
+                running = asyncio.create_task(one())
+                await asyncio.sleep(1.0)
+                queued = asyncio.create_task(one())  # 900 + 900 > 1000: it waits
+                await asyncio.sleep(1.0)
+                proc.send_signal(signal.SIGTERM)
+                return list(await asyncio.gather(running, queued))
+
+        running, queued = asyncio.run(run())
+        code = proc.wait(timeout=30)
+    for lines in (running, queued):
+        assert lines[-1] == "data: [DONE]", lines[-3:]
+        error = json.loads(lines[-2][5:])["error"]
+        assert "shut down" in error["message"] and error["type"] == "server_error", error
+    assert len(running) > 3 and len(queued) == 2  # the queued one never reached a backend
+    assert code in (0, -signal.SIGTERM)
+    log.seek(0)
+    assert "Traceback" not in log.read()
+
+
+def test_route_has_serves_connection_limits_flags_and_warning(tmp_path):
+    """Issue: `route` had no head deadline, no connection cap, no timeout flags, and no
+    warning when bound to a public address without keys. Now it takes `serve`'s flags: a
+    connection that never finishes its head is closed at `--header-timeout`, and a keyless
+    gateway on 0.0.0.0 warns."""
+    with BackgroundServer(hostile_backend()) as backend:
+        port = free_port()
+        args = [sys.executable, "-m", "minivtc", "route", "--host", "0.0.0.0", "--port", str(port)]
+        args += ["--backend", f"{backend}=1000", "--header-timeout", "1", "--max-connections", "8"]
+        log = open(tmp_path / "route.log", "w+")  # noqa: SIM115
+        proc = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while not healthy(url):
+                assert time.monotonic() < deadline and proc.poll() is None, "did not start"
+                time.sleep(0.2)
+            with socket.create_connection(("127.0.0.1", port)) as slow:
+                slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # no end
+                slow.settimeout(20)
+                assert slow.recv(1024) == b""  # closed by the gateway, not by our timeout
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    log.seek(0)
+    assert "WARNING: routing 0.0.0.0 without --api-keys" in log.read()
+
+
+def test_keys_a_short_api_key_is_refused_and_route_presents_its_key_to_backends(
+    bundled, tmp_path, capsys
+):
+    """Issue: `serve --api-key x` was accepted (the keys file wants 8 characters); `route`
+    could not send a key to its backends (a keyed backend answered 401, and without a budget
+    `route` crashed with `KeyError: 'kv'`), so backends ran keyless. Now a short key is
+    refused like the keys file's; `--backend-api-key` reads a keyed backend's budget and is
+    sent with every request (the client named in the body, as the backend's proxy key
+    allows); without it, `route` says what to do and exits 2, no traceback."""
+    from minivtc.cli.main import main
+    from minivtc.engine.factory import build_engine
+    from minivtc.serving.api_keys import Auth, Key
+    from minivtc.serving.server import make_app
+
+    assert main(["serve", "--api-key", "x"]) == 2
+    assert "shorter than 8 characters" in capsys.readouterr().err
+    model, tokenizer = bundled
+    engine = build_engine(model, tokenizer, "vtc", kv_tokens=512)
+    proxy = {"sk-the-gateway": Key("gateway", proxy=True), "sk-ops-0001": Key("ops", admin=True)}
+    with BackgroundServer(make_app(engine, tokenizer, auth=Auth(proxy))) as backend:
+        args = ["route", "--port", str(free_port()), "--backend", backend]
+        assert main(args) == 2
+        assert "--backend-api-key" in capsys.readouterr().err
+        proc, url, log = start_route(
+            tmp_path, "--backend", backend, "--backend-api-key", "sk-the-gateway"
+        )
+        try:
+            assert complete(url, "Once upon a time").status_code == 200
+            rows = httpx.get(
+                backend + "/fairness", headers={"authorization": "Bearer sk-ops-0001"}
+            ).json()["clients"]
+            assert "picky" in rows, rows
+            assert rows["picky"]["output_tokens"] == 3, rows
+            assert fleet_of(url)["backends"][0]["budget"] == 512
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+
+def fleet_of(url: str) -> dict:
+    """The fleet view of a `start_route` gateway, as its admin sees it."""
+    return httpx.get(url + "/fairness", headers={"authorization": "Bearer sk-ops-route"}).json()

@@ -57,6 +57,9 @@ class Key:
     proxy: bool = False  # its requests name their client (a trusted proxy's end users)
 
 
+MIN_KEY_CHARS = 8  # a shorter key is too easy to guess (the keys file's rule, and --api-key's)
+
+
 def read_keys(path: str | Path) -> dict[str, Key]:
     """The keys file, checked: a ValueError naming the file and the entry at fault."""
     try:
@@ -68,8 +71,10 @@ def read_keys(path: str | Path) -> dict[str, Key]:
     keys = {}
     for key, entry in raw.items():
         where = f"{path}: key {key[:3]!r}..."  # (no more: the message may reach a log)
-        if len(key) < 8:
-            raise ValueError(f"{where} is shorter than 8 characters: too easy to guess")
+        if len(key) < MIN_KEY_CHARS:
+            raise ValueError(
+                f"{where} is shorter than {MIN_KEY_CHARS} characters: too easy to guess"
+            )
         if not isinstance(entry, dict) or not set(entry) <= set(FIELDS):
             fields = ", ".join(f"'{name}': {kind}" for name, kind in FIELDS.items())
             raise ValueError(f"{where}: want {{{fields}}}")

@@ -245,9 +245,10 @@ async def snapshot(state: ServerState):
 
 
 class Server:
-    """`minivtc serve`: uvicorn in the foreground. On SIGINT/SIGTERM it stops accepting and lets
-    in-flight requests finish; after `shutdown_timeout` seconds the rest end with an error event
-    (or a 500) and the process exits. `run()` returns the exit code: 1 if the engine failed."""
+    """`minivtc serve`: uvicorn in the foreground (`Foreground`). On SIGINT/SIGTERM it stops
+    accepting and lets in-flight requests finish; after `shutdown_timeout` seconds the rest end
+    with an error event (or a 500) and the process exits. `run()` returns the exit code: 1 if
+    the engine failed."""
 
     def __init__(
         self,
@@ -259,26 +260,53 @@ class Server:
         shutdown_timeout: float = 30.0,
         **app_options,
     ) -> None:
-        import uvicorn
-
         self.app = make_app(engine, tokenizer, model_name, on_fatal=self.fatal, **app_options)
         self.loop: EngineLoop = self.app.state.minivtc.loop
         self.shutdown_timeout = shutdown_timeout
+        self.foreground = Foreground(self.app, host, port, shutdown_timeout, self.give_up)
+        self.server = self.foreground.server  # uvicorn's
+
+    def run(self) -> int:
+        self.foreground.run()
+        return 1 if self.loop.error is not None else 0
+
+    def give_up(self) -> None:
+        self.loop.fail_all(f"the server shut down ({self.shutdown_timeout:g} s limit)")
+
+    def fatal(self, error: BaseException) -> None:
+        """The engine loop died: stop serving, so the process exits non-zero."""
+        print(f"the engine failed beyond one request ({error!r}): exiting", file=sys.stderr)
+        self.server.should_exit = True
+
+
+class Foreground:
+    """An app (`serve`'s or `route`'s) in uvicorn in the foreground, with the connection limits
+    of `app.state.minivtc.limits`. On the first SIGINT/SIGTERM it stops accepting and starts
+    the clock: `give_up()` runs (on a timer thread) once `shutdown_timeout` seconds have
+    passed, to end what is still in flight with an error; uvicorn waits 5 s more for those
+    answers to go out before it cancels anything."""
+
+    def __init__(
+        self, app: FastAPI, host: str, port: int, shutdown_timeout: float, give_up
+    ) -> None:
+        import uvicorn
+
+        self.shutdown_timeout, self.give_up = shutdown_timeout, give_up
+        limits = app.state.minivtc.limits
         config = uvicorn.Config(
-            self.app,
+            app,
             host=host,
             port=port,
             # (annotated int, used as asyncio.wait_for's float: seconds, fractions kept)
             timeout_graceful_shutdown=shutdown_timeout + 5,  # type: ignore[arg-type]
-            **self.app.state.minivtc.limits.uvicorn_options(),
+            **limits.uvicorn_options(),
         )
-        allow_open_files(self.app.state.minivtc.limits)
+        allow_open_files(limits)
         self.server = uvicorn.Server(config)
         self.server.handle_exit = self.handle_exit  # type: ignore[method-assign]
 
-    def run(self) -> int:
+    def run(self) -> None:
         self.server.run()
-        return 1 if self.loop.error is not None else 0
 
     def handle_exit(self, sig: int, frame) -> None:
         if not self.server.should_exit:  # the first signal: start the clock
@@ -291,14 +319,6 @@ class Server:
             timer.start()
         uvicorn_handle_exit = type(self.server).handle_exit
         uvicorn_handle_exit(self.server, sig, frame)
-
-    def give_up(self) -> None:
-        self.loop.fail_all(f"the server shut down ({self.shutdown_timeout:g} s limit)")
-
-    def fatal(self, error: BaseException) -> None:
-        """The engine loop died: stop serving, so the process exits non-zero."""
-        print(f"the engine failed beyond one request ({error!r}): exiting", file=sys.stderr)
-        self.server.should_exit = True
 
 
 class BackgroundServer:
