@@ -74,7 +74,22 @@ def hostile_backend() -> FastAPI:
 
         return StreamingResponse(lines(), media_type="text/event-stream")
 
+    async def chat(http: HTTPRequest):
+        body = app.state.seen = await http.json()
+        head = {"id": "chat-1", "object": "chat.completion", "created": 1, "model": "m"}
+        usage = {"prompt_tokens": 7, "completion_tokens": 1, "total_tokens": 8}
+        if body.get("stream"):
+            choice = {"index": 0, "delta": {"content": "a"}, "finish_reason": "length"}
+            chunks = [head | {"choices": [choice], "usage": usage}]
+            chunks.append(head | {"choices": [], "usage": usage})
+            lines = [f"data: {json.dumps(c)}\n\n" for c in chunks] + ["data: [DONE]\n\n"]
+            return StreamingResponse(iter(lines), media_type="text/event-stream")
+        message = {"role": "assistant", "content": "a"}
+        choice = {"index": 0, "message": message, "finish_reason": "length"}
+        return JSONResponse(head | {"choices": [choice], "usage": usage})
+
     app.post("/v1/completions")(completions)
+    app.post("/v1/chat/completions")(chat)
     app.state.minivtc = type("S", (), {"limits": Limits()})()
     return app
 
@@ -334,3 +349,33 @@ def test_keys_a_short_api_key_is_refused_and_route_presents_its_key_to_backends(
 def fleet_of(url: str) -> dict:
     """The fleet view of a `start_route` gateway, as its admin sees it."""
     return httpx.get(url + "/fairness", headers={"authorization": "Bearer sk-ops-route"}).json()
+
+
+def test_valid_chats_pass_and_a_tenant_sees_no_fleet_totals():
+    """Issue: at the gateway, text-part content, the `developer` role and a text part without
+    text were 500s (`serve` answers them); `continuous_usage_stats` was silently dropped; a
+    tenant's `/fairness` and `/dashboard/data` showed the fleet's `requests.served`. Now the
+    chats are served, the stream options reach the backend, and a tenant sees its own row
+    only."""
+    app = hostile_backend()
+    with BackgroundServer(app) as backend:
+        gw = gateway_over(backends_of([f"{backend}=1000"]))
+        with BackgroundServer(make_gateway(gw)) as url:
+            chats = (
+                [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+                [{"role": "developer", "content": "be brief"}, {"role": "user", "content": "hi"}],
+                [{"role": "user", "content": [{"type": "text"}, {"type": "text", "text": "x"}]}],
+            )
+            for messages in chats:
+                body = {"messages": messages, "max_tokens": 1}
+                r = httpx.post(url + "/v1/chat/completions", json=body, headers=HEADERS)
+                assert r.status_code == 200, (messages, r.text)
+            options = {"include_usage": True, "continuous_usage_stats": True}
+            body = {"messages": chats[0], "max_tokens": 1, "stream": True}
+            body["stream_options"] = options
+            r = httpx.post(url + "/v1/chat/completions", json=body, headers=HEADERS)
+            assert r.status_code == 200 and app.state.seen["stream_options"] == options
+            for path in ("/fairness", "/dashboard/data"):
+                view = httpx.get(url + path, headers=HEADERS).json()
+                assert "requests" not in view and "backends" not in view, (path, view)
+                assert set(view["clients"]) == {"picky"}

@@ -26,6 +26,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from minivtc.gateway.gateway import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKENS, Gateway
+from minivtc.model import chat
 from minivtc.serving.api_keys import Caller
 from minivtc.serving.connections import InFlight, Limits
 from minivtc.serving.dashboard import EVERY_S, add_dashboard, spread_view, viewer
@@ -124,8 +125,12 @@ async def chat_completions(http: HTTPRequest):
     caller = identify(gateway, http, body.user)
     check_unsupported(body, gateway.model_name)
     check_fan_out(body.n)
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    num_prompt = len(await asyncio.to_thread(gateway.tokenizer.chat_ids, messages))
+    # As `serve` reads them: a developer message is a system one, text parts are joined
+    messages = [{"role": m.role, "content": m.text} for m in body.messages]
+    try:
+        num_prompt = len(await asyncio.to_thread(chat.prompt_ids, gateway.tokenizer, messages))
+    except ValueError as e:  # (the chat format refused them)
+        raise APIError(400, str(e), "messages") from None
     room = max(gateway.prompt_limits.tokens - num_prompt, 1)
     max_tokens = body.max_completion_tokens or body.max_tokens or min(DEFAULT_CHAT_MAX_TOKENS, room)
     payload = body.model_dump(exclude_unset=True, exclude={"max_completion_tokens"})
@@ -144,7 +149,9 @@ async def forward(http: HTTPRequest, path: str, client: str, num_prompt: int, pa
     if not payload.get("stream"):
         return await unless_gone(http, gateway.once(request, path, payload, headers))
     wants_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
-    payload["stream_options"] = {"include_usage": True}  # the gateway settles with it
+    # The gateway settles with the usage; the caller's other options (vLLM's
+    # continuous_usage_stats) go on to the backend
+    payload["stream_options"] = (payload.get("stream_options") or {}) | {"include_usage": True}
     events = gateway.stream(request, path, payload, wants_usage, headers)
     return ClosingStream(events, lambda: gateway.end(request, {}))
 
@@ -247,9 +254,9 @@ FLEET_U = "U = max(w_p L_input, w_q M), M the backends' budgets (Lemma 4.3 over 
 
 def view_for(view: dict, caller: Caller) -> dict:
     """`/fairness`'s rule: an admin sees the whole fleet, any other key its own row only."""
-    if not caller.admin:
+    if not caller.admin:  # (nor the fleet's totals: `serve` hides its totals from tenants)
         view["clients"] = {c: r for c, r in view["clients"].items() if c == caller.client}
-        del view["backends"]
+        del view["backends"], view["requests"]
     return view
 
 
