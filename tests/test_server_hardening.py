@@ -463,3 +463,35 @@ def running_loop() -> bool:
     except RuntimeError:
         return False
     return True
+
+
+@pytest.mark.parametrize(
+    "template, why",
+    [
+        ("{{ 'x' * 10**8 }}", "characters"),  # 100 MB in 1.2 s, before
+        ("{% for m in messages %}{{ m['content'] * 100000 }}{% endfor %}", "characters"),
+        ("{{ 'x'.ljust(10**8) }}", "called a function"),
+        ("{% for i in range(20000) %}{% for j in range(20000) %}{% endfor %}{% endfor %}", "took"),
+        ("{% include 'x.jinja' %}", "failed on these messages"),  # a 500, before
+        ("{% for i in range(10**9) %}{% endfor %}", "called a function"),  # a 500, before
+    ],
+)
+def test_a_chat_template_has_a_time_and_a_size_cap(bundled, template, why):
+    """Issue: a template's render had no cap (`'x' * 10**8` made 100 MB, nested
+    `range(20000)` ran 12.6 s), `{% include %}` and `range(10**9)` raised errors the chat
+    route answered with 500, and the rendered text was tokenized whole before any length
+    check. Now a render stops past one request's characters or `MAX_RENDER_S`, and every
+    failure is a 400, before any tokenizing."""
+    from fastapi.testclient import TestClient
+
+    from minivtc.model import chat
+
+    model, tokenizer = bundled
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(ValueError, match=why):
+        chat.prompt_ids(tokenizer, messages, template, max_chars=100_000)
+    app = make_app(build_engine(model, tokenizer, "vtc", kv_tokens=256), tokenizer)
+    app.state.minivtc.chat_template = template
+    with TestClient(app) as client:
+        r = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1})
+    assert openai_error(r, 400)["param"] == "messages"

@@ -13,6 +13,7 @@ through the server's chat template) and answers `{"count", "max_model_len", "tok
 from __future__ import annotations
 
 import asyncio
+import functools
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Request
@@ -80,7 +81,10 @@ async def tokenize(http: Request):
     """Through the same door as `/v1`: the body's limits before any work, and all of it
     (parsing, the chat template, tokenizing, each token's text) on a worker thread."""
     state: ServerState = http.app.state.minivtc
-    return await asyncio.to_thread(tokenize_answer, state, await http.body())
+    work = functools.partial(tokenize_answer, state, await http.body())
+    if state.chat_template is None:
+        return await asyncio.to_thread(work)
+    return await asyncio.get_running_loop().run_in_executor(state.renders, work)
 
 
 def tokenize_answer(state: ServerState, raw: bytes) -> dict:
@@ -98,8 +102,9 @@ def tokenize_answer(state: ServerState, raw: bytes) -> dict:
         check_length(state.prompt_limits, sum(len(m.text) for m in body.messages), "messages")
         messages = [{"role": m.role, "content": m.text} for m in body.messages]
         try:
+            limit = state.prompt_limits.max_chars
             ids = chat.prompt_ids(
-                state.tokenizer, messages, state.chat_template, body.add_generation_prompt
+                state.tokenizer, messages, state.chat_template, body.add_generation_prompt, limit
             )
         except ValueError as e:
             raise APIError(400, str(e), "messages") from None

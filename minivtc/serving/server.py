@@ -29,6 +29,7 @@ from requests: a client cannot raise its own share."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import sys
 import threading
@@ -164,9 +165,7 @@ async def chat_completions(http: Request):
     check_fan_out(body.n)
     messages = [{"role": m.role, "content": m.text} for m in body.messages]
     try:
-        prompt_ids = await asyncio.to_thread(
-            chat.prompt_ids, state.tokenizer, messages, state.chat_template
-        )
+        prompt_ids = await render(state, messages)
     except ValueError as e:  # (the template refused them)
         raise APIError(400, str(e), "messages") from None
     room = state.prompt_limits.tokens - len(prompt_ids)
@@ -226,6 +225,18 @@ async def metrics(http: Request):
 
 
 # --- helpers -------------------------------------------------------------------------------------
+
+
+async def render(state: ServerState, messages: list[dict]) -> list[int]:
+    """A chat's prompt ids, off the event loop; a chat template renders on workers of its own
+    (`ServerState.renders`), so a slow one never holds the workers that parse `/v1` bodies."""
+    limit = state.prompt_limits.max_chars
+    work = functools.partial(
+        chat.prompt_ids, state.tokenizer, messages, state.chat_template, max_chars=limit
+    )
+    if state.chat_template is None:
+        return await asyncio.to_thread(work)
+    return await asyncio.get_running_loop().run_in_executor(state.renders, work)
 
 
 def identify(state: ServerState, http: Request, user: str | None) -> Caller:
