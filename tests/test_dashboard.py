@@ -203,9 +203,11 @@ def test_without_keys_loopback_callers_only(bundled):
             answer = stranger.get(path)
             assert answer.status_code == 403
             assert "loopback only" in answer.json()["error"]["message"]
-        assert stranger.get("/fairness").status_code == 200  # (its rule is unchanged)
+        for path in ("/fairness", "/metrics"):  # (the same rule, since the third audit)
+            assert stranger.get(path).status_code == 403, path
     app = make_app(engine_of(bundled, "vtc"), bundled[1])  # (an app's engine runs once)
-    with TestClient(app, client=("127.0.0.1", 40000)) as local:
+    local_client = TestClient(app, base_url="http://localhost", client=("127.0.0.1", 40000))
+    with local_client as local:
         assert local.get("/dashboard").status_code == 200
         assert local.get("/dashboard/data").json()["kind"] == "server"
 

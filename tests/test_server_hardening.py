@@ -495,3 +495,26 @@ def test_a_chat_template_has_a_time_and_a_size_cap(bundled, template, why):
     with TestClient(app) as client:
         r = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1})
     assert openai_error(r, 400)["param"] == "messages"
+
+
+def test_a_keyless_server_answers_no_web_page_of_another_site(open_server):
+    """Issue: without keys, no Host check (a page on another origin could read
+    `/dashboard/data` by DNS rebinding), a cross-site `text/plain` POST ran a completion,
+    `/fairness` and `/metrics` answered a caller whose X-Forwarded-For was not loopback while
+    `/dashboard/data` refused it, and the dashboard had no CSP or frame headers. Now each is
+    refused, and the dashboard may not be framed."""
+    url = open_server
+    rebound = httpx.get(url + "/dashboard/data", headers={"host": "evil.example:8000"})
+    assert openai_error(rebound, 403)["code"] == "host_not_allowed"
+    body = json.dumps({"prompt": "x", "max_tokens": 1})
+    form = httpx.post(url + "/v1/completions", content=body, headers={"content-type": "text/plain"})
+    assert openai_error(form, 415)["message"].startswith("send the body as JSON")
+    far = {"x-forwarded-for": "203.0.113.5"}
+    for path in ("/fairness", "/metrics", "/dashboard/data"):
+        assert openai_error(httpx.get(url + path, headers=far), 403)["type"] == "permission_error"
+        assert httpx.get(url + path).status_code == 200, path
+    page = httpx.get(url + "/dashboard")
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert page.headers["x-frame-options"] == "DENY"
+    ok = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=60)
+    assert ok.status_code == 200

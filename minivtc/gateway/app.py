@@ -211,7 +211,7 @@ async def health(http: HTTPRequest):
 async def fairness(http: HTTPRequest):
     """The fleet's view; with API keys, a non-admin key sees only its own client's row."""
     gateway: Gateway = http.app.state.gateway
-    return view_for(fleet_view(gateway), identify(gateway, http, None))
+    return view_for(fleet_view(gateway), viewer(gateway.auth, http))
 
 
 async def dashboard_data(http: HTTPRequest):
@@ -233,7 +233,7 @@ async def dashboard_data(http: HTTPRequest):
 
 async def metrics(http: HTTPRequest):
     gateway: Gateway = http.app.state.gateway
-    if not identify(gateway, http, None).admin:
+    if not viewer(gateway.auth, http).admin:  # (without keys: loopback only)
         raise APIError(403, "/metrics needs an admin key", kind="permission_error")
     registry = CollectorRegistry()
     registry.register(FleetCollector(gateway))

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -85,6 +86,8 @@ class GuardMiddleware:
 
     async def checked_body(self, scope, headers: dict[str, str], receive) -> bytes | None:
         """The key, the announced length, then the body (APIError: refused)."""
+        if self.auth.keys is None and (refusal := browser_refusal(scope, headers)) is not None:
+            raise refusal
         if self.auth.keys is not None and scope["path"] not in KEYLESS_PATHS:
             self.auth.key(headers.get("authorization"))
         length = headers.get("content-length", "")
@@ -117,6 +120,40 @@ class GuardMiddleware:
             f"the request body did not arrive within {self.limits.body_timeout_s:g} s "
             "(--body-timeout)"
         )
+
+
+# What a web page on another site may send without asking first (a CORS "simple" request)
+SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]", "::1")
+
+
+def browser_refusal(scope, headers: dict[str, str]) -> APIError | None:
+    """Without keys, the server trusts whoever reaches it, so a web page in a browser on this
+    machine must not reach it for another site: a request from loopback that names another
+    Host (a DNS-rebinding page: 403), and a POST whose body is not declared JSON (a
+    cross-site form or `text/plain` fetch, which a browser sends without asking: 415)."""
+    client = scope.get("client")
+    if client is None or not is_loopback(client[0]):
+        return None
+    host = headers.get("host", "")
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    if name and name not in LOOPBACK_NAMES and not name.endswith(".localhost"):
+        message = f"Host {host!r} is not this server's: without keys it answers loopback names"
+        return APIError(403, message, kind="permission_error", code="host_not_allowed")
+    kind = headers.get("content-type", "").split(";")[0].strip().lower()
+    if scope.get("method") == "POST" and kind in SIMPLE_TYPES:
+        return APIError(415, "send the body as JSON: Content-Type: application/json")
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # not an address (a test client's "testclient")
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # 127.0.0.1 as a dual-stack socket reports it
+    return address.is_loopback
 
 
 async def drain(receive) -> None:

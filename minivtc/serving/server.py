@@ -200,7 +200,7 @@ async def fairness(http: Request):
     """Per client: counter, weight, waiting, running, tokens and service so far. With API keys,
     an admin key sees every client, any other key only its own client's row."""
     state: ServerState = http.app.state.minivtc
-    caller = identify(state, http, None)
+    caller = viewer(state.auth, http)  # (without keys: loopback only, as the dashboard's)
     snap = await snapshot(state)
     return await asyncio.to_thread(fairness_view, snap, None if caller.admin else caller.client)
 
@@ -217,7 +217,7 @@ async def dashboard_data(http: Request):
 async def metrics(http: Request):
     """Prometheus text. With API keys, for admin keys only."""
     state: ServerState = http.app.state.minivtc
-    if not identify(state, http, None).admin:
+    if not viewer(state.auth, http).admin:  # (without keys: loopback only)
         raise APIError(403, "/metrics needs an admin key", kind="permission_error")
     snap = await snapshot(state)
     text = await asyncio.to_thread(prometheus_text, snap, model_name=state.model_name)
