@@ -518,3 +518,32 @@ def test_a_keyless_server_answers_no_web_page_of_another_site(open_server):
     assert page.headers["x-frame-options"] == "DENY"
     ok = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=60)
     assert ok.status_code == 200
+
+
+def test_a_large_response_is_built_off_the_event_loop_and_capped(open_server, bundled, monkeypatch):
+    """Issue: a 155-byte chat request (n=16, top_logprobs=20, 768 tokens) made a 17.8 MB
+    response, built on the event loop: `/health` blocked 9.2 s. Now completions x tokens x
+    logprobs is capped (a 400 before any work), and a whole response is built and serialized
+    on a worker thread."""
+    from fastapi.testclient import TestClient
+
+    from minivtc.serving import streaming
+
+    body = {"prompt": "x", "max_tokens": 1000, "n": 4, "logprobs": 20}
+    r = httpx.post(open_server + "/v1/completions", json=body, timeout=120)
+    assert openai_error(r, 400)["param"] == "top_logprobs"
+    model, tokenizer = bundled
+    app = make_app(build_engine(model, tokenizer, "vtc", kv_tokens=256), tokenizer)
+    on_loop: list[bool] = []
+    format_logprobs = streaming.format_logprobs
+
+    def watched(*args, **kwargs):
+        on_loop.append(running_loop())
+        return format_logprobs(*args, **kwargs)
+
+    monkeypatch.setattr(streaming, "format_logprobs", watched)
+    with TestClient(app) as client:
+        small = {"prompt": "x", "max_tokens": 3, "n": 2, "logprobs": 2}
+        answer = client.post("/v1/completions", json=small)
+    assert answer.status_code == 200 and len(answer.json()["choices"]) == 2
+    assert on_loop and not any(on_loop), on_loop

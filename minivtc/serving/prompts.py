@@ -26,6 +26,9 @@ from minivtc.serving.openai_api import (
 )
 from minivtc.vocab.params import SamplingParams
 
+# The most logprob entries one response may carry (completions x tokens x (top + 1)): ~70
+# bytes each in JSON, so ~5 MB
+MAX_LOGPROB_ENTRIES = 65_536
 CHARS_PER_TOKEN_BOUND = 4  # NFKC may compose up to ~3 code points into one; 4 is a safe margin
 
 
@@ -136,6 +139,22 @@ def completion_prompts(prompt) -> list[str | list[int]]:
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         return [prompt]
     return list(prompt) if prompt else [prompt]
+
+
+def check_logprob_volume(count: int, max_tokens: int, top_logprobs: int | None) -> None:
+    """Refuse a request whose logprobs could not be sent in a reasonable response: `count`
+    completions of up to `max_tokens` tokens, each with its `top_logprobs` alternatives (a
+    155-byte body asked for 17.8 MB: 16 x 768 tokens x 21 entries)."""
+    if top_logprobs is None:
+        return
+    entries = count * max_tokens * (top_logprobs + 1)
+    if entries > MAX_LOGPROB_ENTRIES:
+        raise APIError(
+            400,
+            f"{count} completions x {max_tokens} tokens x {top_logprobs + 1} logprobs = "
+            f"{entries} entries: at most {MAX_LOGPROB_ENTRIES} (ask for fewer of one of them)",
+            "top_logprobs",
+        )
 
 
 def check_fan_out(count: int) -> None:

@@ -54,6 +54,7 @@ from minivtc.serving.prompts import (
     PromptLimits,
     chat_body,
     check_fan_out,
+    check_logprob_volume,
     completion_body,
     completion_inputs,
     sampling_params,
@@ -140,6 +141,7 @@ async def completions(http: Request):
         completion_inputs, state.prompt_limits, state.tokenizer, body
     )
     params = sampling_params(body, body.max_tokens or 16, body.logprobs)
+    check_logprob_volume(len(ids) * params.n, body.max_tokens or 16, body.logprobs)
     state.in_flight.take(http.scope, caller.client, len(ids) * params.n)  # else 429
     return await respond(
         state.loop,
@@ -174,6 +176,7 @@ async def chat_completions(http: Request):
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     params = sampling_params(body, max_tokens, logprobs)
+    check_logprob_volume(params.n, max_tokens, logprobs)
     state.in_flight.take(http.scope, caller.client, params.n)  # else 429
     return await respond(
         state.loop,

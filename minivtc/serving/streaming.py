@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minivtc.engine.engine import RequestRejected
 from minivtc.model.tokenizer import Tokenizer
@@ -238,13 +238,21 @@ async def collect(loop: EngineLoop, http: Request, choices: list[Choice], reply:
                     if await http.is_disconnected():
                         return JSONResponse({}, status_code=499)  # nobody will read it
                     next_check = time.monotonic() + 0.5
-        return {
-            **reply.shape.head(streaming=False),
-            "choices": [whole_choice(reply, c) for c in choices],
-            "usage": usage_of(choices),
-        }
+        # Built and serialized off the event loop: with logprobs, one response may hold
+        # hundreds of thousands of entries (each token's text decoded), seconds of work
+        body = await asyncio.to_thread(whole_response, reply, choices)
+        return Response(body, media_type="application/json")
     finally:
         abort_all(loop, choices)
+
+
+def whole_response(reply: Reply, choices: list[Choice]) -> bytes:
+    answer = {
+        **reply.shape.head(streaming=False),
+        "choices": [whole_choice(reply, c) for c in choices],
+        "usage": usage_of(choices),
+    }
+    return bytes(JSONResponse(answer).body)  # (its encoding: UTF-8, no NaN, compact)
 
 
 def whole_choice(reply: Reply, c: Choice) -> dict:
