@@ -297,7 +297,7 @@ def test_route_has_serves_connection_limits_flags_and_warning(tmp_path):
                 assert time.monotonic() < deadline and proc.poll() is None, "did not start"
                 time.sleep(0.2)
             with socket.create_connection(("127.0.0.1", port)) as slow:
-                slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # no end
+                slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n")  # no end
                 slow.settimeout(20)
                 assert slow.recv(1024) == b""  # closed by the gateway, not by our timeout
         finally:

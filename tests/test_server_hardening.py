@@ -294,7 +294,7 @@ def test_slow_clients_are_cut_off_and_connections_are_capped(bundled):
         slow = [socket.create_connection((host, int(port))) for _ in range(30)]
         started = time.monotonic()
         for s in slow:
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n")  # and never the rest
         assert httpx.get(url + "/health").status_code == 503  # uvicorn's limit_concurrency
         for s in slow:
             s.settimeout(5)
@@ -304,8 +304,9 @@ def test_slow_clients_are_cut_off_and_connections_are_capped(bundled):
         assert httpx.get(url + "/health").status_code == 200
         with socket.create_connection((host, int(port))) as s:
             s.sendall(
-                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                b'\r\nContent-Length: 100\r\n\r\n{"prompt": '
+                b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+                b"Content-Type: application/json\r\n"
+                b'Content-Length: 100\r\n\r\n{"prompt": '
             )
             s.settimeout(5)
             answer = b"".join(iter(lambda: s.recv(65536), b"")).decode()  # until it closes
@@ -341,7 +342,7 @@ def test_one_client_holding_its_share_of_requests_cannot_lock_the_others_out(bun
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a slow reader
             s.connect((host, int(port)))
             s.sendall(
-                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Client-Id: flood\r\n"
+                b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nX-Client-Id: flood\r\n"
                 b"Content-Type: application/json\r\n"
                 + f"Content-Length: {len(payload)}\r\n\r\n".encode()
                 + payload
@@ -454,6 +455,7 @@ def test_tokenize_works_off_the_event_loop(bundled):
         assert client.post("/tokenize", json=asked).status_code == 200
         chat = {"messages": [{"role": "user", "content": "hi"}]}
         assert client.post("/tokenize", json=chat).status_code == 200
+        assert client.post("/detokenize", json={"tokens": [100, 200]}).status_code == 200
     assert on_loop and not any(on_loop), on_loop
 
 

@@ -117,13 +117,18 @@ def tokenize_answer(state: ServerState, raw: bytes) -> dict:
 
 
 async def detokenize(http: Request):
-    state = http.app.state.minivtc
-    body = validate(DetokenizeBody, parse_json(await http.body()))
+    """As `/tokenize`: parsing a million ids and decoding them, on a worker thread."""
+    state: ServerState = http.app.state.minivtc
+    return await asyncio.to_thread(detokenize_answer, state, await http.body())
+
+
+def detokenize_answer(state: ServerState, raw: bytes) -> dict:
+    body = validate(DetokenizeBody, parse_json(raw))
     check_model(state, body.model)
     vocab = state.tokenizer.vocab_size
     if any(not 0 <= t < vocab for t in body.tokens):
         raise APIError(400, f"token ids must be in [0, {vocab})", "tokens")
-    return {"prompt": await asyncio.to_thread(state.tokenizer.decode, body.tokens)}
+    return {"prompt": state.tokenizer.decode(body.tokens)}
 
 
 def check_model(state: ServerState, name: str | None) -> None:
