@@ -1,4 +1,4 @@
-"""Who is calling (`api_keys.py`): the keys file, checked entry by entry, and `Gate`, which
+"""Who is calling (`api_keys.py`): the keys file, checked entry by entry, and `Auth`, which
 names the client each request is charged to, with keys and without. No server: the HTTP side
 (401 bodies, scoped views) is `test_server_trust.py`'s."""
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from minivtc.serving.api_keys import Caller, Gate, Key, read_keys, weights_of
+from minivtc.serving.api_keys import Auth, Caller, Key, read_keys, weights_of
 from minivtc.serving.openai_api import MAX_CLIENT_ID_CHARS, APIError
 
 README = Path(__file__).resolve().parent.parent / "README.md"
@@ -112,57 +112,57 @@ def test_an_infinite_weight_is_refused(tmp_path):
 
 
 def test_without_keys_the_request_names_its_client():
-    gate = Gate()
-    assert gate.caller(None, "hdr", "usr") == Caller("hdr", admin=True)  # the header first
-    assert gate.caller(None, None, "usr") == Caller("usr", admin=True)  # then the body's user
-    assert gate.caller(None, "", "usr") == Caller("usr", admin=True)  # an empty header is none
-    assert gate.caller(None) == Caller("default", admin=True)  # then "default"
-    assert gate.caller("Bearer anything", "hdr").client == "hdr"  # a key is not looked at
+    auth = Auth()
+    assert auth.caller(None, "hdr", "usr") == Caller("hdr", admin=True)  # the header first
+    assert auth.caller(None, None, "usr") == Caller("usr", admin=True)  # then the body's user
+    assert auth.caller(None, "", "usr") == Caller("usr", admin=True)  # an empty header is none
+    assert auth.caller(None) == Caller("default", admin=True)  # then "default"
+    assert auth.caller("Bearer anything", "hdr").client == "hdr"  # a key is not looked at
 
 
-def unauthorized(gate: Gate, authorization: str | None) -> APIError:
+def unauthorized(auth: Auth, authorization: str | None) -> APIError:
     with pytest.raises(APIError) as e:
-        gate.caller(authorization, "hdr", "usr")
+        auth.caller(authorization, "hdr", "usr")
     assert e.value.status == 401
     return e.value
 
 
 def test_with_keys_a_missing_or_unknown_key_is_401():
-    gate = Gate(KEYS)
+    auth = Auth(KEYS)
     missing_keys = [None, "", "Bearer", "Bearer    ", "Basic c2stYm9i", "sk-bob-000001"]
     for missing in missing_keys:
-        assert unauthorized(gate, missing).code == "missing_api_key", missing
+        assert unauthorized(auth, missing).code == "missing_api_key", missing
     for unknown in ("Bearer sk-nobody-0001", "Bearer sk-bob-000002", "Bearer SK-BOB-000001"):
-        assert unauthorized(gate, unknown).code == "invalid_api_key", unknown
+        assert unauthorized(auth, unknown).code == "invalid_api_key", unknown
 
 
 def test_with_keys_the_client_is_the_keys_whatever_the_request_says():
-    gate = Gate(KEYS)
-    assert gate.caller("Bearer sk-bob-000001", "alice", "ops") == Caller("bob", False, "bob")
-    assert gate.caller("bearer  sk-ops-000001 ") == Caller("ops", True, "ops")  # case, spaces
+    auth = Auth(KEYS)
+    assert auth.caller("Bearer sk-bob-000001", "alice", "ops") == Caller("bob", False, "bob")
+    assert auth.caller("bearer  sk-ops-000001 ") == Caller("ops", True, "ops")  # case, spaces
     long = "x" * (MAX_CLIENT_ID_CHARS + 1)
-    assert gate.caller("Bearer sk-alice-0001", long).client == "alice"  # ignored, not checked
+    assert auth.caller("Bearer sk-alice-0001", long).client == "alice"  # ignored, not checked
 
 
 def test_a_proxy_key_names_the_client_but_no_other_key_can():
     """Trust is the key's: the proxy's requests are charged to the client they name, every
     other key's to the key's own client, whatever they name."""
-    gate = Gate(KEYS)
+    auth = Auth(KEYS)
     proxy = "Bearer sk-gateway-01"
     # (the prefix cache stays the key's: the proxy's clients share it, other keys do not)
-    assert gate.caller(proxy, "carol", "dave") == Caller("carol", False, "gateway")
-    assert gate.caller(proxy, None, "dave") == Caller("dave", False, "gateway")
-    assert gate.caller(proxy) == Caller("gateway", False, "gateway")  # none named
-    assert gate.caller("Bearer sk-bob-000001", "alice", "ops") == Caller("bob", False, "bob")
-    assert unauthorized(gate, None).code == "missing_api_key"
+    assert auth.caller(proxy, "carol", "dave") == Caller("carol", False, "gateway")
+    assert auth.caller(proxy, None, "dave") == Caller("dave", False, "gateway")
+    assert auth.caller(proxy) == Caller("gateway", False, "gateway")  # none named
+    assert auth.caller("Bearer sk-bob-000001", "alice", "ops") == Caller("bob", False, "bob")
+    assert unauthorized(auth, None).code == "missing_api_key"
 
 
-@pytest.mark.parametrize("gate", [Gate(), Gate(KEYS)], ids=["no keys", "a proxy key"])
-def test_a_client_id_is_at_most_128_characters(gate):
+@pytest.mark.parametrize("auth", [Auth(), Auth(KEYS)], ids=["no keys", "a proxy key"])
+def test_a_client_id_is_at_most_128_characters(auth):
     key = "Bearer sk-gateway-01"
     ok = "c" * MAX_CLIENT_ID_CHARS
-    assert gate.caller(key, ok).client == ok and gate.caller(key, None, ok).client == ok
+    assert auth.caller(key, ok).client == ok and auth.caller(key, None, ok).client == ok
     for header, user, param in ((ok + "c", None, "X-Client-Id"), (None, ok + "c", "user")):
         with pytest.raises(APIError, match="at most 128 characters; this one has 129") as e:
-            gate.caller(key, header, user)
+            auth.caller(key, header, user)
         assert (e.value.status, e.value.param) == (400, param)

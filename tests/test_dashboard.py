@@ -24,7 +24,7 @@ from minivtc.gateway.app import make_gateway
 from minivtc.gateway.gateway import Gateway
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.model.weights import bundled_weights_dir
-from minivtc.serving.api_keys import Caller, Gate, Key, weights_of
+from minivtc.serving.api_keys import Auth, Caller, Key, weights_of
 from minivtc.serving.dashboard import Setup, on_loopback, read_page, server_data
 from minivtc.serving.engine_loop import EngineLoop
 from minivtc.serving.observability import fairness_view
@@ -172,7 +172,7 @@ def test_first_tokens_per_client_add_up_to_the_servers_histogram(bundled):
 
 def test_forgotten_clients_first_tokens_go_and_a_tenants_stay(bundled):
     keys = {"sk-alice-1": Key("alice"), "sk-proxy-1": Key("proxy", proxy=True)}
-    app = make_app(engine_of(bundled, "fcfs"), bundled[1], gate=Gate(keys), forget_every_s=3600)
+    app = make_app(engine_of(bundled, "fcfs"), bundled[1], auth=Auth(keys), forget_every_s=3600)
     with BackgroundServer(app) as url:
         for key, client in (("sk-alice-1", None), ("sk-proxy-1", "eve")):
             headers = {"authorization": f"Bearer {key}"} | (
@@ -203,9 +203,11 @@ def test_without_keys_loopback_callers_only(bundled):
             answer = stranger.get(path)
             assert answer.status_code == 403
             assert "loopback only" in answer.json()["error"]["message"]
-        assert stranger.get("/fairness").status_code == 200  # (its rule is unchanged)
+        for path in ("/fairness", "/metrics"):  # (the same rule, since the third audit)
+            assert stranger.get(path).status_code == 403, path
     app = make_app(engine_of(bundled, "vtc"), bundled[1])  # (an app's engine runs once)
-    with TestClient(app, client=("127.0.0.1", 40000)) as local:
+    local_client = TestClient(app, base_url="http://localhost", client=("127.0.0.1", 40000))
+    with local_client as local:
         assert local.get("/dashboard").status_code == 200
         assert local.get("/dashboard/data").json()["kind"] == "server"
 
@@ -229,7 +231,7 @@ def test_loopback_is_an_address_on_the_loopback_network(address, local):
 
 def test_with_keys_the_page_is_open_and_its_data_follows_fairness(bundled):
     engine = engine_of(bundled, "vtc", client_weights=weights_of(KEYS))  # (as `serve` builds it)
-    app = make_app(engine, bundled[1], gate=Gate(KEYS))
+    app = make_app(engine, bundled[1], auth=Auth(KEYS))
     with TestClient(app) as http:  # (not loopback: with keys, the key decides)
         page = http.get("/dashboard")
         assert page.status_code == 200 and "<svg" in page.text  # holds no data: no key needed
@@ -252,7 +254,7 @@ def test_with_keys_the_page_is_open_and_its_data_follows_fairness(bundled):
 def test_the_gateways_page_shows_the_fleet_to_an_admin_only():
     tokenizer = Tokenizer(bundled_weights_dir() / "tokenizer.model")
     backends = [Backend("http://127.0.0.1:9", 256), Backend("http://127.0.0.1:10", 512)]
-    gateway = Gateway(VTC(), backends, tokenizer, "minivtc-tiny", Gate(KEYS))
+    gateway = Gateway(VTC(), backends, tokenizer, "minivtc-tiny", Auth(KEYS))
     with TestClient(make_gateway(gateway)) as http:
         assert http.get("/dashboard").status_code == 200
         admin = http.get("/dashboard/data", headers={"authorization": "Bearer sk-ops-123"})
@@ -262,7 +264,7 @@ def test_the_gateways_page_shows_the_fleet_to_an_admin_only():
         assert set(data["requests"]) == {"served", "given_back", "broken"}
         tenant = http.get("/dashboard/data", headers={"authorization": "Bearer sk-bob-123"})
         assert "backends" not in tenant.json() and "fairness" not in tenant.json()
-    open_gateway = Gateway(VTC(), [Backend("http://127.0.0.1:9", 256)], tokenizer, "m", Gate())
+    open_gateway = Gateway(VTC(), [Backend("http://127.0.0.1:9", 256)], tokenizer, "m", Auth())
     with TestClient(make_gateway(open_gateway)) as stranger:
         assert stranger.get("/dashboard/data").status_code == 403
 

@@ -159,13 +159,13 @@ def test_the_gateways_dashboard_shows_its_backends_and_clients_in_chromium(bundl
     from minivtc.fleet.backend import Backend
     from minivtc.gateway.app import make_gateway
     from minivtc.gateway.gateway import Gateway
-    from minivtc.serving.api_keys import Gate
+    from minivtc.serving.api_keys import Auth
 
     model, tokenizer = bundled
     budget = 4 * (INPUT_TOKENS + OUTPUT_TOKENS)
     engine = build_engine(model, tokenizer, "vtc", kv_tokens=budget)
     with BackgroundServer(make_app(engine, tokenizer)) as backend_url:
-        gateway = Gateway(VTC(), [Backend(backend_url, budget)], tokenizer, "minivtc-tiny", Gate())
+        gateway = Gateway(VTC(), [Backend(backend_url, budget)], tokenizer, "minivtc-tiny", Auth())
         with BackgroundServer(make_gateway(gateway)) as url:
             trace = [t for t in workload() if t.arrival_s < 3]
             load = threading.Thread(target=run_replay, args=(url, trace), daemon=True)
@@ -188,12 +188,12 @@ def test_the_gateways_dashboard_shows_its_backends_and_clients_in_chromium(bundl
 
 
 def test_with_api_keys_the_page_asks_for_one_and_shows_a_tenant_its_own_row(bundled):
-    from minivtc.serving.api_keys import Gate, Key
+    from minivtc.serving.api_keys import Auth, Key
 
     keys = {"sk-alice-123": Key("alice"), "sk-bob-4567": Key("bob")}
     model, tokenizer = bundled
     engine = build_engine(model, tokenizer, "vtc", kv_tokens=256)
-    with BackgroundServer(make_app(engine, tokenizer, gate=Gate(keys))) as url:
+    with BackgroundServer(make_app(engine, tokenizer, auth=Auth(keys))) as url:
         for key in keys:  # each tenant is served once
             auth = {"authorization": f"Bearer {key}"}
             body = {"prompt": "Hello", "max_tokens": 4}

@@ -22,7 +22,8 @@ from minivtc.engine.factory import build_engine
 from minivtc.engine.generate import generate_plain
 from minivtc.engine.sampler import SamplingParams
 from minivtc.model.llama import Llama
-from minivtc.serving.engine_loop import LATENCY_BUCKETS, EngineLoop, Histogram
+from minivtc.serving.engine_loop import EngineLoop
+from minivtc.serving.server_stats import LATENCY_BUCKETS, Histogram
 from minivtc.serving.snapshot import OTHER
 from tests.conftest import TINY_GQA
 
@@ -243,7 +244,7 @@ def test_forgotten_clients_totals_move_to_forgotten(make_loop):
     for field in ("input_tokens", "output_tokens"):
         forgotten = sum(getattr(before.clients[c], field) for c in gone)
         assert getattr(after.forgotten, field) == forgotten > 0
-        assert getattr(loop.forgotten, field) == forgotten
+        assert getattr(loop.stats.forgotten, field) == forgotten
     assert after.finished == {(OTHER, "length"): 3}
 
 

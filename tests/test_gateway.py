@@ -26,7 +26,7 @@ from minivtc.gateway.gateway import Gateway
 from minivtc.gateway.launch import backends_of
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.model.weights import bundled_weights_dir
-from minivtc.serving.api_keys import Gate, Key
+from minivtc.serving.api_keys import Auth, Key
 from minivtc.serving.connections import Limits
 from minivtc.serving.server import BackgroundServer
 
@@ -88,7 +88,7 @@ def healthy(url: str) -> bool:
 
 def gateway_over(backends: list[Backend]) -> Gateway:
     tokenizer = Tokenizer(bundled_weights_dir() / "tokenizer.model")
-    return Gateway(VTC(), backends, tokenizer, "minivtc-tiny", Gate(KEYS), health_every_s=0.2)
+    return Gateway(VTC(), backends, tokenizer, "minivtc-tiny", Auth(KEYS), health_every_s=0.2)
 
 
 @pytest.fixture(scope="module")

@@ -354,15 +354,15 @@ def test_with_api_keys_tenants_do_not_share_the_cache(bundled, tmp_path):
 
     import openai
 
-    from minivtc.serving.api_keys import Gate, read_keys
+    from minivtc.serving.api_keys import Auth, read_keys
     from minivtc.serving.server import BackgroundServer, make_app
 
     model, tokenizer = bundled
     engine = build_engine(model, tokenizer, "vtc", kv_tokens=1024, prefix_caching=True)
     keys = {"sk-alice-0001": {"client": "alice"}, "sk-bob-00001": {"client": "bob"}}
     (tmp_path / "keys.json").write_text(json.dumps(keys))
-    gate = Gate(read_keys(tmp_path / "keys.json"))
-    with BackgroundServer(make_app(engine, tokenizer, gate=gate)) as url:
+    auth = Auth(read_keys(tmp_path / "keys.json"))
+    with BackgroundServer(make_app(engine, tokenizer, auth=auth)) as url:
 
         def cached(key: str) -> int:
             api = openai.OpenAI(base_url=url + "/v1", api_key=key, max_retries=0)

@@ -161,7 +161,7 @@ def bearer(client: str, **headers: str) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def keyed(bundled):
     """A server with API keys that forgets idle clients every 0.2 s."""
-    from minivtc.serving.api_keys import Gate, Key, weights_of
+    from minivtc.serving.api_keys import Auth, Key, weights_of
 
     model, tokenizer = bundled
     keys = {k: Key(**v) for k, v in KEYS.items()}
@@ -173,8 +173,8 @@ def keyed(bundled):
         check_invariants=True,
         client_weights=weights_of(keys),
     )
-    gate = Gate(keys)
-    with BackgroundServer(make_app(engine, tokenizer, gate=gate, forget_every_s=0.2)) as url:
+    auth = Auth(keys)
+    with BackgroundServer(make_app(engine, tokenizer, auth=auth, forget_every_s=0.2)) as url:
         yield url
         assert httpx.get(url + "/health").status_code == 200, "the engine loop died"
 
@@ -294,7 +294,7 @@ def test_slow_clients_are_cut_off_and_connections_are_capped(bundled):
         slow = [socket.create_connection((host, int(port))) for _ in range(30)]
         started = time.monotonic()
         for s in slow:
-            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # and never the rest
+            s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n")  # and never the rest
         assert httpx.get(url + "/health").status_code == 503  # uvicorn's limit_concurrency
         for s in slow:
             s.settimeout(5)
@@ -304,8 +304,9 @@ def test_slow_clients_are_cut_off_and_connections_are_capped(bundled):
         assert httpx.get(url + "/health").status_code == 200
         with socket.create_connection((host, int(port))) as s:
             s.sendall(
-                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json"
-                b'\r\nContent-Length: 100\r\n\r\n{"prompt": '
+                b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\n"
+                b"Content-Type: application/json\r\n"
+                b'Content-Length: 100\r\n\r\n{"prompt": '
             )
             s.settimeout(5)
             answer = b"".join(iter(lambda: s.recv(65536), b"")).decode()  # until it closes
@@ -341,7 +342,7 @@ def test_one_client_holding_its_share_of_requests_cannot_lock_the_others_out(bun
             s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # a slow reader
             s.connect((host, int(port)))
             s.sendall(
-                b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Client-Id: flood\r\n"
+                b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nX-Client-Id: flood\r\n"
                 b"Content-Type: application/json\r\n"
                 + f"Content-Length: {len(payload)}\r\n\r\n".encode()
                 + payload
@@ -404,3 +405,147 @@ def test_limits_refuse_what_cannot_work(options, why):
 
     with pytest.raises(ValueError, match=why):
         Limits(**options)
+
+
+def test_tokenize_goes_through_the_same_door_as_v1(open_server, bundled):
+    """The third audit: `/tokenize` skipped `/v1`'s checks (a 4 MB prompt or 80,001 messages
+    froze `/health` for 10-12 s) and decoded every token whether asked or not. Now: the
+    message count and the text's length are refused unread, a prompt longer than one request
+    may hold is a 400 as at `/v1`, and each token's text only when `return_token_strs`."""
+    url, (_, tokenizer) = open_server, bundled
+    r = httpx.post(url + "/tokenize", content=many_messages(), timeout=60)
+    assert openai_error(r, 400)["code"] == "context_length_exceeded"
+    long_text = "a" * 3_000_000  # over any 2048 tokens' characters, under the body limit
+    r = httpx.post(url + "/tokenize", json={"prompt": long_text}, timeout=60)
+    assert openai_error(r, 400)["code"] == "context_length_exceeded"
+    words = " ".join(["word"] * 3000)  # fits in characters, not in 2048 tokens
+    r = httpx.post(url + "/tokenize", json={"prompt": words}, timeout=60)
+    assert openai_error(r, 400)["code"] == "context_length_exceeded"
+    plain = httpx.post(url + "/tokenize", json={"prompt": "A list is"}).json()
+    assert plain["tokens"] == tokenizer.encode("A list is") and plain["token_strs"] is None
+    asked = {"prompt": "A list is", "return_token_strs": True}
+    pieces = httpx.post(url + "/tokenize", json=asked).json()["token_strs"]
+    assert pieces == [tokenizer.decode([t], skip_special_tokens=False) for t in plain["tokens"]]
+
+
+def test_tokenize_works_off_the_event_loop(bundled):
+    """Every tokenizer call `/tokenize` makes runs on a worker thread, never on the event
+    loop (where it stalled every other stream)."""
+    from fastapi.testclient import TestClient
+
+    model, tokenizer = bundled
+    app = make_app(build_engine(model, tokenizer, "vtc", kv_tokens=256), tokenizer)
+    on_loop: list[bool] = []
+
+    class Watched:
+        def __getattr__(self, name):
+            return getattr(tokenizer, name)
+
+        def encode(self, *args, **kwargs):
+            on_loop.append(running_loop())
+            return tokenizer.encode(*args, **kwargs)
+
+        def decode(self, *args, **kwargs):
+            on_loop.append(running_loop())
+            return tokenizer.decode(*args, **kwargs)
+
+    app.state.minivtc.tokenizer = Watched()
+    with TestClient(app) as client:
+        asked = {"prompt": "A list is", "return_token_strs": True}
+        assert client.post("/tokenize", json=asked).status_code == 200
+        chat = {"messages": [{"role": "user", "content": "hi"}]}
+        assert client.post("/tokenize", json=chat).status_code == 200
+        assert client.post("/detokenize", json={"tokens": [100, 200]}).status_code == 200
+    assert on_loop and not any(on_loop), on_loop
+
+
+def running_loop() -> bool:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(
+    "template, why",
+    [
+        ("{{ 'x' * 10**8 }}", "characters"),  # 100 MB in 1.2 s, before
+        ("{% for m in messages %}{{ m['content'] * 100000 }}{% endfor %}", "characters"),
+        ("{{ 'x'.ljust(10**8) }}", "called a function"),
+        ("{% for i in range(20000) %}{% for j in range(20000) %}{% endfor %}{% endfor %}", "took"),
+        ("{% include 'x.jinja' %}", "failed on these messages"),  # a 500, before
+        ("{% for i in range(10**9) %}{% endfor %}", "called a function"),  # a 500, before
+    ],
+)
+def test_a_chat_template_has_a_time_and_a_size_cap(bundled, template, why):
+    """Issue: a template's render had no cap (`'x' * 10**8` made 100 MB, nested
+    `range(20000)` ran 12.6 s), `{% include %}` and `range(10**9)` raised errors the chat
+    route answered with 500, and the rendered text was tokenized whole before any length
+    check. Now a render stops past one request's characters or `MAX_RENDER_S`, and every
+    failure is a 400, before any tokenizing."""
+    from fastapi.testclient import TestClient
+
+    from minivtc.model import chat
+
+    model, tokenizer = bundled
+    messages = [{"role": "user", "content": "hi"}]
+    with pytest.raises(ValueError, match=why):
+        chat.prompt_ids(tokenizer, messages, template, max_chars=100_000)
+    app = make_app(build_engine(model, tokenizer, "vtc", kv_tokens=256), tokenizer)
+    app.state.minivtc.chat_template = template
+    with TestClient(app) as client:
+        r = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 1})
+    assert openai_error(r, 400)["param"] == "messages"
+
+
+def test_a_keyless_server_answers_no_web_page_of_another_site(open_server):
+    """Issue: without keys, no Host check (a page on another origin could read
+    `/dashboard/data` by DNS rebinding), a cross-site `text/plain` POST ran a completion,
+    `/fairness` and `/metrics` answered a caller whose X-Forwarded-For was not loopback while
+    `/dashboard/data` refused it, and the dashboard had no CSP or frame headers. Now each is
+    refused, and the dashboard may not be framed."""
+    url = open_server
+    rebound = httpx.get(url + "/dashboard/data", headers={"host": "evil.example:8000"})
+    assert openai_error(rebound, 403)["code"] == "host_not_allowed"
+    body = json.dumps({"prompt": "x", "max_tokens": 1})
+    form = httpx.post(url + "/v1/completions", content=body, headers={"content-type": "text/plain"})
+    assert openai_error(form, 415)["message"].startswith("send the body as JSON")
+    far = {"x-forwarded-for": "203.0.113.5"}
+    for path in ("/fairness", "/metrics", "/dashboard/data"):
+        assert openai_error(httpx.get(url + path, headers=far), 403)["type"] == "permission_error"
+        assert httpx.get(url + path).status_code == 200, path
+    page = httpx.get(url + "/dashboard")
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert page.headers["x-frame-options"] == "DENY"
+    ok = httpx.post(url + "/v1/completions", json={"prompt": "x", "max_tokens": 1}, timeout=60)
+    assert ok.status_code == 200
+
+
+def test_a_large_response_is_built_off_the_event_loop_and_capped(open_server, bundled, monkeypatch):
+    """Issue: a 155-byte chat request (n=16, top_logprobs=20, 768 tokens) made a 17.8 MB
+    response, built on the event loop: `/health` blocked 9.2 s. Now completions x tokens x
+    logprobs is capped (a 400 before any work), and a whole response is built and serialized
+    on a worker thread."""
+    from fastapi.testclient import TestClient
+
+    from minivtc.serving import streaming
+
+    body = {"prompt": "x", "max_tokens": 1000, "n": 4, "logprobs": 20}
+    r = httpx.post(open_server + "/v1/completions", json=body, timeout=120)
+    assert openai_error(r, 400)["param"] == "top_logprobs"
+    model, tokenizer = bundled
+    app = make_app(build_engine(model, tokenizer, "vtc", kv_tokens=256), tokenizer)
+    on_loop: list[bool] = []
+    format_logprobs = streaming.format_logprobs
+
+    def watched(*args, **kwargs):
+        on_loop.append(running_loop())
+        return format_logprobs(*args, **kwargs)
+
+    monkeypatch.setattr(streaming, "format_logprobs", watched)
+    with TestClient(app) as client:
+        small = {"prompt": "x", "max_tokens": 3, "n": 2, "logprobs": 2}
+        answer = client.post("/v1/completions", json=small)
+    assert answer.status_code == 200 and len(answer.json()["choices"]) == 2
+    assert on_loop and not any(on_loop), on_loop

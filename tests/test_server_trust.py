@@ -323,10 +323,10 @@ KEYS = {
 def sybil_share(bundled, keys: dict | None) -> int:
     """The Sybil attack: an attacker sends 24 requests, each under a fresh X-Client-Id; a
     victim sends 24. Of the first 24 to be admitted, how many are the victim's?"""
-    from minivtc.serving.api_keys import Gate, Key
+    from minivtc.serving.api_keys import Auth, Key
 
     model, tokenizer = bundled
-    gate = Gate({k: Key(**v) for k, v in keys.items()} if keys else None)
+    auth = Auth({k: Key(**v) for k, v in keys.items()} if keys else None)
     engine = build_engine(model, tokenizer, "vtc", kv_tokens=1024, max_running=4)
     admitted: list[str] = []
     admit = engine.admit
@@ -336,7 +336,7 @@ def sybil_share(bundled, keys: dict | None) -> int:
         admitted.append(request.client_id)
 
     engine.admit = recording_admit
-    with BackgroundServer(make_app(engine, tokenizer, gate=gate)) as url:
+    with BackgroundServer(make_app(engine, tokenizer, auth=auth)) as url:
 
         async def flood() -> None:
             async with httpx.AsyncClient(timeout=120) as http:
@@ -368,14 +368,14 @@ def test_api_keys_stop_a_sybil_attack(bundled):
 
 
 def test_api_keys_authenticate_and_scope_the_views(bundled, tmp_path):
-    from minivtc.serving.api_keys import Gate, read_keys
+    from minivtc.serving.api_keys import Auth, read_keys
 
     path = tmp_path / "keys.json"
     path.write_text(json.dumps(KEYS))
     model, tokenizer = bundled
     engine = build_engine(model, tokenizer, "vtc", kv_tokens=1024)
-    gate = Gate(read_keys(path))
-    with BackgroundServer(make_app(engine, tokenizer, gate=gate)) as url:
+    auth = Auth(read_keys(path))
+    with BackgroundServer(make_app(engine, tokenizer, auth=auth)) as url:
         body = {"prompt": "x", "max_tokens": 2}
         assert openai_error(httpx.post(url + "/v1/completions", json=body), 401)
         bad = {"Authorization": "Bearer sk-not-a-key"}

@@ -61,8 +61,10 @@ def test_chat_with_a_jinja_chat_template(llm, tmp_path):
     assert ids[0] == tok.bos_token_id  # the template's "<s>" is the BOS token
     path = tmp_path / "template.jinja"
     path.write_text(template)
-    [out] = llm.chat(CHAT, GREEDY, chat_template=str(path), use_tqdm=False)
+    [out] = llm.chat(CHAT, GREEDY, chat_template=path.read_text(), use_tqdm=False)
     assert out.prompt_token_ids == ids
+    [out] = llm.chat(CHAT, GREEDY, chat_template=str(path), use_tqdm=False)  # text: not read
+    assert out.prompt_token_ids == tok.encode(str(path), bos=False)
     with pytest.raises(ValueError, match="not valid Jinja"):
         llm.chat(CHAT, GREEDY, chat_template="{% for m in messages %}")
     with pytest.raises(ValueError, match="failed on these messages"):  # the sandbox says no

@@ -52,26 +52,32 @@ def test_flags_that_cannot_hold_together_are_refused(argv, message):
 
 
 def test_api_key_is_not_taken_for_api_keys():
-    args = parse("--api-key", "sk-test")
-    assert args.api_key == "sk-test" and args.api_keys is None
+    args = parse("--api-key", "sk-test-key")
+    assert args.api_key == "sk-test-key" and args.api_keys is None
     [(key, entry)] = VLLMServe.of(args).keys.items()
-    assert key == "sk-test" and entry.admin and entry.proxy
+    assert key == "sk-test-key" and entry.admin and entry.proxy
 
 
 def test_serve_as_vllm_serve_is_started(tmp_path):
     template = tmp_path / "template.jinja"
     template.write_text(TEMPLATE)
-    options = [str(BUNDLED_WEIGHTS), "--api-key", "sk-test", "--served-model-name", "llama-tiny"]
+    options = [
+        str(BUNDLED_WEIGHTS),
+        "--api-key",
+        "sk-test-key",
+        "--served-model-name",
+        "llama-tiny",
+    ]
     options += ["--max-model-len", "512", "--max-num-seqs", "8", "--enable-prefix-caching"]
     options += ["--dtype", "auto", "--chat-template", str(template), "--kv-tokens", "2048"]
     server, url = start_serve(*options)
     try:
-        sdk = openai.OpenAI(base_url=url + "/v1", api_key="sk-test", max_retries=0)
+        sdk = openai.OpenAI(base_url=url + "/v1", api_key="sk-test-key", max_retries=0)
         assert [m.id for m in sdk.models.list().data] == ["llama-tiny"]
         out = sdk.completions.create(model="llama-tiny", prompt="A list", max_tokens=4)
         assert out.usage.completion_tokens == 4
         chat = [{"role": "user", "content": "hi"}]
-        auth = {"Authorization": "Bearer sk-test"}
+        auth = {"Authorization": "Bearer sk-test-key"}
         tokens = httpx.post(url + "/tokenize", json={"messages": chat}, headers=auth).json()
         assert tokens["max_model_len"] == 512
         plain = httpx.post(url + "/tokenize", json={"prompt": "[hi]"}, headers=auth).json()

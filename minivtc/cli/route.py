@@ -2,12 +2,21 @@
 
 Owns its flags and starting it: reading each backend's budget (`--backend URL=TOKENS`, or for
 a minivtc backend its `/fairness`: the KV pool's blocks times the block size), the API keys
-(the server's own file format), and uvicorn in the foreground, which on SIGTERM or SIGINT stops
-accepting connections and lets in-flight and waiting requests finish (up to
-`--shutdown-timeout`). README: "Fair across replicas"; Lesson 11.
+(the server's own file format), the key it presents to its backends, the connection limits and
+flags `serve` has (`cli/serve.add_connection_flags`), and uvicorn in the foreground, which on
+SIGTERM or SIGINT stops accepting connections and lets in-flight and waiting requests finish;
+after `--shutdown-timeout` the rest end with an OpenAI error event (or a 503). README: "Fair
+across replicas"; Lesson 11.
 """
 
 from __future__ import annotations
+
+import os
+import sys
+
+from minivtc.cli.serve import add_connection_flags, limits_of, port, warn_if_public
+
+BACKEND_IDLE_S = 600.0  # (gateway.BACKEND_IDLE_S: here too, so `--help` imports nothing)
 
 
 def add_route(sub) -> None:
@@ -42,40 +51,66 @@ def add_route(sub) -> None:
         "backend's usage corrects the count",
     )
     p.add_argument("--api-keys", default=None, metavar="FILE", help="as minivtc serve's")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8100)
-    p.add_argument("--shutdown-timeout", type=float, default=30.0, metavar="S")
+    p.add_argument(
+        "--backend-api-key",
+        default=os.environ.get("MINIVTC_BACKEND_API_KEY"),
+        metavar="KEY",
+        help="the key the gateway presents to its backends (a proxy key of their keys file, "
+        "or their --api-key), so that the backends need not run keyless; default the "
+        "MINIVTC_BACKEND_API_KEY environment variable, which `ps` does not show",
+    )
+    p.add_argument(
+        "--backend-timeout",
+        type=float,
+        default=BACKEND_IDLE_S,
+        metavar="S",
+        help=f"seconds a backend may send nothing before its request fails with a 502 and "
+        f"its room is freed (a non-streamed answer comes whole: its longest time; default "
+        f"{BACKEND_IDLE_S:g})",
+    )
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=port, default=8100, help="port, 1-65535 (default 8100)")
+    add_connection_flags(p)
     p.set_defaults(run=run_route)
 
 
 def run_route(args) -> int:
-    import uvicorn
-
     from minivtc.fairness.policies import make_scheduler
     from minivtc.gateway.app import make_gateway
     from minivtc.gateway.gateway import Gateway
     from minivtc.gateway.launch import backends_of
     from minivtc.model.tokenizer import Tokenizer
     from minivtc.model.weights import bundled_weights_dir
-    from minivtc.serving.api_keys import Gate, read_keys, weights_of
+    from minivtc.serving.api_keys import MIN_KEY_CHARS, Auth, read_keys, weights_of
+    from minivtc.serving.server import Foreground
 
+    limits = limits_of(args)
+    if not 0 < args.backend_timeout < float("inf"):
+        raise ValueError(f"--backend-timeout must be seconds > 0, not {args.backend_timeout}")
+    key = args.backend_api_key
+    if key is not None and len(key) < MIN_KEY_CHARS:
+        raise ValueError(f"--backend-api-key is shorter than {MIN_KEY_CHARS} characters")
+    backend_headers = {"authorization": f"Bearer {key}"} if key else {}
     keys = read_keys(args.api_keys) if args.api_keys else None
     weights = weights_of(keys) if keys else None
     root = args.tokenizer or bundled_weights_dir()
     tokenizer = Tokenizer(f"{root}/tokenizer.model")
     gateway = Gateway(
         make_scheduler(args.scheduler, weights=weights),
-        backends_of(args.backend),
+        backends_of(args.backend, backend_headers),
         tokenizer,
         args.model,
-        Gate(keys),
+        Auth(keys),
     )
-    app = make_gateway(gateway)
-    uvicorn.run(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level="warning",
-        timeout_graceful_shutdown=int(args.shutdown_timeout),
-    )
+    gateway.backend_idle_s, gateway.backend_headers = args.backend_timeout, backend_headers
+    app = make_gateway(gateway, limits)
+    print(f"routing {args.model} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    warn_if_public(args.host, keys is not None, "routing")
+
+    def give_up() -> None:  # (on the timer's thread: the gateway lives on its event loop)
+        reason = f"the gateway shut down ({args.shutdown_timeout:g} s limit)"
+        if gateway.loop is not None:
+            gateway.loop.call_soon_threadsafe(gateway.fail_all, reason)
+
+    Foreground(app, args.host, args.port, args.shutdown_timeout, give_up).run()
     return 0

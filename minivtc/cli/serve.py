@@ -68,6 +68,81 @@ def add_serve(sub) -> None:
         "client from X-Client-Id / 'user'. With --api-keys trust is a key's: mark a trusted "
         'proxy\'s key with "proxy": true in the keys file',
     )
+    add_connection_flags(p)
+    add_memory_options(p, default="full")
+    add_prefix_options(p)
+    add_vllm_flags(p)
+    p.set_defaults(run=run_serve)
+
+
+def run_serve(args) -> int:
+    import json
+    from dataclasses import replace
+    from pathlib import Path
+
+    from minivtc.engine.factory import build_engine
+    from minivtc.fairness.policies import make_scheduler
+    from minivtc.model.weights import load_model
+    from minivtc.serving.api_keys import Auth, read_keys, weights_of
+    from minivtc.serving.server import Server
+    from minivtc.serving.vllm_flags import VLLMServe
+
+    limits = limits_of(args)
+    vllm = VLLMServe.of(args)
+    args.prefix_caching = args.prefix_caching or args.enable_prefix_caching
+    memory = memory_options(args)
+    if args.max_num_seqs is not None:
+        memory["options"] = replace(memory["options"], max_running=args.max_num_seqs)
+    if args.api_keys and args.client_weights:
+        raise ValueError("give weights in the --api-keys file, not also --client-weights")
+    if args.trust_client_header and args.api_keys:
+        raise ValueError(
+            "--trust-client-header would let every key name any client: mark the trusted "
+            'proxy\'s key with "proxy": true in the --api-keys file instead'
+        )
+    keys = read_keys(args.api_keys) if args.api_keys else vllm.keys
+    weights = weights_of(keys) if keys else None
+    if args.client_weights:
+        try:
+            weights = json.loads(Path(args.client_weights).read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{args.client_weights}: not valid JSON ({e})") from None
+        if not isinstance(weights, dict) or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
+            for v in weights.values()
+        ):
+            raise ValueError(
+                f"{args.client_weights}: want an object of client -> weight > 0 (finite)"
+            )
+    scheduler = make_scheduler(args.scheduler, weights=weights, cached_weight=args.cached_weight)
+    model, tokenizer = load_model(vllm.checkpoint, vllm.dtype(args), args.device)
+    engine = build_engine(model, tokenizer, scheduler, **memory, **vllm.pool(args, model))
+    name = vllm.name
+    root = f"http://{args.host}:{args.port}"
+    print(
+        f"serving {name} with {args.scheduler} on {root}/v1 (watch it live: {root}/dashboard)",
+        file=sys.stderr,
+    )
+    warn_if_public(args.host, keys is not None, "serving")
+    auth = Auth(keys)
+    server = Server(
+        engine,
+        tokenizer,
+        name,
+        args.host,
+        args.port,
+        args.shutdown_timeout,
+        auth=auth,
+        limits=limits,
+        aliases=vllm.aliases,
+        chat_template=args.chat_template,
+    )
+    return server.run()
+
+
+def add_connection_flags(p) -> None:
+    """What one connection and one client may cost, and the shutdown's time limit: `serve`'s
+    and `route`'s flags alike (`limits_of` reads them)."""
     p.add_argument(
         "--max-body-bytes",
         type=int,
@@ -107,8 +182,6 @@ def add_serve(sub) -> None:
         "completions counts); its requests beyond them get 429 while every other client "
         "is still admitted (default 64)",
     )
-    add_memory_options(p, default="full")
-    add_prefix_options(p)
     p.add_argument(
         "--shutdown-timeout",
         type=float,
@@ -116,87 +189,31 @@ def add_serve(sub) -> None:
         help="seconds in-flight requests get to finish after SIGTERM/SIGINT; then they "
         "end with an error and the server exits (default 30)",
     )
-    add_vllm_flags(p)
-    p.set_defaults(run=run_serve)
 
 
-def run_serve(args) -> int:
-    import json
-    from dataclasses import replace
-    from pathlib import Path
-
-    from minivtc.engine.factory import build_engine
-    from minivtc.fairness.policies import make_scheduler
-    from minivtc.model.weights import load_model
-    from minivtc.serving.api_keys import Gate, read_keys, weights_of
+def limits_of(args):
+    """`add_connection_flags`' flags as the server's `Limits` (checked there)."""
     from minivtc.serving.connections import Limits
-    from minivtc.serving.server import Server
-    from minivtc.serving.vllm_flags import VLLMServe
 
-    limits = Limits(
+    if not 0 <= args.shutdown_timeout < float("inf"):
+        raise ValueError(f"--shutdown-timeout must be seconds >= 0, not {args.shutdown_timeout}")
+    return Limits(
         args.max_body_bytes,
         args.header_timeout,
         args.body_timeout,
         args.max_connections,
         args.max_client_requests,
     )
-    if not 0 <= args.shutdown_timeout < float("inf"):
-        raise ValueError(f"--shutdown-timeout must be seconds >= 0, not {args.shutdown_timeout}")
-    vllm = VLLMServe.of(args)
-    args.prefix_caching = args.prefix_caching or args.enable_prefix_caching
-    memory = memory_options(args)
-    if args.max_num_seqs is not None:
-        memory["options"] = replace(memory["options"], max_running=args.max_num_seqs)
-    if args.api_keys and args.client_weights:
-        raise ValueError("give weights in the --api-keys file, not also --client-weights")
-    if args.trust_client_header and args.api_keys:
-        raise ValueError(
-            "--trust-client-header would let every key name any client: mark the trusted "
-            'proxy\'s key with "proxy": true in the --api-keys file instead'
-        )
-    keys = read_keys(args.api_keys) if args.api_keys else vllm.keys
-    weights = weights_of(keys) if keys else None
-    if args.client_weights:
-        try:
-            weights = json.loads(Path(args.client_weights).read_text())
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{args.client_weights}: not valid JSON ({e})") from None
-        if not isinstance(weights, dict) or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and 0 < v < float("inf")
-            for v in weights.values()
-        ):
-            raise ValueError(
-                f"{args.client_weights}: want an object of client -> weight > 0 (finite)"
-            )
-    scheduler = make_scheduler(args.scheduler, weights=weights, cached_weight=args.cached_weight)
-    model, tokenizer = load_model(vllm.checkpoint, vllm.dtype(args), args.device)
-    engine = build_engine(model, tokenizer, scheduler, **memory, **vllm.pool(args, model))
-    name = vllm.name
-    root = f"http://{args.host}:{args.port}"
-    print(
-        f"serving {name} with {args.scheduler} on {root}/v1 (watch it live: {root}/dashboard)",
-        file=sys.stderr,
-    )
-    if keys is None and args.host not in ("127.0.0.1", "localhost", "::1"):
+
+
+def warn_if_public(host: str, keyed: bool, what: str) -> None:
+    """Bound to an address others can reach, without keys: say what that gives away."""
+    if not keyed and host not in ("127.0.0.1", "localhost", "::1"):
         print(
-            f"WARNING: serving {args.host} without --api-keys: any caller can claim to be "
+            f"WARNING: {what} {host} without --api-keys: any caller can claim to be "
             "any client (and take its share) and can read every client's usage",
             file=sys.stderr,
         )
-    gate = Gate(keys)
-    server = Server(
-        engine,
-        tokenizer,
-        name,
-        args.host,
-        args.port,
-        args.shutdown_timeout,
-        gate=gate,
-        limits=limits,
-        aliases=vllm.aliases,
-        chat_template=args.chat_template,
-    )
-    return server.run()
 
 
 def port(text: str) -> int:

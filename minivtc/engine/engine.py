@@ -159,6 +159,26 @@ class Engine:
         # Not peek(): a policy's peek may begin a turn (DRR), and asking must change nothing.
         return bool(self.running) or next(iter(self.scheduler.waiting()), None) is not None
 
+    def blocks_by_client(self) -> dict[str, int]:
+        """Per client, the KV blocks its live requests hold now (read only; a block that one
+        prefix shares among its requests counts once)."""
+        held: dict[str, set[int]] = {}
+        for request_id, table in self.allocator.block_tables.items():
+            if request_id in self.requests:
+                held.setdefault(self.requests[request_id].client_id, set()).update(table)
+        return {client: len(blocks) for client, blocks in held.items()}
+
+    def preemption_tokens(self) -> dict[str, int]:
+        """What preemption has cost so far (recomputed and swapped tokens) and the host memory
+        swapping uses now and may use (`swap_tokens` 0: no swapping); read only."""
+        p = self.preemption
+        return {
+            "recomputed_tokens": p.recomputed_tokens,
+            "swapped_tokens": p.swapped_tokens,
+            "host_tokens": p.host_tokens,
+            "swap_tokens": p.swap_tokens if self.options.swaps else 0,
+        }
+
     # --- the step's parts ------------------------------------------------------------------------
 
     def schedule(self) -> None:

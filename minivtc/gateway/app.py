@@ -13,7 +13,9 @@ README: "Fair across replicas"; Lesson 11.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import Awaitable
 from contextlib import asynccontextmanager
 
 import httpx
@@ -24,16 +26,13 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import GaugeMetricFamily
 
 from minivtc.gateway.gateway import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKENS, Gateway
+from minivtc.model import chat
 from minivtc.serving.api_keys import Caller
 from minivtc.serving.connections import InFlight, Limits
 from minivtc.serving.dashboard import EVERY_S, add_dashboard, spread_view, viewer
-from minivtc.serving.middleware import Door, add_error_handlers
+from minivtc.serving.middleware import GuardMiddleware, add_error_handlers
 from minivtc.serving.openai_api import APIError, check_unsupported
-from minivtc.serving.prompts import chat_body, check_length, completion_body
-
-# The longest a backend may go without sending a byte (a non-streamed answer comes whole at the
-# end, so this is also the longest a non-streamed request may take)
-BACKEND_IDLE_S = 600.0
+from minivtc.serving.prompts import chat_body, check_fan_out, check_length, completion_body
 
 
 def make_gateway(gateway: Gateway, limits: Limits | None = None) -> FastAPI:
@@ -44,7 +43,9 @@ def make_gateway(gateway: Gateway, limits: Limits | None = None) -> FastAPI:
     gateway.limits = limits = limits or Limits()
     app.state.in_flight = InFlight(limits.max_client_requests)  # each client's, as `serve`'s
     add_error_handlers(app)
-    app.add_middleware(Door, gate=gateway.gate, limits=limits, in_flight=app.state.in_flight)
+    app.add_middleware(
+        GuardMiddleware, auth=gateway.auth, limits=limits, in_flight=app.state.in_flight
+    )
     app.post("/v1/completions")(completions)
     app.post("/v1/chat/completions")(chat_completions)
     app.get("/v1/models")(models)
@@ -59,7 +60,10 @@ def make_gateway(gateway: Gateway, limits: Limits | None = None) -> FastAPI:
 def lifespan(gateway: Gateway):
     @asynccontextmanager
     async def run(app: FastAPI):
-        gateway.http, gateway.health_http = backend_clients(len(gateway.dispatcher.backends))
+        gateway.http, gateway.health_http = backend_clients(
+            len(gateway.dispatcher.backends), gateway.backend_idle_s
+        )
+        gateway.loop = asyncio.get_running_loop()  # (`fail_all` is called onto it at shutdown)
         health = asyncio.create_task(gateway.watch_health())
         try:
             yield
@@ -71,14 +75,16 @@ def lifespan(gateway: Gateway):
     return run
 
 
-def backend_clients(num_backends: int) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
+def backend_clients(
+    num_backends: int, idle_s: float
+) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
     """The gateway's two HTTP clients. Requests: no cap on connections, since the dispatcher
     already holds no more in flight than the backends' budgets take (httpx's default cap of
     100, shared with the health checks, made 150 streams wait and every backend look dead);
-    a backend that sends nothing for `BACKEND_IDLE_S` is given up on, so a request's room is
-    never held for ever. Health checks: their own small pool, 2 s in all."""
+    a backend that sends nothing for `idle_s` is given up on, so a request's room is never
+    held for ever. Health checks: their own small pool, 2 s in all."""
     requests = httpx.AsyncClient(
-        timeout=httpx.Timeout(BACKEND_IDLE_S, connect=2.0, pool=None),
+        timeout=httpx.Timeout(idle_s, connect=2.0, pool=None),
         limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
     )
     checks = httpx.AsyncClient(
@@ -96,6 +102,7 @@ async def completions(http: HTTPRequest):
     body = await asyncio.to_thread(completion_body, raw)
     caller = identify(gateway, http, body.user)
     check_unsupported(body, gateway.model_name)
+    check_fan_out(body.n)
     prompt = body.prompt
     if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
         if len(prompt) != 1:
@@ -104,42 +111,71 @@ async def completions(http: HTTPRequest):
     if isinstance(prompt, list):
         num_prompt = len(prompt)
     else:
-        check_length(gateway.room, len(prompt), "prompt")
+        check_length(gateway.prompt_limits, len(prompt), "prompt")
         num_prompt = len(await asyncio.to_thread(gateway.tokenizer.encode, prompt))
     max_tokens = body.max_tokens or DEFAULT_MAX_TOKENS
     payload = body.model_dump(exclude_unset=True) | {"max_tokens": max_tokens}
     http.app.state.in_flight.take(http.scope, caller.client, body.n)  # else 429
-    return await forward(gateway, "/v1/completions", caller.client, num_prompt, payload)
+    return await forward(http, "/v1/completions", caller.client, num_prompt, payload)
 
 
 async def chat_completions(http: HTTPRequest):
     gateway: Gateway = http.app.state.gateway
-    body = await asyncio.to_thread(chat_body, gateway.room, await http.body())
+    body = await asyncio.to_thread(chat_body, gateway.prompt_limits, await http.body())
     caller = identify(gateway, http, body.user)
     check_unsupported(body, gateway.model_name)
-    messages = [m.model_dump(exclude_none=True) for m in body.messages]
-    num_prompt = len(await asyncio.to_thread(gateway.tokenizer.chat_ids, messages))
-    room = max(gateway.room.tokens - num_prompt, 1)
+    check_fan_out(body.n)
+    # As `serve` reads them: a developer message is a system one, text parts are joined
+    messages = [{"role": m.role, "content": m.text} for m in body.messages]
+    try:
+        num_prompt = len(await asyncio.to_thread(chat.prompt_ids, gateway.tokenizer, messages))
+    except ValueError as e:  # (the chat format refused them)
+        raise APIError(400, str(e), "messages") from None
+    room = max(gateway.prompt_limits.tokens - num_prompt, 1)
     max_tokens = body.max_completion_tokens or body.max_tokens or min(DEFAULT_CHAT_MAX_TOKENS, room)
     payload = body.model_dump(exclude_unset=True, exclude={"max_completion_tokens"})
     payload["max_tokens"] = max_tokens
     http.app.state.in_flight.take(http.scope, caller.client, body.n)  # else 429
-    return await forward(gateway, "/v1/chat/completions", caller.client, num_prompt, payload)
+    return await forward(http, "/v1/chat/completions", caller.client, num_prompt, payload)
 
 
-async def forward(gateway: Gateway, path: str, client: str, num_prompt: int, payload: dict):
+async def forward(http: HTTPRequest, path: str, client: str, num_prompt: int, payload: dict):
     """Queue the request; answer with the backend's stream or response once it is bound."""
-    request = gateway.enqueue(client, num_prompt, payload["max_tokens"])
+    gateway: Gateway = http.app.state.gateway
+    request = gateway.enqueue(client, num_prompt, payload["max_tokens"], payload.get("n") or 1)
     # The client in the body's `user`, not a header: JSON carries any name ("Zoë"), a header
     # only Latin-1 (the backend's own view; it never queues)
-    payload["user"] = client
-    headers: dict[str, str] = {}
+    payload["user"], headers = client, dict(gateway.backend_headers)
     if not payload.get("stream"):
-        return await gateway.once(request, path, payload, headers)
+        return await unless_gone(http, gateway.once(request, path, payload, headers))
     wants_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
-    payload["stream_options"] = {"include_usage": True}  # the gateway settles with it
+    # The gateway settles with the usage; the caller's other options (vLLM's
+    # continuous_usage_stats) go on to the backend
+    payload["stream_options"] = (payload.get("stream_options") or {}) | {"include_usage": True}
     events = gateway.stream(request, path, payload, wants_usage, headers)
     return ClosingStream(events, lambda: gateway.end(request, {}))
+
+
+async def unless_gone(http: HTTPRequest, answer: Awaitable[Response]) -> Response:
+    """`answer`, unless the caller goes away first: then it is cancelled at once, and its
+    `finally` takes the request out of the queue (or, bound, closes the backend's connection,
+    which aborts it there), so nobody serves a request whose caller has left."""
+    work = asyncio.ensure_future(answer)
+    gone = asyncio.ensure_future(disconnected(http))
+    await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    if work.done():
+        gone.cancel()
+        return work.result()
+    work.cancel()
+    with contextlib.suppress(asyncio.CancelledError, APIError):
+        await work
+    return Response(status_code=499)  # (nobody reads it: the caller has gone)
+
+
+async def disconnected(http: HTTPRequest) -> None:
+    """Returns when the caller has closed its connection (the body was read before)."""
+    while (await http.receive())["type"] != "http.disconnect":
+        pass
 
 
 class ClosingStream(StreamingResponse):
@@ -175,7 +211,7 @@ async def health(http: HTTPRequest):
 async def fairness(http: HTTPRequest):
     """The fleet's view; with API keys, a non-admin key sees only its own client's row."""
     gateway: Gateway = http.app.state.gateway
-    return view_for(fleet_view(gateway), identify(gateway, http, None))
+    return view_for(fleet_view(gateway), viewer(gateway.auth, http))
 
 
 async def dashboard_data(http: HTTPRequest):
@@ -183,7 +219,7 @@ async def dashboard_data(http: HTTPRequest):
     admin the waiting counters' spread under Lemma 4.3's U with M the fleet's memory.
     Without keys, for callers on loopback only."""
     gateway: Gateway = http.app.state.gateway
-    caller = viewer(gateway.gate, http)
+    caller = viewer(gateway.auth, http)
     view = view_for(fleet_view(gateway), caller)
     data = {"kind": "gateway", "started": http.app.state.started, "time": time.monotonic()}
     data |= {"every_s": EVERY_S, **view}
@@ -197,7 +233,7 @@ async def dashboard_data(http: HTTPRequest):
 
 async def metrics(http: HTTPRequest):
     gateway: Gateway = http.app.state.gateway
-    if not identify(gateway, http, None).admin:
+    if not viewer(gateway.auth, http).admin:  # (without keys: loopback only)
         raise APIError(403, "/metrics needs an admin key", kind="permission_error")
     registry = CollectorRegistry()
     registry.register(FleetCollector(gateway))
@@ -208,7 +244,7 @@ async def metrics(http: HTTPRequest):
 
 
 def identify(gateway: Gateway, http: HTTPRequest, user: str | None):
-    return gateway.gate.caller(
+    return gateway.auth.caller(
         http.headers.get("authorization"), http.headers.get("x-client-id"), user
     )
 
@@ -218,9 +254,9 @@ FLEET_U = "U = max(w_p L_input, w_q M), M the backends' budgets (Lemma 4.3 over 
 
 def view_for(view: dict, caller: Caller) -> dict:
     """`/fairness`'s rule: an admin sees the whole fleet, any other key its own row only."""
-    if not caller.admin:
+    if not caller.admin:  # (nor the fleet's totals: `serve` hides its totals from tenants)
         view["clients"] = {c: r for c, r in view["clients"].items() if c == caller.client}
-        del view["backends"]
+        del view["backends"], view["requests"]
     return view
 
 

@@ -47,7 +47,7 @@ from minivtc.harness.workloads import TraceRequest
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.model.weights import bundled_weights_dir
 from minivtc.serving import demo
-from minivtc.serving.api_keys import Gate
+from minivtc.serving.api_keys import Auth
 from minivtc.serving.loadgen import ReplayResult, run_replay
 from minivtc.serving.server import BackgroundServer
 
@@ -105,11 +105,11 @@ def serve_fleet(
     """Fresh backends; the trace replayed through the fair gateway or the round-robin one."""
     with backends(replicas) as urls:
         if how == "gateway":  # one VTC for the fleet, each budget read from its /fairness
-            gateway = Gateway(VTC(), backends_of(urls), tokenizer, "minivtc-tiny", Gate(None))
+            gateway = Gateway(VTC(), backends_of(urls), tokenizer, "minivtc-tiny", Auth(None))
         else:  # the field's router: at once, in turn; each backend's own VTC orders its queue
             fleet = [Backend(url, UNLIMITED) for url in urls]
             gateway = Gateway(
-                FCFS(), fleet, tokenizer, "minivtc-tiny", Gate(None), route=RoundRobin()
+                FCFS(), fleet, tokenizer, "minivtc-tiny", Auth(None), route=RoundRobin()
             )
         with BackgroundServer(make_gateway(gateway)) as url:
             result = run_replay(url, trace, drain_s=drain, progress=progress)

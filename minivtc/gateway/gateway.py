@@ -37,22 +37,32 @@ from minivtc.fleet.routing import Route
 from minivtc.gateway.proxy import (
     Answered,
     Broken,
+    Invalid,
     Refused,
     chunk_of,
+    counts,
     error_event,
     send_once,
     send_stream,
 )
 from minivtc.model.tokenizer import Tokenizer
-from minivtc.serving.api_keys import Gate
+from minivtc.serving.api_keys import Auth
 from minivtc.serving.connections import Limits
 from minivtc.serving.openai_api import APIError
-from minivtc.serving.prompts import PromptRoom
+from minivtc.serving.prompts import PromptLimits
 from minivtc.vocab.params import SamplingParams
 from minivtc.vocab.request import Request
 
 DEFAULT_MAX_TOKENS = 16  # a completion's, as OpenAI's and `minivtc serve`'s
 DEFAULT_CHAT_MAX_TOKENS = 256  # a chat's: the gateway must reserve something finite
+# The longest a backend may go without sending a byte (a non-streamed answer comes whole at the
+# end, so this is also the longest a non-streamed request may take): `minivtc route
+# --backend-timeout`
+BACKEND_IDLE_S = 600.0
+
+
+class ShutDown(Exception):
+    """The gateway is shutting down: a request still waiting or streaming ends now."""
 
 
 class Gateway:
@@ -64,23 +74,28 @@ class Gateway:
         backends: list[Backend],
         tokenizer: Tokenizer,
         model_name: str,
-        gate: Gate,
+        auth: Auth,
         health_every_s: float = 1.0,
         route: Route | None = None,
     ) -> None:
         checked = isinstance(scheduler, VTC)  # Lemma 4.3 over the fleet, after every event
         self.dispatcher = Dispatcher(scheduler, backends, route, check_fairness=checked)
-        self.tokenizer, self.model_name, self.gate = tokenizer, model_name, gate
-        self.room = PromptRoom.of(self.dispatcher.largest, tokenizer)
+        self.tokenizer, self.model_name, self.auth = tokenizer, model_name, auth
+        self.prompt_limits = PromptLimits.of(self.dispatcher.largest, tokenizer)
         self.health_every_s = health_every_s
         self.waiters: dict[str, asyncio.Future[Backend]] = {}  # waiting for a binding
         self.clients: dict[str, str] = {}  # request id -> its client, while it lives
+        self.samples: dict[str, int] = {}  # request id -> its n, while it lives
+        self.backend_idle_s = BACKEND_IDLE_S  # a backend silent this long has failed
+        self.backend_headers: dict[str, str] = {}  # sent to every backend (its API key)
+        self.closing: str | None = None  # why, once the gateway is shutting down (`fail_all`)
         self.limits: Limits | None = None  # the connections' (`gateway_app.make_gateway`)
         self.ids = itertools.count()
         self.counts = {"served": 0, "given_back": 0, "broken": 0}  # requests, for /metrics
         # Made on the serving loop (`gateway_app.lifespan`): one client for requests, one for
         # health checks, so that a crowd of streams can never starve the checks of connections
         self.http: httpx.AsyncClient | None = None
+        self.loop: asyncio.AbstractEventLoop | None = None  # the serving loop (`lifespan`)
         self.health_http: httpx.AsyncClient | None = None
 
     # --- a request's life -----------------------------------------------------------------
@@ -90,17 +105,22 @@ class Gateway:
         assert self.http is not None, "made on the serving loop at startup (`lifespan`)"
         return self.http
 
-    def enqueue(self, client: str, prompt_tokens: int, max_tokens: int) -> Request:
-        """Queue a request; APIError 400 if it fits no backend (or the policy refuses it)."""
+    def enqueue(self, client: str, prompt_tokens: int, max_tokens: int, n: int = 1) -> Request:
+        """Queue a request; APIError 400 if it fits no backend (or the policy refuses it).
+        `n` samples are reserved and charged as `n` requests would be: each holds the prompt
+        and its own `max_tokens` on the backend, and each prefills the prompt."""
+        if self.closing is not None:
+            raise APIError(503, self.closing, kind="server_error")
         request_id = f"gw-{next(self.ids)}"
-        params = SamplingParams(max_tokens=max_tokens)
-        request = Request(request_id, client, [0] * prompt_tokens, params, time.monotonic())
+        params = SamplingParams(max_tokens=n * max_tokens)
+        prompt = [0] * (n * prompt_tokens)
+        request = Request(request_id, client, prompt, params, time.monotonic())
         reason = self.dispatcher.add(request, request.arrival_time)
         if reason is not None and reason.startswith("rate limit"):  # the policy's (RPM)
             raise APIError(429, reason, None, "rate_limit_exceeded", "requests")  # as the server
         if reason is not None:
             raise APIError(400, reason, "max_tokens", "context_length_exceeded")
-        self.clients[request_id] = client
+        self.clients[request_id], self.samples[request_id] = client, n
         self.wait(request)
         return request
 
@@ -129,11 +149,18 @@ class Gateway:
         usage: dict = {}
         try:
             while True:
-                backend = await self.backend_for(request)
+                try:
+                    backend = await self.backend_for(request)
+                except ShutDown as e:
+                    yield error_event(str(e))
+                    return
                 try:
                     async for line in send_stream(
                         self.client, backend.name + path, payload, headers
                     ):
+                        if self.closing is not None:  # (closing the stream aborts it there)
+                            yield error_event(self.closing)
+                            return
                         if (out := self.on_line(request, line, usage, wants_usage)) is not None:
                             yield out
                     return
@@ -156,16 +183,22 @@ class Gateway:
         usage: dict = {}
         try:
             while True:
-                backend = await self.backend_for(request)
+                try:
+                    backend = await self.backend_for(request)
+                except ShutDown as e:
+                    raise APIError(503, str(e), kind="server_error") from None
                 try:
                     data = await send_once(self.client, backend.name + path, payload, headers)
-                    usage.update(data.get("usage") or {})
+                    if isinstance(data.get("usage"), dict):
+                        usage.update(data["usage"])
                     return JSONResponse(data)
                 except Refused:
                     self.give_back(request, backend)
                 except Answered as e:  # the backend's own refusal: nothing served, refunded
                     usage.update(prompt_tokens=0, completion_tokens=0)
                     return Response(e.body, e.status, media_type="application/json")
+                except Invalid as e:  # it answered, wrongly: a 502, and it stays in service
+                    raise APIError(502, f"the backend failed: {e}", kind="server_error") from None
                 except Broken as e:
                     backend.healthy = False
                     raise APIError(502, f"the backend failed: {e}", kind="server_error") from None
@@ -178,7 +211,7 @@ class Gateway:
         chunk = chunk_of(line)
         if chunk is None:
             return line + b"\n\n"  # [DONE]
-        if chunk.get("usage"):
+        if isinstance(chunk.get("usage"), dict):
             usage.update(chunk["usage"])
         if chunk.get("choices"):
             if request.num_output < request.params.limit:
@@ -197,20 +230,34 @@ class Gateway:
 
     def end(self, request: Request, usage: dict) -> None:
         """The request is over (served, failed, or its caller went away): settle its charges
-        with the backend's usage and free its room; a request still waiting leaves the queue."""
+        with the backend's usage (if it can be true: else the gateway's own counts) and free
+        its room; a request still waiting leaves the queue. Called from a `finally`: nothing
+        here raises on what a backend sent, and the room is freed whatever happens."""
         if self.clients.pop(request.request_id, None) is None:
             return  # ended already (`gateway_app.ClosingStream` makes sure of it)
+        n = self.samples.pop(request.request_id, 1)
         self.waiters.pop(request.request_id, None)
         if request.request_id not in self.dispatcher.where:  # never bound: still in the queue
             self.dispatcher.scheduler.remove(request)
             return
-        prompt = usage.get("prompt_tokens", request.num_prompt)
-        output = usage.get("completion_tokens", request.num_output)
-        self.dispatcher.settle(request, prompt, output)
-        request.output_ids[:] = [0] * output  # what it received (VTC refunds nothing more)
-        self.dispatcher.on_finish(request)
-        self.counts["served"] += 1
-        self.pump()
+        try:
+            limit = request.params.limit
+            told = counts(usage, n, self.dispatcher.largest, limit)
+            prompt, output = told or (request.num_prompt, min(request.num_output, limit))
+            self.dispatcher.settle(request, prompt, output)
+            request.output_ids[:] = [0] * output  # what it received (VTC refunds nothing more)
+        finally:
+            self.dispatcher.on_finish(request)
+            self.counts["served"] += 1
+            self.pump()
+
+    def fail_all(self, reason: str) -> None:
+        """Shutting down: refuse new requests; every request waiting for a backend ends now
+        (an error event, or a 503), and every stream at its next event (an error event)."""
+        self.closing = reason
+        for waiter in self.waiters.values():
+            if not waiter.done():
+                waiter.set_exception(ShutDown(reason))
 
     # --- backends' health ------------------------------------------------------------------
 
@@ -225,7 +272,9 @@ class Gateway:
     async def check(self, backend: Backend) -> None:
         try:
             assert self.health_http is not None, "made at startup (`lifespan`)"
-            response = await self.health_http.get(backend.name + "/health")
+            response = await self.health_http.get(
+                backend.name + "/health", headers=self.backend_headers
+            )
             backend.healthy = response.status_code == 200
         except httpx.HTTPError:
             backend.healthy = False

@@ -12,17 +12,35 @@ import httpx
 from minivtc.fleet.backend import Backend
 
 
-def backends_of(specs: list[str]) -> list:
-    """`URL[=TOKENS]` each; a budget not given is read from the backend's /fairness."""
+def backends_of(specs: list[str], headers: dict[str, str] | None = None) -> list:
+    """`URL[=TOKENS]` each; a budget not given is read from the backend's /fairness (with
+    `headers`: the key the gateway presents to its backends). ValueError if it cannot be."""
     backends = []
     for spec in specs:
         url, _, tokens = spec.partition("=")
         url = url.rstrip("/")
         if not tokens:
-            kv = httpx.get(url + "/fairness", timeout=10).json()["kv"]
-            tokens = str(kv["total_blocks"] * kv["block_size"])
+            tokens = str(budget_of(url, headers or {}))
+        if not tokens.isdigit() or int(tokens) < 1:
+            raise ValueError(f"--backend {spec}: the budget must be a whole number of tokens")
         backends.append(Backend(url, int(tokens)))
     return backends
+
+
+def budget_of(url: str, headers: dict[str, str]) -> int:
+    """A minivtc backend's KV pool in tokens, from its /fairness."""
+    advice = f"give it as --backend {url}=TOKENS, or, for a keyed backend, --backend-api-key"
+    try:
+        answer = httpx.get(url + "/fairness", headers=headers, timeout=10)
+    except httpx.HTTPError as e:
+        raise ValueError(f"cannot reach {url}/fairness ({e!r}): {advice}") from None
+    try:
+        kv = answer.json()["kv"]
+        return int(kv["total_blocks"]) * int(kv["block_size"])
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(
+            f"{url}/fairness answered {answer.status_code} without a budget: {advice}"
+        ) from None
 
 
 def wait_healthy(url: str, seconds: float = 60.0, proc: subprocess.Popen | None = None) -> None:

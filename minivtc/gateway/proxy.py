@@ -11,7 +11,10 @@ apart, because the dispatcher treats them differently:
   ends, with an error event, charged for what it received.
 
 Any other answer (a 4xx the backend found in the body) is `Answered`: passed to the caller as
-the backend said it. Plain Python over httpx; no FastAPI. README: "Fair across replicas"; Lesson 11.
+the backend said it. An answer that is not what an OpenAI server sends (not a JSON object, or
+larger than `MAX_ANSWER_BYTES`, or a stream line over `MAX_SSE_LINE_BYTES`) is `Invalid`:
+the caller gets a 502, and the gateway's memory stays bounded whatever a backend sends. Plain
+Python over httpx; no FastAPI. README: "Fair across replicas"; Lesson 11.
 """
 
 from __future__ import annotations
@@ -24,6 +27,8 @@ import httpx
 from minivtc.serving.openai_api import sse_lines
 
 GIVE_BACK = {429, 503}  # a backend's "not now": the request may run elsewhere, or later
+# A whole answer's most bytes: n=16 samples of 768 tokens with 20 top logprobs each are ~18 MB
+MAX_ANSWER_BYTES = 32 * 1024 * 1024
 
 
 class Refused(Exception):
@@ -32,6 +37,10 @@ class Refused(Exception):
 
 class Broken(Exception):
     """The backend failed mid-request."""
+
+
+class Invalid(Broken):
+    """The backend answered, but not as an OpenAI server does: the caller gets a 502."""
 
 
 class Answered(Exception):
@@ -80,20 +89,52 @@ async def send_stream(
 async def send_once(
     client: httpx.AsyncClient, url: str, payload: dict, headers: dict[str, str]
 ) -> dict:
-    """POST a request and return its JSON response."""
+    """POST a request and return its JSON response (read at most `MAX_ANSWER_BYTES`)."""
     try:
-        response = await client.post(url, json=payload, headers=headers)
+        async with client.stream("POST", url, json=payload, headers=headers) as response:
+            if response.status_code in GIVE_BACK:
+                raise Refused(f"{url} answered {response.status_code}")
+            body = await read_capped(response, url)
     except (httpx.LocalProtocolError, UnicodeEncodeError) as e:
         raise unsendable(url, e) from None
     except (httpx.ConnectError, httpx.ConnectTimeout) as e:
         raise Refused(f"{url}: {e!r}") from None
     except httpx.HTTPError as e:
         raise Broken(f"{url} failed: {type(e).__name__}") from None
-    if response.status_code in GIVE_BACK:
-        raise Refused(f"{url} answered {response.status_code}")
     if response.status_code != 200:
-        raise Answered(response.status_code, response.content)
-    return response.json()
+        raise Answered(response.status_code, body)
+    try:
+        data = json.loads(body)
+    except ValueError:
+        raise Invalid(f"{url} answered 200 with a body that is not JSON") from None
+    if not isinstance(data, dict):
+        raise Invalid(f"{url} answered 200 with JSON that is not an object")
+    return data
+
+
+async def read_capped(response: httpx.Response, url: str) -> bytes:
+    parts, size = [], 0
+    async for part in response.aiter_bytes():
+        size += len(part)
+        if size > MAX_ANSWER_BYTES:
+            raise Invalid(f"{url} answered with more than {MAX_ANSWER_BYTES} bytes")
+        parts.append(part)
+    return b"".join(parts)
+
+
+def counts(usage: object, n: int, most_prompt: int, most_output: int) -> tuple[int, int] | None:
+    """A backend's `usage` as (prompt tokens of all `n` samples, output tokens), if it holds
+    two counts that can be true (whole numbers, at most what was reserved); else None, and the
+    gateway keeps its own counts. The backend counts the prompt once for its `n` samples
+    (OpenAI's usage), and each sample prefilled it: `n` times the prompt, as `serve` charges."""
+    if not isinstance(usage, dict):
+        return None
+    prompt, output = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    if type(prompt) is not int or type(output) is not int:  # (bool is an int: not a count)
+        return None
+    if not (0 <= n * prompt <= most_prompt and 0 <= output <= most_output):
+        return None
+    return n * prompt, output
 
 
 def chunk_of(line: bytes) -> dict | None:

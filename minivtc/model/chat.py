@@ -12,8 +12,12 @@ calls are not supported (a Llama-2 engine): a part of another type is refused by
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from typing import Any, Protocol
+
+from jinja2 import TemplateSyntaxError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 # Llama-2 chat format (Meta's reference code, generation.py).
 B_INST, E_INST = "[INST]", "[/INST]"
@@ -33,6 +37,9 @@ class Tokenizer(Protocol):
 
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+# A chat template's render stops past these (a template is code: it could loop or grow for ever)
+MAX_RENDER_S = 2.0
+MAX_RENDER_CHARS = 10_000_000
 
 
 def normalize(messages: list[dict[str, Any]]) -> list[dict[str, str]]:
@@ -72,14 +79,18 @@ def prompt_ids(
     messages: list[dict[str, Any]],
     chat_template: str | None = None,
     add_generation_prompt: bool = True,
+    max_chars: int = MAX_RENDER_CHARS,
 ) -> list[int]:
-    """The prompt of a conversation: Llama-2's format, or `chat_template` (text or a file)."""
+    """The prompt of a conversation: Llama-2's format, or `chat_template` (the template's
+    text, never a path: only `load_template` reads files, for the operator). A rendering over
+    `max_chars` characters (a server passes what one request may hold) or `MAX_RENDER_S`
+    seconds is refused before any of it is tokenized."""
     messages = normalize(messages)
     if chat_template is None:
         if not add_generation_prompt:
             raise ValueError("Llama-2's chat format always ends in a generation prompt")
         return llama2_ids(tokenizer, messages)
-    text = render(load_template(chat_template), messages, tokenizer, add_generation_prompt)
+    text = render(chat_template, messages, tokenizer, add_generation_prompt, max_chars)
     return encode_with_specials(tokenizer, text)
 
 
@@ -131,9 +142,6 @@ def encode_with_specials(tokenizer: Tokenizer, text: str) -> list[int]:
 def load_template(chat_template: str) -> str:
     """vLLM's `--chat-template`: a file's path, else the template itself; ValueError if it
     is not a Jinja template (so a server refuses it at start, not at its first chat)."""
-    from jinja2 import TemplateSyntaxError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
     text = chat_template
     if "{" not in chat_template and Path(chat_template).is_file():
         text = Path(chat_template).read_text()
@@ -144,23 +152,81 @@ def load_template(chat_template: str) -> str:
     return text
 
 
-def render(template: str, messages: list[dict[str, str]], tokenizer: Tokenizer, gen: bool) -> str:
+def render(
+    template: str,
+    messages: list[dict[str, str]],
+    tokenizer: Tokenizer,
+    gen: bool,
+    max_chars: int = MAX_RENDER_CHARS,
+) -> str:
     """Render a Hugging Face chat template, sandboxed as `transformers` does (a template is
-    data from whoever wrote it: no attribute access beyond the sandbox's)."""
-    from jinja2 import TemplateError
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    data from whoever wrote it: no attribute access beyond the sandbox's), and capped
+    (`Capped`): at most `max_chars` characters and `MAX_RENDER_S` seconds. Every failure is a
+    ValueError (a server's 400), whatever the template raised."""
 
     def raise_exception(message: str) -> None:
         raise ValueError(f"the chat template refused the messages: {message}")
 
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
+    env = Capped(max_chars)
     env.globals["raise_exception"] = raise_exception
     try:
-        return env.from_string(template).render(
+        parts, size = [], 0
+        for part in env.from_string(template).generate(
             messages=messages,
             bos_token=tokenizer.sp.id_to_piece(tokenizer.bos_id),
             eos_token=tokenizer.sp.id_to_piece(tokenizer.eos_id),
             add_generation_prompt=gen,
-        )
-    except TemplateError as e:  # (the sandbox's refusals are TemplateErrors too)
-        raise ValueError(f"the chat template failed on these messages: {e}") from None
+        ):
+            size += len(part)
+            env.check(size)
+            parts.append(part)
+        return "".join(parts)
+    except ValueError:
+        raise
+    except TemplateSyntaxError as e:
+        raise ValueError(f"the chat template is not valid Jinja: {e}") from None
+    except Exception as e:  # the sandbox's refusals, {% include %}, range(10**9), ...
+        raise ValueError(f"the chat template failed on these messages: {e!r}") from None
+
+
+class Capped(ImmutableSandboxedEnvironment):
+    """A sandboxed Jinja environment whose renders stop at a size and a deadline: every call
+    (`range` included, so every nested loop), every `*`, `**` and `+`, and every piece of
+    output checks them, and a call or an operation that would make a value over the size is
+    refused before it is made (`'x' * 10**8`, `10**10**10`, `'x'.ljust(10**8)`)."""
+
+    intercepted_binops = frozenset({"*", "**", "+"})
+
+    def __init__(self, max_chars: int) -> None:
+        super().__init__(trim_blocks=True, lstrip_blocks=True)
+        self.max_chars, self.deadline = max_chars, time.monotonic() + MAX_RENDER_S
+
+    def check(self, size: int = 0) -> None:
+        if size > self.max_chars:
+            raise ValueError(f"the chat template rendered more than {self.max_chars} characters")
+        if time.monotonic() > self.deadline:
+            raise ValueError(f"the chat template took more than {MAX_RENDER_S:g} s")
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805
+        big = max((a for a in args if type(a) is int), default=0)
+        if big > __self.max_chars:  # range(10**9), 'x'.ljust(10**8), ...: refused unmade
+            raise ValueError(
+                f"the chat template called a function with {big}: over the {__self.max_chars} "
+                "characters a render may make"
+            )
+        __self.check()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+        self.check()
+        if operator == "**" and type(right) is int and right > 64:
+            raise ValueError(f"the chat template raised a number to the power {right}")
+        if operator == "*":
+            sizes = [len(x) for x in (left, right) if isinstance(x, (str, list, tuple))]
+            counts = [x for x in (left, right) if type(x) is int]
+            if sizes and counts:
+                self.check(sizes[0] * counts[0])
+        out = super().call_binop(context, operator, left, right)
+        if isinstance(out, (str, list, tuple)):
+            self.check(len(out))
+        return out

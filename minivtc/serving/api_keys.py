@@ -1,6 +1,6 @@
 """Who is calling: API keys, and the client each request is charged to.
 
-Owns: reading the keys file (`minivtc serve --api-keys FILE`) and `Gate`, which turns a request's
+Owns: reading the keys file (`minivtc serve --api-keys FILE`) and `Auth`, which turns a request's
 `Authorization`, `X-Client-Id` and `user` into a `Caller` (the client its service counts
 against, and whether it may see every tenant's usage). Does not own: HTTP routes (`server.py`).
 
@@ -57,6 +57,9 @@ class Key:
     proxy: bool = False  # its requests name their client (a trusted proxy's end users)
 
 
+MIN_KEY_CHARS = 8  # a shorter key is too easy to guess (the keys file's rule, and --api-key's)
+
+
 def read_keys(path: str | Path) -> dict[str, Key]:
     """The keys file, checked: a ValueError naming the file and the entry at fault."""
     try:
@@ -68,8 +71,10 @@ def read_keys(path: str | Path) -> dict[str, Key]:
     keys = {}
     for key, entry in raw.items():
         where = f"{path}: key {key[:3]!r}..."  # (no more: the message may reach a log)
-        if len(key) < 8:
-            raise ValueError(f"{where} is shorter than 8 characters: too easy to guess")
+        if len(key) < MIN_KEY_CHARS:
+            raise ValueError(
+                f"{where} is shorter than {MIN_KEY_CHARS} characters: too easy to guess"
+            )
         if not isinstance(entry, dict) or not set(entry) <= set(FIELDS):
             fields = ", ".join(f"'{name}': {kind}" for name, kind in FIELDS.items())
             raise ValueError(f"{where}: want {{{fields}}}")
@@ -102,7 +107,7 @@ def weights_of(keys: Mapping[Any, Key]) -> dict[str, float]:
     return {k.client: k.weight for k in keys.values()}
 
 
-class Gate:
+class Auth:
     """Names the caller of each request. `keys=None`: no authentication (local use)."""
 
     def __init__(self, keys: dict[str, Key] | None = None):
@@ -128,7 +133,7 @@ class Gate:
                 "You didn't provide an API key: send 'Authorization: Bearer YOUR_KEY'.",
                 code="missing_api_key",
             )
-        assert self.keys is not None, "only a gate with keys checks them"
+        assert self.keys is not None, "only an Auth with keys checks them"
         key = self.keys.get(digest(token.strip()))
         if key is None:
             raise APIError(401, "Incorrect API key provided.", code="invalid_api_key")

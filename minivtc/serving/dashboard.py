@@ -30,7 +30,6 @@ usage, so the page and its data answer callers on loopback only.
 
 from __future__ import annotations
 
-import ipaddress
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -43,7 +42,8 @@ from fastapi.responses import HTMLResponse
 from minivtc.engine.engine import Engine, build_fairness_check
 from minivtc.engine.preemption import Fair
 from minivtc.fairness.vtc import VTC
-from minivtc.serving.api_keys import Caller, Gate
+from minivtc.serving.api_keys import Auth, Caller
+from minivtc.serving.middleware import is_loopback
 from minivtc.serving.observability import fairness_view
 from minivtc.serving.openai_api import APIError
 from minivtc.serving.snapshot import Snapshot
@@ -56,13 +56,25 @@ LOOPBACK_ONLY = (
 )
 
 
+# The page runs its own inline script and style, asks only its own server for data, and may not
+# be framed by another page (clickjacking) nor read as anything but HTML
+PAGE_HEADERS = {
+    "content-security-policy": "default-src 'none'; script-src 'unsafe-inline'; "
+    "style-src 'unsafe-inline'; connect-src 'self'; img-src data:; frame-ancestors 'none'; "
+    "base-uri 'none'; form-action 'none'",
+    "x-frame-options": "DENY",
+    "x-content-type-options": "nosniff",
+    "referrer-policy": "no-referrer",
+}
+
+
 def add_dashboard(app: FastAPI, data: Callable[[Request], Awaitable[dict]]) -> None:
     """`/dashboard` (the page) and `/dashboard/data` (`data(http)`: the app's own view for
     that caller) at `app`: the server's and the gateway's."""
 
     async def page(http: Request) -> HTMLResponse:
-        refuse_strangers(http.app.state.minivtc.gate, http)  # (with keys: open, it holds no data)
-        return HTMLResponse(read_page())
+        refuse_strangers(http.app.state.minivtc.auth, http)  # (with keys: open, it holds no data)
+        return HTMLResponse(read_page(), headers=PAGE_HEADERS)
 
     app.get("/dashboard", response_class=HTMLResponse, include_in_schema=False)(page)
     app.get("/dashboard/data", include_in_schema=False)(data)
@@ -72,29 +84,21 @@ def read_page() -> str:
     return files("minivtc.serving").joinpath(PAGE).read_text(encoding="utf-8")
 
 
-def viewer(gate: Gate, http: Request) -> Caller:
+def viewer(auth: Auth, http: Request) -> Caller:
     """Who is looking: the caller `/fairness` would see (an admin: everyone; a tenant: itself);
     without keys, a caller on loopback (403 for any other)."""
-    refuse_strangers(gate, http)
-    return gate.caller(http.headers.get("authorization"), http.headers.get("x-client-id"))
+    refuse_strangers(auth, http)
+    return auth.caller(http.headers.get("authorization"), http.headers.get("x-client-id"))
 
 
-def refuse_strangers(gate: Gate, http: Request) -> None:
+def refuse_strangers(auth: Auth, http: Request) -> None:
     """Without keys, 403 for a caller not on loopback: everyone's usage is on the page."""
-    if gate.keys is None and not on_loopback(http):
+    if auth.keys is None and not on_loopback(http):
         raise APIError(403, LOOPBACK_ONLY, kind="permission_error")
 
 
 def on_loopback(http: Request) -> bool:
-    if http.client is None:
-        return False
-    try:
-        address = ipaddress.ip_address(http.client.host)
-    except ValueError:  # not an address (a test client's "testclient"): not loopback
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped  # 127.0.0.1 as a dual-stack socket reports it
-    return address.is_loopback
+    return http.client is not None and is_loopback(http.client.host)
 
 
 # --- the server's data ---------------------------------------------------------------------------

@@ -6,9 +6,9 @@ call the engine: they send it *commands* — add a request, abort one, read a sn
 the loop thread runs between two steps, and they receive each request's `StepOutput`s on an
 `asyncio.Queue`. So the engine needs no locks, and a slow handler never stalls a step.
 
-Also owns what the server reports about finished requests: first-token and end-to-end latency
-histograms, each client's times to first token (the dashboard's mean and recent) and finish
-counts per client. Does not own HTTP (`server.py`). Lesson 8 uses it.
+Does not own what the server reports about its requests (`server_stats.py`: the loop thread
+tells it each request that ends and each client the engine forgets, and asks it for a
+`Snapshot` between two steps), nor HTTP (`server.py`). Lesson 8 uses it.
 
     handler --command--> [queue] --(between steps)--> engine.add_request / abort / snapshot
     handler <--StepOutput-- asyncio.Queue <--call_soon_threadsafe-- engine.step()
@@ -17,49 +17,21 @@ counts per client. Does not own HTTP (`server.py`). Lesson 8 uses it.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import queue
 import threading
 import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from minivtc.engine.engine import Engine, forget_idle_clients
 from minivtc.engine.sampler import SamplingParams
-from minivtc.serving.snapshot import OTHER, ClientRow, FirstTokens, Snapshot
+from minivtc.serving.server_stats import ServerStats
+from minivtc.serving.snapshot import Snapshot
 from minivtc.vocab.request import Request, StepOutput
-
-LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # seconds
-
-
-@dataclass
-class Histogram:
-    """A Prometheus histogram: counts per upper bound (`le`), plus the sum and count."""
-
-    bounds: tuple[float, ...] = LATENCY_BUCKETS
-    counts: list[int] = field(init=False)  # one per bound, and one for +Inf
-    total: float = 0.0
-    count: int = 0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * (len(self.bounds) + 1)
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1  # le is inclusive
-        self.total += value
-        self.count += 1
-
-    def cumulative(self) -> list[tuple[str, int]]:
-        """(le, count of observations <= le) for every bound and +Inf, as Prometheus writes it."""
-        out, running = [], 0
-        for bound, n in zip((*self.bounds, float("inf")), self.counts, strict=True):
-            running += n
-            out.append(("+Inf" if bound == float("inf") else repr(bound), running))
-        return out
 
 
 @dataclass
@@ -92,11 +64,7 @@ class EngineLoop:
         self.on_fatal = on_fatal
         self.forget_every_s = forget_every_s
         self.next_forget = time.monotonic() + forget_every_s
-        self.forgotten = ClientRow()  # token totals of forgotten clients (monotone metrics)
-        self.tenants = dict(tenants or {})
-        # A tenant's totals from before the engine last forgot it (loop thread only): the
-        # engine counts afresh when it comes back, and the sum only ever grows.
-        self.kept = {c: ClientRow(None, weight) for c, weight in self.tenants.items()}
+        self.stats = ServerStats(tenants)  # loop thread only; read through snapshot()
         self.commands: queue.SimpleQueue[tuple[Callable[[], object], Future]] = queue.SimpleQueue()
         # Held while a command is queued and while the loop closes: a command is either queued
         # before the loop's last drain (and answered by it) or refused (never left hanging).
@@ -104,10 +72,6 @@ class EngineLoop:
         self.closed = False
         self.wakeup = threading.Event()
         self.streams: dict[str, Stream] = {}  # loop thread only
-        self.ttft = Histogram()  # loop thread only; read through snapshot()
-        self.first_tokens: dict[str, FirstTokens] = {}  # the same, per client (the dashboard)
-        self.latency = Histogram()
-        self.finished: dict[tuple[str, str], int] = {}  # (client, finish reason) -> count
         self.error: BaseException | None = None
         self.stopping = False
         self.thread = threading.Thread(target=self.run, name="minivtc-engine", daemon=True)
@@ -233,7 +197,7 @@ class EngineLoop:
             out = self.engine.output(request)  # its text so far (or its own failure)
             by_loop.setdefault(stream.event_loop, []).append((stream.outputs, out))
             if out.finished:
-                self.record(request)
+                self.stats.record(request)
                 self.forget(request.request_id, abort=False)
         for event_loop, items in by_loop.items():  # one wake-up per event loop per step
             if not post(event_loop, put_all, items):  # its caller's event loop has closed:
@@ -242,85 +206,21 @@ class EngineLoop:
                         self.forget(request_id, abort=True)
 
     def forget_idle_clients(self) -> list[str]:
-        """Between steps: forget idle clients; their totals move to `forgotten`."""
+        """Between steps: forget idle clients; the statistics keep their totals."""
         self.next_forget = time.monotonic() + self.forget_every_s
         gone = forget_idle_clients(self.engine)
-        for client, tokens in gone.items():
-            row = self.kept.get(client, self.forgotten)
-            row.input_tokens += tokens.num_input
-            row.output_tokens += tokens.num_output
-        for client in [c for c in gone if c not in self.tenants]:
-            self.first_tokens.pop(client, None)
-        for key in [k for k in self.finished if k[0] in gone and k[0] not in self.tenants]:
-            other = (OTHER, key[1])
-            self.finished[other] = self.finished.get(other, 0) + self.finished.pop(key)
+        self.stats.forget(gone)
         return list(gone)
 
     def snapshot(self) -> Snapshot:
         """What the reports need, copied between two steps (run it on the loop thread)."""
-        engine = self.engine
-        rows: dict[str, ClientRow] = {}
-        for client, (counter, weight) in engine.scheduler.accounts().items():
-            rows[client] = ClientRow(counter, weight)
-        for client, tokens in engine.client_tokens.items():
-            row = rows.setdefault(client, ClientRow())
-            row.input_tokens, row.output_tokens = tokens.num_input, tokens.num_output
-        for client, kept in self.kept.items():  # (counter None: the scheduler forgot it, idle)
-            row = rows.setdefault(client, ClientRow(None, kept.weight))
-            row.input_tokens += kept.input_tokens
-            row.output_tokens += kept.output_tokens
-        for r in engine.scheduler.waiting():
-            rows.setdefault(r.client_id, ClientRow()).waiting += 1
-        for r in engine.running:
-            rows.setdefault(r.client_id, ClientRow()).running += 1
-        held: dict[str, set[int]] = {}  # per client, the KV blocks its requests hold
-        for request_id, table in engine.allocator.block_tables.items():
-            if request_id in engine.requests:
-                held.setdefault(engine.requests[request_id].client_id, set()).update(table)
-        for client, blocks in held.items():
-            rows.setdefault(client, ClientRow()).blocks = len(blocks)
-        a = engine.allocator
-        return Snapshot(
-            scheduler=engine.scheduler.name,
-            clients=rows,
-            used_blocks=a.num_used_blocks,
-            total_blocks=a.num_blocks,
-            block_size=a.block_size,
-            finished=dict(self.finished),
-            ttft=self.ttft.cumulative(),
-            ttft_sum=self.ttft.total,
-            latency=self.latency.cumulative(),
-            latency_sum=self.latency.total,
-            forgotten=ClientRow(
-                None, 1.0, 0, 0, self.forgotten.input_tokens, self.forgotten.output_tokens
-            ),
-            preemptions=engine.num_preemptions,
-            recomputed_tokens=engine.preemption.recomputed_tokens,
-            swapped_tokens=engine.preemption.swapped_tokens,
-            prompt_tokens=engine.num_prompt_tokens,
-            cached_tokens=engine.num_cached_tokens,
-            host_tokens=engine.preemption.host_tokens,
-            swap_tokens=engine.preemption.swap_tokens if engine.options.swaps else 0,
-            tenants=tuple(self.tenants),
-            first_tokens={c: f.copy() for c, f in self.first_tokens.items()},
-            taken=time.monotonic(),
-        )
-
-    def record(self, request: Request) -> None:
-        if request.first_token_time is not None:
-            ttft = request.first_token_time - request.arrival_time
-            self.ttft.observe(ttft)
-            self.first_tokens.setdefault(request.client_id, FirstTokens()).observe(ttft)
-        if request.finish_time is not None:
-            self.latency.observe(request.finish_time - request.arrival_time)
-        key = (request.client_id, request.finish_reason or "")
-        self.finished[key] = self.finished.get(key, 0) + 1
+        return self.stats.snapshot(self.engine)
 
     def forget(self, request_id: str, abort: bool) -> None:
         stream = self.streams.pop(request_id, None)
         if abort and stream is not None and not stream.request.is_finished:
             self.engine.abort(request_id)
-            self.record(stream.request)
+            self.stats.record(stream.request)
 
 
 def post(event_loop: asyncio.AbstractEventLoop, fn, *args) -> bool:

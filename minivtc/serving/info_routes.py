@@ -13,6 +13,7 @@ through the server's chat template) and answers `{"count", "max_model_len", "tok
 from __future__ import annotations
 
 import asyncio
+import functools
 from importlib.metadata import PackageNotFoundError, version
 
 from fastapi import FastAPI, Request
@@ -21,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from minivtc.model import chat
 from minivtc.serving.openai_api import APIError, Message, Text, parse_json, validate
+from minivtc.serving.prompts import check_length, check_message_count, check_tokens
 from minivtc.serving.server_state import ServerState
 
 
@@ -71,40 +73,62 @@ def model_card(state: ServerState, name: str) -> dict:
         "owned_by": "minivtc",
         "root": state.model_name,
         "parent": None,
-        "max_model_len": state.room.tokens,
+        "max_model_len": state.prompt_limits.tokens,
     }
 
 
 async def tokenize(http: Request):
-    state = http.app.state.minivtc
-    body = validate(TokenizeBody, parse_json(await http.body()))
+    """Through the same door as `/v1`: the body's limits before any work, and all of it
+    (parsing, the chat template, tokenizing, each token's text) on a worker thread."""
+    state: ServerState = http.app.state.minivtc
+    work = functools.partial(tokenize_answer, state, await http.body())
+    if state.chat_template is None:
+        return await asyncio.to_thread(work)
+    return await asyncio.get_running_loop().run_in_executor(state.renders, work)
+
+
+def tokenize_answer(state: ServerState, raw: bytes) -> dict:
+    data = parse_json(raw)
+    check_message_count(state.prompt_limits, data)  # before any per-message work
+    body = validate(TokenizeBody, data)
     if (body.prompt is None) == (body.messages is None):
         raise APIError(400, "give one of 'prompt' or 'messages'", "prompt")
     check_model(state, body.model)
     if body.prompt is not None:
-        ids = await asyncio.to_thread(state.tokenizer.encode, body.prompt, body.add_special_tokens)
+        check_length(state.prompt_limits, len(body.prompt), "prompt")
+        ids = state.tokenizer.encode(body.prompt, body.add_special_tokens)
     else:
         assert body.messages is not None  # (one of the two, checked above)
+        check_length(state.prompt_limits, sum(len(m.text) for m in body.messages), "messages")
         messages = [{"role": m.role, "content": m.text} for m in body.messages]
         try:
+            limit = state.prompt_limits.max_chars
             ids = chat.prompt_ids(
-                state.tokenizer, messages, state.chat_template, body.add_generation_prompt
+                state.tokenizer, messages, state.chat_template, body.add_generation_prompt, limit
             )
         except ValueError as e:
             raise APIError(400, str(e), "messages") from None
-    answer = {"count": len(ids), "max_model_len": state.room.tokens, "tokens": ids}
+    check_tokens(state.prompt_limits, len(ids), "messages" if body.messages else "prompt")
+    answer = {"count": len(ids), "max_model_len": state.prompt_limits.tokens, "tokens": ids}
+    if not body.return_token_strs:  # per-token work only when asked
+        return answer | {"token_strs": None}
     pieces = [state.tokenizer.decode([t], skip_special_tokens=False) for t in ids]
-    return answer | {"token_strs": pieces if body.return_token_strs else None}
+    return answer | {"token_strs": pieces}
 
 
 async def detokenize(http: Request):
-    state = http.app.state.minivtc
-    body = validate(DetokenizeBody, parse_json(await http.body()))
+    """As `/tokenize`: parsing a million ids and decoding them, on a worker thread."""
+    state: ServerState = http.app.state.minivtc
+    return await asyncio.to_thread(detokenize_answer, state, await http.body())
+
+
+def detokenize_answer(state: ServerState, raw: bytes) -> dict:
+    body = validate(DetokenizeBody, parse_json(raw))
     check_model(state, body.model)
     vocab = state.tokenizer.vocab_size
     if any(not 0 <= t < vocab for t in body.tokens):
         raise APIError(400, f"token ids must be in [0, {vocab})", "tokens")
-    return {"prompt": await asyncio.to_thread(state.tokenizer.decode, body.tokens)}
+    return {"prompt": state.tokenizer.decode(body.tokens)}
 
 
 def check_model(state: ServerState, name: str | None) -> None:

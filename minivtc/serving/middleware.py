@@ -1,23 +1,24 @@
 """The door every request passes before it is parsed, and how every error is answered.
 
-Owns: `Door`, ASGI middleware that refuses a body over the size limit (413), a body slow to
-arrive (408) and, with API keys, a request without a valid key (401) before FastAPI reads
-anything, so a 10 MB body or a stranger costs the event loop nothing; and `add_error_handlers`,
-which answers every error, whatever raised it (ours, pydantic's, routing's 404 and 405, a bug),
-in OpenAI's error body. Does not own who the caller is (`api_keys.py`), the limits
-(`connections.py`) or routes (`server.py`).
+Owns: `GuardMiddleware`, ASGI middleware that refuses a body over the size limit (413), a body
+slow to arrive (408) and, with API keys, a request without a valid key (401) before FastAPI
+reads anything, so a 10 MB body or a stranger costs the event loop nothing; and
+`add_error_handlers`, which answers every error, whatever raised it (ours, pydantic's, routing's
+404 and 405, a bug), in OpenAI's error body. Does not own who the caller is (`api_keys.py`), the
+limits (`connections.py`) or routes (`server.py`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 
-from minivtc.serving.api_keys import Gate
+from minivtc.serving.api_keys import Auth
 from minivtc.serving.connections import InFlight, Limits
 from minivtc.serving.openai_api import APIError, clip, validation_error
 
@@ -27,7 +28,7 @@ DRAIN_BYTES = 64 * 1024 * 1024  # dropped after a refusal, so a client still sen
 KEYLESS_PATHS = ("/health", "/dashboard")
 
 
-class Door:
+class GuardMiddleware:
     """ASGI middleware, before any parsing: with API keys, a request without a valid key gets
     401 (everything but `KEYLESS_PATHS`); a body over `max_body_bytes` gets 413 -- at once when
     Content-Length says so, else as soon as the bytes read pass the limit; a body that has not
@@ -43,8 +44,8 @@ class Door:
     flight (`InFlight.take`) is given back here once the response has ended, or the client
     has gone, whatever happened in between."""
 
-    def __init__(self, app, gate: Gate, limits: Limits, in_flight: InFlight) -> None:
-        self.app, self.gate, self.limits, self.in_flight = app, gate, limits, in_flight
+    def __init__(self, app, auth: Auth, limits: Limits, in_flight: InFlight) -> None:
+        self.app, self.auth, self.limits, self.in_flight = app, auth, limits, in_flight
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
@@ -85,8 +86,10 @@ class Door:
 
     async def checked_body(self, scope, headers: dict[str, str], receive) -> bytes | None:
         """The key, the announced length, then the body (APIError: refused)."""
-        if self.gate.keys is not None and scope["path"] not in KEYLESS_PATHS:
-            self.gate.key(headers.get("authorization"))
+        if self.auth.keys is None and (refusal := browser_refusal(scope, headers)) is not None:
+            raise refusal
+        if self.auth.keys is not None and scope["path"] not in KEYLESS_PATHS:
+            self.auth.key(headers.get("authorization"))
         length = headers.get("content-length", "")
         if length.isdigit() and int(length) > self.limits.max_body_bytes:
             raise self.too_large()
@@ -117,6 +120,40 @@ class Door:
             f"the request body did not arrive within {self.limits.body_timeout_s:g} s "
             "(--body-timeout)"
         )
+
+
+# What a web page on another site may send without asking first (a CORS "simple" request)
+SIMPLE_TYPES = ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data")
+LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]", "::1")
+
+
+def browser_refusal(scope, headers: dict[str, str]) -> APIError | None:
+    """Without keys, the server trusts whoever reaches it, so a web page in a browser on this
+    machine must not reach it for another site: a request from loopback that names another
+    Host (a DNS-rebinding page: 403), and a POST whose body is not declared JSON (a
+    cross-site form or `text/plain` fetch, which a browser sends without asking: 415)."""
+    client = scope.get("client")
+    if client is None or not is_loopback(client[0]):
+        return None
+    host = headers.get("host", "")
+    name = host.rsplit(":", 1)[0] if not host.endswith("]") else host
+    if name and name not in LOOPBACK_NAMES and not name.endswith(".localhost"):
+        message = f"Host {host!r} is not this server's: without keys it answers loopback names"
+        return APIError(403, message, kind="permission_error", code="host_not_allowed")
+    kind = headers.get("content-type", "").split(";")[0].strip().lower()
+    if scope.get("method") == "POST" and kind in SIMPLE_TYPES:
+        return APIError(415, "send the body as JSON: Content-Type: application/json")
+    return None
+
+
+def is_loopback(host: str) -> bool:
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:  # not an address (a test client's "testclient")
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped  # 127.0.0.1 as a dual-stack socket reports it
+    return address.is_loopback
 
 
 async def drain(receive) -> None:

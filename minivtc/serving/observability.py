@@ -15,6 +15,7 @@ scrape stays small however many client ids the server has seen.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import NamedTuple
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -27,6 +28,8 @@ from prometheus_client.core import (
 from minivtc.fairness.cost import W_P, W_Q
 from minivtc.serving.snapshot import OTHER, TOP_CLIENTS, ClientRow, Snapshot
 from minivtc.serving.vllm_metrics import vllm_families
+
+Counter, Gauge = CounterMetricFamily, GaugeMetricFamily  # (the tables' kinds, short)
 
 
 def fairness_view(snap: Snapshot, only: str | None = None) -> dict:
@@ -64,53 +67,104 @@ class Families:
         return self.made
 
 
-def families(snap: Snapshot, top: int) -> Iterable[Metric]:
-    rows = labelled_rows(snap, top)
+class Series(NamedTuple):
+    """One metric family: its name, kind, the field its value is read from (of a client's
+    row, for a per-client family; of the snapshot, for a server-wide one) and its help text."""
 
-    def per_client(kind, name: str, help_text: str, value) -> Metric:
-        family = kind(name, help_text, labels=["client"])
-        for client, row in rows.items():
-            family.add_metric([client], value(row))
-        return family
+    name: str
+    kind: type[CounterMetricFamily] | type[GaugeMetricFamily]
+    field: str
+    help: str
 
-    yield per_client(
-        CounterMetricFamily,
-        "minivtc_client_input_tokens",
-        "Prompt tokens processed.",
-        lambda r: r.input_tokens,
-    )
-    yield per_client(
-        CounterMetricFamily,
-        "minivtc_client_output_tokens",
-        "Tokens generated.",
-        lambda r: r.output_tokens,
-    )
-    yield per_client(
-        CounterMetricFamily,
+
+# One sample per labelled client (`labelled_rows`); a None value is left out (a sum of counters
+# means nothing, so "(other)" has no counter; nor has a client the scheduler has forgotten).
+PER_CLIENT = (
+    Series("minivtc_client_input_tokens", Counter, "input_tokens", "Prompt tokens processed."),
+    Series("minivtc_client_output_tokens", Counter, "output_tokens", "Tokens generated."),
+    Series(
         "minivtc_client_service",
+        Counter,
+        "service",
         f"Service delivered: w_p*input + w_q*output (w_p={W_P:g}, w_q={W_Q:g}).",
-        lambda r: r.service,
+    ),
+    Series("minivtc_client_counter", Gauge, "counter", "VTC's virtual token counter."),
+    Series("minivtc_requests_waiting", Gauge, "waiting", "Requests waiting to be admitted."),
+    Series("minivtc_requests_running", Gauge, "running", "Requests in the running batch."),
+)
+
+# One sample each, for the whole server.
+SERVER_WIDE = (
+    Series("minivtc_kv_blocks_used", Gauge, "used_blocks", "KV blocks held by requests."),
+    Series("minivtc_kv_blocks_total", Gauge, "total_blocks", "KV blocks in the pool."),
+    Series("minivtc_preemptions", Counter, "preemptions", "Requests preempted to free KV blocks."),
+    Series(
+        "minivtc_recomputed_tokens",
+        Counter,
+        "recomputed_tokens",
+        "Tokens whose keys and values were computed again after a preemption threw them away.",
+    ),
+    Series(
+        "minivtc_swapped_tokens",
+        Counter,
+        "swapped_tokens",
+        "Tokens whose keys and values a preemption swapped to host memory (counted out and in).",
+    ),
+    Series(
+        "minivtc_swap_tokens_used",
+        Gauge,
+        "host_tokens",
+        "Tokens of keys and values swapped out to host memory now.",
+    ),
+    Series(
+        "minivtc_swap_tokens_total",
+        Gauge,
+        "swap_tokens",
+        "Tokens of keys and values host memory may hold (0: no swapping; "
+        "a preemption that would need more recomputes).",
+    ),
+    Series(
+        "minivtc_prompt_tokens", Counter, "prompt_tokens", "Prompt tokens of the requests admitted."
+    ),
+    Series(
+        "minivtc_prefix_cache_hit_tokens",
+        Counter,
+        "cached_tokens",
+        "Prompt tokens found in the prefix cache (prefill skipped).",
+    ),
+    Series(
+        "minivtc_prefix_cache_hit_rate",
+        Gauge,
+        "prefix_cache_hit_rate",
+        "Share of admitted prompt tokens found in the prefix cache.",
+    ),
+)
+
+
+def families(snap: Snapshot, top: int) -> Iterable[Metric]:
+    """The tables' families in order: per client, finish counts, the two histograms, and the
+    server-wide ones."""
+    rows = labelled_rows(snap, top)
+    for series in PER_CLIENT:
+        family = series.kind(series.name, series.help, labels=["client"])
+        for client, row in rows.items():
+            if (value := getattr(row, series.field)) is not None:
+                family.add_metric([client], value)
+        yield family
+    yield finished(snap, rows)
+    histograms = (
+        ("minivtc_time_to_first_token_seconds", snap.ttft, snap.ttft_sum, "Arrival to 1st token."),
+        ("minivtc_request_latency_seconds", snap.latency, snap.latency_sum, "Arrival to last."),
     )
-    counters = GaugeMetricFamily(
-        "minivtc_client_counter", "VTC's virtual token counter.", labels=["client"]
-    )
-    for client, row in rows.items():
-        if row.counter is not None and client != OTHER:  # a sum of counters means nothing
-            counters.add_metric([client], row.counter)
-    yield counters
-    yield per_client(
-        GaugeMetricFamily,
-        "minivtc_requests_waiting",
-        "Requests waiting to be admitted.",
-        lambda r: r.waiting,
-    )
-    yield per_client(
-        GaugeMetricFamily,
-        "minivtc_requests_running",
-        "Requests in the running batch.",
-        lambda r: r.running,
-    )
-    finished = CounterMetricFamily(
+    for name, buckets, total, what in histograms:
+        yield HistogramMetricFamily(name, what, buckets=buckets, sum_value=total)
+    for series in SERVER_WIDE:
+        yield series.kind(series.name, series.help, value=getattr(snap, series.field))
+
+
+def finished(snap: Snapshot, rows: dict[str, ClientRow]) -> Metric:
+    """Requests finished, by client (a client without its own label counts as OTHER) and reason."""
+    family = CounterMetricFamily(
         "minivtc_requests_finished", "Requests finished, by reason.", labels=["client", "reason"]
     )
     by_label: dict[tuple[str, str], int] = {}
@@ -118,57 +172,8 @@ def families(snap: Snapshot, top: int) -> Iterable[Metric]:
         key = (client if client in rows else OTHER, reason)
         by_label[key] = by_label.get(key, 0) + n
     for (client, reason), n in sorted(by_label.items()):
-        finished.add_metric([client, reason], n)
-    yield finished
-    histograms = (
-        ("minivtc_time_to_first_token_seconds", snap.ttft, snap.ttft_sum, "Arrival to 1st token."),
-        ("minivtc_request_latency_seconds", snap.latency, snap.latency_sum, "Arrival to last."),
-    )
-    for name, buckets, total, what in histograms:
-        yield HistogramMetricFamily(name, what, buckets=buckets, sum_value=total)
-    yield GaugeMetricFamily(
-        "minivtc_kv_blocks_used", "KV blocks held by requests.", value=snap.used_blocks
-    )
-    yield GaugeMetricFamily(
-        "minivtc_kv_blocks_total", "KV blocks in the pool.", value=snap.total_blocks
-    )
-    yield CounterMetricFamily(
-        "minivtc_preemptions", "Requests preempted to free KV blocks.", value=snap.preemptions
-    )
-    yield CounterMetricFamily(
-        "minivtc_recomputed_tokens",
-        "Tokens whose keys and values were computed again after a preemption threw them away.",
-        value=snap.recomputed_tokens,
-    )
-    yield CounterMetricFamily(
-        "minivtc_swapped_tokens",
-        "Tokens whose keys and values a preemption swapped to host memory (counted out and in).",
-        value=snap.swapped_tokens,
-    )
-    yield GaugeMetricFamily(
-        "minivtc_swap_tokens_used",
-        "Tokens of keys and values swapped out to host memory now.",
-        value=snap.host_tokens,
-    )
-    yield GaugeMetricFamily(
-        "minivtc_swap_tokens_total",
-        "Tokens of keys and values host memory may hold (0: no swapping; "
-        "a preemption that would need more recomputes).",
-        value=snap.swap_tokens,
-    )
-    yield CounterMetricFamily(
-        "minivtc_prompt_tokens", "Prompt tokens of the requests admitted.", value=snap.prompt_tokens
-    )
-    yield CounterMetricFamily(
-        "minivtc_prefix_cache_hit_tokens",
-        "Prompt tokens found in the prefix cache (prefill skipped).",
-        value=snap.cached_tokens,
-    )
-    yield GaugeMetricFamily(
-        "minivtc_prefix_cache_hit_rate",
-        "Share of admitted prompt tokens found in the prefix cache.",
-        value=snap.cached_tokens / snap.prompt_tokens if snap.prompt_tokens else 0.0,
-    )
+        family.add_metric([client, reason], n)
+    return family
 
 
 def labelled_rows(snap: Snapshot, top: int) -> dict[str, ClientRow]:

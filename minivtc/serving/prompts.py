@@ -1,7 +1,7 @@
 """What a request's body becomes before it reaches the engine: a checked body, prompt token
 ids, sampling params, and the refusals that must come before any per-token work.
 
-Owns: `PromptRoom` (how much one request may hold, and so what can be refused unread: a text
+Owns: `PromptLimits` (how much one request may hold, and so what can be refused unread: a text
 too long to fit whatever it tokenizes to, a chat with more messages than the context has room
 for), parsing and validating a body (`completion_body`, `chat_body`: pure functions, which
 `server.py` runs on a worker thread, so a large body never stalls other streams), and
@@ -26,18 +26,21 @@ from minivtc.serving.openai_api import (
 )
 from minivtc.vocab.params import SamplingParams
 
+# The most logprob entries one response may carry (completions x tokens x (top + 1)): ~70
+# bytes each in JSON, so ~5 MB
+MAX_LOGPROB_ENTRIES = 65_536
 CHARS_PER_TOKEN_BOUND = 4  # NFKC may compose up to ~3 code points into one; 4 is a safe margin
 
 
 @dataclass(frozen=True)
-class PromptRoom:
+class PromptLimits:
     tokens: int  # the most tokens one request may hold: min(context, pool)
     max_chars: int  # a longer text can never fit, whatever it tokenizes to
     exchange_tokens: int  # the fewest tokens the chat template spends on a user/assistant pair
     max_messages: int  # a chat with more messages can never fit
 
     @classmethod
-    def of(cls, room: int, tokenizer: Tokenizer) -> PromptRoom:
+    def of(cls, room: int, tokenizer: Tokenizer) -> PromptLimits:
         """For an engine (or a fleet) whose longest request holds `room` tokens
         (`Engine.max_model_len`)."""
         longest_piece = max(len(tokenizer.sp.id_to_piece(i)) for i in range(tokenizer.vocab_size))
@@ -61,33 +64,49 @@ def completion_body(raw: bytes) -> CompletionBody:
     return validate(CompletionBody, parse_json(raw))
 
 
-def chat_body(room: PromptRoom, raw: bytes) -> ChatBody:
+def chat_body(limits: PromptLimits, raw: bytes) -> ChatBody:
     """The chat body, checked: the number of messages before any per-message work (80,000
     one-character messages fit in 4 MB, and validating them took the event loop 0.7 s)."""
     data = parse_json(raw)
-    messages = data.get("messages")
-    if isinstance(messages, list) and len(messages) > room.max_messages:
-        raise APIError(
-            400,
-            f"{len(messages)} messages cannot fit the {room.tokens} tokens one request may hold "
-            f"(each user/assistant exchange costs at least {room.exchange_tokens} tokens of the "
-            f"chat template): at most {room.max_messages} messages",
-            "messages",
-            "context_length_exceeded",
-        )
+    check_message_count(limits, data)
     body = validate(ChatBody, data)
     check_roles(body.messages)
-    check_length(room, sum(len(m.text) for m in body.messages), "messages")
+    check_length(limits, sum(len(m.text) for m in body.messages), "messages")
     return body
 
 
-def check_length(room: PromptRoom, num_chars: int, param: str) -> None:
-    """Refuse, before tokenizing it, a text too long to fit whatever it tokenizes to: one token
-    covers at most `longest_piece` characters (after normalization)."""
-    if num_chars > room.max_chars:
+def check_message_count(limits: PromptLimits, data: dict) -> None:
+    """Refuse a body with more messages than one request can hold, before looking at any."""
+    messages = data.get("messages")
+    if isinstance(messages, list) and len(messages) > limits.max_messages:
         raise APIError(
             400,
-            f"the text is {num_chars} characters: it cannot fit the {room.tokens} tokens one "
+            f"{len(messages)} messages cannot fit the {limits.tokens} tokens one request may hold "
+            f"(each user/assistant exchange costs at least {limits.exchange_tokens} tokens of the "
+            f"chat template): at most {limits.max_messages} messages",
+            "messages",
+            "context_length_exceeded",
+        )
+
+
+def check_tokens(limits: PromptLimits, num_tokens: int, param: str) -> None:
+    """Refuse a prompt that tokenized to more than one request may hold."""
+    if num_tokens > limits.tokens:
+        raise APIError(
+            400,
+            f"the prompt is {num_tokens} tokens: one request may hold {limits.tokens}",
+            param,
+            "context_length_exceeded",
+        )
+
+
+def check_length(limits: PromptLimits, num_chars: int, param: str) -> None:
+    """Refuse, before tokenizing it, a text too long to fit whatever it tokenizes to: one token
+    covers at most `longest_piece` characters (after normalization)."""
+    if num_chars > limits.max_chars:
+        raise APIError(
+            400,
+            f"the text is {num_chars} characters: it cannot fit the {limits.tokens} tokens one "
             "request may hold",
             param,
             "context_length_exceeded",
@@ -95,7 +114,7 @@ def check_length(room: PromptRoom, num_chars: int, param: str) -> None:
 
 
 def completion_inputs(
-    room: PromptRoom, tokenizer: Tokenizer, body: CompletionBody
+    limits: PromptLimits, tokenizer: Tokenizer, body: CompletionBody
 ) -> tuple[list[list[int]], list[str] | None]:
     """Each prompt's token ids, every one checked (a long text refused before tokenizing it),
     and with `echo` each prompt's text, to show before its completion (token ids: their
@@ -108,7 +127,7 @@ def completion_inputs(
             check_ids(tokenizer, p)
             ids.append(p)
         else:
-            check_length(room, len(p), "prompt")
+            check_length(limits, len(p), "prompt")
             ids.append(tokenizer.encode(p))
     if not body.echo:
         return ids, None
@@ -120,6 +139,22 @@ def completion_prompts(prompt) -> list[str | list[int]]:
     if isinstance(prompt, str) or (prompt and isinstance(prompt[0], int)):
         return [prompt]
     return list(prompt) if prompt else [prompt]
+
+
+def check_logprob_volume(count: int, max_tokens: int, top_logprobs: int | None) -> None:
+    """Refuse a request whose logprobs could not be sent in a reasonable response: `count`
+    completions of up to `max_tokens` tokens, each with its `top_logprobs` alternatives (a
+    155-byte body asked for 17.8 MB: 16 x 768 tokens x 21 entries)."""
+    if top_logprobs is None:
+        return
+    entries = count * max_tokens * (top_logprobs + 1)
+    if entries > MAX_LOGPROB_ENTRIES:
+        raise APIError(
+            400,
+            f"{count} completions x {max_tokens} tokens x {top_logprobs + 1} logprobs = "
+            f"{entries} entries: at most {MAX_LOGPROB_ENTRIES} (ask for fewer of one of them)",
+            "top_logprobs",
+        )
 
 
 def check_fan_out(count: int) -> None:

@@ -15,7 +15,7 @@ Follow one request: uvicorn answers 503 beyond `max_connections` and closes a co
 to send its head; the door refuses a body over `max_body_bytes` (413), one slow to arrive
 (408) or a missing key (401) before anything is parsed; `completions()` parses and validates
 the body on a worker thread (a bad field is a 400 with an OpenAI error body), names the client
-(`api_keys.Gate`), tokenizes the prompt on a worker thread (a long prompt must not stall other
+(`api_keys.Auth`), tokenizes the prompt on a worker thread (a long prompt must not stall other
 streams), and `EngineLoop.add` queues it; the scheduler decides when it runs; each step's
 `StepOutput` arrives on the request's queue and becomes an SSE chunk (or, when not streaming,
 is collected into one response). A client that goes away is aborted at once and its KV blocks
@@ -29,6 +29,7 @@ from requests: a client cannot raise its own share."""
 from __future__ import annotations
 
 import asyncio
+import functools
 import socket
 import sys
 import threading
@@ -41,18 +42,19 @@ from fastapi.responses import JSONResponse, Response
 from minivtc.engine.engine import Engine
 from minivtc.model import chat
 from minivtc.model.tokenizer import Tokenizer
-from minivtc.serving.api_keys import Caller, Gate, weights_of
+from minivtc.serving.api_keys import Auth, Caller, weights_of
 from minivtc.serving.connections import InFlight, Limits, allow_open_files
 from minivtc.serving.dashboard import Setup, add_dashboard, server_data, viewer
 from minivtc.serving.engine_loop import EngineLoop
 from minivtc.serving.info_routes import add_info_routes
-from minivtc.serving.middleware import Door, add_error_handlers
+from minivtc.serving.middleware import GuardMiddleware, add_error_handlers
 from minivtc.serving.observability import fairness_view, prometheus_text
 from minivtc.serving.openai_api import APIError, check_unsupported
 from minivtc.serving.prompts import (
-    PromptRoom,
+    PromptLimits,
     chat_body,
     check_fan_out,
+    check_logprob_volume,
     completion_body,
     completion_inputs,
     sampling_params,
@@ -66,7 +68,7 @@ def make_app(
     tokenizer: Tokenizer,
     model_name: str = "minivtc-tiny",
     *,
-    gate: Gate | None = None,
+    auth: Auth | None = None,
     limits: Limits | None = None,
     on_fatal=None,
     forget_every_s: float = 10.0,
@@ -75,19 +77,19 @@ def make_app(
 ) -> FastAPI:
     """The app over `engine` (which it starts on a thread at startup and stops at shutdown).
 
-    `gate`: API keys (default: none, every caller names itself: local use). `limits`: what one
+    `auth`: API keys (default: none, every caller names itself: local use). `limits`: what one
     connection may cost (default `Limits()`; `Server` and `BackgroundServer` make uvicorn's
     settings from them). `on_fatal(error)`: called if the engine fails beyond one request
     (`serve` uses it to exit non-zero)."""
-    gate, limits = gate or Gate(), limits or Limits()
-    tenants = weights_of(gate.keys) if gate.keys is not None else None  # never forgotten
+    auth, limits = auth or Auth(), limits or Limits()
+    tenants = weights_of(auth.keys) if auth.keys is not None else None  # never forgotten
     state = ServerState(
         EngineLoop(engine, on_fatal=on_fatal, forget_every_s=forget_every_s, tenants=tenants),
         tokenizer,
         model_name,
         int(time.time()),
-        gate,
-        PromptRoom.of(engine.max_model_len, tokenizer),
+        auth,
+        PromptLimits.of(engine.max_model_len, tokenizer),
         limits,
         InFlight(limits.max_client_requests),
         tuple(aliases),
@@ -101,7 +103,7 @@ def make_app(
     app.state.minivtc = state
     app.state.dashboard = Setup.of(engine)  # (read now: the engine thread has not started)
     add_error_handlers(app)
-    app.add_middleware(Door, gate=state.gate, limits=limits, in_flight=state.in_flight)
+    app.add_middleware(GuardMiddleware, auth=state.auth, limits=limits, in_flight=state.in_flight)
     app.post("/v1/completions")(completions)
     app.post("/v1/chat/completions")(chat_completions)
     add_info_routes(app)  # /v1/models, /v1/models/{id}, /tokenize, /detokenize, /version, /ping
@@ -135,8 +137,11 @@ async def completions(http: Request):
     caller = identify(state, http, body.user)
     check_unsupported(body, state.model_name, state.aliases)
     # every prompt checked before any is queued; tokenized off the event loop
-    ids, echoes = await asyncio.to_thread(completion_inputs, state.room, state.tokenizer, body)
+    ids, echoes = await asyncio.to_thread(
+        completion_inputs, state.prompt_limits, state.tokenizer, body
+    )
     params = sampling_params(body, body.max_tokens or 16, body.logprobs)
+    check_logprob_volume(len(ids) * params.n, body.max_tokens or 16, body.logprobs)
     state.in_flight.take(http.scope, caller.client, len(ids) * params.n)  # else 429
     return await respond(
         state.loop,
@@ -154,23 +159,24 @@ async def completions(http: Request):
 
 async def chat_completions(http: Request):
     state: ServerState = http.app.state.minivtc
-    body = await asyncio.to_thread(chat_body, state.room, await http.body())  # off the loop
+    body = await asyncio.to_thread(
+        chat_body, state.prompt_limits, await http.body()
+    )  # off the loop
     caller = identify(state, http, body.user)
     check_unsupported(body, state.model_name, state.aliases)
     check_fan_out(body.n)
     messages = [{"role": m.role, "content": m.text} for m in body.messages]
     try:
-        prompt_ids = await asyncio.to_thread(
-            chat.prompt_ids, state.tokenizer, messages, state.chat_template
-        )
+        prompt_ids = await render(state, messages)
     except ValueError as e:  # (the template refused them)
         raise APIError(400, str(e), "messages") from None
-    room = state.room.tokens - len(prompt_ids)
+    room = state.prompt_limits.tokens - len(prompt_ids)
     max_tokens = body.max_completion_tokens or body.max_tokens or max(room, 1)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
     params = sampling_params(body, max_tokens, logprobs)
+    check_logprob_volume(params.n, max_tokens, logprobs)
     state.in_flight.take(http.scope, caller.client, params.n)  # else 429
     return await respond(
         state.loop,
@@ -197,7 +203,7 @@ async def fairness(http: Request):
     """Per client: counter, weight, waiting, running, tokens and service so far. With API keys,
     an admin key sees every client, any other key only its own client's row."""
     state: ServerState = http.app.state.minivtc
-    caller = identify(state, http, None)
+    caller = viewer(state.auth, http)  # (without keys: loopback only, as the dashboard's)
     snap = await snapshot(state)
     return await asyncio.to_thread(fairness_view, snap, None if caller.admin else caller.client)
 
@@ -206,7 +212,7 @@ async def dashboard_data(http: Request):
     """What `/dashboard` draws: `/fairness`'s view for the caller and more (`dashboard.py`).
     Without keys, for callers on loopback only."""
     state: ServerState = http.app.state.minivtc
-    caller = viewer(state.gate, http)
+    caller = viewer(state.auth, http)
     snap = await snapshot(state)
     return await asyncio.to_thread(server_data, snap, http.app.state.dashboard, caller)
 
@@ -214,7 +220,7 @@ async def dashboard_data(http: Request):
 async def metrics(http: Request):
     """Prometheus text. With API keys, for admin keys only."""
     state: ServerState = http.app.state.minivtc
-    if not identify(state, http, None).admin:
+    if not viewer(state.auth, http).admin:  # (without keys: loopback only)
         raise APIError(403, "/metrics needs an admin key", kind="permission_error")
     snap = await snapshot(state)
     text = await asyncio.to_thread(prometheus_text, snap, model_name=state.model_name)
@@ -224,9 +230,21 @@ async def metrics(http: Request):
 # --- helpers -------------------------------------------------------------------------------------
 
 
+async def render(state: ServerState, messages: list[dict]) -> list[int]:
+    """A chat's prompt ids, off the event loop; a chat template renders on workers of its own
+    (`ServerState.renders`), so a slow one never holds the workers that parse `/v1` bodies."""
+    limit = state.prompt_limits.max_chars
+    work = functools.partial(
+        chat.prompt_ids, state.tokenizer, messages, state.chat_template, max_chars=limit
+    )
+    if state.chat_template is None:
+        return await asyncio.to_thread(work)
+    return await asyncio.get_running_loop().run_in_executor(state.renders, work)
+
+
 def identify(state: ServerState, http: Request, user: str | None) -> Caller:
     headers = http.headers
-    return state.gate.caller(headers.get("authorization"), headers.get("x-client-id"), user)
+    return state.auth.caller(headers.get("authorization"), headers.get("x-client-id"), user)
 
 
 async def snapshot(state: ServerState):
@@ -241,9 +259,10 @@ async def snapshot(state: ServerState):
 
 
 class Server:
-    """`minivtc serve`: uvicorn in the foreground. On SIGINT/SIGTERM it stops accepting and lets
-    in-flight requests finish; after `shutdown_timeout` seconds the rest end with an error event
-    (or a 500) and the process exits. `run()` returns the exit code: 1 if the engine failed."""
+    """`minivtc serve`: uvicorn in the foreground (`Foreground`). On SIGINT/SIGTERM it stops
+    accepting and lets in-flight requests finish; after `shutdown_timeout` seconds the rest end
+    with an error event (or a 500) and the process exits. `run()` returns the exit code: 1 if
+    the engine failed."""
 
     def __init__(
         self,
@@ -255,26 +274,53 @@ class Server:
         shutdown_timeout: float = 30.0,
         **app_options,
     ) -> None:
-        import uvicorn
-
         self.app = make_app(engine, tokenizer, model_name, on_fatal=self.fatal, **app_options)
         self.loop: EngineLoop = self.app.state.minivtc.loop
         self.shutdown_timeout = shutdown_timeout
+        self.foreground = Foreground(self.app, host, port, shutdown_timeout, self.give_up)
+        self.server = self.foreground.server  # uvicorn's
+
+    def run(self) -> int:
+        self.foreground.run()
+        return 1 if self.loop.error is not None else 0
+
+    def give_up(self) -> None:
+        self.loop.fail_all(f"the server shut down ({self.shutdown_timeout:g} s limit)")
+
+    def fatal(self, error: BaseException) -> None:
+        """The engine loop died: stop serving, so the process exits non-zero."""
+        print(f"the engine failed beyond one request ({error!r}): exiting", file=sys.stderr)
+        self.server.should_exit = True
+
+
+class Foreground:
+    """An app (`serve`'s or `route`'s) in uvicorn in the foreground, with the connection limits
+    of `app.state.minivtc.limits`. On the first SIGINT/SIGTERM it stops accepting and starts
+    the clock: `give_up()` runs (on a timer thread) once `shutdown_timeout` seconds have
+    passed, to end what is still in flight with an error; uvicorn waits 5 s more for those
+    answers to go out before it cancels anything."""
+
+    def __init__(
+        self, app: FastAPI, host: str, port: int, shutdown_timeout: float, give_up
+    ) -> None:
+        import uvicorn
+
+        self.shutdown_timeout, self.give_up = shutdown_timeout, give_up
+        limits = app.state.minivtc.limits
         config = uvicorn.Config(
-            self.app,
+            app,
             host=host,
             port=port,
             # (annotated int, used as asyncio.wait_for's float: seconds, fractions kept)
             timeout_graceful_shutdown=shutdown_timeout + 5,  # type: ignore[arg-type]
-            **self.app.state.minivtc.limits.uvicorn_options(),
+            **limits.uvicorn_options(),
         )
-        allow_open_files(self.app.state.minivtc.limits)
+        allow_open_files(limits)
         self.server = uvicorn.Server(config)
         self.server.handle_exit = self.handle_exit  # type: ignore[method-assign]
 
-    def run(self) -> int:
+    def run(self) -> None:
         self.server.run()
-        return 1 if self.loop.error is not None else 0
 
     def handle_exit(self, sig: int, frame) -> None:
         if not self.server.should_exit:  # the first signal: start the clock
@@ -287,14 +333,6 @@ class Server:
             timer.start()
         uvicorn_handle_exit = type(self.server).handle_exit
         uvicorn_handle_exit(self.server, sig, frame)
-
-    def give_up(self) -> None:
-        self.loop.fail_all(f"the server shut down ({self.shutdown_timeout:g} s limit)")
-
-    def fatal(self, error: BaseException) -> None:
-        """The engine loop died: stop serving, so the process exits non-zero."""
-        print(f"the engine failed beyond one request ({error!r}): exiting", file=sys.stderr)
-        self.server.should_exit = True
 
 
 class BackgroundServer:

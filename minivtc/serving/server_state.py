@@ -8,13 +8,14 @@ routes in other files can name its type without importing the app that holds it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 
 from minivtc.model.tokenizer import Tokenizer
-from minivtc.serving.api_keys import Gate
+from minivtc.serving.api_keys import Auth
 from minivtc.serving.connections import InFlight, Limits
 from minivtc.serving.engine_loop import EngineLoop
-from minivtc.serving.prompts import PromptRoom
+from minivtc.serving.prompts import PromptLimits
 
 
 @dataclass
@@ -23,12 +24,16 @@ class ServerState:
     tokenizer: Tokenizer
     model_name: str
     created: int
-    gate: Gate
-    room: PromptRoom  # how much one request may hold
+    auth: Auth
+    prompt_limits: PromptLimits  # how much one request may hold
     limits: Limits  # what one connection may cost (uvicorn's settings are made from it)
     in_flight: InFlight  # each client's requests queued or running, against its limit
     aliases: tuple[str, ...] = ()  # the model's other names (vLLM's --served-model-name)
     chat_template: str | None = None  # a Jinja chat template (None: Llama-2's format)
+    # Where a chat template renders: workers of its own, apart from those that parse bodies
+    renders: ThreadPoolExecutor = field(
+        default_factory=lambda: ThreadPoolExecutor(2, thread_name_prefix="minivtc-template")
+    )
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -96,3 +96,8 @@ class Snapshot:
     tenants: tuple[str, ...] = ()  # the API keys' clients: each always has its own label
     first_tokens: dict[str, FirstTokens] = field(default_factory=dict)  # per client
     taken: float = 0.0  # when (time.monotonic()): the dashboard's rates divide by its steps
+
+    @property
+    def prefix_cache_hit_rate(self) -> float:
+        """The share of admitted prompt tokens the prefix cache held (0 before any)."""
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0

@@ -1,13 +1,13 @@
 """How a request's outputs reach its caller: one SSE event per token, or one whole response.
 
 Owns: `respond` (queue the request's completions on the engine loop, then stream or collect),
-the SSE event stream and the collector, and what a client that goes away does (its requests
-are aborted at once, their KV blocks freed). A body may ask for several completions, `n` of
-each prompt in a list (OpenAI's choice `index` is prompt * n + sample): each is an engine
-request of the caller's client, scheduled and charged as a separate request would be
-(`offline/llm.py` says how), and a stream interleaves their chunks as their tokens come. A
-request that failed alone ends its stream with one error event (an OpenAI error object), or
-its response with a 500. Does not own routes (`server.py`). Lesson 8.
+the SSE event stream and the collector, and what a client that goes away does (its requests are
+aborted at once, their KV blocks freed). A body may ask for several completions, `n` of each
+prompt in a list (OpenAI's choice `index` is prompt * n + sample): each is an engine request of
+the caller's client, scheduled and charged as a separate request would be (`offline/llm.py` says
+how), and a stream interleaves their chunks as their tokens come. A request that failed alone
+ends its stream with one error event (an OpenAI error object), or its response with a 500. Does
+not own routes (`server.py`). Lesson 8.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minivtc.engine.engine import RequestRejected
 from minivtc.model.tokenizer import Tokenizer
@@ -238,13 +238,21 @@ async def collect(loop: EngineLoop, http: Request, choices: list[Choice], reply:
                     if await http.is_disconnected():
                         return JSONResponse({}, status_code=499)  # nobody will read it
                     next_check = time.monotonic() + 0.5
-        return {
-            **reply.shape.head(streaming=False),
-            "choices": [whole_choice(reply, c) for c in choices],
-            "usage": usage_of(choices),
-        }
+        # Built and serialized off the event loop: with logprobs, one response may hold
+        # hundreds of thousands of entries (each token's text decoded), seconds of work
+        body = await asyncio.to_thread(whole_response, reply, choices)
+        return Response(body, media_type="application/json")
     finally:
         abort_all(loop, choices)
+
+
+def whole_response(reply: Reply, choices: list[Choice]) -> bytes:
+    answer = {
+        **reply.shape.head(streaming=False),
+        "choices": [whole_choice(reply, c) for c in choices],
+        "usage": usage_of(choices),
+    }
+    return bytes(JSONResponse(answer).body)  # (its encoding: UTF-8, no NaN, compact)
 
 
 def whole_choice(reply: Reply, c: Choice) -> dict:

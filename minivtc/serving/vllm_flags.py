@@ -19,9 +19,10 @@ Owns `add_vllm_flags` and `VLLMServe`, what they mean here:
 from __future__ import annotations
 
 import argparse
+import os
 from dataclasses import dataclass
 
-from minivtc.serving.api_keys import Key
+from minivtc.serving.api_keys import MIN_KEY_CHARS, Key
 
 DEFAULT_NAME = "minivtc-tiny"
 
@@ -39,10 +40,12 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--api-key",
-        default=None,
-        metavar="KEY",
-        help="one key for every caller (vLLM's); its requests name their client with "
-        "X-Client-Id or 'user'; --api-keys FILE gives tenants their own keys instead",
+        default=os.environ.get("VLLM_API_KEY"),  # (vLLM's too: a key in the environment
+        metavar="KEY",  # does not show in `ps`)
+        help="one key for every caller (vLLM's), at least 8 characters; default the "
+        "VLLM_API_KEY environment variable, which `ps` does not show; its requests name "
+        "their client with X-Client-Id or 'user'; --api-keys FILE gives tenants their own "
+        "keys instead",
     )
     p.add_argument("--max-model-len", type=int, default=None, help="the most prompt + output")
     p.add_argument("--max-num-seqs", type=int, default=None, help="the most requests running")
@@ -83,8 +86,10 @@ class VLLMServe:
         names = tuple(args.served_model_name or (checkpoint or DEFAULT_NAME,))
         keys = None
         if args.api_key is not None:
-            if not args.api_key:
-                raise ValueError("--api-key must not be empty")
+            if len(args.api_key) < MIN_KEY_CHARS:
+                raise ValueError(
+                    f"--api-key is shorter than {MIN_KEY_CHARS} characters: too easy to guess"
+                )
             keys = {args.api_key: Key("default", admin=True, proxy=True)}
         return cls(checkpoint, names[0], names[1:], keys)
 
