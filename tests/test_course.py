@@ -266,8 +266,8 @@ def test_failed_tests_are_read_with_a_student_s_name_and_the_first_message(tmp_p
         '<testcase name="test_two_words[x 1]"><error message="boom"/></testcase>'
         "</testsuite></testsuites>"
     )
-    total, failures = read_report(report, tests)
-    assert total == 3
+    ran, failures = read_report(report, tests)
+    assert ran == ["test_ok", "test_the_lift", "test_two_words[x 1]"]
     assert [(f.name, f.message) for f in failures] == [
         ("The lift never lowers a counter", "lowered to 3"),
         ("two words (x 1)", "boom"),
@@ -523,3 +523,37 @@ def test_a6_s_recorded_vtc_numbers_are_the_package_s_vtc_on_the_bench():
         bench, steps = on_a10g(VTC(), name)
         assert worst_gap(steps, clients_of(bench))[0] == gap, name
         assert throughput(bench) == pytest.approx(tokens_per_s, abs=1e-3), name
+
+
+def test_every_graded_test_is_on_one_rubric_line_and_every_line_is_a_sixth_at_least():
+    """Each assignment's rubric names every graded test once, and nothing else; no line is
+    worth less than a sixth of the assignment (a wrong mechanism costs at least that)."""
+    import ast
+
+    from minivtc.course.edition import PACKAGE
+
+    for a in ASSIGNMENTS:
+        tree = ast.parse((PACKAGE / "course/graded" / f"test_{a.key}.py").read_text())
+        tests = {
+            n.name
+            for n in tree.body
+            if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
+        }
+        named = [t for line in a.rubric for t in line.tests]
+        assert sorted(named) == sorted(tests), (a.key, set(named) ^ tests)
+        assert all(6 * line.points >= a.max_points for line in a.rubric), a.key
+
+
+def test_a_mechanism_s_points_are_lost_when_any_of_its_tests_fails_or_does_not_run():
+    from minivtc.course.grade import rubric
+
+    (a4,) = [a for a in ASSIGNMENTS if a.key == "a4_vtc"]
+    ran = [t for line in a4.rubric for t in line.tests]
+    lift = a4.rubric[1]
+    failed = [{"name": "the lift", "mechanism": lift.mechanism}]
+    lines = rubric(a4, ran, failed)
+    assert [x["points"] for x in lines] == [5, 0, 5, 5, 5, 5]
+    assert lines[1]["failed"] == ["the lift"] and lines[1]["max_points"] == 5
+    lines = rubric(a4, [t for t in ran if t != a4.rubric[0].tests[0]], [])
+    assert [x["points"] for x in lines] == [0, 5, 5, 5, 5, 5]
+    assert lines[0]["failed"][0].endswith("(did not run)")

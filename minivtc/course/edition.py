@@ -249,6 +249,7 @@ def readme() -> str:
         f"| {a.key} | {a.title} | {a.max_points} | {a.hours} h | {what_to_write(a)} |"
         for a in ASSIGNMENTS
     )
+    rubrics = "\n\n".join(rubric_table(a) for a in ASSIGNMENTS)
     return f"""# minivtc: the student edition
 
 The lessons (`lessons/`) are here without their solutions: each exercise's self-check passes
@@ -295,4 +296,22 @@ in `grades.json`); `--verbose` prints the tests' full output.
 | assignment | what you write | points | time | functions |
 | --- | --- | --- | --- | --- |
 {rows}
+
+## The rubric
+
+Each assignment is graded by mechanism: every graded test belongs to one line below, and a
+line's points are lost when any of its tests fails (a mechanism is understood, or it is not).
+The grader's table and `grades.json` show each line with its points.
+
+{rubrics}
 """
+
+
+def rubric_table(a) -> str:
+    """`a`'s rubric as a table: each mechanism, its points, the graded tests that check it."""
+    rows = "\n".join(
+        f"| {line.mechanism} | {line.points} | {', '.join(f'`{t}`' for t in line.tests)} |"
+        for line in a.rubric
+    )
+    header = f"### {a.key} ({a.max_points} points)\n\n| mechanism | points | graded tests |"
+    return f"{header}\n| --- | --- | --- |\n{rows}"

@@ -4,14 +4,16 @@ Owns `grade(edition, out)`. For each assignment it builds a scratch copy of the 
 package, puts in the edition's versions of that assignment's functions and the helpers the
 student added beside them (`edition.take`), and runs `graded/test_<key>.py` there with a time
 limit: in a fresh Python process, or (`warm.py`, for the grader's own checks) in a process
-forked from one that has the heavy libraries loaded. The points are the assignment's share of
-its tests that passed. A submission that does not parse, lacks a function, crashes the
-interpreter, hangs or prints garbage scores 0 for that assignment, with the reason in its note,
-and never stops the grader. Each failed test is reported by a name written for the student and
-its first assertion message (`feedback.py`). Writes `grades.json`:
-`{"assignments": [{"name", "points", "max_points", "passed", "tests", "note", "failures":
-[{"test", "name", "message"}]}], "total", "max_total"}`. `edition=None` grades the reference
-itself (it must score full marks).
+forked from one that has the heavy libraries loaded. The points are the sum of its rubric's
+lines (`assignments.Line`: a mechanism, its points, its tests) whose tests all passed: a
+mechanism's points are lost when any of its tests fails, or does not run. A submission that
+does not parse, lacks a function, crashes the interpreter, hangs or prints garbage scores 0 for
+that assignment, with the reason in its note, and never stops the grader. Each failed test is
+reported by a name written for the student, its rubric line and its first assertion message
+(`feedback.py`). Writes `grades.json`: `{"assignments": [{"name", "points", "max_points",
+"passed", "tests", "note", "rubric": [{"mechanism", "points", "max_points", "failed"}],
+"failures": [{"test", "name", "message", "mechanism"}]}], "total", "max_total"}`.
+`edition=None` grades the reference itself (it must score full marks).
 """
 
 from __future__ import annotations
@@ -42,7 +44,10 @@ class Grade:
     passed: int
     tests: int
     note: str = ""
-    failures: list[dict] = field(default_factory=list)  # {"test", "name", "message"}
+    failures: list[dict] = field(default_factory=list)  # {"test", "name", "message", "mechanism"}
+    rubric: list[dict] = field(
+        default_factory=list
+    )  # {"mechanism", "points", "max_points", "failed"}
     output: str = field(default="", repr=False)  # pytest's, for --verbose (not saved)
 
 
@@ -105,7 +110,7 @@ def grade_one(
             if edition is not None:
                 notes = take_submission(a, edition, root, whole)
         except (OSError, ValueError, SyntaxError, UnicodeDecodeError) as e:
-            return Grade(a.key, 0.0, a.max_points, 0, 0, f"could not take your code: {e}")
+            return zero(a, f"could not take your code: {e}")
         grade = run_tests(a, root, how)
         grade.note = "; ".join([grade.note] * bool(grade.note) + notes)
         return grade
@@ -145,17 +150,51 @@ def run_tests(a: Assignment, root: Path, how: How, work: Path | None = None) -> 
         timed_out = run_pytest(args, root, log, how.time_limit_s)
     output = log.read_text(errors="replace") if log.exists() else ""
     if timed_out:
-        note = f"timed out after {how.time_limit_s:g} s"
-        return Grade(a.key, 0.0, a.max_points, 0, 0, note, output=output)
+        return zero(a, f"timed out after {how.time_limit_s:g} s", output)
     try:
-        total, failures = read_report(report, tests)
+        ran, failures = read_report(report, tests)
     except (OSError, SyntaxError, AttributeError, TypeError, ValueError):
-        note = "the tests did not run to the end"
-        return Grade(a.key, 0.0, a.max_points, 0, 0, note, output=output)
+        return zero(a, "the tests did not run to the end", output)
+    total = len(ran)
+    failed = [{**asdict(f), "mechanism": mechanism(a, f.test)} for f in failures]
+    lines = rubric(a, ran, failed)
+    points = float(sum(line["points"] for line in lines))
     passed = total - len(failures)
-    points = round(a.max_points * passed / total, 1) if total else 0.0
-    failed = [asdict(f) for f in failures]
-    return Grade(a.key, points, a.max_points, passed, total, failures=failed, output=output)
+    return Grade(a.key, points, a.max_points, passed, total, "", failed, lines, output)
+
+
+def zero(a: Assignment, note: str, output: str = "") -> Grade:
+    """No points, every rubric line lost, for the reason in `note`."""
+    lines = [
+        {"mechanism": x.mechanism, "points": 0, "max_points": x.points, "failed": [note]}
+        for x in a.rubric
+    ]
+    return Grade(a.key, 0.0, a.max_points, 0, 0, note, [], lines, output)
+
+
+def mechanism(a: Assignment, test: str) -> str:
+    line = a.line_of(test)
+    return line.mechanism if line is not None else "(a test outside the rubric)"
+
+
+def rubric(a: Assignment, ran: list[str], failed: list[dict]) -> list[dict]:
+    """Each rubric line with its points: all of them, or none when one of its tests failed or
+    never ran (a test that did not run cannot vouch for the mechanism)."""
+    lines = []
+    for line in a.rubric:
+        lost = sorted({f["name"] for f in failed if f["mechanism"] == line.mechanism})
+        absent = [t for t in line.tests if not any(r.partition("[")[0] == t for r in ran)]
+        lost += [f"{t.removeprefix('test_').replace('_', ' ')} (did not run)" for t in absent]
+        points = 0 if lost else line.points
+        lines.append(
+            {
+                "mechanism": line.mechanism,
+                "points": points,
+                "max_points": line.points,
+                "failed": lost,
+            }
+        )
+    return lines
 
 
 def test_edition(key: str, edition: str | Path, time_limit_s: float = TIME_LIMIT_S) -> dict:
@@ -186,13 +225,28 @@ def run_pytest(args: list[str], root: Path, log: Path, time_limit_s: float) -> b
 
 
 def table(result: dict) -> str:
-    """The grades as a text table, for the terminal: each failed test under its assignment."""
+    """The grades as a text table, for the terminal: under each assignment its rubric's lines
+    (points of max, the mechanism), and under a line that lost its points, each failed test
+    with its first message."""
     rows = [f"{'assignment':<14} {'points':>7} {'max':>5} {'tests passed':>13}  note"]
     for g in result["assignments"]:
         rows.append(
             f"{g['name']:<14} {g['points']:>7.1f} {g['max_points']:>5} "
             f"{g['passed']:>6}/{g['tests']:<6}  {g['note']}"
         )
-        rows += [f"    failed: {f['name']}: {f['message']}" for f in g.get("failures", [])]
+        failures = g.get("failures", [])
+        for line in g.get("rubric", []):
+            rows.append(f"    {line['points']:>2}/{line['max_points']:<2} {line['mechanism']}")
+            rows += [
+                f"        failed: {f['name']}: {f['message']}"
+                for f in failures
+                if f["mechanism"] == line["mechanism"]
+            ]
+            rows += [f"        failed: {n}" for n in line["failed"] if n.endswith("(did not run)")]
+        rows += [
+            f"    failed: {f['name']}: {f['message']}"
+            for f in failures
+            if all(f["mechanism"] != line["mechanism"] for line in g.get("rubric", []))
+        ]
     rows.append(f"{'total':<14} {result['total']:>7.1f} {result['max_total']:>5}")
     return "\n".join(rows)

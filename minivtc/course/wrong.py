@@ -229,6 +229,39 @@ A4 = [
     w("a4_vtc", "no refund", (FINISH, "self.charge(request.client_id, now - service)", "pass")),
     w(
         "a4_vtc",
+        "the lift to Algorithm 2's floor alone, not fair preemption's",
+        (LIFT, "floor = self.join_floor()", "floor = self.lift_floor()"),
+    ),
+    w(
+        "a4_vtc",
+        "each client's queue served last in, first out",
+        (PEEK, "self.queues[client][0]", "self.queues[client][-1]"),
+        (DISPATCH, "assert queue[0] is request", "assert queue[-1] is request"),
+        (DISPATCH, "queue.popleft()", "queue.pop()"),
+    ),
+    w(
+        "a4_vtc",
+        "Algorithm 3's refund written linear, w_q (predicted - actual), whatever h",
+        (
+            FINISH,
+            "now = self.cost(request.num_prompt, request.num_output)\n"
+            "            self.charge(request.client_id, now - service)",
+            "w_q = weights_of(self.cost)[1]\n"
+            "            self.charge(request.client_id, -w_q * (q - request.num_output))",
+        ),
+    ),
+    w(
+        "a4_vtc",
+        "Algorithm 3's dispatch charge written linear, w_p n_p + w_q predicted, whatever h",
+        (
+            DISPATCH,
+            "service = self.cost(request.num_prompt, predicted)",
+            "w_p, w_q = weights_of(self.cost)\n"
+            "            service = w_p * request.num_prompt + w_q * predicted",
+        ),
+    ),
+    w(
+        "a4_vtc",
         "output charges ignore the weights",
         (CHARGE, ") / weights.get(request.client_id, 1.0)", ")"),
     ),
