@@ -557,3 +557,26 @@ def test_a_mechanism_s_points_are_lost_when_any_of_its_tests_fails_or_does_not_r
     lines = rubric(a4, [t for t in ran if t != a4.rubric[0].tests[0]], [])
     assert [x["points"] for x in lines] == [0, 5, 5, 5, 5, 5]
     assert lines[0]["failed"][0].endswith("(did not run)")
+
+
+def test_a_capstone_that_reaches_for_a_reference_policy_is_refused_by_name():
+    """VTC, DRR, the artifact's VTC and the module that builds them by name are refused, by
+    import or by name; the scheduler interface and the cost are the student's to use."""
+    from minivtc.course.rules import out_of_reach, refusals
+
+    assert (
+        "from minivtc.fairness.vtc import VTC"
+        in refusals("from minivtc.fairness.vtc import VTC\n")[0]
+    )
+    assert refusals("from minivtc.fairness import drr\n")
+    assert refusals("import minivtc.fairness.policies\n")
+    assert refusals("import importlib\nimportlib.import_module('minivtc.fairness.vtc')\n")
+    own = (
+        "from minivtc.fairness.scheduler import Scheduler\nfrom minivtc.fairness.cost import W_P\n"
+    )
+    assert not refusals(own)
+    assert not refusals("from minivtc.fairness.drr import DRR\n", ("fairness/drr.py",))
+    namespace: dict = {}
+    exec(out_of_reach("a6_fair", "fairness/vtc.py"), namespace)
+    with pytest.raises(NotImplementedError, match="VTC is a reference policy, out of reach"):
+        namespace["VTC"]()

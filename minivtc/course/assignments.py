@@ -104,11 +104,13 @@ A6_RUBRIC = (
     line(
         "a Scheduler with a stated bound, no looser than 4U and justified by its worst gap",
         "test_it_is_a_scheduler_and_states_its_bound",
+        "test_the_stated_bound_is_reached_on_an_adversarial_workload",
     ),
     line("work conservation", "test_it_never_idles_while_a_request_waits"),
     line(
         "equal shares whatever the request sizes and however early requests stop",
         "test_backlogged_clients_share_equally_whatever_their_request_sizes",
+        "test_clients_whose_requests_stop_early_still_share_equally",
     ),
     line(
         "a bounded gap, on random and adversarial workloads",

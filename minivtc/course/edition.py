@@ -23,6 +23,9 @@ from minivtc.course.helpers import carry, not_taken
 
 PACKAGE = Path(__file__).resolve().parents[1]  # minivtc/
 REPOSITORY = PACKAGE.parent  # where weights/ and lessons/ are, in a checkout
+# In the edition: each assignment's files as released (stubs), what `course test` takes the
+# student's functions into, by the grader's rules (`grade.test_edition`)
+RELEASED = Path("minivtc") / "course" / "released"
 # Not in the edition: the catalogue of wrong solutions quotes the reference's bodies
 INSTRUCTOR_ONLY = ("__pycache__", "*.pyc", "wrong.py", "check.py")
 
@@ -49,6 +52,10 @@ def release(out: str | Path) -> Path:
             path.write_text(skeleton(path.read_text(), a.key))
         for file in sorted({f for f, _ in a.answer}):
             (out / "minivtc" / file).write_text(placeholder(a.key))
+    for file in sorted({f for a in ASSIGNMENTS for f, _ in a.functions}):
+        kept = out / RELEASED / file
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out / "minivtc" / file, kept)
     marker = out / "minivtc" / "course" / "__init__.py"
     marker.write_text(
         marker.read_text().replace("STUDENT_EDITION = False", "STUDENT_EDITION = True")

@@ -30,8 +30,9 @@ from pathlib import Path
 
 from minivtc.course import warm
 from minivtc.course.assignments import ASSIGNMENTS, Assignment
-from minivtc.course.edition import PACKAGE, REPOSITORY, placeholder, take
+from minivtc.course.edition import PACKAGE, RELEASED, REPOSITORY, placeholder, take
 from minivtc.course.feedback import read_report
+from minivtc.course.rules import REFERENCE_POLICIES, out_of_reach, refusals
 
 TIME_LIMIT_S = 240  # per assignment: its tests take seconds; a hang is cut off here
 
@@ -105,22 +106,32 @@ def grade_one(
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
         shutil.copytree(PACKAGE, root / "minivtc", ignore=ignore)
         (root / "weights").symlink_to(REPOSITORY / "weights")  # the bundled model, read-only
-        notes: list[str] = []
-        try:
-            if edition is not None:
-                notes = take_submission(a, edition, root, whole)
-        except (OSError, ValueError, SyntaxError, UnicodeDecodeError) as e:
-            return zero(a, f"could not take your code: {e}")
-        grade = run_tests(a, root, how)
-        grade.note = "; ".join([grade.note] * bool(grade.note) + notes)
-        return grade
+        if edition is None:
+            return run_tests(a, root, how)
+        return submit(a, edition, root, how, whole)
+
+
+def submit(a: Assignment, edition: Path, root: Path, how: How, whole: tuple[str, ...]) -> Grade:
+    """`a`'s code from `edition` put into the package at `root` (`take_submission`), then its
+    tests: a submission refused by a rule scores 0, the rule named in the note."""
+    try:
+        notes = take_submission(a, edition, root, whole)
+    except (OSError, ValueError, SyntaxError, UnicodeDecodeError) as e:
+        return zero(a, f"could not take your code: {e}")
+    refused = [n for n in notes if n.startswith("refused: ")]
+    if refused:
+        return zero(a, "; ".join(refused))
+    grade = run_tests(a, root, how)
+    grade.note = "; ".join([grade.note] * bool(grade.note) + notes)
+    return grade
 
 
 def take_submission(a: Assignment, edition: Path, root: Path, whole: tuple[str, ...]) -> list[str]:
-    """Put `a`'s code from `edition` into the scratch package at `root`: its functions and the
-    student's helpers (`edition.take`), or its own file whole (the capstone, graded without
-    the instructor's answer: the edition's placeholder stands in for it, as on the student's
-    disk). Returns what of the student's changes was not taken, by name."""
+    """Put `a`'s code from `edition` into the package at `root` (the reference's, or for
+    `course test` the edition's as released): its functions and the student's helpers
+    (`edition.take`), or its own file whole (the capstone, graded with the reference policies
+    out of reach: `rules.py`). Returns what of the student's changes was not taken, and why a
+    capstone is refused, by name."""
     notes = []
     for file in sorted({f for f, _ in a.functions}):
         target = root / "minivtc" / file
@@ -129,12 +140,16 @@ def take_submission(a: Assignment, edition: Path, root: Path, whole: tuple[str, 
         source, left = take(target.read_text(), donor, names)
         target.write_text(source)
         notes += [f"{file}: {n}" for n in left]
-    for file in sorted({f for f, _ in a.answer}):
-        (root / "minivtc" / file).write_text(placeholder(a.key))
+    if a.own_file is not None:
+        for file in REFERENCE_POLICIES:
+            text = placeholder(a.key) if file in {f for f, _ in a.answer} else None
+            (root / "minivtc" / file).write_text(text or out_of_reach(a.key, file))
     for file in ((a.own_file,) if a.own_file else ()) + whole:
         text = (edition / "minivtc" / file).read_text()
         compile(text, file, "exec")  # a SyntaxError is the submission's, named in the note
         (root / "minivtc" / file).write_text(text)
+        if file == a.own_file:
+            notes += refusals(text, whole)
     return notes
 
 
@@ -198,11 +213,29 @@ def rubric(a: Assignment, ran: list[str], failed: list[dict]) -> list[dict]:
 
 
 def test_edition(key: str, edition: str | Path, time_limit_s: float = TIME_LIMIT_S) -> dict:
-    """`key`'s graded tests on `edition`'s own package as it stands (`minivtc course test`):
-    the student's functions with the rest of their edition, nothing of the reference's."""
+    """`key`'s graded tests on `edition`'s own package (`minivtc course test`), taken as the
+    grader takes it: the edition's files as released (`released/`, kept by `release`) with the
+    student's functions and helpers put in by the same rules (`take_submission`), the rest of
+    the package the student's own. Nothing of the reference's is used."""
     (a,) = [a for a in ASSIGNMENTS if a.key == key]
-    with tempfile.TemporaryDirectory(prefix=f"minivtc-test-{key}-") as work:
-        return summary([run_tests(a, Path(edition).resolve(), How(time_limit_s), Path(work))])
+    edition = Path(edition).resolve()
+    with tempfile.TemporaryDirectory(prefix=f"minivtc-test-{key}-") as scratch:
+        root = Path(scratch)
+        shutil.copytree(
+            edition / "minivtc", root / "minivtc", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        if (edition / "weights").is_dir():
+            (root / "weights").symlink_to(edition / "weights")
+        released = edition / RELEASED
+        for file in {f for f, _ in a.functions}:
+            if not (released / file).is_file():
+                raise ValueError(
+                    f"{released / file} is missing: the edition keeps its files as released "
+                    "there (made by `minivtc course release`), to take your code as the "
+                    "grader does"
+                )
+            shutil.copyfile(released / file, root / "minivtc" / file)
+        return summary([submit(a, edition, root, How(time_limit_s), ())])
 
 
 def run_pytest(args: list[str], root: Path, log: Path, time_limit_s: float) -> bool:

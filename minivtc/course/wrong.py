@@ -17,6 +17,7 @@ class Wrong:
     key: str  # the assignment
     what: str  # the mistake
     edits: tuple[tuple[str, str, str], ...]  # (qualified name, text in its body, replaced by)
+    own_file: str | None = None  # an own-file assignment's file, written whole instead
 
 
 def w(key: str, what: str, *edits: tuple[str, str, str]) -> Wrong:
@@ -378,6 +379,65 @@ A6 += [
         "a6_fair",
         "no bound stated",
         (FAIR, 'self.name = "fair"', 'self.name = "fair"\n        self.gap_bound = lambda u: None'),
+    ),
+]
+A6 += [
+    w(
+        "a6_fair",
+        "charges each request's whole max_tokens at dispatch and never refunds",
+        (
+            D_DISPATCH,
+            "service = self.cost(request.num_prompt, 0)",
+            "service = self.cost(request.num_prompt, request.params.max_tokens)",
+        ),
+        (D_DECODE, "self.deficits[r.client_id] -= now - before", "pass"),
+    ),
+    w(
+        "a6_fair",
+        "states 4U, the loosest bound allowed, whatever the policy does",
+        (
+            FAIR,
+            'self.name = "fair"',
+            'self.name = "fair"\n        self.gap_bound = lambda u: 4 * u',
+        ),
+    ),
+    w(
+        "a6_fair",
+        "states a bound looser than 4U",
+        (
+            FAIR,
+            'self.name = "fair"',
+            'self.name = "fair"\n        self.gap_bound = lambda u: 5 * u',
+        ),
+    ),
+    Wrong(
+        "a6_fair",
+        "FairPolicy subclasses the reference VTC (three lines)",
+        (),
+        own_file='''"""My capstone."""
+
+from minivtc.fairness.vtc import VTC
+
+
+class FairPolicy(VTC):
+    BOUND = "Theorem 4.4: two backlogged clients stay within 2U of each other, by Lemma 4.3."
+''',
+    ),
+    Wrong(
+        "a6_fair",
+        "FairPolicy built by name through make_scheduler",
+        (),
+        own_file='''"""My capstone."""
+
+from minivtc.fairness import policies
+
+
+class FairPolicy:
+    BOUND = "Theorem 4.4: two backlogged clients stay within 2U of each other, by Lemma 4.3."
+
+    def __new__(cls, *args, **kwargs):
+        return policies.make_scheduler("vtc")
+''',
     ),
 ]
 WRONG = A1 + A2 + A3 + A4 + A5 + A6

@@ -37,7 +37,8 @@ class Arrival:
     time: float
     client: str
     prompt: int
-    output: int
+    output: int  # max_tokens
+    stop: int | None = None  # the request stops at end-of-sequence after this many (testbed)
 
 
 @dataclass
