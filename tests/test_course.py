@@ -580,3 +580,45 @@ def test_a_capstone_that_reaches_for_a_reference_policy_is_refused_by_name():
     exec(out_of_reach("a6_fair", "fairness/vtc.py"), namespace)
     with pytest.raises(NotImplementedError, match="VTC is a reference policy, out of reach"):
         namespace["VTC"]()
+
+
+@pytest.mark.slow
+def test_course_test_and_course_grade_agree_and_name_a_rule_broken(tmp_path):
+    """A correct a4 whose VTC.__init__ sets an attribute its peek uses: the change to
+    `__init__` is not taken, by `course test` (on the edition) as by `course grade` (in the
+    reference), so both score it alike and both name the rule; a capstone subclassing VTC is
+    refused by name in both."""
+    from minivtc.course.edition import PACKAGE
+    from minivtc.course.grade import test_edition
+
+    edition = edition_with(
+        tmp_path,
+        "fairness/vtc.py",
+        "        client = self.least.least()\n        return None if",
+        "        client = self.my_least.least()\n        return None if",
+    )
+    path = edition / "minivtc/fairness/vtc.py"
+    path.write_text(
+        path.read_text().replace(
+            "        self.least = self.Least(self.counters, self.first_seen, self.queues)\n",
+            "        self.least = self.Least(self.counters, self.first_seen, self.queues)\n"
+            "        self.my_least = self.least\n",
+        )
+    )
+    (edition / "minivtc/course/capstone.py").write_text(
+        '"""Mine."""\n\nfrom minivtc.fairness.vtc import VTC\n\n\nclass FairPolicy(VTC):\n'
+        '    BOUND = "2U"\n'
+    )
+    for key in ("a4_vtc", "a6_fair"):
+        graded = grade(edition, tmp_path / f"out-{key}", only=[key])
+        tested = test_edition(key, edition)
+        assert graded == tested, (graded, tested)
+    assert (
+        graded["total"] == 0
+        and "refused: your capstone uses from minivtc.fairness.vtc"
+        in (graded["assignments"][0]["note"])
+    )
+    (g,) = test_edition("a4_vtc", edition)["assignments"]
+    assert g["points"] < 30 and "your changes to VTC.__init__ were not taken" in g["note"], g
+    (path).write_text((PACKAGE / "fairness/vtc.py").read_text())
+    assert test_edition("a4_vtc", edition)["total"] == 30

@@ -22,6 +22,7 @@ from minivtc.course.graded.driver import (
     Arrival,
     admission_round,
     bound_u,
+    first_over,
     max_gap,
     random_arrivals,
     workloads,
@@ -148,17 +149,22 @@ def test_the_lift_never_lowers_a_counter_and_lifts_to_the_smallest_waiting():
     vtc.add(ra, 0.0)
     vtc.add(rb, 0.0)
     dispatch_next(vtc), dispatch_next(vtc)
-    decode(vtc, ra, 50)  # a: 1 + 100
-    vtc.add(request("b", 1, name="b2"), 0.0)  # b waits, at 1
-    vtc.add(request("a", 1, name="a2"), 0.0)  # a joins: the floor is 1, below a's 101
-    assert vtc.counters["a"] == W_P + 50 * W_Q, (
-        f"a joined with counter {W_P + 50 * W_Q} while the smallest waiting counter was 1: the "
+    decode(vtc, ra, 50)  # a: 1 + 100 (the counters are read, not assumed: a charging bug is
+    vtc.add(request("b", 1, name="b2"), 0.0)  # the charge lines', not the lift's)
+    a_before, floor = vtc.counters["a"], vtc.counters["b"]  # b waits alone
+    assert a_before > floor, (
+        f"a got 1 prompt and 50 output tokens, b 1 prompt token: counters a {a_before}, b "
+        f"{floor}; a's should be the larger (check the charges)"
+    )
+    vtc.add(request("a", 1, name="a2"), 0.0)  # a joins above the floor
+    assert vtc.counters["a"] == a_before, (
+        f"a joined with counter {a_before} while the smallest waiting counter was {floor}: the "
         f"lift changed it to {vtc.counters['a']} (a lift is max(c_u, floor), it never lowers)"
     )
-    vtc.add(request("c", 1), 0.0)  # new, at 0: lifted to the smallest waiting, b's 1
-    assert vtc.counters["c"] == W_P, (
-        f"c joined while b (1) and a (101) waited: lifted to {vtc.counters['c']}, not to the "
-        "smallest waiting counter, 1"
+    vtc.add(request("c", 1), 0.0)  # new, at 0: lifted to the smallest waiting, b's
+    assert vtc.counters["c"] == floor, (
+        f"c joined while b ({floor}) and a ({a_before}) waited: lifted to {vtc.counters['c']}, "
+        f"not to the smallest waiting counter, {floor}"
     )
 
 
@@ -172,11 +178,13 @@ def test_a_client_joining_an_empty_queue_is_lifted_to_the_last_to_leave():
     b = request("b", 2)
     vtc.add(b, 0.0)  # lifted to a's 4
     dispatch_next(vtc)  # b: 6, the last to leave
-    decode(vtc, b, 10)  # b: 26
+    decode(vtc, b, 10)  # b: 26, above a's 4
+    last, other = vtc.counters["b"], vtc.counters["a"]
     vtc.add(request("c", 2), 0.0)
-    assert vtc.counters["c"] == vtc.counters["b"] == 26.0, (
-        f"c joined an empty queue whose last client to leave was b (counter 26.0): lifted to "
-        f"{vtc.counters['c']} (Algorithm 2: c_u <- max(c_u, c_l), l the last to leave)"
+    assert vtc.counters["c"] == last, (
+        f"c joined an empty queue whose last client to leave was b (counter {last}; a, who left"
+        f" before, {other}): lifted to {vtc.counters['c']} (Algorithm 2: c_u <- max(c_u, c_l), "
+        "l the last to leave)"
     )
 
 
@@ -284,13 +292,31 @@ def test_output_charges_follow_any_cost_the_profiled_one_too():
         )
 
 
+# What a broken property points at: the mechanisms that could break it.
+SUSPECTS = (
+    "could be: the lift (a client joining below the smallest waiting counter, or above it), "
+    "the pick (not the smallest counter, ties, or a request other than the earliest), the "
+    "prompt charge (missing, late or charged twice) or the output charge"
+)
+
+
+def replay(policy: VTC, w: dict, **how):
+    """`serve` on the workload `w`; a broken property is reported with its reproduction (the
+    workload and its seed; the step is `serve`'s) and the mechanisms that could break it."""
+    try:
+        return serve(policy, random_arrivals(w), w["kv_tokens"], fairness=True, **how)
+    except AssertionError as e:
+        first = str(e).splitlines()[0]
+        raise AssertionError(f"{first}; replay: random_arrivals({w}); {SUSPECTS}") from e
+
+
 @settings(PROPERTY, max_examples=60)
 @given(workloads)
 def test_lemma_4_3_and_theorems_4_4_and_4_9(w):
     """Lemma 4.3 after every step, Theorems 4.4 and 4.9 on every interval, on random workloads."""
     arrivals = random_arrivals(w)
     u = bound_u(max(a.prompt for a in arrivals), w["kv_tokens"])
-    engine, steps, _ = serve(VTC(), arrivals, w["kv_tokens"], fairness=True)
+    engine, steps, _ = replay(VTC(), w)
     clients = sorted({a.client for a in arrivals})
     for f in clients:
         for g in clients:
@@ -298,7 +324,8 @@ def test_lemma_4_3_and_theorems_4_4_and_4_9(w):
                 gap = max_gap(steps, f, g)
                 assert gap <= 2 * u, (
                     f"Theorem 4.4 violated: {f} and {g} both backlogged, service gap {gap} > "
-                    f"2U = {2 * u}"
+                    f"2U = {2 * u}, first at step {first_over(steps, f, g, 2 * u)}; replay: "
+                    f"random_arrivals({w}); {SUSPECTS}"
                 )
             # Theorem 4.9: f backlogged throughout => W_f >= W_g - 4U, for any g.
             worst, prefix, lo = 0.0, 0.0, 0.0
@@ -309,7 +336,8 @@ def test_lemma_4_3_and_theorems_4_4_and_4_9(w):
                 else:
                     prefix = lo = 0.0
             assert worst <= 4 * u, (
-                f"Theorem 4.9 violated: {f} backlogged got {worst} less than {g} > 4U = {4 * u}"
+                f"Theorem 4.9 violated: {f} backlogged got {worst} less than {g} > 4U = {4 * u}; "
+                f"replay: random_arrivals({w}); {SUSPECTS}"
             )
 
 
@@ -321,14 +349,17 @@ def test_weighted_vtc_follows_weights_within_the_bound(w):
     arrivals = random_arrivals(w)
     weights = {f"c{i}": float(i + 1) for i in range(w["n_clients"])}
     u = bound_u(max(a.prompt for a in arrivals), w["kv_tokens"])  # weights >= 1: U/min_w <= U
-    engine, steps, _ = serve(VTC(weights=weights), arrivals, w["kv_tokens"], fairness=True)
+    engine, steps, _ = replay(VTC(weights=weights), w)
     for f in weights:
         for g in weights:
             if f < g:
                 gap = max_gap(steps, f, g, weights)
                 assert gap <= 2 * u, (
                     f"{f} and {g} (weights {weights[f]}, {weights[g]}) both backlogged: weighted "
-                    f"service gap {gap} > 2U = {2 * u}"
+                    f"service gap {gap} > 2U = {2 * u}, first at step "
+                    f"{first_over(steps, f, g, 2 * u, weights)}; replay: random_arrivals({w}); "
+                    "could be: a charge not divided by the client's weight (dispatch, "
+                    "charge_outputs, the refund), or the lift"
                 )
 
 
@@ -339,7 +370,10 @@ def test_weighted_vtc_shares_are_proportional_when_all_are_backlogged():
     _, steps, _ = serve(VTC(weights=weights), arrivals, kv_tokens=100)
     busy = [s for s in steps if s.backlogged == set(weights)]
     total = {c: sum(s.service.get(c, 0.0) for s in busy) for c in weights}
-    shares = f"service of a, b, c (weights 1, 2, 4): {total}"
+    shares = (
+        f"service of a, b, c (weights 1, 2, 4), all backlogged: {total}, not in proportion 1:2:4 "
+        "within 10% (every charge is divided by the client's weight)"
+    )
     assert total["b"] / total["a"] == pytest.approx(2.0, rel=0.1), shares
     assert total["c"] / total["a"] == pytest.approx(4.0, rel=0.1), shares
 
@@ -356,10 +390,18 @@ def test_theorem_4_8_the_bound_is_tight_within_2x():
     for policy in (VTC(), FCFS()):
         _, steps, _ = serve(policy, arrivals, kv_tokens=m)
         gap = max_gap(steps, "F", "G")
-        assert W_Q * (m - 2) <= gap, f"{policy.name}: gap {gap} below w_q (M - 2)"
+        assert W_Q * (m - 2) <= gap, (
+            f"{policy.name}: gap {gap} below w_q (M - 2) = {W_Q * (m - 2)} on Theorem 4.8's "
+            "construction, where no work-conserving policy can do better: could be a charge "
+            "counted twice or the pick serving G before it arrived"
+        )
         if isinstance(policy, VTC):
             # so VTC's 2U is within 2x of what any such policy must allow
-            assert gap <= 2 * u, f"VTC's service gap {gap} > 2U = {2 * u}"
+            assert gap <= 2 * u, (
+                f"VTC's service gap {gap} > 2U = {2 * u} on Theorem 4.8's construction, first "
+                f"at step {first_over(steps, 'F', 'G', 2 * u)}: could be the lift (G joining "
+                "below F) or the pick"
+            )
 
 
 def test_lcf_lets_a_returning_client_monopolise_and_vtc_does_not():
@@ -368,9 +410,16 @@ def test_lcf_lets_a_returning_client_monopolise_and_vtc_does_not():
     _, lcf_steps, _ = idle_then_return(make_scheduler("lcf"))
     _, vtc_steps, _ = idle_then_return(make_scheduler("vtc"))
     # B's stale low counter takes every dispatch
-    assert max_gap(lcf_steps, "A", "B") > 5 * u, "the LCF baseline should fail here"
+    assert max_gap(lcf_steps, "A", "B") > 5 * u, (
+        "the LCF baseline (VTC without the lift) should let B monopolise here: does "
+        "VTC(lift=False) still lift? (the lift belongs in lift_counter, called only with the lift)"
+    )
     gap = max_gap(vtc_steps, "A", "B")
-    assert gap <= 2 * u, f"B back from idle: service gap {gap} > 2U = {2 * u} (a stale counter?)"
+    assert gap <= 2 * u, (
+        f"B back from idle at t = 300: service gap {gap} > 2U = {2 * u}, first at step "
+        f"{first_over(vtc_steps, 'A', 'B', 2 * u)}: B kept a stale low counter (the lift: a "
+        "client joining Q is raised to the smallest waiting counter)"
+    )
 
 
 def test_an_over_predicted_length_is_refunded():

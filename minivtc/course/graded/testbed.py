@@ -161,7 +161,12 @@ def serve(
             bench.clock = pending[0].time
             continue
         before = bench.backlogged(), {c: tuple(t) for c, t in bench.tokens.items()}
-        if not bench.step():  # nothing ran: the pool is empty, so every waiting request fits
+        try:
+            ran = bench.step()
+        except AssertionError as e:  # where it first broke, for the student to replay
+            at = f"first broken at step {len(steps) + 1}, time {bench.clock:g}"
+            raise AssertionError(f"{str(e).splitlines()[0]} ({at})") from e
+        if not ran:  # nothing ran: the pool is empty, so every waiting request fits
             raise AssertionError(
                 f"not work-conserving: the server is idle, {len(bench.waiting_ids)} request(s) "
                 "wait and each fits the empty pool, but peek() offers none"
