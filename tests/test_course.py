@@ -622,3 +622,44 @@ def test_course_test_and_course_grade_agree_and_name_a_rule_broken(tmp_path):
     assert g["points"] < 30 and "your changes to VTC.__init__ were not taken" in g["note"], g
     (path).write_text((PACKAGE / "fairness/vtc.py").read_text())
     assert test_edition("a4_vtc", edition)["total"] == 30
+
+
+def test_the_edition_cites_no_file_it_lacks_and_names_every_lesson_an_assignment_grades(tmp_path):
+    """No lesson of the edition cites the repository's tests/ (the edition has none); a4's row
+    names the four lessons whose mechanisms it grades; the README prints each rubric, the
+    lines each answer takes, and tells the student to install the edition only."""
+    edition = release(tmp_path / "edition")
+    for path in sorted((edition / "lessons").rglob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        assert not any("tests/" in "".join(c["source"]) for c in cells), path
+    text = " ".join((edition / "README.md").read_text().split())
+    (row,) = [line for line in text.split("| a4_vtc |")[1:2]]
+    assert all(f"{n} (" in row for n in ("Lessons 5", "7", "9", "10")), row
+    assert "### a4_vtc (30 points)" in text and "the lift, both cases" in text
+    assert "Install this edition, and only this edition" in text
+    assert (edition / "minivtc/course/released/fairness/vtc.py").is_file()
+
+
+@pytest.mark.slow
+def test_lesson_5_runs_on_a_fresh_edition_skipping_the_cells_that_need_a2_a3_a4(
+    tmp_path, monkeypatch
+):
+    """a4's lesson is read before a4 is written: on an edition with no assignment done, the
+    instructor's Lesson 5 (its solutions in) runs top to bottom, and each cell that drives the
+    engine or runs VTC says which assignments it waits for and is skipped."""
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+
+    from minivtc.course.edition import REPOSITORY
+
+    edition = release(tmp_path / "edition")
+    monkeypatch.setenv("PYTHONPATH", str(edition))
+    monkeypatch.setenv("MINIVTC_LESSON_QUICK", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    book = nbformat.read(REPOSITORY / "lessons/05_virtual_token_counter.ipynb", as_version=4)
+    where = {"metadata": {"path": str(edition / "lessons")}}
+    NotebookClient(book, timeout=600, kernel_name="python3", resources=where).execute()
+    printed = "".join(o.get("text", "") for c in book.cells for o in c.get("outputs", []))
+    assert "NotImplementedError" not in printed
+    assert printed.count("(skipped: this cell runs once you have written a2") >= 5, printed
+    assert "(skipped: this cell runs once you have written a4: VTC.peek" in printed

@@ -209,8 +209,10 @@ ASSIGNMENTS = (
         ),
         A4_RUBRIC,
         "3-4",
-        "Lesson 5; graded by Lemma 4.3, Theorem 4.4, the LCF counterexample and "
-        "Theorem 4.8's construction",
+        "Lessons 5 (the pick, the lift, the prompt charge), 7 (prediction and refunds, weights, "
+        "the profiled h), 9 (readmission, fair preemption's lift) and 10 (w_c, cached prompt "
+        "tokens); graded by exact counters for each mechanism, Lemma 4.3, Theorems 4.4, 4.8 and "
+        "4.9 and the LCF counterexample",
     ),
     Assignment(
         "a5_metric",
@@ -240,7 +242,7 @@ ASSIGNMENTS = (
         (),
         A6_RUBRIC,
         "4-6",
-        "Lessons 4, 5 and 9; graded by what any fair policy must do (work conservation, equal "
+        "Lessons 4, 5, 7 and 9; graded by what any fair policy must do (work conservation, equal "
         "shares, a bounded backlogged gap, no starvation) and on the paper's workloads against "
         "VTC and FCFS",
         own_file="course/capstone.py",

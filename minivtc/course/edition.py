@@ -253,7 +253,8 @@ def readme() -> str:
         for n, keys in lesson_needs(REPOSITORY / "lessons").items()
     )
     rows = "\n".join(
-        f"| {a.key} | {a.title} | {a.max_points} | {a.hours} h | {what_to_write(a)} |"
+        f"| {a.key} | {a.title} | {a.teaches} | {a.max_points} | {lines_to_write(a)} | "
+        f"{a.hours} h | {what_to_write(a)} |"
         for a in ASSIGNMENTS
     )
     rubrics = "\n\n".join(rubric_table(a) for a in ASSIGNMENTS)
@@ -288,7 +289,10 @@ the reference package).
 The capstone, a6, is yours: `minivtc/course/capstone.py` says what a fair policy must do and
 how it is graded; write `FairPolicy` and state its bound (`gap_bound` and `BOUND`).
 
-The edition installs on its own: `pip install -e '.[dev]'` from this directory.
+Install this edition, and only this edition: `pip install -e '.[dev]'` from this directory
+(in a fresh virtual environment). Do not install the repository's own package: it holds the
+reference answers, and where both are installed you cannot tell which one your lessons and
+tests import.
 
 An assignment is graded on its own: its tests run on the reference package with just your
 functions for it, so an unfinished assignment never costs points in another.
@@ -300,8 +304,13 @@ constants is not taken, and the grader names each such change in the assignment'
 For each failed test the grader prints what it checks and its first assertion message (also
 in `grades.json`); `--verbose` prints the tests' full output.
 
-| assignment | what you write | points | time | functions |
-| --- | --- | --- | --- | --- |
+"lessons, graded by" names every lesson whose mechanisms the assignment grades. "lines" is
+measured: the lines of code of the reference's answer (the functions' bodies, without
+docstrings, comments, blank lines and asserts; for a6, the instructor's DRR). "time" is the
+instructor's estimate, not a measurement.
+
+| assignment | what you write | lessons, graded by | points | lines | time | functions |
+| --- | --- | --- | --- | --- | --- | --- |
 {rows}
 
 ## The rubric
@@ -312,6 +321,18 @@ The grader's table and `grades.json` show each line with its points.
 
 {rubrics}
 """
+
+
+def lines_to_write(a) -> int:
+    """The lines of code of the reference's answer to `a`: its functions' (or its answer's)
+    bodies, without docstrings, comments, blank lines and asserts."""
+    total = 0
+    for file, qualname in a.functions or a.answer:
+        node = find(ast.parse((PACKAGE / file).read_text()), qualname)
+        body = node.body[1:] if is_docstring(node.body[0]) else node.body
+        text = "\n".join(ast.unparse(n) for n in body if not isinstance(n, ast.Assert))
+        total += sum(1 for line in text.splitlines() if line.strip())
+    return total
 
 
 def rubric_table(a) -> str:
