@@ -420,7 +420,8 @@ from minivtc.fairness.vtc import VTC
 
 
 class FairPolicy(VTC):
-    BOUND = "Theorem 4.4: two backlogged clients stay within 2U of each other, by Lemma 4.3."
+    BOUND = ("Theorem 4.4 of the paper: two clients backlogged over an interval receive "
+             "service within 2U of each other, by Lemma 4.3 and the lift.")
 ''',
     ),
     Wrong(
@@ -433,7 +434,8 @@ from minivtc.fairness import policies
 
 
 class FairPolicy:
-    BOUND = "Theorem 4.4: two backlogged clients stay within 2U of each other, by Lemma 4.3."
+    BOUND = ("Theorem 4.4 of the paper: two clients backlogged over an interval receive "
+             "service within 2U of each other, by Lemma 4.3 and the lift.")
 
     def __new__(cls, *args, **kwargs):
         return policies.make_scheduler("vtc")
