@@ -232,7 +232,8 @@ def test_a_request_back_from_a_preemption_is_not_charged_again():
     done = []
     while len(done) < 80:
         r = policy.peek()
-        assert r is not None, "peek() gave None while requests waited"
+        assert r is not None, "peek() gave None while requests waited: check FairPolicy.peek"
+        r.status = Status.RUNNING  # admitted, as the engine does before dispatch
         policy.dispatch(r)
         if r.client_id == "A" and not r.num_preemptions:  # preempted before it ran
             r.num_preemptions, r.status = 1, Status.WAITING
@@ -240,7 +241,7 @@ def test_a_request_back_from_a_preemption_is_not_charged_again():
             continue
         r.output_ids.append(7)
         policy.on_decode([r])
-        r.finish_reason = "length"
+        r.end(Status.FINISHED, "length", 0.0)  # as the engine ends it
         policy.on_finish(r)
         done.append(r.client_id)
     a = done.count("A")
