@@ -641,12 +641,13 @@ def test_the_edition_cites_no_file_it_lacks_and_names_every_lesson_an_assignment
 
 
 @pytest.mark.slow
-def test_lesson_5_runs_on_a_fresh_edition_skipping_the_cells_that_need_a2_a3_a4(
-    tmp_path, monkeypatch
+@pytest.mark.parametrize("lesson", ["05_virtual_token_counter", "07_variants"])
+def test_a4_s_lessons_run_on_a_fresh_edition_skipping_the_cells_that_need_a2_a3_a4(
+    lesson, tmp_path, monkeypatch
 ):
-    """a4's lesson is read before a4 is written: on an edition with no assignment done, the
-    instructor's Lesson 5 (its solutions in) runs top to bottom, and each cell that drives the
-    engine or runs VTC says which assignments it waits for and is skipped."""
+    """a4's lessons are read before a4 is written: on an edition with no assignment done, the
+    instructor's Lessons 5 and 7 (solutions in) run top to bottom, and each cell that drives
+    the engine or runs VTC says which assignments it waits for and is skipped."""
     nbformat = pytest.importorskip("nbformat")
     from nbclient import NotebookClient
 
@@ -656,7 +657,7 @@ def test_lesson_5_runs_on_a_fresh_edition_skipping_the_cells_that_need_a2_a3_a4(
     monkeypatch.setenv("PYTHONPATH", str(edition))
     monkeypatch.setenv("MINIVTC_LESSON_QUICK", "1")
     monkeypatch.setenv("MPLBACKEND", "Agg")
-    book = nbformat.read(REPOSITORY / "lessons/05_virtual_token_counter.ipynb", as_version=4)
+    book = nbformat.read(REPOSITORY / "lessons" / f"{lesson}.ipynb", as_version=4)
     where = {"metadata": {"path": str(edition / "lessons")}}
     NotebookClient(book, timeout=600, kernel_name="python3", resources=where).execute()
     printed = "".join(o.get("text", "") for c in book.cells for o in c.get("outputs", []))
