@@ -641,13 +641,15 @@ def test_the_edition_cites_no_file_it_lacks_and_names_every_lesson_an_assignment
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("lesson", ["05_virtual_token_counter", "07_variants"])
+@pytest.mark.parametrize(
+    "lesson", ["05_virtual_token_counter", "07_variants", "09_fair_memory", "10_prefix_caching"]
+)
 def test_a4_s_lessons_run_on_a_fresh_edition_skipping_the_cells_that_need_a2_a3_a4(
     lesson, tmp_path, monkeypatch
 ):
     """a4's lessons are read before a4 is written: on an edition with no assignment done, the
-    instructor's Lessons 5 and 7 (solutions in) run top to bottom, and each cell that drives
-    the engine or runs VTC says which assignments it waits for and is skipped."""
+    instructor's Lessons 5, 7, 9 and 10 (solutions in) run top to bottom, and each cell that
+    drives the engine or runs VTC says which assignments it waits for and is skipped."""
     nbformat = pytest.importorskip("nbformat")
     from nbclient import NotebookClient
 

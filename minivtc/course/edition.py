@@ -282,11 +282,11 @@ with the other assignment's NotImplementedError (grading never needs them: it ru
 functions in the reference package).
 
 Each lesson runs with this edition's package once the assignments it uses are done; each says
-which in its first cell: {needs}. None needs a6. Lessons 5 and 7, a4's, can be read before:
-each of their cells that needs an assignment not yet written starts with `%%needs` and says
-so, and is skipped until it is written. Readable copies, executed, with the solutions
-and their checks' outputs left out: `minivtc course render PAGES` (the instructor runs it with
-the reference package).
+which in its first cell: {needs}. None needs a6. Lessons 5, 7, 9 and 10, those a4 grades, can be
+read before: each of their cells that needs an assignment not yet written starts with
+`%%needs` and says so, and is skipped until it is written. Readable copies, executed, with
+the solutions and their checks' outputs left out: `minivtc course render PAGES` (the
+instructor runs it with the reference package).
 
 The capstone, a6, is yours: `minivtc/course/capstone.py` says what a fair policy must do and
 how it is graded; write `FairPolicy` and state its bound (`gap_bound` and `BOUND`).
