@@ -266,8 +266,8 @@ def test_failed_tests_are_read_with_a_student_s_name_and_the_first_message(tmp_p
         '<testcase name="test_two_words[x 1]"><error message="boom"/></testcase>'
         "</testsuite></testsuites>"
     )
-    total, failures = read_report(report, tests)
-    assert total == 3
+    ran, failures = read_report(report, tests)
+    assert ran == ["test_ok", "test_the_lift", "test_two_words[x 1]"]
     assert [(f.name, f.message) for f in failures] == [
         ("The lift never lowers a counter", "lowered to 3"),
         ("two words (x 1)", "boom"),
@@ -523,3 +523,146 @@ def test_a6_s_recorded_vtc_numbers_are_the_package_s_vtc_on_the_bench():
         bench, steps = on_a10g(VTC(), name)
         assert worst_gap(steps, clients_of(bench))[0] == gap, name
         assert throughput(bench) == pytest.approx(tokens_per_s, abs=1e-3), name
+
+
+def test_every_graded_test_is_on_one_rubric_line_and_every_line_is_a_sixth_at_least():
+    """Each assignment's rubric names every graded test once, and nothing else; no line is
+    worth less than a sixth of the assignment (a wrong mechanism costs at least that)."""
+    import ast
+
+    from minivtc.course.edition import PACKAGE
+
+    for a in ASSIGNMENTS:
+        tree = ast.parse((PACKAGE / "course/graded" / f"test_{a.key}.py").read_text())
+        tests = {
+            n.name
+            for n in tree.body
+            if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
+        }
+        named = [t for line in a.rubric for t in line.tests]
+        assert sorted(named) == sorted(tests), (a.key, set(named) ^ tests)
+        assert all(6 * line.points >= a.max_points for line in a.rubric), a.key
+
+
+def test_a_mechanism_s_points_are_lost_when_any_of_its_tests_fails_or_does_not_run():
+    from minivtc.course.grade import rubric
+
+    (a4,) = [a for a in ASSIGNMENTS if a.key == "a4_vtc"]
+    ran = [t for line in a4.rubric for t in line.tests]
+    lift = a4.rubric[1]
+    failed = [{"name": "the lift", "mechanism": lift.mechanism}]
+    lines = rubric(a4, ran, failed)
+    assert [x["points"] for x in lines] == [5, 0, 5, 5, 5, 5]
+    assert lines[1]["failed"] == ["the lift"] and lines[1]["max_points"] == 5
+    lines = rubric(a4, [t for t in ran if t != a4.rubric[0].tests[0]], [])
+    assert [x["points"] for x in lines] == [0, 5, 5, 5, 5, 5]
+    assert lines[0]["failed"][0].endswith("(did not run)")
+
+
+def test_a_capstone_that_reaches_for_a_reference_policy_is_refused_by_name():
+    """VTC, DRR, the artifact's VTC and the module that builds them by name are refused, by
+    import or by name; the scheduler interface and the cost are the student's to use."""
+    from minivtc.course.rules import out_of_reach, refusals
+
+    assert (
+        "from minivtc.fairness.vtc import VTC"
+        in refusals("from minivtc.fairness.vtc import VTC\n")[0]
+    )
+    assert refusals("from minivtc.fairness import drr\n")
+    assert refusals("import minivtc.fairness.policies\n")
+    assert refusals("import importlib\nimportlib.import_module('minivtc.fairness.vtc')\n")
+    own = (
+        "from minivtc.fairness.scheduler import Scheduler\nfrom minivtc.fairness.cost import W_P\n"
+    )
+    assert not refusals(own)
+    assert not refusals("from minivtc.fairness.drr import DRR\n", ("fairness/drr.py",))
+    namespace: dict = {}
+    exec(out_of_reach("a6_fair", "fairness/vtc.py"), namespace)
+    with pytest.raises(NotImplementedError, match="VTC is a reference policy, out of reach"):
+        namespace["VTC"]()
+
+
+@pytest.mark.slow
+def test_course_test_and_course_grade_agree_and_name_a_rule_broken(tmp_path):
+    """A correct a4 whose VTC.__init__ sets an attribute its peek uses: the change to
+    `__init__` is not taken, by `course test` (on the edition) as by `course grade` (in the
+    reference), so both score it alike and both name the rule; a capstone subclassing VTC is
+    refused by name in both."""
+    from minivtc.course.edition import PACKAGE
+    from minivtc.course.grade import test_edition
+
+    edition = edition_with(
+        tmp_path,
+        "fairness/vtc.py",
+        "        client = self.least.least()\n        return None if",
+        "        client = self.my_least.least()\n        return None if",
+    )
+    path = edition / "minivtc/fairness/vtc.py"
+    path.write_text(
+        path.read_text().replace(
+            "        self.least = self.Least(self.counters, self.first_seen, self.queues)\n",
+            "        self.least = self.Least(self.counters, self.first_seen, self.queues)\n"
+            "        self.my_least = self.least\n",
+        )
+    )
+    (edition / "minivtc/course/capstone.py").write_text(
+        '"""Mine."""\n\nfrom minivtc.fairness.vtc import VTC\n\n\nclass FairPolicy(VTC):\n'
+        '    BOUND = "2U"\n'
+    )
+    for key in ("a4_vtc", "a6_fair"):
+        graded = grade(edition, tmp_path / f"out-{key}", only=[key])
+        tested = test_edition(key, edition)
+        assert graded == tested, (graded, tested)
+    assert (
+        graded["total"] == 0
+        and "refused: your capstone uses from minivtc.fairness.vtc"
+        in (graded["assignments"][0]["note"])
+    )
+    (g,) = test_edition("a4_vtc", edition)["assignments"]
+    assert g["points"] < 30 and "your changes to VTC.__init__ were not taken" in g["note"], g
+    (path).write_text((PACKAGE / "fairness/vtc.py").read_text())
+    assert test_edition("a4_vtc", edition)["total"] == 30
+
+
+def test_the_edition_cites_no_file_it_lacks_and_names_every_lesson_an_assignment_grades(tmp_path):
+    """No lesson of the edition cites the repository's tests/ (the edition has none); a4's row
+    names the four lessons whose mechanisms it grades; the README prints each rubric, the
+    lines each answer takes, and tells the student to install the edition only."""
+    edition = release(tmp_path / "edition")
+    for path in sorted((edition / "lessons").rglob("*.ipynb")):
+        cells = json.loads(path.read_text())["cells"]
+        assert not any("tests/" in "".join(c["source"]) for c in cells), path
+    text = " ".join((edition / "README.md").read_text().split())
+    (row,) = [line for line in text.split("| a4_vtc |")[1:2]]
+    assert all(f"{n} (" in row for n in ("Lessons 5", "7", "9", "10")), row
+    assert "### a4_vtc (30 points)" in text and "the lift, both cases" in text
+    assert "Install this edition, and only this edition" in text
+    assert (edition / "minivtc/course/released/fairness/vtc.py").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "lesson", ["05_virtual_token_counter", "07_variants", "09_fair_memory", "10_prefix_caching"]
+)
+def test_a4_s_lessons_run_on_a_fresh_edition_skipping_the_cells_that_need_a2_a3_a4(
+    lesson, tmp_path, monkeypatch
+):
+    """a4's lessons are read before a4 is written: on an edition with no assignment done, the
+    instructor's Lessons 5, 7, 9 and 10 (solutions in) run top to bottom, and each cell that
+    drives the engine or runs VTC says which assignments it waits for and is skipped."""
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+
+    from minivtc.course.edition import REPOSITORY
+
+    edition = release(tmp_path / "edition")
+    monkeypatch.setenv("PYTHONPATH", str(edition))
+    monkeypatch.setenv("MINIVTC_LESSON_QUICK", "1")
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    book = nbformat.read(REPOSITORY / "lessons" / f"{lesson}.ipynb", as_version=4)
+    where = {"metadata": {"path": str(edition / "lessons")}}
+    NotebookClient(book, timeout=600, kernel_name="python3", resources=where).execute()
+    printed = "".join(o.get("text", "") for c in book.cells for o in c.get("outputs", []))
+    assert "NotImplementedError" not in printed
+    assert printed.count("(skipped: this cell runs once you have written") >= 5, printed
+    assert "a4: VTC.peek, VTC.dispatch, VTC.lift_counter" in printed

@@ -27,8 +27,18 @@ NAMED_IN_THE_ISSUE = {  # the wrong answers that once got full marks
         "no cache discount",
         "no dispatch charge",
         "never sets last_left",
+        "the lift to Algorithm 2's floor alone, not fair preemption's",
+        "each client's queue served last in, first out",
+        "Algorithm 3's refund written linear, w_q (predicted - actual), whatever h",
+        "Algorithm 3's dispatch charge written linear, w_p n_p + w_q predicted, whatever h",
     ],
-    "a6_fair": ["never charges prompts", "ignores decode charges"],
+    "a6_fair": [
+        "never charges prompts",
+        "ignores decode charges",
+        "charges each request's whole max_tokens at dispatch and never refunds",
+        "states 4U, the loosest bound allowed, whatever the policy does",
+        "FairPolicy subclasses the reference VTC (three lines)",
+    ],
 }
 
 

@@ -45,7 +45,8 @@ def add_course(sub) -> None:
     add_check(verbs)
     test = verbs.add_parser(
         "test",
-        help="run one assignment's graded tests on an edition as it stands (for students)",
+        help="run one assignment's graded tests on an edition, your code taken as the grader "
+        "takes it (for students)",
     )
     test.add_argument("assignment", help="e.g. a4_vtc (or a4)")
     test.add_argument("edition", nargs="?", default=".", help="the edition (default: here)")

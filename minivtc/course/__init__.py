@@ -5,6 +5,9 @@ tests in `graded/`); `edition.py` writes the student edition (the package with t
 bodies replaced by `raise NotImplementedError`); `grade.py` grades an edition, one assignment at
 a time, against the reference for everything else. The reference solutions are the package's
 own code: one source of truth. `minivtc course release OUT` and `minivtc course grade OUT`.
+Each assignment's points are a rubric by mechanism (`assignments.Line`); `rules.py` holds what
+a submission may not do (reach for a reference policy), applied alike by `course grade` and
+`course test`; `needs.py` lets a lesson's cell wait for the assignments it runs.
 """
 
 # The student edition's copy says True (`edition.release` writes it): grading needs the

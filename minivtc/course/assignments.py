@@ -14,11 +14,22 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class Line:
+    """One line of an assignment's rubric: a mechanism, its points, and the graded tests
+    (functions of `graded/test_<key>.py`) that check it. The points are all lost when any of
+    those tests fails: a mechanism is understood, or it is not."""
+
+    mechanism: str
+    points: int
+    tests: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Assignment:
     key: str  # graded/test_<key>.py holds its tests
     title: str
     functions: tuple[tuple[str, str], ...]  # (file under minivtc/, qualified name)
-    max_points: int
+    rubric: tuple[Line, ...]  # its points sum to max_points
     hours: str  # how long it takes a student, roughly
     teaches: str
     # The student writes this file whole (the capstone): the edition ships its docstring, the
@@ -29,10 +40,93 @@ class Assignment:
     answer: tuple[tuple[str, str], ...] = ()
 
     @property
+    def max_points(self) -> int:
+        return sum(line.points for line in self.rubric)
+
+    def line_of(self, test: str) -> Line | None:
+        """The rubric line of `test` (pytest's name: its parameters are ignored)."""
+        base = test.partition("[")[0]
+        return next((line for line in self.rubric if base in line.tests), None)
+
+    @property
     def reference_functions(self) -> tuple[tuple[str, str], ...]:
         """What the grader's check mutates: the functions asked for, or the answer's."""
         return self.functions + self.answer
 
+
+def line(mechanism: str, *tests: str, points: int = 5) -> Line:
+    return Line(mechanism, points, tests)
+
+
+# VTC's three details (charge at dispatch, never skip, the lift), and what the package adds to
+# Algorithm 2: each a mechanism. A wrong one costs 5 of 30 points, whichever test sees it.
+A4_RUBRIC = (
+    line(
+        "the pick: the smallest counter, ties to the client seen first, FIFO within a client",
+        "test_ties_go_to_the_client_seen_first",
+        "test_each_client_s_requests_go_in_arrival_order",
+    ),
+    line(
+        "the lift, both cases (Q holds someone; Q empty), with and without fair preemption",
+        "test_the_lift_never_lowers_a_counter_and_lifts_to_the_smallest_waiting",
+        "test_a_client_joining_an_empty_queue_is_lifted_to_the_last_to_leave",
+        "test_with_fair_preemption_a_client_joining_an_empty_queue_is_lifted_near_those_that_ran",
+    ),
+    line(
+        "the prompt charge at dispatch: h(n_p, 0), w_c for cached tokens, once per request",
+        "test_dispatch_charges_the_prompt_at_once",
+        "test_dispatch_charges_the_prompt_at_once_under_the_profiled_cost",
+        "test_a_cached_prompt_is_charged_at_the_cached_weight",
+        "test_a_request_back_from_a_preemption_is_not_charged_again",
+    ),
+    line(
+        "the output charge under any h, the prediction and its refund (Algorithm 3)",
+        "test_output_charges_follow_any_cost_the_profiled_one_too",
+        "test_the_predictor_learns_each_finished_request_and_no_aborted_one",
+        "test_an_over_predicted_length_is_refunded",
+        "test_a_request_costs_h_in_the_end_whatever_the_cost_and_the_prediction",
+    ),
+    line(
+        "weights: every charge divided by the client's weight",
+        "test_every_charge_is_divided_by_the_client_s_weight",
+        "test_weighted_vtc_follows_weights_within_the_bound",
+        "test_weighted_vtc_shares_are_proportional_when_all_are_backlogged",
+    ),
+    line(
+        "the theorems on random and adversarial workloads",
+        "test_lemma_4_3_and_theorems_4_4_and_4_9",
+        "test_theorem_4_8_the_bound_is_tight_within_2x",
+        "test_lcf_lets_a_returning_client_monopolise_and_vtc_does_not",
+    ),
+)
+# What any fair policy must do, each a line: a policy that fails one is not fair in that sense.
+A6_RUBRIC = (
+    line(
+        "a Scheduler with a stated bound, no looser than 4U and justified by its worst gap",
+        "test_it_is_a_scheduler_and_states_its_bound",
+        "test_the_stated_bound_is_reached_on_an_adversarial_workload",
+    ),
+    line("work conservation", "test_it_never_idles_while_a_request_waits"),
+    line(
+        "equal shares whatever the request sizes and however early requests stop",
+        "test_backlogged_clients_share_equally_whatever_their_request_sizes",
+        "test_clients_whose_requests_stop_early_still_share_equally",
+    ),
+    line(
+        "a bounded gap, on random and adversarial workloads",
+        "test_the_gap_stays_within_your_bound_on_random_workloads",
+        "test_the_gap_stays_within_your_bound_on_adversarial_workloads",
+    ),
+    line(
+        "no starvation, no take-over, no second charge on readmission",
+        "test_a_client_back_from_idle_is_served_soon_and_does_not_take_over",
+        "test_a_request_back_from_a_preemption_is_not_charged_again",
+    ),
+    line(
+        "the paper's workloads: as fair as VTC and as fast",
+        "test_on_the_papers_workloads_as_fair_as_vtc_and_as_fast",
+    ),
+)
 
 ASSIGNMENTS = (
     Assignment(
@@ -44,7 +138,14 @@ ASSIGNMENTS = (
             ("model/llama.py", "apply_rotary"),
             ("model/llama.py", "causal_attention"),
         ),
-        20,
+        (
+            line("RMSNorm", "test_rmsnorm_matches_transformers"),
+            line("rotary positions", "test_rotary_positions_match_transformers"),
+            line("grouped-query causal attention", "test_causal_attention_with_grouped_queries"),
+            line(
+                "the pieces together: the whole model", "test_whole_model_logits_match_transformers"
+            ),
+        ),
         "2-3",
         "Lesson 1; graded against transformers' Llama, piece by piece and whole",
     ),
@@ -57,7 +158,17 @@ ASSIGNMENTS = (
             ("engine/kv_pool.py", "BlockAllocator.free"),
             ("engine/kv_pool.py", "BlockAllocator.slots"),
         ),
-        15,
+        (
+            line("allocate, grow, free and slots, by hand", "test_allocate_grow_free_and_slots"),
+            line(
+                "the allocator's invariants under random operations",
+                "test_random_operations_keep_the_invariants",
+            ),
+            line(
+                "the slot mapping in use: paged attention gives dense attention's tokens",
+                "test_paged_engine_gives_the_tokens_of_dense_attention",
+            ),
+        ),
         "1-2",
         "Lesson 2; graded by the allocator's invariants and paged == dense attention",
     ),
@@ -65,7 +176,24 @@ ASSIGNMENTS = (
         "a3_batching",
         "Admission and one continuous-batching step",
         (("engine/admission.py", "FullReservation.reserve"), ("engine/engine.py", "Engine.step")),
-        15,
+        (
+            line(
+                "full reservation: prompt + max_tokens, or nothing",
+                "test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing",
+                "test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it",
+            ),
+            line(
+                "the step: admit, grow, run, append, charge, retire, check",
+                "test_each_step_charges_its_tokens_to_the_clients",
+                "test_a_step_ends_by_checking_the_invariants",
+                "test_with_blocks_on_demand_a_step_grows_the_blocks_it_writes",
+                "test_one_step_admits_runs_appends_and_retires",
+            ),
+            line(
+                "continuous batching with the real model",
+                "test_continuous_batching_gives_each_request_its_tokens_alone",
+            ),
+        ),
         "2",
         "Lesson 3; graded through the engine with a stand-in runner and a real model",
     ),
@@ -79,16 +207,32 @@ ASSIGNMENTS = (
             ("fairness/vtc.py", "VTC.charge_outputs"),
             ("fairness/vtc.py", "VTC.on_finish"),
         ),
-        30,
+        A4_RUBRIC,
         "3-4",
-        "Lesson 5; graded by Lemma 4.3, Theorem 4.4, the LCF counterexample and "
-        "Theorem 4.8's construction",
+        "Lessons 5 (the pick, the lift, the prompt charge), 7 (prediction and refunds, weights, "
+        "the profiled h), 9 (readmission, fair preemption's lift) and 10 (w_c, cached prompt "
+        "tokens); graded by exact counters for each mechanism, Lemma 4.3, Theorems 4.4, 4.8 and "
+        "4.9 and the LCF counterexample",
     ),
     Assignment(
         "a5_metric",
         "The paper's metric: Table 2's Max / Avg / Var Diff",
         (("harness/metrics.py", "table_metrics"),),
-        20,
+        (
+            line("Table 2's rows, from the artifact's runs", "test_table_2_rows"),
+            line(
+                "no difference for clients served alike",
+                "test_clients_served_alike_and_as_demanded_have_no_difference",
+            ),
+            line(
+                "throughput over the served span",
+                "test_without_a_total_time_throughput_is_over_the_served_span",
+            ),
+            line(
+                "a starved client's difference, capped by its demand",
+                "test_a_starved_client_counts_up_to_its_demand",
+            ),
+        ),
         "1-2",
         "Lessons 4 and 6; graded against the artifact's measured A10G runs",
     ),
@@ -96,9 +240,9 @@ ASSIGNMENTS = (
         "a6_fair",
         "Capstone: a fair policy of your own, with a written statement of its bound",
         (),
-        30,
+        A6_RUBRIC,
         "4-6",
-        "Lessons 4, 5 and 9; graded by what any fair policy must do (work conservation, equal "
+        "Lessons 4, 5, 7 and 9; graded by what any fair policy must do (work conservation, equal "
         "shares, a bounded backlogged gap, no starvation) and on the paper's workloads against "
         "VTC and FCFS",
         own_file="course/capstone.py",

@@ -15,18 +15,27 @@ must be fair in the paper's sense, and you must say how fair:
 What the grader checks (`graded/test_a6_fair.py`), on random workloads and on adversarial ones
 (a client that floods first, one with huge prompts beside one with tiny ones, one that comes
 and goes, one that leaves the queue at every dispatch), served by the course's bench
-(`graded/bench.py`), with no other assignment needed:
+(`graded/testbed.py`), with no other assignment needed:
 
 - work conservation: it never leaves the server idle while a request waits;
 - equal shares: clients backlogged throughout, with equal weights, get equal service whatever
-  the sizes of their requests (prompt-heavy or output-heavy, small or large);
-- a bounded gap: the service gap of two backlogged clients stays within your stated bound, and
-  within twice VTC's (4U: a bound far above Theorem 4.4's is no guarantee);
+  the sizes of their requests (prompt-heavy or output-heavy, small or large), however early
+  their requests stop (end-of-sequence long before max_tokens), and whatever the prices of
+  prompt and output tokens (`self.cost`: w_p and w_q are not always 1 and 2);
+- a bounded gap: the service gap of two backlogged clients stays within your stated bound;
+  a bound looser than 4U (twice Theorem 4.4's) is refused, and the bound must be one your
+  policy comes near: on the adversarial workloads its worst gap reaches at least a third of
+  it (the grader reports the slack, your bound over that gap);
 - no starvation: a client back from a long idle stretch is served soon, and does not then take
   the server over (the LCF counterexample of Lesson 5);
 - on the paper's workloads (Section 5, with the A10G's step times), side by side with VTC and
   FCFS: a worst backlogged gap within 25% of VTC's and under a tenth of FCFS's, and VTC's
   throughput (within 2%).
+
+Your own policy, through the `Scheduler` interface: the package's policies (VTC and its
+family, DRR, the official artifact's) are out of reach while the capstone is graded, and a
+capstone that imports one (or `make_scheduler`, or imports by name at run time) is refused,
+by name, by `minivtc course test a6` as by the grader.
 
 The instructor's answer is Deficit Round Robin as Appendix C.2 adapts it (`fairness/drr.py`), one
 answer among many; the student edition has this statement and an empty `FairPolicy`.

@@ -44,7 +44,8 @@ def check_catalogue(
         with tempfile.TemporaryDirectory(prefix="minivtc-wrong-") as scratch:
             edition = write_edition(wrong, Path(scratch))
             a = assignment(wrong.key)
-            g = grade_one(a, edition, How(CHECK_LIMIT_S, True, first_failure), answer_files(a))
+            whole = answer_files(a) if wrong.own_file is None else ()  # a whole file: alone
+            g = grade_one(a, edition, How(CHECK_LIMIT_S, True, first_failure), whole)
         return row(wrong.key, wrong.what, g)
 
     return warm.parallel_map(one, chosen, jobs)
@@ -95,6 +96,9 @@ def write_edition(wrong: Wrong, out: Path) -> Path:
     if a.own_file is not None:  # an edit of a function of the capstone's own file
         file_of |= {q: a.own_file for q, _, _ in wrong.edits if q not in file_of}
     write_own_file(a, out)
+    if wrong.own_file is not None:
+        write(out / "minivtc" / (a.own_file or ""), wrong.own_file)
+        return out
     for file in sorted(set(file_of.values())):
         source = (PACKAGE / file).read_text()
         for qualname, old, new in wrong.edits:

@@ -23,6 +23,9 @@ from minivtc.course.helpers import carry, not_taken
 
 PACKAGE = Path(__file__).resolve().parents[1]  # minivtc/
 REPOSITORY = PACKAGE.parent  # where weights/ and lessons/ are, in a checkout
+# In the edition: each assignment's files as released (stubs), what `course test` takes the
+# student's functions into, by the grader's rules (`grade.test_edition`)
+RELEASED = Path("minivtc") / "course" / "released"
 # Not in the edition: the catalogue of wrong solutions quotes the reference's bodies
 INSTRUCTOR_ONLY = ("__pycache__", "*.pyc", "wrong.py", "check.py")
 
@@ -49,6 +52,10 @@ def release(out: str | Path) -> Path:
             path.write_text(skeleton(path.read_text(), a.key))
         for file in sorted({f for f, _ in a.answer}):
             (out / "minivtc" / file).write_text(placeholder(a.key))
+    for file in sorted({f for a in ASSIGNMENTS for f, _ in a.functions}):
+        kept = out / RELEASED / file
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(out / "minivtc" / file, kept)
     marker = out / "minivtc" / "course" / "__init__.py"
     marker.write_text(
         marker.read_text().replace("STUDENT_EDITION = False", "STUDENT_EDITION = True")
@@ -246,9 +253,11 @@ def readme() -> str:
         for n, keys in lesson_needs(REPOSITORY / "lessons").items()
     )
     rows = "\n".join(
-        f"| {a.key} | {a.title} | {a.max_points} | {a.hours} h | {what_to_write(a)} |"
+        f"| {a.key} | {a.title} | {a.teaches} | {a.max_points} | {lines_to_write(a)} | "
+        f"{a.hours} h | {what_to_write(a)} |"
         for a in ASSIGNMENTS
     )
+    rubrics = "\n\n".join(rubric_table(a) for a in ASSIGNMENTS)
     return f"""# minivtc: the student edition
 
 The lessons (`lessons/`) are here without their solutions: each exercise's self-check passes
@@ -273,14 +282,19 @@ with the other assignment's NotImplementedError (grading never needs them: it ru
 functions in the reference package).
 
 Each lesson runs with this edition's package once the assignments it uses are done; each says
-which in its first cell: {needs}. None needs a6. Readable copies, executed, with the solutions
-and their checks' outputs left out: `minivtc course render PAGES` (the instructor runs it with
-the reference package).
+which in its first cell: {needs}. None needs a6. Lessons 5, 7, 9 and 10, those a4 grades, can be
+read before: each of their cells that needs an assignment not yet written starts with
+`%%needs` and says so, and is skipped until it is written. Readable copies, executed, with
+the solutions and their checks' outputs left out: `minivtc course render PAGES` (the
+instructor runs it with the reference package).
 
 The capstone, a6, is yours: `minivtc/course/capstone.py` says what a fair policy must do and
 how it is graded; write `FairPolicy` and state its bound (`gap_bound` and `BOUND`).
 
-The edition installs on its own: `pip install -e '.[dev]'` from this directory.
+Install this edition, and only this edition: `pip install -e '.[dev]'` from this directory
+(in a fresh virtual environment). Do not install the repository's own package: it holds the
+reference answers, and where both are installed you cannot tell which one your lessons and
+tests import.
 
 An assignment is graded on its own: its tests run on the reference package with just your
 functions for it, so an unfinished assignment never costs points in another.
@@ -292,7 +306,42 @@ constants is not taken, and the grader names each such change in the assignment'
 For each failed test the grader prints what it checks and its first assertion message (also
 in `grades.json`); `--verbose` prints the tests' full output.
 
-| assignment | what you write | points | time | functions |
-| --- | --- | --- | --- | --- |
+"lessons, graded by" names every lesson whose mechanisms the assignment grades. "lines" is
+measured: the lines of code of the reference's answer (the functions' bodies, without
+docstrings, comments, blank lines and asserts; for a6, the instructor's DRR). "time" is the
+instructor's estimate, not a measurement.
+
+| assignment | what you write | lessons, graded by | points | lines | time | functions |
+| --- | --- | --- | --- | --- | --- | --- |
 {rows}
+
+## The rubric
+
+Each assignment is graded by mechanism: every graded test belongs to one line below, and a
+line's points are lost when any of its tests fails (a mechanism is understood, or it is not).
+The grader's table and `grades.json` show each line with its points.
+
+{rubrics}
 """
+
+
+def lines_to_write(a) -> int:
+    """The lines of code of the reference's answer to `a`: its functions' (or its answer's)
+    bodies, without docstrings, comments, blank lines and asserts."""
+    total = 0
+    for file, qualname in a.functions or a.answer:
+        node = find(ast.parse((PACKAGE / file).read_text()), qualname)
+        body = node.body[1:] if is_docstring(node.body[0]) else node.body
+        text = "\n".join(ast.unparse(n) for n in body if not isinstance(n, ast.Assert))
+        total += sum(1 for line in text.splitlines() if line.strip())
+    return total
+
+
+def rubric_table(a) -> str:
+    """`a`'s rubric as a table: each mechanism, its points, the graded tests that check it."""
+    rows = "\n".join(
+        f"| {line.mechanism} | {line.points} | {', '.join(f'`{t}`' for t in line.tests)} |"
+        for line in a.rubric
+    )
+    header = f"### {a.key} ({a.max_points} points)\n\n| mechanism | points | graded tests |"
+    return f"{header}\n| --- | --- | --- |\n{rows}"

@@ -23,8 +23,9 @@ class Failure:
     message: str  # the first line of its assertion's message
 
 
-def read_report(report: Path, tests_file: Path) -> tuple[int, list[Failure]]:
-    """(tests run, the failed ones) from the report; raises ValueError if it is unreadable.
+def read_report(report: Path, tests_file: Path) -> tuple[list[str], list[Failure]]:
+    """(the tests that ran, by pytest's name; the failed ones) from the report; raises
+    ValueError if it is unreadable.
     A skipped test counts as failed (its reason is the message)."""
     root = ET.parse(report).getroot()
     suite = root if root.tag == "testsuite" else root.find("testsuite")
@@ -42,7 +43,7 @@ def read_report(report: Path, tests_file: Path) -> tuple[int, list[Failure]]:
             test = case.get("name", "?")
             message = first_line(problem.get("message") or problem.text or "")
             failures.append(Failure(test, describe(test, names), message))
-    return len(cases), failures
+    return [case.get("name", "?") for case in cases], failures
 
 
 def describe(test: str, names: dict[str, str]) -> str:

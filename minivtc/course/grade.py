@@ -4,14 +4,16 @@ Owns `grade(edition, out)`. For each assignment it builds a scratch copy of the 
 package, puts in the edition's versions of that assignment's functions and the helpers the
 student added beside them (`edition.take`), and runs `graded/test_<key>.py` there with a time
 limit: in a fresh Python process, or (`warm.py`, for the grader's own checks) in a process
-forked from one that has the heavy libraries loaded. The points are the assignment's share of
-its tests that passed. A submission that does not parse, lacks a function, crashes the
-interpreter, hangs or prints garbage scores 0 for that assignment, with the reason in its note,
-and never stops the grader. Each failed test is reported by a name written for the student and
-its first assertion message (`feedback.py`). Writes `grades.json`:
-`{"assignments": [{"name", "points", "max_points", "passed", "tests", "note", "failures":
-[{"test", "name", "message"}]}], "total", "max_total"}`. `edition=None` grades the reference
-itself (it must score full marks).
+forked from one that has the heavy libraries loaded. The points are the sum of its rubric's
+lines (`assignments.Line`: a mechanism, its points, its tests) whose tests all passed: a
+mechanism's points are lost when any of its tests fails, or does not run. A submission that
+does not parse, lacks a function, crashes the interpreter, hangs or prints garbage scores 0 for
+that assignment, with the reason in its note, and never stops the grader. Each failed test is
+reported by a name written for the student, its rubric line and its first assertion message
+(`feedback.py`). Writes `grades.json`: `{"assignments": [{"name", "points", "max_points",
+"passed", "tests", "note", "rubric": [{"mechanism", "points", "max_points", "failed"}],
+"failures": [{"test", "name", "message", "mechanism"}]}], "total", "max_total"}`.
+`edition=None` grades the reference itself (it must score full marks).
 """
 
 from __future__ import annotations
@@ -28,8 +30,9 @@ from pathlib import Path
 
 from minivtc.course import warm
 from minivtc.course.assignments import ASSIGNMENTS, Assignment
-from minivtc.course.edition import PACKAGE, REPOSITORY, placeholder, take
+from minivtc.course.edition import PACKAGE, RELEASED, REPOSITORY, placeholder, take
 from minivtc.course.feedback import read_report
+from minivtc.course.rules import REFERENCE_POLICIES, out_of_reach, refusals
 
 TIME_LIMIT_S = 240  # per assignment: its tests take seconds; a hang is cut off here
 
@@ -42,7 +45,10 @@ class Grade:
     passed: int
     tests: int
     note: str = ""
-    failures: list[dict] = field(default_factory=list)  # {"test", "name", "message"}
+    failures: list[dict] = field(default_factory=list)  # {"test", "name", "message", "mechanism"}
+    rubric: list[dict] = field(
+        default_factory=list
+    )  # {"mechanism", "points", "max_points", "failed"}
     output: str = field(default="", repr=False)  # pytest's, for --verbose (not saved)
 
 
@@ -100,22 +106,32 @@ def grade_one(
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
         shutil.copytree(PACKAGE, root / "minivtc", ignore=ignore)
         (root / "weights").symlink_to(REPOSITORY / "weights")  # the bundled model, read-only
-        notes: list[str] = []
-        try:
-            if edition is not None:
-                notes = take_submission(a, edition, root, whole)
-        except (OSError, ValueError, SyntaxError, UnicodeDecodeError) as e:
-            return Grade(a.key, 0.0, a.max_points, 0, 0, f"could not take your code: {e}")
-        grade = run_tests(a, root, how)
-        grade.note = "; ".join([grade.note] * bool(grade.note) + notes)
-        return grade
+        if edition is None:
+            return run_tests(a, root, how)
+        return submit(a, edition, root, how, whole)
+
+
+def submit(a: Assignment, edition: Path, root: Path, how: How, whole: tuple[str, ...]) -> Grade:
+    """`a`'s code from `edition` put into the package at `root` (`take_submission`), then its
+    tests: a submission refused by a rule scores 0, the rule named in the note."""
+    try:
+        notes = take_submission(a, edition, root, whole)
+    except (OSError, ValueError, SyntaxError, UnicodeDecodeError) as e:
+        return zero(a, f"could not take your code: {e}")
+    refused = [n for n in notes if n.startswith("refused: ")]
+    if refused:
+        return zero(a, "; ".join(refused))
+    grade = run_tests(a, root, how)
+    grade.note = "; ".join([grade.note] * bool(grade.note) + notes)
+    return grade
 
 
 def take_submission(a: Assignment, edition: Path, root: Path, whole: tuple[str, ...]) -> list[str]:
-    """Put `a`'s code from `edition` into the scratch package at `root`: its functions and the
-    student's helpers (`edition.take`), or its own file whole (the capstone, graded without
-    the instructor's answer: the edition's placeholder stands in for it, as on the student's
-    disk). Returns what of the student's changes was not taken, by name."""
+    """Put `a`'s code from `edition` into the package at `root` (the reference's, or for
+    `course test` the edition's as released): its functions and the student's helpers
+    (`edition.take`), or its own file whole (the capstone, graded with the reference policies
+    out of reach: `rules.py`). Returns what of the student's changes was not taken, and why a
+    capstone is refused, by name."""
     notes = []
     for file in sorted({f for f, _ in a.functions}):
         target = root / "minivtc" / file
@@ -124,12 +140,16 @@ def take_submission(a: Assignment, edition: Path, root: Path, whole: tuple[str, 
         source, left = take(target.read_text(), donor, names)
         target.write_text(source)
         notes += [f"{file}: {n}" for n in left]
-    for file in sorted({f for f, _ in a.answer}):
-        (root / "minivtc" / file).write_text(placeholder(a.key))
+    if a.own_file is not None:
+        for file in REFERENCE_POLICIES:
+            text = placeholder(a.key) if file in {f for f, _ in a.answer} else None
+            (root / "minivtc" / file).write_text(text or out_of_reach(a.key, file))
     for file in ((a.own_file,) if a.own_file else ()) + whole:
         text = (edition / "minivtc" / file).read_text()
         compile(text, file, "exec")  # a SyntaxError is the submission's, named in the note
         (root / "minivtc" / file).write_text(text)
+        if file == a.own_file:
+            notes += refusals(text, whole)
     return notes
 
 
@@ -145,25 +165,77 @@ def run_tests(a: Assignment, root: Path, how: How, work: Path | None = None) -> 
         timed_out = run_pytest(args, root, log, how.time_limit_s)
     output = log.read_text(errors="replace") if log.exists() else ""
     if timed_out:
-        note = f"timed out after {how.time_limit_s:g} s"
-        return Grade(a.key, 0.0, a.max_points, 0, 0, note, output=output)
+        return zero(a, f"timed out after {how.time_limit_s:g} s", output)
     try:
-        total, failures = read_report(report, tests)
+        ran, failures = read_report(report, tests)
     except (OSError, SyntaxError, AttributeError, TypeError, ValueError):
-        note = "the tests did not run to the end"
-        return Grade(a.key, 0.0, a.max_points, 0, 0, note, output=output)
+        return zero(a, "the tests did not run to the end", output)
+    total = len(ran)
+    failed = [{**asdict(f), "mechanism": mechanism(a, f.test)} for f in failures]
+    lines = rubric(a, ran, failed)
+    points = float(sum(line["points"] for line in lines))
     passed = total - len(failures)
-    points = round(a.max_points * passed / total, 1) if total else 0.0
-    failed = [asdict(f) for f in failures]
-    return Grade(a.key, points, a.max_points, passed, total, failures=failed, output=output)
+    return Grade(a.key, points, a.max_points, passed, total, "", failed, lines, output)
+
+
+def zero(a: Assignment, note: str, output: str = "") -> Grade:
+    """No points, every rubric line lost, for the reason in `note`."""
+    lines = [
+        {"mechanism": x.mechanism, "points": 0, "max_points": x.points, "failed": [note]}
+        for x in a.rubric
+    ]
+    return Grade(a.key, 0.0, a.max_points, 0, 0, note, [], lines, output)
+
+
+def mechanism(a: Assignment, test: str) -> str:
+    line = a.line_of(test)
+    return line.mechanism if line is not None else "(a test outside the rubric)"
+
+
+def rubric(a: Assignment, ran: list[str], failed: list[dict]) -> list[dict]:
+    """Each rubric line with its points: all of them, or none when one of its tests failed or
+    never ran (a test that did not run cannot vouch for the mechanism)."""
+    lines = []
+    for line in a.rubric:
+        lost = sorted({f["name"] for f in failed if f["mechanism"] == line.mechanism})
+        absent = [t for t in line.tests if not any(r.partition("[")[0] == t for r in ran)]
+        lost += [f"{t.removeprefix('test_').replace('_', ' ')} (did not run)" for t in absent]
+        points = 0 if lost else line.points
+        lines.append(
+            {
+                "mechanism": line.mechanism,
+                "points": points,
+                "max_points": line.points,
+                "failed": lost,
+            }
+        )
+    return lines
 
 
 def test_edition(key: str, edition: str | Path, time_limit_s: float = TIME_LIMIT_S) -> dict:
-    """`key`'s graded tests on `edition`'s own package as it stands (`minivtc course test`):
-    the student's functions with the rest of their edition, nothing of the reference's."""
+    """`key`'s graded tests on `edition`'s own package (`minivtc course test`), taken as the
+    grader takes it: the edition's files as released (`released/`, kept by `release`) with the
+    student's functions and helpers put in by the same rules (`take_submission`), the rest of
+    the package the student's own. Nothing of the reference's is used."""
     (a,) = [a for a in ASSIGNMENTS if a.key == key]
-    with tempfile.TemporaryDirectory(prefix=f"minivtc-test-{key}-") as work:
-        return summary([run_tests(a, Path(edition).resolve(), How(time_limit_s), Path(work))])
+    edition = Path(edition).resolve()
+    with tempfile.TemporaryDirectory(prefix=f"minivtc-test-{key}-") as scratch:
+        root = Path(scratch)
+        shutil.copytree(
+            edition / "minivtc", root / "minivtc", ignore=shutil.ignore_patterns("__pycache__")
+        )
+        if (edition / "weights").is_dir():
+            (root / "weights").symlink_to(edition / "weights")
+        released = edition / RELEASED
+        for file in {f for f, _ in a.functions}:
+            if not (released / file).is_file():
+                raise ValueError(
+                    f"{released / file} is missing: the edition keeps its files as released "
+                    "there (made by `minivtc course release`), to take your code as the "
+                    "grader does"
+                )
+            shutil.copyfile(released / file, root / "minivtc" / file)
+        return summary([submit(a, edition, root, How(time_limit_s), ())])
 
 
 def run_pytest(args: list[str], root: Path, log: Path, time_limit_s: float) -> bool:
@@ -186,13 +258,28 @@ def run_pytest(args: list[str], root: Path, log: Path, time_limit_s: float) -> b
 
 
 def table(result: dict) -> str:
-    """The grades as a text table, for the terminal: each failed test under its assignment."""
+    """The grades as a text table, for the terminal: under each assignment its rubric's lines
+    (points of max, the mechanism), and under a line that lost its points, each failed test
+    with its first message."""
     rows = [f"{'assignment':<14} {'points':>7} {'max':>5} {'tests passed':>13}  note"]
     for g in result["assignments"]:
         rows.append(
             f"{g['name']:<14} {g['points']:>7.1f} {g['max_points']:>5} "
             f"{g['passed']:>6}/{g['tests']:<6}  {g['note']}"
         )
-        rows += [f"    failed: {f['name']}: {f['message']}" for f in g.get("failures", [])]
+        failures = g.get("failures", [])
+        for line in g.get("rubric", []):
+            rows.append(f"    {line['points']:>2}/{line['max_points']:<2} {line['mechanism']}")
+            rows += [
+                f"        failed: {f['name']}: {f['message']}"
+                for f in failures
+                if f["mechanism"] == line["mechanism"]
+            ]
+            rows += [f"        failed: {n}" for n in line["failed"] if n.endswith("(did not run)")]
+        rows += [
+            f"    failed: {f['name']}: {f['message']}"
+            for f in failures
+            if all(f["mechanism"] != line["mechanism"] for line in g.get("rubric", []))
+        ]
     rows.append(f"{'total':<14} {result['total']:>7.1f} {result['max_total']:>5}")
     return "\n".join(rows)

@@ -17,6 +17,7 @@ class Wrong:
     key: str  # the assignment
     what: str  # the mistake
     edits: tuple[tuple[str, str, str], ...]  # (qualified name, text in its body, replaced by)
+    own_file: str | None = None  # an own-file assignment's file, written whole instead
 
 
 def w(key: str, what: str, *edits: tuple[str, str, str]) -> Wrong:
@@ -229,6 +230,39 @@ A4 = [
     w("a4_vtc", "no refund", (FINISH, "self.charge(request.client_id, now - service)", "pass")),
     w(
         "a4_vtc",
+        "the lift to Algorithm 2's floor alone, not fair preemption's",
+        (LIFT, "floor = self.join_floor()", "floor = self.lift_floor()"),
+    ),
+    w(
+        "a4_vtc",
+        "each client's queue served last in, first out",
+        (PEEK, "self.queues[client][0]", "self.queues[client][-1]"),
+        (DISPATCH, "assert queue[0] is request", "assert queue[-1] is request"),
+        (DISPATCH, "queue.popleft()", "queue.pop()"),
+    ),
+    w(
+        "a4_vtc",
+        "Algorithm 3's refund written linear, w_q (predicted - actual), whatever h",
+        (
+            FINISH,
+            "now = self.cost(request.num_prompt, request.num_output)\n"
+            "            self.charge(request.client_id, now - service)",
+            "w_q = weights_of(self.cost)[1]\n"
+            "            self.charge(request.client_id, -w_q * (q - request.num_output))",
+        ),
+    ),
+    w(
+        "a4_vtc",
+        "Algorithm 3's dispatch charge written linear, w_p n_p + w_q predicted, whatever h",
+        (
+            DISPATCH,
+            "service = self.cost(request.num_prompt, predicted)",
+            "w_p, w_q = weights_of(self.cost)\n"
+            "            service = w_p * request.num_prompt + w_q * predicted",
+        ),
+    ),
+    w(
+        "a4_vtc",
         "output charges ignore the weights",
         (CHARGE, ") / weights.get(request.client_id, 1.0)", ")"),
     ),
@@ -345,6 +379,67 @@ A6 += [
         "a6_fair",
         "no bound stated",
         (FAIR, 'self.name = "fair"', 'self.name = "fair"\n        self.gap_bound = lambda u: None'),
+    ),
+]
+A6 += [
+    w(
+        "a6_fair",
+        "charges each request's whole max_tokens at dispatch and never refunds",
+        (
+            D_DISPATCH,
+            "service = self.cost(request.num_prompt, 0)",
+            "service = self.cost(request.num_prompt, request.params.max_tokens)",
+        ),
+        (D_DECODE, "self.deficits[r.client_id] -= now - before", "pass"),
+    ),
+    w(
+        "a6_fair",
+        "states 4U, the loosest bound allowed, whatever the policy does",
+        (
+            FAIR,
+            'self.name = "fair"',
+            'self.name = "fair"\n        self.gap_bound = lambda u: 4 * u',
+        ),
+    ),
+    w(
+        "a6_fair",
+        "states a bound looser than 4U",
+        (
+            FAIR,
+            'self.name = "fair"',
+            'self.name = "fair"\n        self.gap_bound = lambda u: 5 * u',
+        ),
+    ),
+    Wrong(
+        "a6_fair",
+        "FairPolicy subclasses the reference VTC (three lines)",
+        (),
+        own_file='''"""My capstone."""
+
+from minivtc.fairness.vtc import VTC
+
+
+class FairPolicy(VTC):
+    BOUND = ("Theorem 4.4 of the paper: two clients backlogged over an interval receive "
+             "service within 2U of each other, by Lemma 4.3 and the lift.")
+''',
+    ),
+    Wrong(
+        "a6_fair",
+        "FairPolicy built by name through make_scheduler",
+        (),
+        own_file='''"""My capstone."""
+
+from minivtc.fairness import policies
+
+
+class FairPolicy:
+    BOUND = ("Theorem 4.4 of the paper: two clients backlogged over an interval receive "
+             "service within 2U of each other, by Lemma 4.3 and the lift.")
+
+    def __new__(cls, *args, **kwargs):
+        return policies.make_scheduler("vtc")
+''',
     ),
 ]
 WRONG = A1 + A2 + A3 + A4 + A5 + A6

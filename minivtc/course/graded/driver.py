@@ -37,7 +37,8 @@ class Arrival:
     time: float
     client: str
     prompt: int
-    output: int
+    output: int  # max_tokens
+    stop: int | None = None  # the request stops at end-of-sequence after this many (testbed)
 
 
 @dataclass
@@ -104,7 +105,9 @@ def drive(scheduler, arrivals, kv_tokens, fairness=False, max_positions=10**6, *
             for c in after
         }
         steps.append(Step(before[0] & waiting_clients(scheduler) - rejoined, service))
-    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, (
+        f"every request finished but {engine.allocator.num_used_blocks} blocks are still held"
+    )
     return engine, steps, rejected
 
 
@@ -128,6 +131,21 @@ def max_gap(steps: list[Step], f: str, g: str, weights=None) -> float:
         else:
             lo = hi = prefix = 0.0
     return best
+
+
+def first_over(steps: list[Step], f: str, g: str, limit: float, weights=None) -> int | None:
+    """The first step (counted from 1) at which `max_gap` of f and g passes `limit`."""
+    wf, wg = (weights or {}).get(f, 1.0), (weights or {}).get(g, 1.0)
+    lo, hi, prefix = 0.0, 0.0, 0.0
+    for i, s in enumerate(steps, start=1):
+        if f in s.backlogged and g in s.backlogged:
+            prefix += s.service.get(f, 0.0) / wf - s.service.get(g, 0.0) / wg
+            lo, hi = min(lo, prefix), max(hi, prefix)
+            if hi - lo > limit:
+                return i
+        else:
+            lo = hi = prefix = 0.0
+    return None
 
 
 def bound_u(max_input: int, kv_tokens: int) -> float:

@@ -24,19 +24,37 @@ def test_allocate_grow_free_and_slots():
     a = BlockAllocator(num_blocks=6, block_size=4)
     table = a.allocate("r", 6)  # 6 positions: 2 blocks
     assert table == a.block_tables["r"], f"allocate returned {table}, not the block table"
-    assert len(a.block_tables["r"]) == 2 and a.num_free_blocks == 4
+    assert len(a.block_tables["r"]) == 2 and a.num_free_blocks == 4, (
+        f"allocate('r', 6) with blocks of 4: table {a.block_tables['r']} and "
+        f"{a.num_free_blocks} free blocks, not 2 blocks taken and 4 of 6 left free "
+        "(BlockAllocator.allocate: ceil(6 / 4) blocks, removed from the free list)"
+    )
     blocks = list(a.block_tables["r"])
-    assert a.slots("r", 0, 6) == [blocks[p // 4] * 4 + p % 4 for p in range(6)]
+    expected = [blocks[p // 4] * 4 + p % 4 for p in range(6)]
+    assert a.slots("r", 0, 6) == expected, (
+        f"slots('r', 0, 6) with table {blocks}: {a.slots('r', 0, 6)}, not {expected} "
+        "(BlockAllocator.slots: position p is slot table[p // block_size] * block_size + "
+        "p % block_size)"
+    )
     a.grow("r", 9)  # 9 positions: 3 blocks
-    assert len(a.block_tables["r"]) == 3 and a.block_tables["r"][:2] == blocks
+    assert len(a.block_tables["r"]) == 3 and a.block_tables["r"][:2] == blocks, (
+        f"grow('r', 9) from table {blocks}: {a.block_tables['r']}, not those 2 blocks and one "
+        "more (BlockAllocator.grow appends the blocks missing for 9 positions, keeps the rest)"
+    )
     a.grow("r", 9)  # already there: nothing more
-    assert a.num_free_blocks == 3
+    assert a.num_free_blocks == 3, (
+        f"grow('r', 9) again: {a.num_free_blocks} blocks free, not 3 (a table that already "
+        "covers the positions takes nothing more)"
+    )
     a.grow("r", 12)  # exactly 3 blocks of 4: nothing more
     assert len(a.block_tables["r"]) == 3, (
         f"12 positions fill 3 blocks of 4 exactly: grow took {len(a.block_tables['r'])}"
     )
     a.free("r")
-    assert a.num_free_blocks == 6 and "r" not in a.block_tables
+    assert a.num_free_blocks == 6 and "r" not in a.block_tables, (
+        f"after free('r'): {a.num_free_blocks} of 6 blocks free, table kept: "
+        f"{'r' in a.block_tables} (BlockAllocator.free returns every block and drops the table)"
+    )
     a.allocate("s", 1)
     a.grow("s", 17)  # 1 block to 5 at once
     assert len(a.block_tables["s"]) == 5, (
@@ -76,8 +94,14 @@ def test_random_operations_keep_the_invariants(block_size):
                 f"{block_size}: exactly {a.blocks_needed(n)} are needed"
             )
             slots = a.slots(r, 0, n)
-            assert len(set(slots)) == n  # distinct cells
-            assert all(s // block_size in a.block_tables[r] for s in slots)
+            assert len(set(slots)) == n, (
+                f"{r}'s {n} positions map to {len(set(slots))} distinct slots: two positions "
+                "share a cell (BlockAllocator.slots)"
+            )
+            assert all(s // block_size in a.block_tables[r] for s in slots), (
+                f"a slot of {r} lies in a block it does not hold: slots {slots}, table "
+                f"{a.block_tables[r]} (BlockAllocator.slots)"
+            )
 
 
 @pytest.mark.parametrize("block_size", [1, 4, 16])
@@ -103,5 +127,13 @@ def test_paged_engine_gives_the_tokens_of_dense_attention(block_size):
     while engine.has_unfinished():
         engine.step()
     for p, r in zip(prompts, requests, strict=True):
-        assert r.output_ids == list(generate_plain(model, p, params))
-    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+        dense = list(generate_plain(model, p, params))
+        assert r.output_ids == dense, (
+            f"block size {block_size}, prompt {p}: paged attention gave {r.output_ids}, dense "
+            f"attention {dense}: the slot mapping puts a token's K/V where attention does not "
+            "read it (BlockAllocator.slots, or the blocks grow gave)"
+        )
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, (
+        f"every request finished but {engine.allocator.num_used_blocks} blocks are still held "
+        "(BlockAllocator.free)"
+    )

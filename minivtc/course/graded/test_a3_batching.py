@@ -31,8 +31,15 @@ def test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing():
     full = FullReservation(allocator)
     a = Request("a", "c", [1] * 10, SamplingParams(max_tokens=14), 0.0)  # 24 tokens: 6 blocks
     b = Request("b", "c", [1] * 10, SamplingParams(max_tokens=10), 0.0)  # 20 tokens: 5 blocks
-    assert full.reserve(a) and allocator.num_used_blocks == 6
-    assert not full.reserve(b) and allocator.num_used_blocks == 6  # nothing taken
+    assert full.reserve(a) and allocator.num_used_blocks == 6, (
+        f"reserve of 10 prompt + 14 max_tokens in blocks of 4: {allocator.num_used_blocks} "
+        "blocks used, not 6 = ceil(24 / 4), or it said no (FullReservation.reserve)"
+    )
+    assert not full.reserve(b) and allocator.num_used_blocks == 6, (
+        f"a second request of 20 tokens, 4 blocks left: reserve said yes or took blocks "
+        f"({allocator.num_used_blocks} used, not 6): a reservation that does not fit takes "
+        "nothing and returns False"
+    )
     allocator.check_invariants()
 
 
@@ -95,7 +102,10 @@ def test_with_blocks_on_demand_a_step_grows_the_blocks_it_writes():
                 f"after {n} steps the request wrote {written} positions but holds {held} blocks "
                 "of 4: a step must grow the blocks first (Engine.grow)"
             )
-    assert r.output_ids == [7] * 9 and engine.allocator.num_free_blocks == 16
+    assert r.output_ids == [7] * 9 and engine.allocator.num_free_blocks == 16, (
+        f"the request got {len(r.output_ids)} of 9 tokens, {engine.allocator.num_free_blocks} "
+        "of 16 blocks free at the end (Engine.step: grow, run, append, retire)"
+    )
 
 
 def test_one_step_admits_runs_appends_and_retires():
@@ -105,16 +115,31 @@ def test_one_step_admits_runs_appends_and_retires():
     a = engine.add_request([5] * 4, SamplingParams(max_tokens=2, ignore_eos=True))
     b = engine.add_request([5] * 4, SamplingParams(max_tokens=3, ignore_eos=True))
     ran = engine.step()  # both admitted (6 + 7 <= 30), both prefill and get a token
-    assert ran == [a, b] and [len(r.output_ids) for r in ran] == [1, 1]
-    assert a.num_computed == 4 and a.status is Status.RUNNING
+    assert ran == [a, b] and [len(r.output_ids) for r in ran] == [1, 1], (
+        f"the first step returned {ran} with {[len(r.output_ids) for r in ran]} tokens, not "
+        "both requests (admitted: 6 + 7 tokens fit in 30) with one token each"
+    )
+    assert a.num_computed == 4 and a.status is Status.RUNNING, (
+        f"after its prefill, a has num_computed {a.num_computed} (not its 4 prompt tokens) "
+        f"and status {a.status} (not RUNNING)"
+    )
     engine.step()  # a's second token: a is done and gives its blocks back
-    assert a.finish_reason == "length" and a not in engine.running
-    assert engine.allocator.num_used_blocks == 7  # b's reservation only
+    assert a.finish_reason == "length" and a not in engine.running, (
+        f"a has its 2 tokens: finish_reason {a.finish_reason!r}, still running: "
+        f"{a in engine.running} (Engine.step appends with the stop rules, then retires)"
+    )
+    assert engine.allocator.num_used_blocks == 7, (
+        f"a retired: {engine.allocator.num_used_blocks} blocks used, not b's 7 (a retired "
+        "request's blocks go back)"
+    )
     engine.step()
-    assert b.finish_reason == "length"
+    assert b.finish_reason == "length", f"b has its 3 tokens: finish_reason {b.finish_reason!r}"
     engine.runner = NoEmptyBatch(engine.runner.clock)
-    assert engine.step() == []  # nothing to run: no forward pass
-    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+    assert engine.step() == [], "nothing runs, and a step with no batch must not run the model"
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, (
+        f"every request finished but {engine.allocator.num_used_blocks} blocks are still held "
+        "(Engine.step retires each finished request: its blocks go back)"
+    )
 
 
 def test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it():
@@ -124,11 +149,17 @@ def test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it():
     big = engine.add_request([5] * 4, SamplingParams(max_tokens=6, ignore_eos=True))  # 10
     small = engine.add_request([5] * 1, SamplingParams(max_tokens=1, ignore_eos=True))  # 2
     engine.step()
-    assert engine.running == [a] and big.status is small.status is Status.WAITING
+    assert engine.running == [a] and big.status is small.status is Status.WAITING, (
+        f"running {engine.running}: big (10 tokens) does not fit beside a (12 of 20), and "
+        "small, behind it, must wait too (Algorithm 2 never skips the head of the line)"
+    )
     while a.finish_reason is None:
         engine.step()
     engine.step()  # a's blocks are free: big and small both fit now
-    assert big.status is Status.RUNNING and small.output_ids
+    assert big.status is Status.RUNNING and small.output_ids, (
+        f"a finished and freed its blocks: big is {big.status}, small has "
+        f"{len(small.output_ids)} tokens; both fit now and must be admitted"
+    )
 
 
 def test_continuous_batching_gives_each_request_its_tokens_alone():
@@ -155,5 +186,12 @@ def test_continuous_batching_gives_each_request_its_tokens_alone():
     while engine.has_unfinished():
         engine.step()
     for p, r in zip(prompts, requests, strict=True):
-        assert r.output_ids == list(generate_plain(model, p, params)), r
-    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks
+        alone = list(generate_plain(model, p, params))
+        assert r.output_ids == alone, (
+            f"prompt {p} in a continuous batch gave {r.output_ids}, alone {alone} (Engine.step:"
+            " each request's own positions and blocks, its tokens appended in batch order)"
+        )
+    assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, (
+        f"every request finished but {engine.allocator.num_used_blocks} blocks are still held "
+        "(Engine.step retires each finished request: its blocks go back)"
+    )

@@ -15,7 +15,9 @@ give the same service, step by step):
   the first that does not fit ends the round (no skipping);
 - a step takes one time unit; every running request gets one token, the policy is charged
   for the step's tokens at once (`on_decode`), and a request with all its tokens finishes
-  (`on_finish`); service is w_p per prompt token at admission and w_q per output token;
+  (`on_finish`), or earlier, at end-of-sequence, after `Arrival.stop` tokens (finish_reason
+  "eos", as the engine ends it: its status and finish_reason both); service is w_p per prompt
+  token at admission and w_q per output token (`prices`: other w_p and w_q);
 - with `fairness`, the package's own check (`FairnessCheck`, Lemma 4.3 for the VTC family)
   runs after every step and whenever a client joins, as the engine's check_fairness does.
 
@@ -61,14 +63,16 @@ class Bench:
             else None
         )
         self.requests: list[Request] = []  # every request queued, in arrival order
+        self.stops: dict[str, int] = {}  # request id -> the output tokens it ends after
         self.unoffered = 0  # admission rounds in which peek gave None while requests waited
 
     def add(self, a: Arrival) -> Request | str:
         """Queue `a`'s request; or why it is refused (it can never fit; the policy refused)."""
         if a.prompt + a.output > self.pool:
             return f"prompt + max_tokens = {a.prompt + a.output} never fits {self.pool} tokens"
-        params = SamplingParams(max_tokens=a.output, ignore_eos=True)
+        params = SamplingParams(max_tokens=a.output, ignore_eos=a.stop is None)
         request = Request(f"req-{len(self.requests)}", a.client, [5] * a.prompt, params, self.clock)
+        self.stops[request.request_id] = min(a.output, a.stop or a.output)
         reason = self.scheduler.add(request, self.clock)
         if reason is not None:
             return reason
@@ -113,8 +117,8 @@ class Bench:
             with self.check.step(batch):
                 self.scheduler.on_decode(batch)
         for r in batch:
-            if len(r.output_ids) == r.params.limit:
-                self.finish(r)
+            if len(r.output_ids) == self.stops[r.request_id]:
+                self.finish(r, "length" if len(r.output_ids) == r.params.limit else "eos")
         self.scheduler.check_invariants()
         if self.check is not None:
             self.check.check()
@@ -123,20 +127,25 @@ class Bench:
     def fits(self, request: Request) -> bool:
         return len(self.running) < self.max_running and request.max_num_tokens <= self.free
 
-    def finish(self, request: Request) -> None:
-        request.status, request.finish_reason = Status.FINISHED, "length"
-        request.finish_time = self.clock
+    def finish(self, request: Request, reason: str) -> None:
+        request.end(Status.FINISHED, reason, self.clock)
         self.running.remove(request)
         self.free += request.max_num_tokens
         self.scheduler.on_finish(request)
 
 
 def serve(
-    scheduler: Scheduler, arrivals: list[Arrival], kv_tokens: int, fairness: bool = False, **how
+    scheduler: Scheduler,
+    arrivals: list[Arrival],
+    kv_tokens: int,
+    fairness: bool = False,
+    prices: tuple[float, float] = (W_P, W_Q),
+    **how,
 ) -> tuple[Bench, list[Step], list[tuple[Arrival, str]]]:
     """Replay `arrivals` on a `Bench` (`how`: its step_s and max_running): the bench, what each
-    step served whom and who was backlogged throughout it (as `harness.drive` returns them),
-    and the refused arrivals."""
+    step served whom (priced at `prices`, w_p and w_q) and who was backlogged throughout it (as
+    `harness.drive` returns them), and the refused arrivals."""
+    w_p, w_q = prices
     bench = Bench(scheduler, kv_tokens, fairness, **how)
     pending = deque(sorted(arrivals, key=lambda a: a.time))
     steps: list[Step] = []
@@ -152,14 +161,19 @@ def serve(
             bench.clock = pending[0].time
             continue
         before = bench.backlogged(), {c: tuple(t) for c, t in bench.tokens.items()}
-        if not bench.step():  # nothing ran: the pool is empty, so every waiting request fits
+        try:
+            ran = bench.step()
+        except AssertionError as e:  # where it first broke, for the student to replay
+            at = f"first broken at step {len(steps) + 1}, time {bench.clock:g}"
+            raise AssertionError(f"{str(e).splitlines()[0]} ({at})") from e
+        if not ran:  # nothing ran: the pool is empty, so every waiting request fits
             raise AssertionError(
                 f"not work-conserving: the server is idle, {len(bench.waiting_ids)} request(s) "
                 "wait and each fits the empty pool, but peek() offers none"
             )
         service = {
-            c: W_P * (t[0] - before[1].get(c, (0, 0))[0])
-            + W_Q * (t[1] - before[1].get(c, (0, 0))[1])
+            c: w_p * (t[0] - before[1].get(c, (0, 0))[0])
+            + w_q * (t[1] - before[1].get(c, (0, 0))[1])
             for c, t in bench.tokens.items()
         }
         steps.append(Step(before[0] & bench.backlogged(), service))
