@@ -21,18 +21,18 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # type checkers and editors see the real names
-    from minivtc.core.sampler import SamplingParams
-    from minivtc.llm import LLM
-    from minivtc.llm_outputs import CompletionOutput, RequestOutput
+    from minivtc.engine.sampler import SamplingParams
+    from minivtc.offline.llm import LLM
+    from minivtc.offline.outputs import CompletionOutput, RequestOutput
 
 __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
 
 # exported name: the module that defines it (vLLM's top-level names)
 EXPORTS = {
-    "LLM": "minivtc.llm",
-    "SamplingParams": "minivtc.core.sampler",
-    "RequestOutput": "minivtc.llm_outputs",
-    "CompletionOutput": "minivtc.llm_outputs",
+    "LLM": "minivtc.offline.llm",
+    "SamplingParams": "minivtc.engine.sampler",
+    "RequestOutput": "minivtc.offline.outputs",
+    "CompletionOutput": "minivtc.offline.outputs",
 }
 
 

@@ -2,6 +2,6 @@
 
 import sys
 
-from minivtc.cli import main
+from minivtc.cli.main import main
 
 sys.exit(main())

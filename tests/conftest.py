@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from minivtc.core.config import LlamaConfig
-from minivtc.core.weights import BUNDLED_WEIGHTS
+from minivtc.model.config import LlamaConfig
+from minivtc.model.weights import BUNDLED_WEIGHTS
 
 # Two tiny shapes: multi-head attention, and grouped-query attention (2 query heads per KV head).
 TINY_MHA = LlamaConfig(
@@ -55,7 +55,7 @@ def hf_checkpoint(request, tmp_path) -> Path:
 @pytest.fixture(scope="session")
 def bundled():
     """The bundled model (fp32) and its tokenizer, loaded once per test session."""
-    from minivtc.core.weights import load_model
+    from minivtc.model.weights import load_model
 
     return load_model()
 
@@ -73,7 +73,7 @@ def start_serve(*options: str):
     with socket.socket() as s:  # a free port
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    command = [sys.executable, "-m", "minivtc.cli", "serve", "--port", str(port), *options]
+    command = [sys.executable, "-m", "minivtc.cli.main", "serve", "--port", str(port), *options]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60

@@ -6,13 +6,13 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minivtc.core.admission import PeakReservation
-from minivtc.core.engine import Engine
-from minivtc.core.kv_pool import BlockAllocator
-from minivtc.core.options import EngineOptions
-from minivtc.core.params import SamplingParams
-from minivtc.core.request import Request
-from minivtc.core.scheduler import FCFS
+from minivtc.engine.admission import PeakReservation
+from minivtc.engine.engine import Engine
+from minivtc.engine.kv_pool import BlockAllocator
+from minivtc.engine.options import EngineOptions
+from minivtc.fairness.scheduler import FCFS
+from minivtc.vocab.params import SamplingParams
+from minivtc.vocab.request import Request
 from tests.test_engine import ScriptedRunner
 
 

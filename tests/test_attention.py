@@ -8,16 +8,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from minivtc.core.attention import (
+from minivtc.engine.kv_pool import BlockAllocator
+from minivtc.engine.runner import build_group
+from minivtc.engine.sampler import SamplingParams
+from minivtc.model.attention import (
     ContiguousAttention,
     PagedAttention,
     attend_group,
     visibility_mask,
 )
-from minivtc.core.kv_pool import BlockAllocator
-from minivtc.core.request import Request
-from minivtc.core.runner import build_group
-from minivtc.core.sampler import SamplingParams
+from minivtc.vocab.request import Request
 
 H, K, D = 4, 2, 8  # grouped-query: 2 query heads per KV head
 

@@ -8,14 +8,14 @@ import itertools
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minivtc.core.engine import Engine
-from minivtc.core.kv_pool import BlockAllocator
-from minivtc.core.options import EngineOptions
-from minivtc.core.params import SamplingParams
-from minivtc.core.vtc import VTC
-from minivtc.course.graded import harness
-from minivtc.course.graded.harness import UnitRunner, drive, max_gap, random_arrivals, workloads
+from minivtc.course.graded import driver as harness
+from minivtc.course.graded.driver import UnitRunner, drive, max_gap, random_arrivals, workloads
+from minivtc.engine.engine import Engine
+from minivtc.engine.kv_pool import BlockAllocator
+from minivtc.engine.options import EngineOptions
+from minivtc.fairness.vtc import VTC
 from minivtc.harness.backlog import BacklogWatch, watch_rejoining
+from minivtc.vocab.params import SamplingParams
 from tests.test_engine import memory
 
 

@@ -20,8 +20,8 @@ import sys
 
 import pytest
 
-from minivtc.core.weights import BUNDLED_WEIGHTS
-from minivtc.llm import build_engine
+from minivtc.engine.factory import build_engine
+from minivtc.model.weights import BUNDLED_WEIGHTS
 from minivtc.serving.server import BackgroundServer, make_app
 
 pytestmark = pytest.mark.skipif(

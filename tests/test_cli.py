@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from minivtc import bench, bench_timing
-from minivtc.cli import main
+from minivtc.bench import suite as bench
+from minivtc.bench import timing as bench_timing
+from minivtc.cli.main import main
 from tests.conftest import start_serve
 
 
@@ -52,7 +53,7 @@ def test_generate_chat_and_stop(capsys):
 def test_generate_rejects_a_bad_weights_dir(tmp_path):
     command = ["generate", "--prompt", "x", "--weights", str(tmp_path)]
     result = subprocess.run(
-        [sys.executable, "-m", "minivtc.cli", *command], capture_output=True, text=True
+        [sys.executable, "-m", "minivtc.cli.main", *command], capture_output=True, text=True
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert f"minivtc generate: error: missing file: {tmp_path}/config.json" in result.stderr
@@ -100,7 +101,7 @@ def test_serve_rejects_a_bad_client_weights_file(tmp_path):
     (tmp_path / "w.json").write_text('{"alice": -1}')
     command = ["serve", "--client-weights", str(tmp_path / "w.json")]
     result = subprocess.run(
-        [sys.executable, "-m", "minivtc.cli", *command], capture_output=True, text=True
+        [sys.executable, "-m", "minivtc.cli.main", *command], capture_output=True, text=True
     )
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "want an object of client -> weight > 0" in result.stderr
@@ -212,7 +213,9 @@ def test_serve_refuses_inconsistent_trust_options():
         (["--api-keys", "k.json", "--client-weights", "w.json"], "not also --client-weights"),
     ):
         result = subprocess.run(
-            [sys.executable, "-m", "minivtc.cli", "serve", *options], capture_output=True, text=True
+            [sys.executable, "-m", "minivtc.cli.main", "serve", *options],
+            capture_output=True,
+            text=True,
         )
         assert result.returncode == 2 and why in result.stderr, result.stderr
 
@@ -242,7 +245,7 @@ def test_serve_refuses_inconsistent_trust_options():
 )
 def test_serve_refuses_options_it_would_ignore_or_cannot_honour(options, why, capsys):
     """Each a clear error (exit 2), never a traceback, and never silently another setting."""
-    from minivtc.cli import main
+    from minivtc.cli.main import main
 
     try:
         code = main(["serve", *options])
@@ -261,7 +264,7 @@ def test_serve_warns_when_open_to_the_network_without_keys():
 
 
 def test_reproduce_only_takes_commas_and_repeats_alike(tmp_path, monkeypatch):
-    import minivtc.harness.report as report
+    import minivtc.paper.report as report
 
     chosen = []
     monkeypatch.setattr(report, "reproduce", lambda out, only: chosen.append(only) or out)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minivtc.core.cost import PAPER_COST, W_P, W_Q, LinearCost, ProfiledCost, fairness_bound
+from minivtc.fairness.cost import PAPER_COST, W_P, W_Q, LinearCost, ProfiledCost, fairness_bound
 from minivtc.harness.workloads import DATA_DIR
 
 COSTS = [LinearCost(), ProfiledCost()]
@@ -89,9 +89,9 @@ def test_cost_is_a_leaf_module():
     """It imports nothing of the package (and no torch): everything can price service alike."""
     script = textwrap.dedent("""
         import sys
-        import minivtc.core.cost
+        import minivtc.fairness.cost
         ours = sorted(m for m in sys.modules if m.startswith("minivtc"))
-        assert ours == ["minivtc", "minivtc.core", "minivtc.core.cost"], ours
+        assert ours == ["minivtc", "minivtc.fairness", "minivtc.fairness.cost"], ours
         assert "torch" not in sys.modules
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)

@@ -81,10 +81,10 @@ def test_each_assignment_is_graded_alone_and_a_bad_one_never_breaks_the_grader(t
 
     edition = release(tmp_path / "edition")
     mine = edition / "minivtc"
-    (mine / "core/vtc.py").write_text((PACKAGE / "core/vtc.py").read_text())
-    kv = mine / "core/kv_pool.py"
+    (mine / "fairness/vtc.py").write_text((PACKAGE / "fairness/vtc.py").read_text())
+    kv = mine / "engine/kv_pool.py"
     kv.write_text(kv.read_text() + "\ndef broken(:\n")
-    engine = mine / "core/engine.py"
+    engine = mine / "engine/engine.py"
     engine.write_text(
         engine.read_text().replace(
             "raise NotImplementedError('Assignment a3_batching: write Engine.step",
@@ -349,14 +349,13 @@ def test_the_edition_installs_on_its_own_and_its_package_is_the_students(tmp_pat
     assert done.returncode == 0, done.stderr.decode()
     assert (target / "minivtc/course/graded/test_a4_vtc.py").is_file()
     assert (target / "minivtc/serving/dashboard.html").is_file()  # package data
-    script = (
-        "import minivtc.course as c, minivtc.core.vtc as v; print(c.STUDENT_EDITION, v.__file__)"
-    )
+    script = "import minivtc.course as c, minivtc.fairness.vtc as v\n"
+    script += "print(c.STUDENT_EDITION, v.__file__)"
     env = {**os.environ, "PYTHONPATH": str(target)}
     shown = subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, cwd=tmp_path
     )
-    assert shown.stdout.split() == ["True", str(target / "minivtc/core/vtc.py")], shown
+    assert shown.stdout.split() == ["True", str(target / "minivtc/fairness/vtc.py")], shown
 
 
 def test_the_edition_states_the_helpers_rule_and_ships_no_wrong_solutions(tmp_path):
@@ -386,11 +385,11 @@ def test_a_correct_a4_with_a_helper_of_its_own_gets_full_marks(tmp_path):
     and a change to VTC.join (not theirs): full marks, and the change named in the note."""
     edition = edition_with(
         tmp_path,
-        "core/vtc.py",
+        "fairness/vtc.py",
         "        client = self.least.least()\n        return None if",
         "        client = self.my_least()\n        return None if",
     )
-    path = edition / "minivtc/core/vtc.py"
+    path = edition / "minivtc/fairness/vtc.py"
     path.write_text(
         path.read_text()
         .replace(
@@ -415,7 +414,7 @@ def test_each_failed_test_is_named_with_its_message_in_the_table_and_grades_json
 
     edition = edition_with(
         tmp_path,
-        "core/vtc.py",
+        "fairness/vtc.py",
         "floor is not None and floor > self.counters[client]",
         "floor is not None",
     )
@@ -436,7 +435,7 @@ def test_the_same_submission_gets_the_same_points_every_time(tmp_path):
     the derandomized property tests of weighted VTC): identical, failures and all."""
     edition = edition_with(
         tmp_path,
-        "core/vtc.py",
+        "fairness/vtc.py",
         ") / weights.get(request.client_id, 1.0)",
         ")",
     )
@@ -446,7 +445,7 @@ def test_the_same_submission_gets_the_same_points_every_time(tmp_path):
 
 @pytest.mark.slow
 def test_grade_verbose_prints_the_tests_whole_output(tmp_path, capsys):
-    from minivtc.cli import main
+    from minivtc.cli.main import main
 
     argv = ["course", "grade", "--reference", "--out", str(tmp_path), "--only", "a5_metric"]
     assert main(argv) == 0
@@ -462,7 +461,7 @@ def test_a_student_tests_one_assignment_on_their_edition_as_it_stands(tmp_path, 
     function written (the reference's): full marks. The edition has its own pyproject.toml."""
     import tomllib
 
-    from minivtc.cli import main
+    from minivtc.cli.main import main
     from minivtc.course.edition import PACKAGE
 
     edition = release(tmp_path / "edition")
@@ -484,11 +483,11 @@ def test_the_bench_serves_as_the_engine_does_step_by_step():
     (with its fairness check), weighted VTC, FCFS and DRR on random workloads."""
     from hypothesis import given, settings
 
-    from minivtc.core.drr import DRR
-    from minivtc.core.scheduler import FCFS
-    from minivtc.core.vtc import VTC
-    from minivtc.course.graded.bench import serve
-    from minivtc.course.graded.harness import drive, random_arrivals, workloads
+    from minivtc.course.graded.driver import drive, random_arrivals, workloads
+    from minivtc.course.graded.testbed import serve
+    from minivtc.fairness.drr import DRR
+    from minivtc.fairness.scheduler import FCFS
+    from minivtc.fairness.vtc import VTC
 
     policies = [
         (VTC, True),
@@ -516,9 +515,9 @@ def test_the_bench_serves_as_the_engine_does_step_by_step():
 def test_a6_s_recorded_vtc_numbers_are_the_package_s_vtc_on_the_bench():
     """a6 compares a policy with VTC on the paper's workloads without running VTC (a4's): its
     recorded gaps and throughputs are what the package's VTC gives on the bench."""
-    from minivtc.core.vtc import VTC
-    from minivtc.course.graded.bench import clients_of, on_a10g, throughput, worst_gap
     from minivtc.course.graded.test_a6_fair import VTC_ON_A10G
+    from minivtc.course.graded.testbed import clients_of, on_a10g, throughput, worst_gap
+    from minivtc.fairness.vtc import VTC
 
     for name, (gap, tokens_per_s) in VTC_ON_A10G.items():
         bench, steps = on_a10g(VTC(), name)

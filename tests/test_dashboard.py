@@ -16,19 +16,20 @@ import pytest
 from fastapi import Request
 from fastapi.testclient import TestClient
 
-from minivtc.core.cost import W_P, W_Q
-from minivtc.core.tokenizer import Tokenizer
-from minivtc.core.vtc import VTC
-from minivtc.core.weights import bundled_weights_dir
+from minivtc.engine.factory import build_engine
+from minivtc.fairness.cost import W_P, W_Q
+from minivtc.fairness.vtc import VTC
 from minivtc.fleet.backend import Backend
-from minivtc.fleet.gateway import Gateway
-from minivtc.fleet.gateway_app import make_gateway
-from minivtc.llm import build_engine
+from minivtc.gateway.app import make_gateway
+from minivtc.gateway.gateway import Gateway
+from minivtc.model.tokenizer import Tokenizer
+from minivtc.model.weights import bundled_weights_dir
 from minivtc.serving.api_keys import Caller, Gate, Key, weights_of
 from minivtc.serving.dashboard import Setup, on_loopback, read_page, server_data
 from minivtc.serving.engine_loop import EngineLoop
-from minivtc.serving.observability import ClientRow, FirstTokens, Snapshot, fairness_view
+from minivtc.serving.observability import fairness_view
 from minivtc.serving.server import BackgroundServer, make_app
+from minivtc.serving.snapshot import ClientRow, FirstTokens, Snapshot
 
 KEYS = {
     "sk-alice-1": Key("alice", 2.0),
@@ -305,7 +306,7 @@ def test_the_data_changes_while_requests_run(bundled):
 
 
 def test_demo_dashboard_refuses_a_taken_port_before_loading_anything(tmp_path, capsys):
-    from minivtc.cli import main
+    from minivtc.cli.main import main
 
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

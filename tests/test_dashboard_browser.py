@@ -17,8 +17,8 @@ import time
 import httpx
 import pytest
 
+from minivtc.engine.factory import build_engine
 from minivtc.harness.workloads import TraceRequest
-from minivtc.llm import build_engine
 from minivtc.serving.loadgen import run_replay
 from minivtc.serving.server import BackgroundServer, make_app
 
@@ -155,10 +155,10 @@ def changed(first: dict, rows: dict) -> bool:
 
 def test_the_gateways_dashboard_shows_its_backends_and_clients_in_chromium(bundled):
     """The same page at `minivtc route`: a gateway in front of one in-process backend."""
-    from minivtc.core.vtc import VTC
+    from minivtc.fairness.vtc import VTC
     from minivtc.fleet.backend import Backend
-    from minivtc.fleet.gateway import Gateway
-    from minivtc.fleet.gateway_app import make_gateway
+    from minivtc.gateway.app import make_gateway
+    from minivtc.gateway.gateway import Gateway
     from minivtc.serving.api_keys import Gate
 
     model, tokenizer = bundled

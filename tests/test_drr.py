@@ -1,12 +1,12 @@
-"""Deficit Round Robin (`core/drr.py`): its turns, deficits and bookkeeping. Its bound and its
+"""Deficit Round Robin (`fairness/drr.py`): its turns, deficits and bookkeeping. Its bound and its
 fairness on the paper's workloads are graded tests (minivtc/course/graded/test_a6_fair.py, run
 with this suite)."""
 
 from __future__ import annotations
 
-from minivtc.core.drr import DRR
-from minivtc.core.params import SamplingParams
-from minivtc.core.request import Request
+from minivtc.fairness.drr import DRR
+from minivtc.vocab.params import SamplingParams
+from minivtc.vocab.request import Request
 from tests.test_scheduler import admission_round
 
 

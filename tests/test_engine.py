@@ -9,16 +9,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minivtc.core.config import LlamaConfig
-from minivtc.core.engine import RequestRejected
-from minivtc.core.generate import generate_plain
-from minivtc.core.model import Llama
-from minivtc.core.options import EngineOptions
-from minivtc.core.request import Status
-from minivtc.core.sampler import SamplingParams
-from minivtc.core.tokenizer import Tokenizer
-from minivtc.core.weights import BUNDLED_WEIGHTS
-from minivtc.llm import build_engine
+from minivtc.engine.engine import RequestRejected
+from minivtc.engine.factory import build_engine
+from minivtc.engine.generate import generate_plain
+from minivtc.engine.options import EngineOptions
+from minivtc.engine.sampler import SamplingParams
+from minivtc.model.config import LlamaConfig
+from minivtc.model.llama import Llama
+from minivtc.model.tokenizer import Tokenizer
+from minivtc.model.weights import BUNDLED_WEIGHTS
+from minivtc.vocab.request import Status
 from tests.conftest import TINY_GQA
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -132,9 +132,9 @@ def memory(reservation: str, **on_demand) -> dict:
 
 
 def scripted_engine(script, tokenizer=None, clock=None, **kw):
-    from minivtc.core.engine import Engine
-    from minivtc.core.kv_pool import BlockAllocator
-    from minivtc.core.scheduler import FCFS
+    from minivtc.engine.engine import Engine
+    from minivtc.engine.kv_pool import BlockAllocator
+    from minivtc.fairness.scheduler import FCFS
 
     return Engine(
         ScriptedRunner(script),
@@ -189,7 +189,7 @@ def test_timestamps_and_client_token_counts():
 
 
 def test_llm_generate_offline_api():
-    from minivtc.llm import LLM
+    from minivtc.offline.llm import LLM
 
     llm = LLM(kv_tokens=2000)
     outs = llm.generate(["The list", "A module is"], SamplingParams(temperature=0, max_tokens=8))
@@ -355,7 +355,7 @@ def test_batched_engine_matches_transformers_greedy_on_the_bundled_model(bundled
     also with a pool so small that requests are preempted and recomputed on the way, and with
     a prefix cache (every prompt opens with the same sentence: later ones skip its blocks)."""
     transformers = pytest.importorskip("transformers")
-    from minivtc.core.weights import bundled_weights_dir
+    from minivtc.model.weights import bundled_weights_dir
 
     model, tok = bundled
     hf = transformers.LlamaForCausalLM.from_pretrained(bundled_weights_dir(), dtype=torch.float32)

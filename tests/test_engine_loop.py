@@ -17,13 +17,13 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minivtc.core.engine import RequestRejected, StepOutput
-from minivtc.core.generate import generate_plain
-from minivtc.core.model import Llama
-from minivtc.core.sampler import SamplingParams
-from minivtc.llm import build_engine
+from minivtc.engine.engine import RequestRejected, StepOutput
+from minivtc.engine.factory import build_engine
+from minivtc.engine.generate import generate_plain
+from minivtc.engine.sampler import SamplingParams
+from minivtc.model.llama import Llama
 from minivtc.serving.engine_loop import LATENCY_BUCKETS, EngineLoop, Histogram
-from minivtc.serving.observability import OTHER
+from minivtc.serving.snapshot import OTHER
 from tests.conftest import TINY_GQA
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

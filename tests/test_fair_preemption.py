@@ -15,14 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minivtc.core.cost import preemptive_bound
-from minivtc.core.engine import Engine
-from minivtc.core.kv_pool import BlockAllocator
-from minivtc.core.options import EngineOptions
-from minivtc.core.params import SamplingParams
-from minivtc.core.policies import make_scheduler
-from minivtc.core.vtc import VTC
-from minivtc.course.graded.harness import (
+from minivtc.course.graded.driver import (
     W_Q,
     Arrival,
     UnitRunner,
@@ -32,6 +25,13 @@ from minivtc.course.graded.harness import (
     random_arrivals,
     workloads,
 )
+from minivtc.engine.engine import Engine
+from minivtc.engine.kv_pool import BlockAllocator
+from minivtc.engine.options import EngineOptions
+from minivtc.fairness.cost import preemptive_bound
+from minivtc.fairness.policies import make_scheduler
+from minivtc.fairness.vtc import VTC
+from minivtc.vocab.params import SamplingParams
 
 
 @settings(max_examples=60, deadline=None)
@@ -223,7 +223,7 @@ def test_check_fairness_refuses_the_latest_victim_which_states_no_bound():
 
 
 def test_a_policy_without_counters_displaces_nothing():
-    from minivtc.core.scheduler import FCFS
+    from minivtc.fairness.scheduler import FCFS
 
     clock = [0.0]
     engine = Engine(
@@ -267,7 +267,7 @@ def test_the_artifacts_peak_check_can_break_theorem_4_4_so_no_bound_is_checked_u
 def test_no_bound_is_checked_with_a_length_predictor():
     """A prediction above the length reached is refunded at the end, lowering a counter after
     others were lifted to it: Lemma 4.3 is not guaranteed (Lesson 7 shows it failing)."""
-    from minivtc.core.predictors import Oracle
+    from minivtc.fairness.predictors import Oracle
 
     with pytest.raises(ValueError, match="length predictor"):
         drive(VTC(predictor=Oracle()), [Arrival(0.0, "a", 1, 1)], 10, fairness=True)

@@ -7,7 +7,7 @@ import re
 import subprocess
 import sys
 
-from minivtc.fleet.bench import bench_route, time_decisions
+from minivtc.bench.dispatch_cost import bench_route, time_decisions
 
 
 def test_bench_route_prints_a_median_and_its_range_for_each_number_of_clients(capsys):

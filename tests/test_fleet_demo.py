@@ -1,4 +1,4 @@
-"""`minivtc demo --replicas N` (fleet/demo_replicas.py): the demo's table with one column per
+"""`minivtc demo --replicas N` (gateway/demo_replicas.py): the demo's table with one column per
 run, through the gateway and a round-robin router, on short requests, a capacity given (no
 calibration) and backends in this process, so that it runs in seconds; the round-robin order of
 the load generator over several servers."""
@@ -13,11 +13,11 @@ from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.responses import StreamingResponse
 
-from minivtc.cli import main
-from minivtc.core.weights import load_model
-from minivtc.fleet import demo_replicas
+from minivtc.cli.main import main
+from minivtc.engine.factory import build_engine
+from minivtc.gateway import demo_replicas
 from minivtc.harness.workloads import TraceRequest
-from minivtc.llm import build_engine
+from minivtc.model.weights import load_model
 from minivtc.serving import demo
 from minivtc.serving.connections import Limits
 from minivtc.serving.loadgen import run_replay

@@ -8,9 +8,9 @@ import json
 
 import pytest
 
-from minivtc.cli import main
+from minivtc.cli.main import main
+from minivtc.fleet.replica_workloads import FLEET_WORKLOADS, scaled
 from minivtc.fleet.replicas import simulate_fleet
-from minivtc.fleet.workloads import FLEET_WORKLOADS, scaled
 from minivtc.harness import metrics
 from minivtc.harness.sim import simulate
 from minivtc.harness.workloads import workload

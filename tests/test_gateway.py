@@ -19,13 +19,13 @@ from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from minivtc.core.tokenizer import Tokenizer
-from minivtc.core.vtc import VTC
-from minivtc.core.weights import bundled_weights_dir
+from minivtc.fairness.vtc import VTC
 from minivtc.fleet.backend import Backend
-from minivtc.fleet.gateway import Gateway
-from minivtc.fleet.gateway_app import make_gateway
-from minivtc.fleet.gateway_cli import backends_of
+from minivtc.gateway.app import make_gateway
+from minivtc.gateway.gateway import Gateway
+from minivtc.gateway.launch import backends_of
+from minivtc.model.tokenizer import Tokenizer
+from minivtc.model.weights import bundled_weights_dir
 from minivtc.serving.api_keys import Gate, Key
 from minivtc.serving.connections import Limits
 from minivtc.serving.server import BackgroundServer

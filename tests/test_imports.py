@@ -13,24 +13,26 @@ from pathlib import Path
 
 import pytest
 
+import minivtc
+
 PACKAGE = Path(__file__).resolve().parent.parent / "minivtc"
 
 TORCH_FREE = [  # the scheduler sees requests, counters and a memory budget, never tensors
     "minivtc",
-    "minivtc.core.scheduler",
-    "minivtc.core.vtc",
-    "minivtc.core.policies",
-    "minivtc.core.predictors",
-    "minivtc.core.cost",
-    "minivtc.core.params",
-    "minivtc.core.request",
-    "minivtc.core.admission",
-    "minivtc.core.engine",
+    "minivtc.fairness.scheduler",
+    "minivtc.fairness.vtc",
+    "minivtc.fairness.policies",
+    "minivtc.fairness.predictors",
+    "minivtc.fairness.cost",
+    "minivtc.vocab.params",
+    "minivtc.vocab.request",
+    "minivtc.engine.admission",
+    "minivtc.engine.engine",
     "minivtc.harness.sim",
     "minivtc.harness.step_time",
     "minivtc.harness.workloads",
     "minivtc.harness.metrics",
-    "minivtc.cli",
+    "minivtc.cli.main",
 ]
 
 
@@ -53,7 +55,7 @@ def test_minivtc_help_does_not_import_torch():
     """`minivtc --help` and every subcommand's --help build their parsers without torch."""
     code = """
 import contextlib, io
-from minivtc.cli import main
+from minivtc.cli.main import main
 for argv in (["--help"], *([c, "--help"] for c in ("simulate", "serve", "reproduce",
              "calibrate", "loadgen", "generate", "demo", "bench"))):
     with contextlib.redirect_stdout(io.StringIO()):
@@ -122,12 +124,49 @@ def test_no_import_cycles(inside_functions):
 
 def test_the_walk_sees_imports_inside_functions():
     """The command line imports its commands inside functions (`--help` stays torch-free)."""
-    assert "minivtc.llm" not in package_imports()["minivtc.serving.serve_cli"]
-    assert "minivtc.llm" in package_imports(inside_functions=True)["minivtc.serving.serve_cli"]
+    assert "minivtc.engine.factory" not in package_imports()["minivtc.cli.serve"]
+    assert "minivtc.engine.factory" in package_imports(inside_functions=True)["minivtc.cli.serve"]
+
+
+CORE = ("minivtc.vocab", "minivtc.fairness", "minivtc.model", "minivtc.engine")
 
 
 def test_the_core_does_not_import_the_layers_above_it():
     for module, deps in package_imports(inside_functions=True).items():
-        if module.startswith("minivtc.core"):
+        if module.startswith(
+            ("minivtc.vocab", "minivtc.fairness", "minivtc.model", "minivtc.engine")
+        ):
             above = [d for d in deps if d.startswith(("minivtc.serving", "minivtc.harness"))]
             assert not above, f"{module} imports {above}"
+
+
+def folder(module: str) -> str:
+    """`minivtc.engine.kv_pool` -> `engine`; the package's own root modules -> `minivtc`."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 else "minivtc"
+
+
+def test_no_folder_imports_a_folder_that_imports_it_back():
+    """The folders are layers: a pair that imports each other (at module level or inside a
+    function) is one concept split in two, or a layer reaching up."""
+    reaches: dict[str, set[str]] = {}
+    for module, deps in package_imports(inside_functions=True).items():
+        for dep in deps:
+            if folder(dep) not in (folder(module), "minivtc"):
+                reaches.setdefault(folder(module), set()).add(folder(dep))
+    pairs = sorted(
+        (a, b) for a in reaches for b in reaches[a] if a < b and a in reaches.get(b, set())
+    )
+    assert not pairs, f"folders importing each other: {pairs}"
+
+
+def test_the_package_root_holds_only_entry_points():
+    root = Path(minivtc.__file__).parent
+    assert sorted(p.name for p in root.glob("*.py")) == ["__init__.py", "__main__.py"]
+
+
+def test_no_module_name_is_used_twice():
+    """A name says which room it is: two `cli.py` or two `bench.py` say nothing."""
+    root = Path(minivtc.__file__).parent
+    names = [p.stem for p in root.rglob("*.py") if not p.stem.startswith("__")]
+    assert not [n for n in set(names) if names.count(n) > 1]

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivtc.core.config import preset
-from minivtc.core.kv_pool import BlockAllocator, KVPool
+from minivtc.engine.kv_pool import BlockAllocator, KVPool
+from minivtc.model.config import preset
 
 
 def test_blocks_needed_and_slots():

@@ -9,10 +9,10 @@ import textwrap
 
 import pytest
 
-from minivtc.core.generate import generate_plain
-from minivtc.core.sampler import SamplingParams
-from minivtc.core.weights import BUNDLED_WEIGHTS
-from minivtc.llm import LLM, CompletionOutput, RequestOutput
+from minivtc.engine.generate import generate_plain
+from minivtc.engine.sampler import SamplingParams
+from minivtc.model.weights import BUNDLED_WEIGHTS
+from minivtc.offline.llm import LLM, CompletionOutput, RequestOutput
 
 PROMPTS = ["The list", "A module is"]
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -28,20 +28,21 @@ def test_import_minivtc_leaves_torch_out_and_exports_vllm_names():
     the exports are the objects their own modules define."""
     script = textwrap.dedent("""
         import sys
-        import minivtc, minivtc.cli
+        import minivtc, minivtc.cli.main
         assert "torch" not in sys.modules, "import minivtc imported torch"
         assert {"LLM", "SamplingParams"} <= set(dir(minivtc)), dir(minivtc)
         from minivtc import LLM, SamplingParams
-        import minivtc.llm, minivtc.core.sampler
-        assert LLM is minivtc.llm.LLM and SamplingParams is minivtc.core.sampler.SamplingParams
+        import minivtc.offline.llm, minivtc.engine.sampler
+        assert LLM is minivtc.offline.llm.LLM
+        assert SamplingParams is minivtc.engine.sampler.SamplingParams
         try:
             minivtc.NoSuchThing
         except AttributeError as e:
             assert "NoSuchThing" in str(e), e
         else:
             raise AssertionError("minivtc.NoSuchThing did not raise AttributeError")
-        from minivtc.core import scheduler  # submodules still import by name
-        assert scheduler is sys.modules["minivtc.core.scheduler"]
+        from minivtc.fairness import scheduler  # submodules still import by name
+        assert scheduler is sys.modules["minivtc.fairness.scheduler"]
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

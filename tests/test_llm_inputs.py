@@ -1,13 +1,13 @@
 """Nothing a caller sends poisons an `LLM`: every prompt form is read and checked before
 anything is queued, and after each kind of bad input a valid `generate` gives the tokens a
-fresh `LLM` gives. And vLLM's prompt forms (`llm_inputs.py`) all mean what vLLM says."""
+fresh `LLM` gives. And vLLM's prompt forms (`offline/inputs.py`) all mean what vLLM says."""
 
 from __future__ import annotations
 
 import pytest
 
-from minivtc.core.sampler import SamplingParams
-from minivtc.llm import LLM
+from minivtc.engine.sampler import SamplingParams
+from minivtc.offline.llm import LLM
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 PROMPTS = ["The list", "A module is"]
@@ -102,7 +102,7 @@ def test_one_sampling_params_per_prompt(llm, fresh_tokens):
 def test_the_engine_itself_refuses_what_its_model_cannot_read(llm, fresh_tokens, prompt):
     """The server's path: `Engine.add_request` refuses an id past the vocabulary (it would fail
     the shared forward pass of the whole step) and anything that is no prompt."""
-    from minivtc.core.intake import RequestRejected
+    from minivtc.engine.intake import RequestRejected
 
     with pytest.raises(RequestRejected):
         llm.engine.add_request(prompt, GREEDY)

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivtc.core.config import LlamaConfig, preset
-from minivtc.core.model import CausalSequences, Llama
-from minivtc.core.weights import load_model
+from minivtc.model.config import LlamaConfig, preset
+from minivtc.model.llama import CausalSequences, Llama
+from minivtc.model.weights import load_model
 
 transformers = pytest.importorskip("transformers")
 
@@ -60,7 +60,7 @@ def test_logit_rows_select_rows():
 
 
 def test_bundled_model_matches_transformers(bundled):
-    from minivtc.core.weights import bundled_weights_dir
+    from minivtc.model.weights import bundled_weights_dir
 
     model, tokenizer = bundled
     ids = torch.tensor([tokenizer.encode("The garbage collector is called when")])

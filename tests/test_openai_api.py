@@ -14,7 +14,6 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
-from minivtc.core.params import MAX_SEED
 from minivtc.serving.openai_api import (
     APIError,
     ChatBody,
@@ -24,6 +23,7 @@ from minivtc.serving.openai_api import (
     usage,
     validation_error,
 )
+from minivtc.vocab.params import MAX_SEED
 
 MODEL = "minivtc-tiny"
 

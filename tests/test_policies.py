@@ -9,14 +9,14 @@ import re
 
 import pytest
 
-from minivtc.core.artifact import ArtifactVTC
-from minivtc.core.cost import LinearCost, ProfiledCost
-from minivtc.core.policies import SCHEDULERS, make_scheduler
-from minivtc.core.predictors import MeanOfLast, MovingAverage, Oracle
-from minivtc.core.request import Request
-from minivtc.core.sampler import SamplingParams
-from minivtc.core.scheduler import FCFS, RPM
-from minivtc.core.vtc import VTC
+from minivtc.engine.sampler import SamplingParams
+from minivtc.fairness.artifact import ArtifactVTC
+from minivtc.fairness.cost import LinearCost, ProfiledCost
+from minivtc.fairness.policies import SCHEDULERS, make_scheduler
+from minivtc.fairness.predictors import MeanOfLast, MovingAverage, Oracle
+from minivtc.fairness.scheduler import FCFS, RPM
+from minivtc.fairness.vtc import VTC
+from minivtc.vocab.request import Request
 from tests.test_vtc import finished
 
 # name (N and P as SCHEDULERS writes them) -> (class, lift, predictor class, oracle spread)
@@ -48,7 +48,7 @@ def test_the_table_covers_every_listed_name():
 
 
 def test_drr_builds_with_its_quantum_and_refuses_a_bad_one():
-    from minivtc.core.drr import DRR
+    from minivtc.fairness.drr import DRR
 
     assert type(make_scheduler("drr")) is DRR and make_scheduler("drr").quantum == 256
     drr = make_scheduler("drr:32", artifact=True)  # (the artifact's quirks are VTC's only)

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minivtc.core.predictors import MeanOfLast, MovingAverage, Oracle
-from minivtc.core.request import Request
-from minivtc.core.sampler import SamplingParams
+from minivtc.engine.sampler import SamplingParams
+from minivtc.fairness.predictors import MeanOfLast, MovingAverage, Oracle
+from minivtc.vocab.request import Request
 
 
 def test_predictors():

@@ -11,16 +11,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minivtc.core.engine import Engine
-from minivtc.core.generate import generate_plain
-from minivtc.core.prefix_cache import PrefixCachingAllocator
-from minivtc.core.request import Request
-from minivtc.core.sampler import SamplingParams
-from minivtc.core.vtc import VTC
-from minivtc.course.graded.harness import UnitRunner
+from minivtc.course.graded.driver import UnitRunner
+from minivtc.engine.engine import Engine
+from minivtc.engine.factory import build_engine
+from minivtc.engine.generate import generate_plain
+from minivtc.engine.prefix_cache import PrefixCachingAllocator
+from minivtc.engine.sampler import SamplingParams
+from minivtc.fairness.vtc import VTC
 from minivtc.harness.sim import simulate
 from minivtc.harness.workloads import TraceRequest
-from minivtc.llm import build_engine
+from minivtc.vocab.request import Request
 from tests.test_engine import memory, run_to_end, tiny  # noqa: F401 (a fixture)
 from tests.test_scheduler import admission_round
 
@@ -275,7 +275,7 @@ def test_what_a_cache_keeps_is_neither_thrown_away_nor_copied_by_a_preemption(
 
 def test_an_engine_without_a_cache_reports_nothing_cached():
     clock = [0.0]
-    from minivtc.core.kv_pool import BlockAllocator
+    from minivtc.engine.kv_pool import BlockAllocator
 
     engine = Engine(
         UnitRunner(clock), BlockAllocator(40, 4), VTC(), 100, eos_id=-1, clock=lambda: clock[0]
@@ -296,7 +296,7 @@ SYSTEM = (
 def test_llm_with_a_prefix_cache_gives_the_tokens_of_one_without(bundled):
     """`LLM(prefix_caching=True)`: the second prompt sharing the system text skips its cached
     blocks and still gets exactly the greedy tokens of an engine without a cache."""
-    from minivtc.llm import LLM
+    from minivtc.offline.llm import LLM
 
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     prompts = [SYSTEM + "What is a list?", SYSTEM + "What is a dict?"]

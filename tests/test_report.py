@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from minivtc.core.policies import make_scheduler
+from minivtc.fairness.policies import make_scheduler
 from minivtc.harness import metrics, plots
 from minivtc.harness.experiments import (
     EXPERIMENTS,
@@ -25,8 +25,8 @@ from minivtc.harness.experiments import (
     ttft_verdict,
 )
 from minivtc.harness.metrics import Served
-from minivtc.harness.report import SPECIAL, measured_trace, simulate_to_dir, summarize
 from minivtc.harness.sim import SimResult
+from minivtc.harness.summary import summarize
 from minivtc.harness.workloads import (
     A10G_RUNS,
     TraceRequest,
@@ -35,6 +35,7 @@ from minivtc.harness.workloads import (
     workload,
     write_trace,
 )
+from minivtc.paper.report import SPECIAL, measured_trace, simulate_to_dir
 
 RUNS = A10G_RUNS
 

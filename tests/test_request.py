@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from minivtc.core.request import Request, Status
-from minivtc.core.sampler import SamplingParams
+from minivtc.engine.sampler import SamplingParams
+from minivtc.vocab.request import Request, Status
 
 
 def make(prompt=(11, 12, 13), output=(), max_tokens=5, **kw) -> Request:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivtc.core.model import Llama
-from minivtc.core.runner import bucket
-from minivtc.core.sampler import SamplingParams
-from minivtc.llm import build_engine
+from minivtc.engine.factory import build_engine
+from minivtc.engine.runner import bucket
+from minivtc.engine.sampler import SamplingParams
+from minivtc.model.llama import Llama
 from tests.conftest import TINY_GQA
 
 

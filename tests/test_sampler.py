@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivtc.core.sampler import SamplingParams, sample, sample_row
+from minivtc.engine.sampler import SamplingParams, sample, sample_row
 
 
 @pytest.mark.parametrize("temperature", [1e-3, 1e-30, 1e-40, 1e-300, 5e-324])

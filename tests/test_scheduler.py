@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from minivtc.core.scheduler import FCFS, RPM
-from minivtc.course.graded.harness import Arrival, bound_u, drive, max_gap
+from minivtc.course.graded.driver import Arrival, bound_u, drive, max_gap
+from minivtc.fairness.scheduler import FCFS, RPM
 
 
 def admission_round(scheduler, fits=lambda r: True) -> None:

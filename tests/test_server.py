@@ -16,10 +16,11 @@ from dataclasses import dataclass
 import httpx
 import pytest
 
-from minivtc.core.engine import Engine
-from minivtc.core.sampler import SamplingParams
+from minivtc.engine.engine import Engine
+from minivtc.engine.factory import build_engine
+from minivtc.engine.sampler import SamplingParams
 from minivtc.harness.workloads import TraceRequest
-from minivtc.llm import LLM, build_engine
+from minivtc.offline.llm import LLM
 from minivtc.serving.loadgen import replay
 from minivtc.serving.server import BackgroundServer, make_app
 
@@ -454,7 +455,7 @@ def test_a_dead_engine_loop_answers_500_then_503(bundled):
 def test_loadgen_command_records_every_request(bundled, tmp_path, capsys):
     """c0's requests share a 40-token prefix: the server's prefix cache finds its first two
     blocks of 16 in every c0 request after the first, and requests.csv records them."""
-    from minivtc.cli import main
+    from minivtc.cli.main import main
     from minivtc.harness.metrics import read_requests
     from minivtc.harness.workloads import write_trace
 

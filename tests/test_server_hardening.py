@@ -14,7 +14,7 @@ import time
 import httpx
 import pytest
 
-from minivtc.llm import build_engine
+from minivtc.engine.factory import build_engine
 from minivtc.serving.server import BackgroundServer, make_app
 from tests.test_server_trust import openai_error
 

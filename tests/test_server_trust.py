@@ -45,9 +45,9 @@ import time
 import httpx
 import pytest
 
-from minivtc.core.tokenizer import Tokenizer
-from minivtc.core.weights import BUNDLED_WEIGHTS
-from minivtc.llm import build_engine
+from minivtc.engine.factory import build_engine
+from minivtc.model.tokenizer import Tokenizer
+from minivtc.model.weights import BUNDLED_WEIGHTS
 from minivtc.serving.connections import Limits
 from minivtc.serving.server import BackgroundServer, make_app
 from tests.conftest import start_serve
@@ -446,7 +446,7 @@ def test_forgetting_idle_clients_changes_no_decision():
     """The real trace under VTC (and under FCFS and RPM), once as it is and once with the
     engine forgetting every idle client it may after every step: the same requests, served at
     the same times (the argument is in `VTC.forget`'s docstring)."""
-    from minivtc.core.engine import Engine, forget_idle_clients
+    from minivtc.engine.engine import Engine, forget_idle_clients
     from minivtc.harness.sim import simulate
     from minivtc.harness.workloads import workload
 

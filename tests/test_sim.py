@@ -7,10 +7,10 @@ from collections import Counter
 
 import pytest
 
-from minivtc.bench_policy import ScanVTC
-from minivtc.cli import main
-from minivtc.core.predictors import MeanOfLast
-from minivtc.core.vtc import VTC
+from minivtc.bench.policy import ScanVTC
+from minivtc.cli.main import main
+from minivtc.fairness.predictors import MeanOfLast
+from minivtc.fairness.vtc import VTC
 from minivtc.harness import metrics
 from minivtc.harness.sim import simulate
 from minivtc.harness.workloads import (
@@ -122,7 +122,7 @@ def test_simulate_command_writes_its_files(tmp_path):
 
 @pytest.mark.slow
 def test_rpm_thresholds_waste_capacity_as_in_figures_13_and_14(tmp_path):
-    from minivtc.harness.report import reproduce
+    from minivtc.paper.report import reproduce
 
     report = reproduce(tmp_path, only=["fig13"]).read_text()
     assert "stays below VTC's): yes" in report
@@ -133,7 +133,7 @@ def test_rpm_thresholds_waste_capacity_as_in_figures_13_and_14(tmp_path):
 
 
 def test_reproduce_writes_a_report_with_verdicts(tmp_path):
-    from minivtc.harness.report import reproduce
+    from minivtc.paper.report import reproduce
 
     report = reproduce(tmp_path, only=["fig3"]).read_text()
     assert "## Figure 3: VTC vs FCFS under overload" in report
@@ -148,7 +148,7 @@ def test_reproduce_writes_a_report_with_verdicts(tmp_path):
 def test_reproduce_validates_against_every_measured_a10g_run(tmp_path):
     """`reproduce --only validate`: all seven measured A10G runs, simulated with the scheduler
     and cadence they ran under, within 10% in throughput and in each client's service."""
-    from minivtc.harness.report import reproduce
+    from minivtc.paper.report import reproduce
 
     report = reproduce(tmp_path, only=["validate"]).read_text()
     a10g = report.split("## Validation: the simulator against the measured A100")[0]
@@ -162,7 +162,7 @@ def test_reproduce_fair_memory_compares_reservation_with_blocks_on_demand(tmp_pa
     """`reproduce --only fair_memory`: the real trace with max_tokens 1024 under five memory
     configurations (each asserting its bound every step, where one is stated), then Theorem
     4.8's construction and the latest victim's counterexample; the three goals are met."""
-    from minivtc.harness.report import reproduce
+    from minivtc.paper.report import reproduce
 
     report = reproduce(tmp_path, only=["fair_memory"]).read_text()
     real = report.split("### Theorem 4.8")[0]
@@ -194,7 +194,7 @@ def test_reproduce_prefix_caching_prices_cached_tokens_three_ways(tmp_path):
     and with one at w_c = w_p, w_p/2, 0 (Lemma 4.3 asserted every step); the cache serves
     >= 1.5x the tokens/s, every gap within 2U; with w_c = w_p every client gets the same
     service, with w_c = 0 the clients that miss the cache get less than with w_c = w_p."""
-    from minivtc.harness.report import reproduce
+    from minivtc.paper.report import reproduce
 
     report = reproduce(tmp_path, only=["prefix_caching"]).read_text()
     assert "(goal >= 1.5x), every gap within 2U: yes" in report
@@ -415,8 +415,8 @@ def test_figure_15_from_the_simulator_matches_the_measured_a100_runs(tmp_path):
     client's share within 5 points on every run; each gap (max and mean) within 20% on the
     35000-token runs (the 65000-token run's gap is not reproduced: the report shows it); both of
     Figure 15's verdicts."""
-    from minivtc.harness.paper_figures import A100_RUNS, ABLATION, compare, fig15
-    from minivtc.harness.paper_figures import simulate_ablation as replay
+    from minivtc.paper.figures import A100_RUNS, ABLATION, compare, fig15
+    from minivtc.paper.figures import simulate_ablation as replay
 
     wall = {r["run"]: r["total_time_s"] for r in json.loads((A100_RUNS / "index.json").read_text())}
     runs = [run for run in ABLATION.values() if run.measured]
@@ -436,7 +436,7 @@ def test_the_a100_step_time_holds_on_the_65000_token_runs_it_was_not_fitted_to()
     """The artifact's other 65000-token runs (FCFS and VTC at 256 tokens, VTC at 768), which
     `a100-llama13b` never saw: throughput within 10% and each client's share within 5 points;
     `validate_held_out` puts them in the report."""
-    from minivtc.harness.paper_figures import HELD_OUT, held_out_errors, simulate_stored
+    from minivtc.paper.figures import HELD_OUT, held_out_errors, simulate_stored
 
     assert {(run.scheduler, run.length) for run in HELD_OUT.values()} == {
         ("fcfs", 256),

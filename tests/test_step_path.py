@@ -19,32 +19,32 @@ from typing import Any
 import pytest
 
 import minivtc
-from minivtc.core.engine import Engine
-from minivtc.core.kv_pool import BlockAllocator
-from minivtc.core.options import EngineOptions
-from minivtc.core.params import SamplingParams
-from minivtc.core.policies import make_scheduler
-from minivtc.core.prefix_cache import PrefixCachingAllocator
+from minivtc.engine.engine import Engine
+from minivtc.engine.kv_pool import BlockAllocator
+from minivtc.engine.options import EngineOptions
+from minivtc.engine.prefix_cache import PrefixCachingAllocator
+from minivtc.fairness.policies import make_scheduler
 from minivtc.harness.sim import StepTimeRunner, VirtualClock
 from minivtc.harness.step_time import step_time_model
+from minivtc.vocab.params import SamplingParams
 
 PACKAGE = Path(minivtc.__file__).parent
 
 # VTC, full reservation, no prefix cache, checks off: the paper's model.
 PAPER_ROOMS = {
-    "core/engine.py",
-    "core/admission.py",
-    "core/kv_pool.py",
-    "core/vtc.py",
-    "core/least_counter.py",
-    "core/cost.py",
-    "core/request.py",
-    "core/params.py",
-    "core/text.py",
+    "engine/engine.py",
+    "engine/admission.py",
+    "engine/kv_pool.py",
+    "fairness/vtc.py",
+    "fairness/least_counter.py",
+    "fairness/cost.py",
+    "vocab/request.py",
+    "vocab/params.py",
+    "engine/text.py",
     "harness/sim.py",  # the runner (its step-time model not followed) and the virtual clock
 }
 # Blocks on demand, the fair victim and a prefix cache: the prefix-caching allocator too.
-FAIR_MEMORY_ROOMS = PAPER_ROOMS | {"core/prefix_cache.py"}
+FAIR_MEMORY_ROOMS = PAPER_ROOMS | {"engine/prefix_cache.py"}
 
 
 def step_path(options: EngineOptions, pool: BlockAllocator) -> dict[str, list[str]]:
@@ -106,6 +106,6 @@ def test_a_step_visits_only_its_rooms(
     for path, names in entered.items():
         print(f"  {path}: {', '.join(names)}")
     assert set(entered) == rooms
-    assert "Engine.step" in entered["core/engine.py"]
+    assert "Engine.step" in entered["engine/engine.py"]
     freed = [n for names in entered.values() for n in names if n.endswith("Allocator.free")]
     assert freed, "down to the allocator: the finished request's blocks freed"

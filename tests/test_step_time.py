@@ -11,8 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from minivtc.core.request import Request
-from minivtc.core.sampler import SamplingParams
+from minivtc.engine.sampler import SamplingParams
 from minivtc.harness import step_time
 from minivtc.harness.step_time import (
     STEP_TIME_MODELS,
@@ -21,6 +20,7 @@ from minivtc.harness.step_time import (
     StepShape,
     step_time_model,
 )
+from minivtc.vocab.request import Request
 
 shapes = st.builds(StepShape, st.integers(0, 10**5), st.integers(0, 512), st.integers(0, 10**6))
 

@@ -6,8 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minivtc.core.tokenizer import Tokenizer
-from minivtc.core.weights import BUNDLED_WEIGHTS
+from minivtc.model.tokenizer import Tokenizer
+from minivtc.model.weights import BUNDLED_WEIGHTS
 
 TEXTS = [
     "Hello, world!",

@@ -1,6 +1,6 @@
-"""How `n` samples and prompt lists are charged (`llm.py`): as that many separate requests of
-the caller, the prompt once per sample (each sample prefills it) and every sample's tokens, so
-neither buys a place in the queue that separate requests would not."""
+"""How `n` samples and prompt lists are charged (`offline/llm.py`): as that many separate
+requests of the caller, the prompt once per sample (each sample prefills it) and every
+sample's tokens, so neither buys a place in the queue that separate requests would not."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import itertools
 
 import pytest
 
-from minivtc.core.params import SamplingParams
-from minivtc.core.weights import BUNDLED_WEIGHTS
-from minivtc.llm import LLM
-from minivtc.llm_inputs import plan
+from minivtc.model.weights import BUNDLED_WEIGHTS
+from minivtc.offline.inputs import plan
+from minivtc.offline.llm import LLM
+from minivtc.vocab.params import SamplingParams
 
 PROMPT = "The list"
 EACH = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivtc.core.chat import encode_with_specials
-from minivtc.core.params import SamplingParams
-from minivtc.core.weights import BUNDLED_WEIGHTS
-from minivtc.llm import LLM
+from minivtc.model.chat import encode_with_specials
+from minivtc.model.weights import BUNDLED_WEIGHTS
+from minivtc.offline.llm import LLM
+from minivtc.vocab.params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "A list is"}]
@@ -145,7 +145,7 @@ def test_vllm_dtype_names(dtype):
 def test_gpu_memory_utilization_sizes_the_pool_from_free_device_memory(monkeypatch):
     """vLLM's rule on CUDA (no device here: the driver's answer is stood in for): the process
     may use 90% of the device; 40 of 100 GB are in use; 5% stays for activations."""
-    from minivtc.llm_args import VLLMArgs, pool_bytes
+    from minivtc.offline.args import VLLMArgs, pool_bytes
 
     gb = 10**9
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (60 * gb, 100 * gb))

@@ -9,8 +9,8 @@ import argparse
 import httpx
 import pytest
 
-from minivtc.core.weights import BUNDLED_WEIGHTS
-from minivtc.serving.serve_cli import add_serve
+from minivtc.cli.serve import add_serve
+from minivtc.model.weights import BUNDLED_WEIGHTS
 from minivtc.serving.vllm_flags import VLLMServe
 from tests.conftest import start_serve
 

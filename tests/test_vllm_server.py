@@ -7,8 +7,9 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from minivtc.core.sampler import SamplingParams
-from minivtc.llm import LLM, build_engine
+from minivtc.engine.factory import build_engine
+from minivtc.engine.sampler import SamplingParams
+from minivtc.offline.llm import LLM
 from minivtc.serving.server import BackgroundServer, make_app
 
 openai = pytest.importorskip("openai")

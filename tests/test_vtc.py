@@ -15,18 +15,18 @@ import re
 
 import pytest
 
-from minivtc.core import vtc as vtc_module
-from minivtc.core.artifact import ArtifactVTC
-from minivtc.core.cost import LinearCost, ProfiledCost
-from minivtc.core.engine import Engine
-from minivtc.core.fairness_check import FairnessCheck
-from minivtc.core.least_counter import LeastCounter, LinearScan
-from minivtc.core.policies import make_scheduler
-from minivtc.core.predictors import MeanOfLast, MovingAverage, Oracle
-from minivtc.core.request import Request
-from minivtc.core.sampler import SamplingParams
-from minivtc.core.vtc import VTC
-from minivtc.course.graded.harness import Arrival, drive
+from minivtc.course.graded.driver import Arrival, drive
+from minivtc.engine.engine import Engine
+from minivtc.engine.sampler import SamplingParams
+from minivtc.fairness import vtc as vtc_module
+from minivtc.fairness.artifact import ArtifactVTC
+from minivtc.fairness.cost import LinearCost, ProfiledCost
+from minivtc.fairness.fairness_check import FairnessCheck
+from minivtc.fairness.least_counter import LeastCounter, LinearScan
+from minivtc.fairness.policies import make_scheduler
+from minivtc.fairness.predictors import MeanOfLast, MovingAverage, Oracle
+from minivtc.fairness.vtc import VTC
+from minivtc.vocab.request import Request
 from tests.test_scheduler import admission_round
 
 W_P, W_Q = 1.0, 2.0  # the paper's weights

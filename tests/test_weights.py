@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from minivtc.core.weights import CheckpointError, load_model
+from minivtc.model.weights import CheckpointError, load_model
 from tests.conftest import TINY_GQA, write_hf_checkpoint
 
 

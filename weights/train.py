@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from safetensors.torch import save_file
 
-from minivtc.core.config import preset
-from minivtc.core.model import CausalSequences, Llama
+from minivtc.model.config import preset
+from minivtc.model.llama import CausalSequences, Llama
 
 DOC_SOURCES = Path("/usr/share/doc/python3.11/html/_sources")
 VOCAB_SIZE = 4096

@@ -1,6 +1,6 @@
 """The capstone (assignment a6): a fair policy of your own, through the scheduler interface.
 
-Write `FairPolicy`, a `Scheduler` (`minivtc/core/scheduler.py` lists the calls the engine
+Write `FairPolicy`, a `Scheduler` (`minivtc/fairness/scheduler.py` lists the calls the engine
 makes: `add`, `peek`, `dispatch`, `on_decode`, `on_finish`, `remove`, `requeue`, `waiting`;
 `check_invariants` is yours to fill in or leave). Any design is welcome: a counter per client
 as VTC keeps, credit handed out in turns, virtual finish times, something of your own. It
@@ -28,20 +28,20 @@ and goes, one that leaves the queue at every dispatch), served by the course's b
   FCFS: a worst backlogged gap within 25% of VTC's and under a tenth of FCFS's, and VTC's
   throughput (within 2%).
 
-The instructor's answer is Deficit Round Robin as Appendix C.2 adapts it (`core/drr.py`), one
+The instructor's answer is Deficit Round Robin as Appendix C.2 adapts it (`fairness/drr.py`), one
 answer among many; the student edition has this statement and an empty `FairPolicy`.
 """
 
 from __future__ import annotations
 
-from minivtc.core.cost import PAPER_COST, Cost
-from minivtc.core.drr import DRR
+from minivtc.fairness.cost import PAPER_COST, Cost
+from minivtc.fairness.drr import DRR
 
 QUANTUM = 64.0  # a turn's credit: within U on every graded workload, so 2(U + Q) <= 4U
 
 
 class FairPolicy(DRR):
-    """Deficit Round Robin (`core/drr.py`) with a quantum of 64."""
+    """Deficit Round Robin (`fairness/drr.py`) with a quantum of 64."""
 
     BOUND = (
         "Two clients backlogged over an interval receive service within 2(U + Q) of each other "

@@ -74,9 +74,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from minivtc.core.cost import PAPER_COST, Cost
-from minivtc.core.request import Request
-from minivtc.core.scheduler import Scheduler
+from minivtc.fairness.cost import PAPER_COST, Cost
+from minivtc.vocab.request import Request
+from minivtc.fairness.scheduler import Scheduler
 
 
 class FairPolicy(Scheduler):
@@ -127,7 +127,7 @@ minivtc/course/capstone.py."""
 
 from __future__ import annotations
 
-from minivtc.core.scheduler import Scheduler
+from minivtc.fairness.scheduler import Scheduler
 
 
 class DRR(Scheduler):
@@ -265,7 +265,7 @@ Grading itself (`minivtc course grade`) is the instructor's: it runs each assign
 the reference package, with only your functions for that assignment taken from your edition,
 and this edition holds no reference solutions (run here, it says so and stops).
 
-a4 and a6 are tested on a bench of their own (`minivtc/course/graded/bench.py`), not through
+a4 and a6 are tested on a bench of their own (`minivtc/course/graded/testbed.py`), not through
 the engine, so they need no other assignment done; so do a1 and a5. a3's tests run the
 engine, so they need a2's allocator, a1's model pieces and a4's VTC (one test), and a2's
 paged-attention test runs a3's `Engine.step`: until those are done, those tests fail here

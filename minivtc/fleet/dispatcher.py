@@ -45,12 +45,12 @@ README: "Fair across replicas"; Lesson 11.
 
 from __future__ import annotations
 
-from minivtc.core.fairness_check import FairnessCheck
-from minivtc.core.request import Request
-from minivtc.core.scheduler import Scheduler
-from minivtc.core.vtc import VTC
+from minivtc.fairness.fairness_check import FairnessCheck
+from minivtc.fairness.scheduler import Scheduler
+from minivtc.fairness.vtc import VTC
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.routing import LeastLoaded, Route
+from minivtc.vocab.request import Request
 
 
 class Dispatcher:

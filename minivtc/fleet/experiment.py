@@ -1,7 +1,7 @@
 """`minivtc reproduce --only replicas`: fairness across replicas, global against per-replica
 counters, as a section of REPORT.md with its figures (Appendix C.3's future work).
 
-Owns the experiment: the two constructed workloads (`workloads.py`) at 8 replicas under the
+Owns the experiment: the two constructed workloads (`replica_workloads.py`) at 8 replicas under the
 global dispatcher (least-loaded and prefix-aware) and the field's four routings, each replica
 with its own VTC; "affinity" again at 64 replicas, global with prefix-aware routing against
 cache affinity. Each row: the tenants' service rates, the worst backlogged gap over the fleet
@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from minivtc.fleet.replica_workloads import FLEET_WORKLOADS
 from minivtc.fleet.replicas import simulate_fleet
-from minivtc.fleet.workloads import FLEET_WORKLOADS
 from minivtc.harness import metrics, plots
 from minivtc.harness.metrics import Served
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 from collections import Counter
 
-from minivtc.core.cost import W_P, W_Q
+from minivtc.fairness.cost import W_P, W_Q
 
 
 class FleetWatch:

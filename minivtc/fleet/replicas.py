@@ -29,14 +29,12 @@ import time
 from dataclasses import dataclass
 from typing import cast
 
-from minivtc.core.cost import W_Q
-from minivtc.core.engine import Engine
-from minivtc.core.kv_pool import BlockAllocator
-from minivtc.core.options import EngineOptions
-from minivtc.core.params import SamplingParams
-from minivtc.core.policies import make_scheduler
-from minivtc.core.request import Request
-from minivtc.core.scheduler import FCFS
+from minivtc.engine.engine import Engine
+from minivtc.engine.kv_pool import BlockAllocator
+from minivtc.engine.options import EngineOptions
+from minivtc.fairness.cost import W_Q
+from minivtc.fairness.policies import make_scheduler
+from minivtc.fairness.scheduler import FCFS
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.dispatcher import Dispatcher
 from minivtc.fleet.fleet_watch import FleetWatch
@@ -53,6 +51,8 @@ from minivtc.harness.sim import (
 )
 from minivtc.harness.step_time import step_time_model
 from minivtc.harness.workloads import TraceRequest
+from minivtc.vocab.params import SamplingParams
+from minivtc.vocab.request import Request
 
 ROUTINGS = ("global", "round-robin", "least-loaded", "random", "prefix")
 

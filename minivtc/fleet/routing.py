@@ -22,8 +22,8 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Hashable
 
-from minivtc.core.request import Request
 from minivtc.fleet.backend import Backend
+from minivtc.vocab.request import Request
 
 PREFIX_TOKENS = 16  # a prompt's first 16 tokens name its prefix (one KV block of 16)
 

@@ -1,7 +1,7 @@
 """A fleet simulation with its outputs on disk: `minivtc simulate --replicas N`.
 
 Owns which files a fleet run writes: requests.csv (the single-engine columns and `replica`,
-the replica each request ran on), metrics.json (the fleet as one, as `harness/report.py`
+the replica each request ran on), metrics.json (the fleet as one, as `paper/report.py`
 summarizes a single engine's run, plus the routing and a table per replica) and the service
 and gap plots. The simulation itself is `replicas.py`'s. README: "Fair across replicas"; Lesson 11.
 """
@@ -12,11 +12,11 @@ import csv
 import json
 from pathlib import Path
 
+from minivtc.fleet.replica_workloads import fleet_workload, scaled
 from minivtc.fleet.replicas import FleetResult, simulate_fleet
-from minivtc.fleet.workloads import fleet_workload, scaled
 from minivtc.harness import metrics, plots
 from minivtc.harness.metrics import Served
-from minivtc.harness.report import summarize
+from minivtc.harness.summary import summarize
 from minivtc.harness.workloads import read_trace
 
 

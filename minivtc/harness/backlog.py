@@ -20,8 +20,8 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from minivtc.core.cost import W_P, W_Q, LinearCost, linear_price
-from minivtc.core.request import Request
+from minivtc.fairness.cost import W_P, W_Q, LinearCost, linear_price
+from minivtc.vocab.request import Request
 
 
 class BacklogWatch:

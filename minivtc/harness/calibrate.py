@@ -33,9 +33,8 @@ from pathlib import Path
 
 import torch
 
-from minivtc.core.kv_pool import BlockAllocator
-from minivtc.core.request import Request
-from minivtc.core.runner import Runner
+from minivtc.engine.kv_pool import BlockAllocator
+from minivtc.engine.runner import Runner
 from minivtc.harness.metrics import Served, read_requests
 from minivtc.harness.sim import progress_bar
 from minivtc.harness.step_time import (
@@ -45,6 +44,7 @@ from minivtc.harness.step_time import (
     MeasuredStepTime,
     StepShape,
 )
+from minivtc.vocab.request import Request
 
 A100_MACHINE = "A100-80G, Llama-2-13B fp16, the artifact's server: fitted to data/a100_runs"
 
@@ -78,8 +78,8 @@ def measure_steps(
     model, tokenizer, quick: bool = False, progress: bool = True
 ) -> list[tuple[StepShape, float]]:
     """Every step's shape and time over a grid of batch sizes and prompt lengths."""
-    from minivtc.core.sampler import SamplingParams
-    from minivtc.llm import build_engine
+    from minivtc.engine.factory import build_engine
+    from minivtc.engine.sampler import SamplingParams
 
     batches, prompts = ((1, 8), (16,)) if quick else ((1, 4, 16, 48), (16, 128, 512))
     grid = [(batch, n_prompt) for batch in batches for n_prompt in prompts]
@@ -137,10 +137,10 @@ def terms(step: StepShape) -> tuple[float, ...]:
 
 def check(model, tokenizer, cost: MeasuredStepTime, seed: int = 1) -> tuple[float, float]:
     """A held-out workload (24 requests, mixed lengths, all at t = 0), real vs simulated s."""
-    from minivtc.core.sampler import SamplingParams
+    from minivtc.engine.factory import build_engine
+    from minivtc.engine.sampler import SamplingParams
     from minivtc.harness.sim import simulate
     from minivtc.harness.workloads import TraceRequest
-    from minivtc.llm import build_engine
 
     rng = random.Random(seed)
     trace = [
@@ -161,7 +161,7 @@ def check(model, tokenizer, cost: MeasuredStepTime, seed: int = 1) -> tuple[floa
 
 
 def main(out: str | Path = DEFAULT_PATH, quick: bool = False) -> MeasuredStepTime:
-    from minivtc.core.weights import load_model
+    from minivtc.model.weights import load_model
 
     model, tokenizer = load_model()
     samples = measure_steps(model, tokenizer, quick)

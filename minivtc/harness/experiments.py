@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minivtc.core.cost import fairness_bound
+from minivtc.fairness.cost import fairness_bound
 from minivtc.harness import metrics
 
 TWO_U_10K = 2 * fairness_bound(1024, 10000)  # the paper's pool (M = 10000), prompts < 1024

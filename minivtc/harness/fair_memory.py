@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from minivtc.core.cost import W_Q, fairness_bound
+from minivtc.fairness.cost import W_Q, fairness_bound
 from minivtc.harness import metrics, plots
 from minivtc.harness.sim import SimResult, simulate
 from minivtc.harness.step_time import MeasuredStepTime

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from minivtc.core.cost import LinearCost, ProfiledCost, linear_price
+from minivtc.fairness.cost import LinearCost, ProfiledCost, linear_price
 
 COLUMNS = [
     "client",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
-from minivtc.core.cost import W_P
+from minivtc.fairness.cost import W_P
 from minivtc.harness import metrics, plots
 from minivtc.harness.sim import simulate
 from minivtc.harness.workloads import TraceRequest

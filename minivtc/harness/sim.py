@@ -25,14 +25,12 @@ from typing import Any
 
 from tqdm import tqdm
 
-from minivtc.core.engine import Engine
-from minivtc.core.kv_pool import BlockAllocator
-from minivtc.core.options import EngineOptions
-from minivtc.core.params import SamplingParams
-from minivtc.core.policies import make_scheduler
-from minivtc.core.prefix_cache import PrefixCachingAllocator
-from minivtc.core.request import Request
-from minivtc.core.scheduler import Scheduler
+from minivtc.engine.engine import Engine
+from minivtc.engine.kv_pool import BlockAllocator
+from minivtc.engine.options import EngineOptions
+from minivtc.engine.prefix_cache import PrefixCachingAllocator
+from minivtc.fairness.policies import make_scheduler
+from minivtc.fairness.scheduler import Scheduler
 from minivtc.harness.backlog import BacklogWatch
 from minivtc.harness.metrics import Served
 from minivtc.harness.step_time import (
@@ -42,6 +40,8 @@ from minivtc.harness.step_time import (
     step_time_model,
 )
 from minivtc.harness.workloads import TraceRequest
+from minivtc.vocab.params import SamplingParams
+from minivtc.vocab.request import Request
 
 DEFAULT_RUNNING = EngineOptions().max_running
 SIM_TOKEN = 3  # the token every simulated step "generates"

@@ -8,7 +8,7 @@ can: `limit_concurrency` answers 503 beyond `max_connections` (uvicorn's plain-t
 h11 refuses a request head over 16 KiB. What uvicorn lacks is a deadline for the head: a client
 that connects and trickles a header line every few seconds would hold its connection (and a
 file descriptor) for ever, and uvicorn's keep-alive timeout starts only after a response.
-`head_deadline_protocol` adds one. The body's deadline is the door's (`door.py`), which reads
+`head_deadline_protocol` adds one. The body's deadline is the door's (`middleware.py`), which reads
 the body. Does not own routes (`server.py`). Lesson 8.
 
 Why a limit per client as well as in total: the connection cap is global, so a client whose
@@ -24,7 +24,9 @@ import asyncio
 import math
 import resource
 from collections import Counter
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -71,14 +73,14 @@ class Limits:
 @dataclass
 class InFlight:
     """Each client's requests in flight (queued or running), held against `limit`. Used on the
-    event loop only (no lock). A route `take`s before it queues; the door (`door.py`), which
+    event loop only (no lock). A route `take`s before it queues; the door (`middleware.py`), which
     wraps the whole HTTP exchange, `release`s when the response has ended or the client has
     gone, whatever happened in between, so nothing a request holds can leak."""
 
     limit: int
     held: Counter[str] = field(default_factory=Counter)
 
-    def take(self, scope: dict, client: str, n: int = 1) -> None:
+    def take(self, scope: MutableMapping[str, Any], client: str, n: int = 1) -> None:
         """Hold `n` requests for `client` until this HTTP exchange ends, or refuse with 429."""
         if self.held[client] + n > self.limit:
             raise APIError(

@@ -7,7 +7,7 @@ the page (`Setup`, made once from the engine before it runs, and `server_data`, 
 itself is `dashboard.html` next to this file: plain HTML, CSS and SVG drawn by a few hundred
 lines of JavaScript, nothing fetched from anywhere but the server (it works offline). Does not
 own the numbers (the scheduler's counters, `engine_loop.py`'s times to first token,
-`observability.py`'s views) or the gateway's view of the fleet (`fleet/gateway_app.py`, which
+`observability.py`'s views) or the gateway's view of the fleet (`gateway/app.py`, which
 serves the same page). Lesson 8 opens it.
 
 What the page draws, per client: its counter (service divided by its weight, plus its lifts:
@@ -23,7 +23,7 @@ so a dashboard nobody watches costs nothing. The spread is sampled at each poll;
 Who sees what: `/fairness`'s rules. With API keys an admin key sees everything and any other
 key only its own client's row and the server's configuration, never the pool's use, the
 server's throughput or the spread (each tells one tenant about the others). The page itself
-holds no data, so it is served without a key (`door.py` lets it through) and asks for one; its
+holds no data, so it is served without a key (`middleware.py` lets it through) and asks for one; its
 data needs the key as every route does. Without keys every caller is trusted with everyone's
 usage, so the page and its data answer callers on loopback only.
 """
@@ -40,12 +40,13 @@ from importlib.resources import files
 from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 
-from minivtc.core.engine import Engine, build_fairness_check
-from minivtc.core.preemption import Fair
-from minivtc.core.vtc import VTC
+from minivtc.engine.engine import Engine, build_fairness_check
+from minivtc.engine.preemption import Fair
+from minivtc.fairness.vtc import VTC
 from minivtc.serving.api_keys import Caller, Gate
-from minivtc.serving.observability import Snapshot, fairness_view
+from minivtc.serving.observability import fairness_view
 from minivtc.serving.openai_api import APIError
+from minivtc.serving.snapshot import Snapshot
 
 PAGE = "dashboard.html"  # package data, next to this file
 EVERY_S = 0.5  # how often the page polls (its `?every=` changes it)

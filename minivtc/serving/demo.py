@@ -32,10 +32,10 @@ import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from minivtc.core.weights import load_model
+from minivtc.engine.factory import build_engine
 from minivtc.harness import metrics
 from minivtc.harness.workloads import TraceRequest
-from minivtc.llm import build_engine
+from minivtc.model.weights import load_model
 from minivtc.serving.connections import Limits
 from minivtc.serving.dashboard import announce, dashboard_url
 from minivtc.serving.loadgen import ReplayResult, run_replay

@@ -28,10 +28,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from minivtc.core.engine import Engine, forget_idle_clients
-from minivtc.core.request import Request, StepOutput
-from minivtc.core.sampler import SamplingParams
-from minivtc.serving.observability import OTHER, ClientRow, FirstTokens, Snapshot
+from minivtc.engine.engine import Engine, forget_idle_clients
+from minivtc.engine.sampler import SamplingParams
+from minivtc.serving.snapshot import OTHER, ClientRow, FirstTokens, Snapshot
+from minivtc.vocab.request import Request, StepOutput
 
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # seconds
 

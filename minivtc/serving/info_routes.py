@@ -7,7 +7,7 @@ path as given (`minivtc serve`); other served names are aliases. `/tokenize` tak
 (`{"prompt", "add_special_tokens"}`) or a chat (`{"messages", "add_generation_prompt"}`,
 through the server's chat template) and answers `{"count", "max_model_len", "tokens"}`;
 `/detokenize` takes `{"tokens"}` and answers `{"prompt"}`. With keys, each needs one, as
-`/v1` does (`door.py`). Lesson 8.
+`/v1` does (`middleware.py`). Lesson 8.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from minivtc.core import chat
+from minivtc.model import chat
 from minivtc.serving.openai_api import APIError, Message, Text, parse_json, validate
 from minivtc.serving.server_state import ServerState
 

@@ -1,4 +1,4 @@
-"""Logprobs as OpenAI's two APIs spell them, from a request's `Logprob`s (`core/logprobs.py`).
+"""Logprobs as OpenAI's two APIs spell them, from a request's `Logprob`s (`engine/logprobs.py`).
 
 Owns `completion_logprobs` (the legacy completions shape: parallel lists `tokens`,
 `token_logprobs`, `top_logprobs`, `text_offset`) and `chat_logprobs` (chat's: one object per
@@ -8,8 +8,8 @@ leading space kept), so a completion's tokens joined spell its text. Lesson 8.
 
 from __future__ import annotations
 
-from minivtc.core.logprobs import Logprob
-from minivtc.core.tokenizer import Tokenizer
+from minivtc.engine.logprobs import Logprob
+from minivtc.model.tokenizer import Tokenizer
 
 Entry = dict[int, Logprob]  # the chosen token first, then the top k
 

@@ -1,8 +1,7 @@
 """What the server reports: the fairness view (`/fairness`) and Prometheus metrics (`/metrics`).
 
-Owns: `Snapshot`, a copy of what the reports need (the dashboard's too: `dashboard.py`), taken
-on the engine thread between two steps (plain dict copies: the engine waits only for those),
-and the two views built from it afterwards, away from the engine thread. Does not own: routes
+Owns: the two views, built from a `Snapshot` (`snapshot.py`: a copy of what the reports need,
+taken on the engine thread between two steps) away from the engine thread. Does not own: routes
 (`server.py`) or the numbers' meaning (the scheduler's counters, the engine's token counts).
 Lesson 8 reads both views.
 
@@ -15,9 +14,7 @@ scrape stays small however many client ids the server has seen.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import (
@@ -27,93 +24,9 @@ from prometheus_client.core import (
     Metric,
 )
 
-from minivtc.core.cost import W_P, W_Q
+from minivtc.fairness.cost import W_P, W_Q
+from minivtc.serving.snapshot import OTHER, TOP_CLIENTS, ClientRow, Snapshot
 from minivtc.serving.vllm_metrics import vllm_families
-
-OTHER = "(other)"  # the label of every client outside the top N, and of forgotten ones
-TOP_CLIENTS = 50
-RECENT_FIRST_TOKENS = 10  # a client's "recent" time to first token: the mean of its last 10
-
-
-@dataclass
-class ClientRow:
-    counter: float | None = None  # VTC's counter (None under a policy without one)
-    weight: float = 1.0
-    waiting: int = 0
-    running: int = 0
-    input_tokens: int = 0
-    output_tokens: int = 0
-    blocks: int = 0  # KV blocks its requests hold now (blocks one prefix shares count once)
-
-    @property
-    def service(self) -> float:
-        """What the client received, w_p per prompt token (cached or not: a cached_weight
-        changes what the counter charges for it, not what the client got) and w_q per output
-        token, with the paper's cost."""
-        return W_P * self.input_tokens + W_Q * self.output_tokens
-
-    def as_dict(self) -> dict:
-        return {
-            "counter": self.counter,
-            "weight": self.weight,
-            "waiting": self.waiting,
-            "running": self.running,
-            "input_tokens": self.input_tokens,
-            "output_tokens": self.output_tokens,
-            "service": self.service,
-            "blocks": self.blocks,
-        }
-
-
-@dataclass
-class FirstTokens:
-    """One client's times to first token (seconds, arrival to first token) of the requests it
-    finished: how many, their sum, and the latest few (the dashboard's mean and recent)."""
-
-    count: int = 0
-    total: float = 0.0
-    recent: deque[float] = field(default_factory=lambda: deque(maxlen=RECENT_FIRST_TOKENS))
-
-    def observe(self, seconds: float) -> None:
-        self.count += 1
-        self.total += seconds
-        self.recent.append(seconds)
-
-    def copy(self) -> FirstTokens:
-        return FirstTokens(self.count, self.total, deque(self.recent, self.recent.maxlen))
-
-    @property
-    def mean(self) -> float | None:
-        return self.total / self.count if self.count else None
-
-    @property
-    def recent_mean(self) -> float | None:
-        return sum(self.recent) / len(self.recent) if self.recent else None
-
-
-@dataclass
-class Snapshot:
-    scheduler: str
-    clients: dict[str, ClientRow]
-    used_blocks: int
-    total_blocks: int
-    block_size: int
-    finished: dict[tuple[str, str], int]  # (client, finish reason) -> requests
-    ttft: list[tuple[str, int]] = field(default_factory=list)  # histogram: (le, cumulative)
-    ttft_sum: float = 0.0
-    latency: list[tuple[str, int]] = field(default_factory=list)
-    latency_sum: float = 0.0
-    forgotten: ClientRow = field(default_factory=ClientRow)  # summed over forgotten clients
-    preemptions: int = 0  # requests preempted to make room (reservation "none")
-    recomputed_tokens: int = 0  # keys and values computed again after a preemption
-    swapped_tokens: int = 0  # keys and values a preemption moved to host memory (and back)
-    prompt_tokens: int = 0  # of the requests admitted
-    cached_tokens: int = 0  # of which the prefix cache held (their prefill was skipped)
-    host_tokens: int = 0  # preemption="swap": keys and values on the host now
-    swap_tokens: int = 0  # and how many it may hold (0: no swapping)
-    tenants: tuple[str, ...] = ()  # the API keys' clients: each always has its own label
-    first_tokens: dict[str, FirstTokens] = field(default_factory=dict)  # per client
-    taken: float = 0.0  # when (time.monotonic()): the dashboard's rates divide by its steps
 
 
 def fairness_view(snap: Snapshot, only: str | None = None) -> dict:

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minivtc.core.params import SamplingParams
-from minivtc.core.tokenizer import Tokenizer
+from minivtc.model.tokenizer import Tokenizer
 from minivtc.serving.openai_api import (
     MAX_N,
     APIError,
@@ -25,6 +24,7 @@ from minivtc.serving.openai_api import (
     parse_json,
     validate,
 )
+from minivtc.vocab.params import SamplingParams
 
 CHARS_PER_TOKEN_BOUND = 4  # NFKC may compose up to ~3 code points into one; 4 is a safe margin
 

@@ -2,7 +2,7 @@
 
 Owns: the FastAPI app (`make_app`), its thin routes, and running it (`Server` in the foreground
 with a shutdown time limit, `BackgroundServer` on a thread). The door every request passes
-first (body size and deadline, API key) and the error answers are `door.py`'s; what one
+first (body size and deadline, API key) and the error answers are `middleware.py`'s; what one
 connection may cost (`Limits`, and the uvicorn settings made from them) `connections.py`'s;
 what a body becomes (checked body, prompt, sampling params) `prompts.py`'s; streaming or
 collecting a request's outputs `streaming.py`'s; the bodies and error shape `openai_api.py`'s;
@@ -38,15 +38,15 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
-from minivtc.core import chat
-from minivtc.core.engine import Engine
-from minivtc.core.tokenizer import Tokenizer
+from minivtc.engine.engine import Engine
+from minivtc.model import chat
+from minivtc.model.tokenizer import Tokenizer
 from minivtc.serving.api_keys import Caller, Gate, weights_of
 from minivtc.serving.connections import InFlight, Limits, allow_open_files
 from minivtc.serving.dashboard import Setup, add_dashboard, server_data, viewer
-from minivtc.serving.door import Door, add_error_handlers
 from minivtc.serving.engine_loop import EngineLoop
 from minivtc.serving.info_routes import add_info_routes
+from minivtc.serving.middleware import Door, add_error_handlers
 from minivtc.serving.observability import fairness_view, prometheus_text
 from minivtc.serving.openai_api import APIError, check_unsupported
 from minivtc.serving.prompts import (

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minivtc.core.tokenizer import Tokenizer
+from minivtc.model.tokenizer import Tokenizer
 from minivtc.serving.api_keys import Gate
 from minivtc.serving.connections import InFlight, Limits
 from minivtc.serving.engine_loop import EngineLoop

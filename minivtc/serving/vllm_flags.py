@@ -94,8 +94,8 @@ class VLLMServe:
 
         import torch
 
-        from minivtc.core.weights import bundled_weights_dir
-        from minivtc.llm_args import resolve_dtype
+        from minivtc.model.weights import bundled_weights_dir
+        from minivtc.offline.args import resolve_dtype
 
         root = Path(self.checkpoint) if self.checkpoint else bundled_weights_dir()
         return resolve_dtype(args.dtype, root, torch.device(args.device))
@@ -103,7 +103,7 @@ class VLLMServe:
     def pool(self, args: argparse.Namespace, model) -> dict:
         """The KV pool: --kv-tokens, or on CUDA --gpu-memory-utilization's share of the device;
         --max-model-len caps what one request may hold."""
-        from minivtc.llm_args import pool_bytes
+        from minivtc.offline.args import pool_bytes
 
         device = model.embed_tokens.weight.device
         pool: dict = {"max_model_len": args.max_model_len}

@@ -1,7 +1,8 @@
 """vLLM's metric names, beside minivtc's on `/metrics`, so a vLLM dashboard shows this server.
 
 Owns `vllm_families`: the series below, each labelled `model_name` (the served name) and
-meaning what vLLM's does, made from the same `Snapshot` as minivtc's own (`observability.py`):
+meaning what vLLM's does, made from the same `Snapshot` (`snapshot.py`) as minivtc's own
+(`observability.py`):
 
 | series | kind | meaning |
 | --- | --- | --- |
@@ -39,7 +40,7 @@ from prometheus_client.core import (
 from minivtc.serving.openai_api import FINISH_REASONS
 
 if TYPE_CHECKING:  # (observability.py reports these beside its own)
-    from minivtc.serving.observability import Snapshot
+    from minivtc.serving.snapshot import Snapshot
 
 
 def vllm_families(snap: Snapshot, model_name: str) -> Iterable[Metric]:

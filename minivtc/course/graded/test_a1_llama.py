@@ -9,15 +9,15 @@ import shutil
 import pytest
 import torch
 
-from minivtc.core.config import LlamaConfig
-from minivtc.core.model import (
+from minivtc.model.config import LlamaConfig
+from minivtc.model.llama import (
     CausalSequences,
     RMSNorm,
     apply_rotary,
     causal_attention,
     rotary_cos_sin,
 )
-from minivtc.core.weights import BUNDLED_WEIGHTS, load_model
+from minivtc.model.weights import BUNDLED_WEIGHTS, load_model
 
 transformers = pytest.importorskip("transformers")
 from transformers.models.llama import modeling_llama as hf  # noqa: E402

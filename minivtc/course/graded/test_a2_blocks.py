@@ -10,12 +10,12 @@ import random
 import pytest
 import torch
 
-from minivtc.core.config import LlamaConfig
-from minivtc.core.generate import generate_plain
-from minivtc.core.kv_pool import BlockAllocator
-from minivtc.core.model import Llama
-from minivtc.core.params import SamplingParams
-from minivtc.llm import build_engine
+from minivtc.engine.factory import build_engine
+from minivtc.engine.generate import generate_plain
+from minivtc.engine.kv_pool import BlockAllocator
+from minivtc.model.config import LlamaConfig
+from minivtc.model.llama import Llama
+from minivtc.vocab.params import SamplingParams
 
 
 def test_allocate_grow_free_and_slots():

@@ -9,20 +9,20 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivtc.core.admission import FullReservation
-from minivtc.core.config import LlamaConfig
-from minivtc.core.cost import W_P, W_Q
-from minivtc.core.engine import Engine
-from minivtc.core.generate import generate_plain
-from minivtc.core.kv_pool import BlockAllocator
-from minivtc.core.model import Llama
-from minivtc.core.options import EngineOptions
-from minivtc.core.params import SamplingParams
-from minivtc.core.request import Request, Status
-from minivtc.core.scheduler import FCFS
-from minivtc.core.vtc import VTC
-from minivtc.course.graded.harness import UnitRunner
-from minivtc.llm import build_engine
+from minivtc.course.graded.driver import UnitRunner
+from minivtc.engine.admission import FullReservation
+from minivtc.engine.engine import Engine
+from minivtc.engine.factory import build_engine
+from minivtc.engine.generate import generate_plain
+from minivtc.engine.kv_pool import BlockAllocator
+from minivtc.engine.options import EngineOptions
+from minivtc.fairness.cost import W_P, W_Q
+from minivtc.fairness.scheduler import FCFS
+from minivtc.fairness.vtc import VTC
+from minivtc.model.config import LlamaConfig
+from minivtc.model.llama import Llama
+from minivtc.vocab.params import SamplingParams
+from minivtc.vocab.request import Request, Status
 
 
 def test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing():

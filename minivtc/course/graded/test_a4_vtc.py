@@ -1,6 +1,6 @@
 """Assignment a4: the Virtual Token Counter, pick, lift, charge and refund (Lesson 5).
 
-Graded by the paper's theorems on random workloads served by the course's bench (`bench.py`: the
+Graded by the paper's theorems on random workloads served by the course's bench (`testbed.py`: the
 engine's admission and charging, without the engine): Lemma 4.3 after every step (the
 package's FairnessCheck, as the engine's check_fairness), Theorems 4.4 and 4.9 on every
 interval, weighted VTC's bound and shares, Theorem 4.8's construction, the LCF counterexample,
@@ -11,15 +11,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from minivtc.core.cost import ProfiledCost
-from minivtc.core.params import SamplingParams
-from minivtc.core.policies import make_scheduler
-from minivtc.core.predictors import Oracle
-from minivtc.core.request import Request
-from minivtc.core.scheduler import FCFS
-from minivtc.core.vtc import VTC
-from minivtc.course.graded.bench import idle_then_return, serve
-from minivtc.course.graded.harness import (
+from minivtc.course.graded.driver import (
     W_P,
     W_Q,
     Arrival,
@@ -29,6 +21,14 @@ from minivtc.course.graded.harness import (
     random_arrivals,
     workloads,
 )
+from minivtc.course.graded.testbed import idle_then_return, serve
+from minivtc.fairness.cost import ProfiledCost
+from minivtc.fairness.policies import make_scheduler
+from minivtc.fairness.predictors import Oracle
+from minivtc.fairness.scheduler import FCFS
+from minivtc.fairness.vtc import VTC
+from minivtc.vocab.params import SamplingParams
+from minivtc.vocab.request import Request
 
 # Derandomized: the same submission gets the same examples, so the same points, on every run.
 PROPERTY = settings(deadline=None, derandomize=True, database=None)

@@ -1,7 +1,7 @@
 """Assignment a6 (capstone): a fair policy of your own, with its bound (`course/capstone.py`).
 
 Graded by properties any fair policy must have, whatever its design, on random workloads and
-adversarial ones served by the course's bench (`bench.py`): work conservation, equal shares
+adversarial ones served by the course's bench (`testbed.py`): work conservation, equal shares
 for equal weights whatever the request sizes, a backlogged gap within the bound it states and
 within twice VTC's, no starvation of a returning client; then on the paper's workloads with
 the simulator's A10G step times, side by side with VTC and FCFS. No other assignment needs to
@@ -14,9 +14,15 @@ import math
 import pytest
 from hypothesis import given, settings
 
-from minivtc.core.scheduler import FCFS, Scheduler
 from minivtc.course.capstone import FairPolicy
-from minivtc.course.graded.bench import (
+from minivtc.course.graded.driver import (
+    Arrival,
+    Step,
+    bound_u,
+    random_arrivals,
+    workloads,
+)
+from minivtc.course.graded.testbed import (
     clients_of,
     idle_then_return,
     on_a10g,
@@ -24,13 +30,7 @@ from minivtc.course.graded.bench import (
     throughput,
     worst_gap,
 )
-from minivtc.course.graded.harness import (
-    Arrival,
-    Step,
-    bound_u,
-    random_arrivals,
-    workloads,
-)
+from minivtc.fairness.scheduler import FCFS, Scheduler
 
 # Derandomized: the same submission gets the same examples, so the same points, on every run.
 PROPERTY = settings(deadline=None, derandomize=True, database=None)
@@ -58,7 +58,7 @@ def test_it_is_a_scheduler_and_states_its_bound():
     """FairPolicy is a Scheduler, gap_bound(u) is a finite number for every U, and BOUND states
     it in words."""
     policy = FairPolicy()
-    assert isinstance(policy, Scheduler), "FairPolicy must be a Scheduler (core/scheduler.py)"
+    assert isinstance(policy, Scheduler), "FairPolicy must be a Scheduler (fairness/scheduler.py)"
     for u in (1.0, 100.0, 10_000.0):
         bound = policy.gap_bound(u)
         assert bound is not None and math.isfinite(bound) and bound >= 0, (
@@ -171,8 +171,8 @@ def test_a_request_back_from_a_preemption_is_not_charged_again():
     """A request preempted and readmitted costs its client nothing more: two clients with
     equal prompt-heavy requests, one of whose every request is preempted once right after its
     admission, are still admitted equally often."""
-    from minivtc.core.params import SamplingParams
-    from minivtc.core.request import Request, Status
+    from minivtc.vocab.params import SamplingParams
+    from minivtc.vocab.request import Request, Status
 
     policy = FairPolicy()
     for i in range(60):

@@ -1,0 +1,60 @@
+"""How the benchmarks measure (`minivtc bench`): contenders take turns, round by round, and
+each ratio is taken within a round; reported as its median with its range.
+
+Owns `interleaved` (the rounds), `ratios` (by wall or by process CPU time), `spread` ('median
+[min, max]') and `load_line` (the machine's load, printed beside a run). This VM's speed drifts
+by tens of percent from minute to minute: one run of each contender, one after the other,
+compares two different machines. Used by `suite.py` and `policy.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections.abc import Callable
+
+
+def interleaved(
+    runs: dict[str, Callable[[], object]], rounds: int, warmup: bool = True
+) -> dict[str, list[tuple[float, float]]]:
+    """(wall s, process CPU s) of each run, `rounds` times, the runs taking turns.
+
+    This VM's speed drifts by tens of percent from minute to minute, so contenders timed one
+    after another see different machines. Taking turns round by round (and rotating who goes
+    first) gives each the same spells; a ratio is then taken within a round, and its median
+    over rounds is the number to believe. The first round warms allocators and thread pools and
+    is discarded. CPU time counts every thread: CPU s / wall s below the thread count means the
+    process waited (for another process on a shared machine, or in Python between kernels).
+    """
+    names = list(runs)
+    times: dict[str, list[tuple[float, float]]] = {name: [] for name in names}
+    for k in range(-1 if warmup else 0, rounds):
+        shift = k % len(names)
+        for name in names[shift:] + names[:shift]:
+            wall, cpu = time.perf_counter(), time.process_time()
+            runs[name]()
+            wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+            if k >= 0:
+                times[name].append((wall, cpu))
+    return times
+
+
+def ratios(
+    slow: list[tuple[float, float]], fast: list[tuple[float, float]], clock: int = 0
+) -> list[float]:
+    """Round by round, how many times faster `fast` ran than `slow`: by wall time (clock 0),
+    or by process CPU time (clock 1: the work done, blind to the spells a shared machine's
+    other processes held the cores, so steadier there; with one thread, the idle wall time)."""
+    return [s[clock] / f[clock] for s, f in zip(slow, fast, strict=True)]
+
+
+def spread(values: list[float], fmt: str = "{:.2f}x") -> str:
+    """'median [min, max]', e.g. '1.23x [1.18x, 1.30x]'."""
+    lo, mid, hi = (fmt.format(v) for v in (min(values), statistics.median(values), max(values)))
+    return f"{mid} [{lo}, {hi}]"
+
+
+def load_line() -> str:
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.1f} (1 min) {five:.1f} (5 min) on {os.cpu_count()} CPUs"

@@ -1,0 +1,95 @@
+"""The fleet's command-line options: `minivtc simulate --replicas N --routing R --route-by B`.
+
+Owns their parsing and terminal output; `cli/simulate.py`'s simulate calls in here when
+--replicas is given. (`minivtc route`, the gateway, is `route.py`'s.)
+README: "Fair across replicas"; Lesson 11.
+"""
+
+from __future__ import annotations
+
+from minivtc.fleet.replicas import ROUTINGS
+
+
+def add_fleet_options(p) -> None:
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=None,
+        metavar="N",
+        help="simulate N replicas (each a real engine with --kv-tokens and its step-time "
+        "model) on one virtual clock; the workload's arrivals are scaled by N",
+    )
+    p.add_argument(
+        "--routing",
+        choices=ROUTINGS,
+        default="global",
+        help="with --replicas: 'global', one fair dispatcher holding every client's queue and "
+        "counter in front of the replicas, binding a request only where it fits; or the "
+        "field's practice, a replica chosen at arrival, each replica queueing behind its own "
+        "--scheduler: 'round-robin', 'least-loaded', 'random', 'prefix' (cache affinity: a "
+        "shared prompt prefix goes where it went first) (default global)",
+    )
+    p.add_argument(
+        "--route-by",
+        choices=["least-loaded", "prefix"],
+        default="least-loaded",
+        help="with --routing global: where among the replicas with room, the least loaded or "
+        "the one that last served the prompt's prefix (changes no counter, so no bound) "
+        "(default least-loaded)",
+    )
+
+    p.add_argument(
+        "--staleness",
+        type=float,
+        default=0.0,
+        metavar="TAU",
+        help="with --routing global: the dispatcher hears of each replica step TAU seconds "
+        "after it ends (tokens charged, rooms freed then); the bound gains 2 w_q G, G the most "
+        "output tokens one client received unseen (default 0: an exact view)",
+    )
+
+
+def run_simulate_fleet(args) -> int:
+    from minivtc.fleet.runs import simulate_fleet_to_dir
+
+    refused = [
+        flag
+        for flag, given in [
+            ("--reservation", args.reservation == "none"),
+            ("--victim", args.victim),
+            ("--preemption", args.preemption),
+            ("--prefix-caching", args.prefix_caching),
+            ("--cached-weight", args.cached_weight is not None),
+            ("--block-size", args.block_size != 1),
+        ]
+        if given
+    ]
+    if refused:
+        raise ValueError(
+            f"{', '.join(refused)}: not with --replicas (each replica reserves prompt + "
+            "max_tokens, the paper's full reservation, in a token-granular pool)"
+        )
+    if args.replicas < 1:
+        raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+    summary = simulate_fleet_to_dir(
+        args.workload,
+        args.trace,
+        args.replicas,
+        args.routing,
+        args.route_by,
+        args.scheduler,
+        args.step_time,
+        args.kv_tokens,
+        args.seed,
+        args.out,
+        staleness=args.staleness,
+    )
+    for key, value in summary.items():  # as `harness.cli.print_summary`, then each replica
+        if not isinstance(value, dict | list):
+            print(f"{key:>22}: {value}")
+    for row in summary["per_replica"]:
+        print(f"{'replica ' + str(row['replica']):>22}: {row}")
+    print(
+        f"wrote {args.out}/requests.csv (with a replica column), metrics.json, service.png, gap.png"
+    )
+    return 0

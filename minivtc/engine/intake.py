@@ -1,0 +1,83 @@
+"""The checks before a request is queued: its prompt as token ids, and whether it can ever run
+here. Owns `RequestRejected`, the one error `Engine.add_request` raises for a request it
+refuses (nothing else is disturbed); the server turns it into an HTTP error body.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from minivtc.engine.kv_pool import BlockAllocator
+from minivtc.vocab.params import SamplingParams, context_error
+
+if TYPE_CHECKING:
+    from minivtc.model.tokenizer import Tokenizer
+
+
+class RequestRejected(ValueError):
+    """`add_request` refused a request; nothing else was disturbed. `reason` says why.
+
+    `kind` is "invalid" (can never run here: too long for the context or the pool) or
+    "rate_limited" (the policy refused it now, e.g. RPM; the server answers 429).
+    `param` names the request field at fault ("prompt" or "max_tokens"), for an HTTP error body.
+    """
+
+    def __init__(self, reason: str, kind: str = "invalid", param: str | None = None) -> None:
+        super().__init__(reason)
+        self.reason, self.kind, self.param = reason, kind, param
+
+
+def encode(prompt: str | list[int], tokenizer: Tokenizer | None) -> list[int]:
+    """The prompt as token ids: a text (tokenized with BOS) or a list of ids, each an int in the
+    vocabulary. Anything else is refused here: an id the embedding cannot look up would fail
+    the shared forward pass of every request in the step, not this request alone."""
+    if isinstance(prompt, str):
+        if tokenizer is None:
+            raise RequestRejected("this engine has no tokenizer: pass token ids")
+        return tokenizer.encode(prompt)
+    if not isinstance(prompt, (list, tuple)):
+        raise RequestRejected(
+            f"a prompt is a string or a list of token ids, got {type(prompt).__name__}",
+            param="prompt",
+        )
+    if tokenizer is not None:  # a real model (the simulator's ids index nothing)
+        check_ids(prompt, tokenizer.vocab_size)
+    return prompt if isinstance(prompt, list) else list(prompt)  # never mutated: no copy
+
+
+def check_ids(ids: list[int] | tuple[int, ...], vocab_size: int) -> None:
+    # bool is an int to Python, never a token id
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        bad = next(t for t in ids if not isinstance(t, int) or isinstance(t, bool))
+        raise RequestRejected(f"token ids must be ints, got {bad!r}", param="prompt")
+    if ids and not (0 <= min(ids) and max(ids) < vocab_size):
+        raise RequestRejected(f"token ids must be in [0, {vocab_size})", param="prompt")
+
+
+def validate(
+    prompt_ids: list[int],
+    params: SamplingParams,
+    max_positions: int,
+    max_model_len: int,
+    allocator: BlockAllocator,
+) -> None:
+    """Refuse a request that can never run: an empty prompt, one past the model's context, or
+    one whose prompt + max_tokens could never fit in the KV pool (`max_model_len`: the
+    smaller of the two, `Engine.max_model_len`)."""
+    total = len(prompt_ids) + params.limit
+    if params.n != 1:  # the front doors (`LLM.generate`, the server) make n requests of one
+        raise RequestRejected("an engine request is one sample: give n=1", param="n")
+    if not prompt_ids:
+        raise RequestRejected(
+            "the prompt is empty: it needs one token at least", "invalid", "prompt"
+        )
+    # Blame the prompt when it alone leaves no room for one output token, else max_tokens.
+    param = "prompt" if len(prompt_ids) >= max_model_len else "max_tokens"
+    if error := context_error(len(prompt_ids), params.limit, max_positions):
+        raise RequestRejected(error, param=param)
+    if not allocator.blocks_needed(total) <= allocator.num_blocks:
+        raise RequestRejected(
+            f"prompt + max_tokens = {total} tokens can never fit in the KV pool of "
+            f"{allocator.num_tokens} tokens",
+            param=param,
+        )

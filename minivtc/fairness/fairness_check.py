@@ -1,0 +1,159 @@
+"""Fairness checked while the engine runs: Lemma 4.3, or fair preemption's bound, asserted
+after every step and whenever a client joins the queue (the engine's check_fairness).
+
+Owns `FairnessCheck`, an observer: it reads a scheduler's accounts (counters, waiting queues,
+weights, the charges made) and never changes them, so a run with the check makes exactly the
+decisions of a run without it. For the VTC family it asserts
+
+- without preemption, that the waiting counters stay within U = max(w_p L_input, w_q M) of
+  each other (Lemma 4.3; Theorem 4.4 then bounds two backlogged clients' service gap by 2U);
+- with blocks on demand and the fair victim, that they stay within max(gap, the largest
+  dispatch charge) + the largest one-step charge, as the run stands (`cost.preemptive_bound`,
+  where its proof is), and the proof's induction step: a client that ran in the last step is
+  at most max(gap, the largest dispatch charge) + its charge in that step above the smallest
+  waiting counter.
+
+Counters are compared in counter units: divided by the smallest weight below 1. For another
+policy it reports the bound the policy states (`Scheduler.gap_bound`, e.g. DRR's 2(U + Q));
+one that states none cannot be checked. `BacklogWatch` (harness) measures the gap itself.
+Plain Python: no tensors. Lessons 5 and 9.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from minivtc.fairness.cost import fairness_bound, weights_of
+from minivtc.fairness.scheduler import Scheduler
+from minivtc.fairness.vtc import VTC
+from minivtc.vocab.request import Request
+
+SLACK = 1e-6  # float sums of charges: a spread may exceed the bound by rounding only
+
+
+class FairnessCheck:
+    """`max_input`: L_input, the longest prompt that can be admitted; `pool_tokens`: M;
+    `max_running`: B, the most requests one client can run at once (fair preemption);
+    `reservation` and `preempt_gap` (the fair victim's; None: no fair victim): the engine's.
+    Refuses what no stated bound covers."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        max_input: int,
+        pool_tokens: int,
+        max_running: int,
+        reservation: str,
+        preempt_gap: float | None,
+    ) -> None:
+        refuse_unbounded(reservation, preempt_gap)
+        self.scheduler, self.preempt_gap = scheduler, preempt_gap
+        w_p, w_q = weights_of(scheduler.cost)
+        self.u = fairness_bound(max_input, pool_tokens, w_p, w_q)
+        self.vtc = scheduler if isinstance(scheduler, VTC) else None
+        self.bound = 2 * self.u  # (for another policy: what it states, `gap_bound`)
+        self.dispatch_charge = 0.0  # the largest dispatch charge so far, in counter units
+        self.step_charge = 0.0  # the largest one-step charge of a client so far
+        self.step_gain: dict[str, float] = {}  # client -> its charge in the last step
+        if self.vtc is None:
+            if scheduler.gap_bound(self.u) is None:
+                raise ValueError(
+                    "check_fairness needs a policy that states a bound (the VTC family, DRR), "
+                    f"not {scheduler.name}"
+                )
+            return
+        if self.vtc.predictor is not None:
+            raise ValueError(
+                "check_fairness: no bound is stated with a length predictor: a prediction above "
+                "the length reached is refunded, lowering a counter after others were lifted to "
+                "it, and Lemma 4.3's U can fail (Lesson 7)"
+            )
+        weights = self.vtc.weights.values()
+        self.scale = 1.0 / min(min(weights, default=1.0), 1.0)
+        self.bound = self.u * self.scale  # Lemma 4.3's U in counter units
+        if preempt_gap is not None:  # U_P with B = max_running
+            self.bound = (
+                max(preempt_gap, w_p * max_input * self.scale) + w_q * max_running * self.scale
+            )
+
+    def gap_bound(self) -> float:
+        """The service-gap bound this run guarantees two backlogged clients: 2U (Theorem
+        4.4); with fair preemption 2 (max(gap, w_p L_input) + w_q b) with the run's own
+        largest dispatch and one-step charges; another policy's stated bound."""
+        if self.vtc is None:
+            return self.scheduler.gap_bound(self.u) or 0.0
+        if self.preempt_gap is None:
+            return 2 * self.bound
+        return 2 * (max(self.preempt_gap, self.dispatch_charge) + self.step_charge)
+
+    def dispatched(self, request: Request) -> None:
+        """`request`'s prompt was just charged: the largest dispatch charge so far (a request
+        back from a preemption was charged at its first dispatch only)."""
+        if self.vtc is not None and not request.num_preemptions:
+            _, service = self.vtc.charged[request.request_id]
+            charge = service / self.vtc.weights.get(request.client_id, 1.0)
+            self.dispatch_charge = max(self.dispatch_charge, charge)
+
+    @contextmanager
+    def step(self, batch: list[Request]) -> Iterator[None]:
+        """Around the step's decode charges: each client's charge in the step."""
+        if self.vtc is None or self.preempt_gap is None:
+            yield
+            return
+        counters = self.vtc.counters
+        before = {r.client_id: counters[r.client_id] for r in batch}
+        yield
+        self.step_gain = {c: counters[c] - n for c, n in before.items()}
+        self.step_charge = max([self.step_charge, *self.step_gain.values()])
+
+    def check(self) -> None:
+        """After a step: the spread, and with fair preemption the induction step."""
+        least = self.check_spread()
+        if least is None or self.preempt_gap is None or self.vtc is None:
+            return
+        lead = max(self.preempt_gap, self.dispatch_charge)
+        for client, gain in self.step_gain.items():
+            ahead = self.vtc.counters[client] - least
+            assert ahead <= lead + gain + SLACK, (
+                f"fair preemption violated: {client!r} ran {ahead:.1f} ahead of the smallest "
+                f"waiting counter, more than max(gap, w_p L_input) + its step {lead + gain:.1f}"
+            )
+
+    def check_spread(self) -> float | None:
+        """The waiting counters' spread is within the bound (also called when a client joins
+        the queue: a lift too low would widen it between steps, and the same step's
+        dispatches could close it again, unseen). Returns the smallest waiting counter (None:
+        not the VTC family, or Q empty)."""
+        if self.vtc is None:
+            return None
+        waiting = [self.vtc.counters[c] for c, q in self.vtc.queues.items() if q]
+        if not waiting:
+            return None
+        least, spread = min(waiting), max(waiting) - min(waiting)
+        if self.preempt_gap is None:
+            assert spread <= self.bound + SLACK, (
+                f"Lemma 4.3 violated: waiting counters spread {spread:.1f} > U = {self.bound:.1f}"
+            )
+            return least
+        lead = max(self.preempt_gap, self.dispatch_charge)
+        assert spread <= lead + self.step_charge + SLACK, (
+            f"the preemptive bound violated: waiting counters spread {spread:.1f} > max(gap, "
+            f"w_p L_input) + w_q b = {lead:.1f} + {self.step_charge:.1f}"
+        )
+        return least
+
+
+def refuse_unbounded(reservation: str, preempt_gap: float | None) -> None:
+    """No bound is stated for the artifact's peak check or for the latest victim."""
+    if reservation == "none" and preempt_gap is None:
+        raise ValueError(
+            "check_fairness: no bound is stated for blocks on demand with the latest victim "
+            "(preempting the most recent request can break Lemma 4.3's); use victim='fair'"
+        )
+    if reservation == "peak":
+        raise ValueError(
+            "check_fairness: no bound is stated for the artifact's peak check (requests that "
+            "finish early let the others grow past M, and Lemma 4.3's U can fail); use "
+            "reservation='full' (the paper's model) or 'none' with victim='fair'"
+        )

@@ -1,0 +1,258 @@
+"""The Virtual Token Counter: Algorithm 2 of the paper, and the official artifact's variant.
+
+Owns: `VTC` (Algorithm 2, weighted (Section 4.3), with length prediction (Algorithm 3), any
+cost h (Section 4.2)). The waiting client with the smallest counter is found by
+`least_counter.py`; the official artifact's counting is `artifact.py`'s. Lessons 5 and 7.
+
+Algorithm 2, line by line, and the method that does it:
+
+    on arrival of request r from client u:                                  add()
+        if Q holds no request of u:                    (u joins the queue)
+            c_u <- max(c_u, min over clients i in Q of c_i)                 lift_counter()
+            (Q empty: c_u <- max(c_u, c_l), l the last client to leave Q)   lift_floor()
+        Q <- Q + r                                                          add()
+    each step, while requests may be admitted:                              Engine.schedule()
+        k <- the client in Q with the smallest c_k                          LeastCounter.least()
+        r <- the earliest request of k in Q                                 peek()
+        if r does not fit in memory: stop admitting (never skip to another) Engine.schedule()
+        c_k <- c_k + h(n_p(r), 0): the prompt, charged at dispatch          dispatch(r)
+    after the forward pass: c_i <- c_i + the cost of i's new tokens         on_decode()
+    requests that finished leave the batch                                  on_finish()
+
+The counter is the service a client has received (divided by its weight) *plus its lifts*: a
+client back from idle is raised to the others' level, so it cannot bank idle time. With
+U = max(w_p L_input, w_q M) (`cost.fairness_bound`), the waiting clients' counters stay within
+U of each other (Lemma 4.3), so two clients backlogged over an interval receive service within
+2U of each other (Theorem 4.4); the engine's check_fairness asserts Lemma 4.3 after every step
+(`fairness_check.py`). `VTC(lift=False)` is LCF, the paper's broken baseline.
+
+The general cost's rule: a request with n_p prompt tokens that has n_q output tokens has
+received h(n_p, n_q), so its n_q-th token is charged h(n_p, n_q) - h(n_p, n_q - 1) (w_q for the
+linear h). With a predictor, h(n_p, predicted) is charged at dispatch, nothing more until n_q
+passes the prediction, and the over-prediction is refunded at the end (Algorithm 3).
+
+Fair preemption (the paper's Appendix C.3 asks for it; Lesson 9), with blocks on demand and the
+fair victim (`preemption.Fair`): a preempted request goes back to the head of its client's queue,
+nothing charged or refunded (`requeue`), and a client joining an empty Q is lifted to within
+`gap` of every client that ran since Q emptied (`FairLift`). The waiting counters then stay
+within U_P = max(gap, w_p L_input) + w_q B (`cost.preemptive_bound`, its proof and what B is).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Iterator
+
+from minivtc.fairness.cost import PAPER_COST, Cost, cache_discount, check_cached_weight, weights_of
+from minivtc.fairness.least_counter import LeastCounter
+from minivtc.fairness.predictors import Predictor
+from minivtc.fairness.scheduler import Scheduler
+from minivtc.vocab.request import Request
+
+
+class VTC(Scheduler):
+    """The Virtual Token Counter (Algorithm 2, mapped in the module docstring). `weights`:
+    operator-set shares; `predictor`: Algorithm 3; `cost`: h; `lift=False`: LCF;
+    `cached_weight`: w_c (`cost.cache_discount`). Ties go to the client seen first."""
+
+    Least = LeastCounter  # the selection structure (`LinearScan` in the reference tests)
+
+    def __init__(
+        self,
+        cost: Cost = PAPER_COST,
+        weights: dict[str, float] | None = None,
+        lift: bool = True,
+        predictor: Predictor | None = None,
+        name: str = "vtc",
+        cached_weight: float | None = None,
+    ) -> None:
+        check_cached_weight(cost, cached_weight)
+        self.cost, self.weights, self.cached_weight = cost, dict(weights or {}), cached_weight
+        self.lift, self.predictor, self.name = lift, predictor, name
+        self.counters: dict[str, float] = {}
+        self.queues: dict[str, deque[Request]] = {}  # Q, per client: its waiting requests
+        self.first_seen: dict[str, int] = {}  # tie order (kept for forgotten clients too)
+        self.least = self.Least(self.counters, self.first_seen, self.queues)
+        self.last_left: str | None = None  # the last client whose queue emptied
+        self.charged: dict[str, tuple[float, float]] = {}  # id -> (q, h(n_p, q)) charged for
+        self.fair_lift: FairLift | None = None  # fair preemption's (`set_preempt_gap`)
+        self.ran_while_empty: set[str] = set()  # clients charged while Q was empty (`FairLift`)
+
+    def add(self, request: Request, now: float) -> str | None:
+        client = request.client_id
+        if client not in self.counters:  # new, or forgotten (a forgotten counter was <= floor)
+            self.counters[client] = 0.0
+            self.first_seen.setdefault(client, len(self.first_seen))
+            self.queues[client] = deque()
+        if self.queues[client]:
+            self.queues[client].append(request)
+        else:
+            self.join(request)
+        return None
+
+    def peek(self) -> Request | None:
+        """The earliest request of the waiting client with the smallest counter."""
+        client = self.least.least()
+        return None if client is None else self.queues[client][0]
+
+    def dispatch(self, request: Request) -> None:
+        """Algorithm 2's c_k <- c_k + h(n_p, 0) (with a predictor h(n_p, predicted), Algorithm
+        3; a cached prompt token at w_c), now: before the next pick, or the same client would
+        stay the minimum and take the whole round. Back from a preemption: charged already."""
+        queue = self.queues[request.client_id]
+        assert queue[0] is request, "dispatch takes the request peek offered"
+        if not request.num_preemptions:
+            predicted = self.predictor.predict(request) if self.predictor else 0.0
+            service = self.cost(request.num_prompt, predicted)
+            self.charged[request.request_id] = (predicted, service)
+            discount = cache_discount(self.cost, self.cached_weight, request.num_cached)
+            self.charge(request.client_id, service - discount)
+        queue.popleft()
+        if not queue:
+            self.last_left = request.client_id
+
+    def on_decode(self, requests: list[Request]) -> None:
+        self.charge_outputs(requests)
+        if self.fair_lift is not None and self.least.least() is None:
+            self.ran_while_empty.update(r.client_id for r in requests)
+
+    def on_finish(self, request: Request) -> None:
+        """Refund output charged but never generated (Algorithm 3); teach the predictor."""
+        q, service = self.charged.pop(request.request_id, (0.0, 0.0))
+        if q > request.num_output:  # refund the over-prediction (Algorithm 3)
+            now = self.cost(request.num_prompt, request.num_output)
+            self.charge(request.client_id, now - service)
+        if self.predictor is not None and request.finish_reason != "abort":
+            self.predictor.observe(request)
+
+    def requeue(self, request: Request) -> None:
+        """Preempted: first of its client's queue, joining Q lifted if it was empty (not
+        backlogged throughout: Definition 4.1). Nothing is charged or refunded."""
+        if self.queues[request.client_id]:
+            self.queues[request.client_id].appendleft(request)
+        else:
+            self.join(request)
+
+    def remove(self, request: Request) -> None:
+        queue = self.queues[request.client_id]
+        queue.remove(request)
+        if not queue:
+            self.last_left = request.client_id
+
+    def waiting(self) -> Iterator[Request]:
+        return (r for q in self.queues.values() for r in q)
+
+    def accounts(self) -> dict[str, tuple[float | None, float]]:
+        return {c: (n, self.weights.get(c, 1.0)) for c, n in self.counters.items()}
+
+    def check_invariants(self) -> None:
+        self.least.check()  # Lemma 4.3 itself is checked by `fairness_check.FairnessCheck`
+
+    def gap_bound(self, u: float) -> float | None:
+        return 2 * u  # Theorem 4.4
+
+    def set_preempt_gap(self, gap: float | None, pool_tokens: int) -> float:
+        """Fair preemption (`FairLift`); default gap w_q M / 4, a quarter of Lemma 4.3's M."""
+        default = weights_of(self.cost)[1] * pool_tokens / 4
+        self.fair_lift = FairLift(default if gap is None else gap)
+        return self.fair_lift.gap
+
+    def forget(self, idle: list[str], now: float) -> list[str]:
+        return forget_below_floor(self, idle)
+
+    # helpers
+
+    def join(self, request: Request) -> None:
+        """`request`'s client, with nothing waiting, joins Q with it: lifted, then selectable."""
+        if self.lift:
+            self.lift_counter(request.client_id)
+        self.ran_while_empty.clear()  # Q is empty no longer
+        self.queues[request.client_id].append(request)
+        self.least.push(request.client_id)
+
+    def lift_counter(self, client: str) -> None:
+        """A client joining the queue is lifted so it cannot bank idle time (Lemma 4.3).
+        Without the lift (LCF) a client back from idle holds a stale low counter and takes
+        every dispatch until it catches up: the 2U bound fails for the others."""
+        floor = self.join_floor()
+        if floor is not None and floor > self.counters[client]:
+            self.counters[client] = floor
+
+    def join_floor(self) -> float | None:
+        """Algorithm 2's floor; with fair preemption, when Q is empty, `FairLift`'s."""
+        floor = self.lift_floor()
+        if self.fair_lift is None or self.least.least() is not None:
+            return floor
+        return self.fair_lift.floor(self.counters, self.ran_while_empty, floor)
+
+    def lift_floor(self) -> float | None:
+        """The smallest waiting counter; Q empty: the counter of the last client to leave Q."""
+        client = self.least.least()
+        client = self.last_left if client is None else client
+        return None if client is None else self.counters[client]
+
+    def charge(self, client: str, amount: float) -> None:
+        self.counters[client] += amount / self.weights.get(client, 1.0)
+        if amount < 0 and self.queues[client]:
+            self.least.push(client)  # the live entry's key is now too high to be a lower bound
+
+    def charge_outputs(self, requests: list[Request]) -> None:
+        """Each of `requests` got its n_q-th token: charge h(n_p, n_q) - h(n_p, q), q the tokens
+        charged for so far (at first the prediction: nothing until n_q passes it)."""
+        # PERF: the simulator's hottest loop (once per token): one cost call per token, charge()
+        # inlined (no heap push), len() not properties: -8% instructions in `minivtc bench sim`.
+        charged, counters, weights, cost = self.charged, self.counters, self.weights, self.cost
+        for request in requests:
+            n_q = len(request.output_ids)
+            q, service = charged[request.request_id]  # made at dispatch
+            if n_q <= q:
+                continue  # still within the prediction charged at dispatch
+            now = cost(len(request.prompt_ids), n_q)
+            charged[request.request_id] = (n_q, now)
+            counters[request.client_id] += (now - service) / weights.get(request.client_id, 1.0)
+
+
+def forget_below_floor(vtc: VTC, idle: list[str]) -> list[str]:
+    """`VTC.forget`: forget idle clients whose counter is at or below the lift floor F: no
+    decision changes. Kept, such a client rejoins at max(counter, F') where F' >= F is the
+    floor then (F never falls: charges raise counters, a joining client is lifted to F, a
+    leaving one leaves a larger minimum); forgotten, it rejoins at max(0, F') = F' -- the same
+    counter, and its place among ties (`first_seen`) is kept. Needs the lift (LCF has no
+    floor) and no refunds (Algorithm 3's refund lowers counters, so F could fall)."""
+    floor = vtc.lift_floor()
+    if not vtc.lift or vtc.predictor is not None or floor is None:
+        return []
+    counters, queues = vtc.counters, vtc.queues
+    gone = [
+        c
+        for c in idle
+        if c in counters and not queues[c] and c != vtc.last_left and counters[c] <= floor
+    ]
+    for c in gone:
+        del counters[c], queues[c]
+        vtc.least.forget(c)
+        vtc.ran_while_empty.discard(c)
+    return gone
+
+
+class FairLift:
+    """Fair preemption's extension of the lift (Lesson 9): the engine displaces clients more
+    than `gap` ahead of a waiting one, and a client joining an empty Q is lifted to within
+    `gap` of every client that ran (was charged) since Q emptied.
+
+    Those clients were served while nobody waited, and the last to leave Q may lie far below
+    them: a client lifted only that far would displace them at once and then take every
+    dispatch until it caught up with all they received meanwhile, a lead that only the memory
+    they held (M) would limit. The preemptive bound needs it limited by `gap`
+    (`cost.preemptive_bound`).
+    """
+
+    def __init__(self, gap: float) -> None:
+        self.gap = gap
+
+    def floor(self, counters: dict[str, float], ran: set[str], floor: float | None) -> float | None:
+        """`floor` (Algorithm 2's, Q empty), raised to within `gap` of those that `ran`."""
+        if not ran:
+            return floor
+        top = max(counters[c] for c in ran) - self.gap
+        return top if floor is None else max(floor, top)

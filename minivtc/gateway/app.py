@@ -1,0 +1,294 @@
+"""The gateway's HTTP face: its FastAPI app and thin routes, and its reports.
+
+Owns `make_gateway` (the app over a `Gateway`, `gateway.py`), the routes (`/v1/completions`,
+`/v1/chat/completions`, `/v1/models`, `/health`, `/fairness`, `/metrics`, and the dashboard's
+`/dashboard/data`: its page is `serving/dashboard.py`'s) and what they say about the fleet:
+each client's counter, weight and requests waiting and running at the gateway, each backend's
+budget, reservation and health, and the bound. The body
+rules are the server's own (`serving/prompts.py`, `serving/openai_api.py`), the door the
+server's (`serving/middleware.py`), the callers the server's (`serving/api_keys.py`).
+README: "Fair across replicas"; Lesson 11.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from contextlib import asynccontextmanager
+
+import httpx
+from fastapi import FastAPI
+from fastapi import Request as HTTPRequest
+from fastapi.responses import Response, StreamingResponse
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+
+from minivtc.gateway.gateway import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKENS, Gateway
+from minivtc.serving.api_keys import Caller
+from minivtc.serving.connections import InFlight, Limits
+from minivtc.serving.dashboard import EVERY_S, add_dashboard, spread_view, viewer
+from minivtc.serving.middleware import Door, add_error_handlers
+from minivtc.serving.openai_api import APIError, check_unsupported
+from minivtc.serving.prompts import chat_body, check_length, completion_body
+
+# The longest a backend may go without sending a byte (a non-streamed answer comes whole at the
+# end, so this is also the longest a non-streamed request may take)
+BACKEND_IDLE_S = 600.0
+
+
+def make_gateway(gateway: Gateway, limits: Limits | None = None) -> FastAPI:
+    """The app; it opens its httpx client and starts health checks at startup."""
+    app = FastAPI(title="minivtc route", lifespan=lifespan(gateway))
+    app.state.gateway = gateway
+    app.state.minivtc = gateway  # (`BackgroundServer` reads `limits` there)
+    gateway.limits = limits = limits or Limits()
+    app.state.in_flight = InFlight(limits.max_client_requests)  # each client's, as `serve`'s
+    add_error_handlers(app)
+    app.add_middleware(Door, gate=gateway.gate, limits=limits, in_flight=app.state.in_flight)
+    app.post("/v1/completions")(completions)
+    app.post("/v1/chat/completions")(chat_completions)
+    app.get("/v1/models")(models)
+    app.get("/health")(health)
+    app.get("/fairness")(fairness)
+    app.get("/metrics", response_class=Response)(metrics)
+    app.state.started = time.time()  # (the dashboard starts afresh on a new gateway)
+    add_dashboard(app, dashboard_data)  # /dashboard, /dashboard/data (`serving/dashboard.py`)
+    return app
+
+
+def lifespan(gateway: Gateway):
+    @asynccontextmanager
+    async def run(app: FastAPI):
+        gateway.http, gateway.health_http = backend_clients(len(gateway.dispatcher.backends))
+        health = asyncio.create_task(gateway.watch_health())
+        try:
+            yield
+        finally:
+            health.cancel()
+            await gateway.http.aclose()
+            await gateway.health_http.aclose()
+
+    return run
+
+
+def backend_clients(num_backends: int) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
+    """The gateway's two HTTP clients. Requests: no cap on connections, since the dispatcher
+    already holds no more in flight than the backends' budgets take (httpx's default cap of
+    100, shared with the health checks, made 150 streams wait and every backend look dead);
+    a backend that sends nothing for `BACKEND_IDLE_S` is given up on, so a request's room is
+    never held for ever. Health checks: their own small pool, 2 s in all."""
+    requests = httpx.AsyncClient(
+        timeout=httpx.Timeout(BACKEND_IDLE_S, connect=2.0, pool=None),
+        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
+    )
+    checks = httpx.AsyncClient(
+        timeout=2.0, limits=httpx.Limits(max_connections=2 * num_backends + 2)
+    )
+    return requests, checks
+
+
+# --- routes --------------------------------------------------------------------------------------
+
+
+async def completions(http: HTTPRequest):
+    gateway: Gateway = http.app.state.gateway
+    raw = await http.body()
+    body = await asyncio.to_thread(completion_body, raw)
+    caller = identify(gateway, http, body.user)
+    check_unsupported(body, gateway.model_name)
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and isinstance(prompt[0], str):
+        if len(prompt) != 1:
+            raise APIError(400, "one prompt per request is supported", "prompt")
+        prompt = prompt[0]
+    if isinstance(prompt, list):
+        num_prompt = len(prompt)
+    else:
+        check_length(gateway.room, len(prompt), "prompt")
+        num_prompt = len(await asyncio.to_thread(gateway.tokenizer.encode, prompt))
+    max_tokens = body.max_tokens or DEFAULT_MAX_TOKENS
+    payload = body.model_dump(exclude_unset=True) | {"max_tokens": max_tokens}
+    http.app.state.in_flight.take(http.scope, caller.client, body.n)  # else 429
+    return await forward(gateway, "/v1/completions", caller.client, num_prompt, payload)
+
+
+async def chat_completions(http: HTTPRequest):
+    gateway: Gateway = http.app.state.gateway
+    body = await asyncio.to_thread(chat_body, gateway.room, await http.body())
+    caller = identify(gateway, http, body.user)
+    check_unsupported(body, gateway.model_name)
+    messages = [m.model_dump(exclude_none=True) for m in body.messages]
+    num_prompt = len(await asyncio.to_thread(gateway.tokenizer.chat_ids, messages))
+    room = max(gateway.room.tokens - num_prompt, 1)
+    max_tokens = body.max_completion_tokens or body.max_tokens or min(DEFAULT_CHAT_MAX_TOKENS, room)
+    payload = body.model_dump(exclude_unset=True, exclude={"max_completion_tokens"})
+    payload["max_tokens"] = max_tokens
+    http.app.state.in_flight.take(http.scope, caller.client, body.n)  # else 429
+    return await forward(gateway, "/v1/chat/completions", caller.client, num_prompt, payload)
+
+
+async def forward(gateway: Gateway, path: str, client: str, num_prompt: int, payload: dict):
+    """Queue the request; answer with the backend's stream or response once it is bound."""
+    request = gateway.enqueue(client, num_prompt, payload["max_tokens"])
+    # The client in the body's `user`, not a header: JSON carries any name ("Zoë"), a header
+    # only Latin-1 (the backend's own view; it never queues)
+    payload["user"] = client
+    headers: dict[str, str] = {}
+    if not payload.get("stream"):
+        return await gateway.once(request, path, payload, headers)
+    wants_usage = bool((payload.get("stream_options") or {}).get("include_usage"))
+    payload["stream_options"] = {"include_usage": True}  # the gateway settles with it
+    events = gateway.stream(request, path, payload, wants_usage, headers)
+    return ClosingStream(events, lambda: gateway.end(request, {}))
+
+
+class ClosingStream(StreamingResponse):
+    """A stream whose request is ended however the response ends. A caller gone before the
+    first event may leave the events' generator never started, and its own `finally` (which
+    ends the request) would never run: the request would wait, or hold its room, forever."""
+
+    def __init__(self, events, on_close) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self.on_close = on_close
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.on_close()  # a no-op when the events' own `finally` has ended it
+
+
+async def models(http: HTTPRequest):
+    gateway: Gateway = http.app.state.gateway
+    card = {"id": gateway.model_name, "object": "model", "owned_by": "minivtc"}
+    return {"object": "list", "data": [card]}
+
+
+async def health(http: HTTPRequest):
+    """200 while some backend is healthy: the gateway can serve."""
+    gateway: Gateway = http.app.state.gateway
+    if not any(b.healthy for b in gateway.dispatcher.backends):
+        return Response('{"status": "no healthy backend"}', 503, media_type="application/json")
+    return {"status": "ok"}
+
+
+async def fairness(http: HTTPRequest):
+    """The fleet's view; with API keys, a non-admin key sees only its own client's row."""
+    gateway: Gateway = http.app.state.gateway
+    return view_for(fleet_view(gateway), identify(gateway, http, None))
+
+
+async def dashboard_data(http: HTTPRequest):
+    """What `/dashboard` draws at the gateway: `/fairness`'s view for the caller, and for an
+    admin the waiting counters' spread under Lemma 4.3's U with M the fleet's memory.
+    Without keys, for callers on loopback only."""
+    gateway: Gateway = http.app.state.gateway
+    caller = viewer(gateway.gate, http)
+    view = view_for(fleet_view(gateway), caller)
+    data = {"kind": "gateway", "started": http.app.state.started, "time": time.monotonic()}
+    data |= {"every_s": EVERY_S, **view}
+    if caller.admin:
+        check = gateway.dispatcher.fairness  # (the VTC family's; None for another policy)
+        bound = None if check is None else check.bound
+        name = FLEET_U if check else f"{view['scheduler']} keeps no counters: no spread to bound"
+        data["fairness"] = spread_view(view["clients"], bound, name)
+    return data
+
+
+async def metrics(http: HTTPRequest):
+    gateway: Gateway = http.app.state.gateway
+    if not identify(gateway, http, None).admin:
+        raise APIError(403, "/metrics needs an admin key", kind="permission_error")
+    registry = CollectorRegistry()
+    registry.register(FleetCollector(gateway))
+    return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
+
+
+# --- reports -------------------------------------------------------------------------------------
+
+
+def identify(gateway: Gateway, http: HTTPRequest, user: str | None):
+    return gateway.gate.caller(
+        http.headers.get("authorization"), http.headers.get("x-client-id"), user
+    )
+
+
+FLEET_U = "U = max(w_p L_input, w_q M), M the backends' budgets (Lemma 4.3 over the fleet)"
+
+
+def view_for(view: dict, caller: Caller) -> dict:
+    """`/fairness`'s rule: an admin sees the whole fleet, any other key its own row only."""
+    if not caller.admin:
+        view["clients"] = {c: r for c, r in view["clients"].items() if c == caller.client}
+        del view["backends"]
+    return view
+
+
+def fleet_view(gateway: Gateway) -> dict:
+    d = gateway.dispatcher
+    waiting: dict[str, int] = {}
+    for r in d.scheduler.waiting():
+        waiting[r.client_id] = waiting.get(r.client_id, 0) + 1
+    running: dict[str, int] = {}
+    for backend in d.backends:
+        for request_id in backend.requests:
+            client = gateway.clients.get(request_id, "?")
+            running[client] = running.get(client, 0) + 1
+    clients = {
+        c: {"counter": n, "weight": w, "waiting": waiting.get(c, 0), "running": running.get(c, 0)}
+        for c, (n, w) in d.scheduler.accounts().items()
+    }
+    backends = [
+        {
+            "url": b.name,
+            "budget": b.budget,
+            "reserved": b.reserved,
+            "healthy": b.healthy,
+            "running": len(b.requests),
+            "served": b.served,
+        }
+        for b in d.backends
+    ]
+    return {
+        "scheduler": d.scheduler.name,
+        "bound": d.gap_bound(),
+        "clients": clients,
+        "backends": backends,
+        "requests": dict(gateway.counts),
+    }
+
+
+class FleetCollector:
+    """Prometheus families from the fleet's view, made at each scrape."""
+
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
+
+    def collect(self):
+        view = fleet_view(self.gateway)
+        per_client = [
+            ("minivtc_gateway_counter", "Each client's virtual token counter.", "counter"),
+            ("minivtc_gateway_waiting", "Requests waiting at the gateway.", "waiting"),
+            ("minivtc_gateway_running", "Requests running on backends.", "running"),
+        ]
+        for name, doc, key in per_client:
+            family = GaugeMetricFamily(name, doc, labels=["client"])
+            for client, row in view["clients"].items():
+                family.add_metric([client], float(row[key] or 0.0))
+            yield family
+        per_backend = [
+            ("minivtc_gateway_backend_budget_tokens", "A backend's token budget.", "budget"),
+            ("minivtc_gateway_backend_reserved_tokens", "Tokens reserved on it.", "reserved"),
+            ("minivtc_gateway_backend_healthy", "1 while it takes work.", "healthy"),
+        ]
+        for name, doc, key in per_backend:
+            family = GaugeMetricFamily(name, doc, labels=["backend"])
+            for row in view["backends"]:
+                family.add_metric([row["url"]], float(row[key]))
+            yield family
+        requests = GaugeMetricFamily(
+            "minivtc_gateway_requests", "Requests served, given back, broken.", labels=["outcome"]
+        )
+        for outcome, n in view["requests"].items():
+            requests.add_metric([outcome], float(n))
+        yield requests

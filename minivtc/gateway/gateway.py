@@ -1,0 +1,231 @@
+"""`minivtc route`: the fair dispatcher as an OpenAI-compatible HTTP gateway in front of
+unmodified OpenAI-compatible backends (minivtc serve, vLLM, ...).
+
+Owns the gateway's app (`make_gateway`) and `Gateway`, its state: the `Dispatcher` (every
+tenant's queue and counter), one `Backend` per URL, the requests waiting for a binding, and an
+httpx client. Follow one request: the door (`serving/middleware.py`: body size, API key) and the
+server's own body rules (`serving/prompts.py`, `openai_api.check_unsupported`) refuse bad input
+with the same 4xx a minivtc server gives; the prompt is counted with the gateway's tokenizer;
+`Dispatcher.add` queues it (a request that fits no backend is a 400); it waits until the
+dispatcher binds it to a backend with room; it is sent there with an explicit `max_tokens`
+(what was reserved) and, streaming, `include_usage`; each chunk is passed on as it comes, and
+charged as one output token; the final `usage` settles the charges (`Dispatcher.settle`).
+
+Faults (`proxy.py`): a backend that answers 429 or 503, or refuses the connection, gives the
+request back to the queue uncharged, and (unless 429) is skipped until its `/health` answers
+200 again; one that fails mid-stream ends only the requests it was serving, each with an error
+event. Requests waiting at the gateway are never lost to a backend's failure. The tenant is
+the API key's (`serving/api_keys.py`), as in `minivtc serve`. `/fairness` and `/metrics` report
+the fleet (`app.py`). README: "Fair across replicas"; Lesson 11.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from collections.abc import AsyncIterator
+
+import httpx
+from fastapi.responses import JSONResponse, Response
+
+from minivtc.fairness.scheduler import Scheduler
+from minivtc.fairness.vtc import VTC
+from minivtc.fleet.backend import Backend
+from minivtc.fleet.dispatcher import Dispatcher
+from minivtc.fleet.routing import Route
+from minivtc.gateway.proxy import (
+    Answered,
+    Broken,
+    Refused,
+    chunk_of,
+    error_event,
+    send_once,
+    send_stream,
+)
+from minivtc.model.tokenizer import Tokenizer
+from minivtc.serving.api_keys import Gate
+from minivtc.serving.connections import Limits
+from minivtc.serving.openai_api import APIError
+from minivtc.serving.prompts import PromptRoom
+from minivtc.vocab.params import SamplingParams
+from minivtc.vocab.request import Request
+
+DEFAULT_MAX_TOKENS = 16  # a completion's, as OpenAI's and `minivtc serve`'s
+DEFAULT_CHAT_MAX_TOKENS = 256  # a chat's: the gateway must reserve something finite
+
+
+class Gateway:
+    """The state behind the routes. Only the event loop touches it: no locks."""
+
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        backends: list[Backend],
+        tokenizer: Tokenizer,
+        model_name: str,
+        gate: Gate,
+        health_every_s: float = 1.0,
+        route: Route | None = None,
+    ) -> None:
+        checked = isinstance(scheduler, VTC)  # Lemma 4.3 over the fleet, after every event
+        self.dispatcher = Dispatcher(scheduler, backends, route, check_fairness=checked)
+        self.tokenizer, self.model_name, self.gate = tokenizer, model_name, gate
+        self.room = PromptRoom.of(self.dispatcher.largest, tokenizer)
+        self.health_every_s = health_every_s
+        self.waiters: dict[str, asyncio.Future[Backend]] = {}  # waiting for a binding
+        self.clients: dict[str, str] = {}  # request id -> its client, while it lives
+        self.limits: Limits | None = None  # the connections' (`gateway_app.make_gateway`)
+        self.ids = itertools.count()
+        self.counts = {"served": 0, "given_back": 0, "broken": 0}  # requests, for /metrics
+        # Made on the serving loop (`gateway_app.lifespan`): one client for requests, one for
+        # health checks, so that a crowd of streams can never starve the checks of connections
+        self.http: httpx.AsyncClient | None = None
+        self.health_http: httpx.AsyncClient | None = None
+
+    # --- a request's life -----------------------------------------------------------------
+
+    @property
+    def client(self) -> httpx.AsyncClient:
+        assert self.http is not None, "made on the serving loop at startup (`lifespan`)"
+        return self.http
+
+    def enqueue(self, client: str, prompt_tokens: int, max_tokens: int) -> Request:
+        """Queue a request; APIError 400 if it fits no backend (or the policy refuses it)."""
+        request_id = f"gw-{next(self.ids)}"
+        params = SamplingParams(max_tokens=max_tokens)
+        request = Request(request_id, client, [0] * prompt_tokens, params, time.monotonic())
+        reason = self.dispatcher.add(request, request.arrival_time)
+        if reason is not None and reason.startswith("rate limit"):  # the policy's (RPM)
+            raise APIError(429, reason, None, "rate_limit_exceeded", "requests")  # as the server
+        if reason is not None:
+            raise APIError(400, reason, "max_tokens", "context_length_exceeded")
+        self.clients[request_id] = client
+        self.wait(request)
+        return request
+
+    def wait(self, request: Request) -> None:
+        """`request` is in the queue: its waiter learns its backend when it is bound (made
+        now, not when the response starts, so that no round can bind it unseen)."""
+        self.waiters[request.request_id] = asyncio.get_running_loop().create_future()
+
+    async def backend_for(self, request: Request) -> Backend:
+        """Wait until the dispatcher binds `request` to a backend with room."""
+        waiter = self.waiters[request.request_id]
+        self.pump()
+        backend = await waiter
+        del self.waiters[request.request_id]
+        return backend
+
+    def pump(self) -> None:
+        """The dispatcher's admission round; each bound request's waiter learns where."""
+        for request, backend in self.dispatcher.bind():
+            self.waiters[request.request_id].set_result(backend)
+
+    async def stream(
+        self, request: Request, path: str, payload: dict, wants_usage: bool, headers: dict[str, str]
+    ) -> AsyncIterator[bytes]:
+        """The response's events: the backend's, passed on chunk by chunk."""
+        usage: dict = {}
+        try:
+            while True:
+                backend = await self.backend_for(request)
+                try:
+                    async for line in send_stream(
+                        self.client, backend.name + path, payload, headers
+                    ):
+                        if (out := self.on_line(request, line, usage, wants_usage)) is not None:
+                            yield out
+                    return
+                except Refused:
+                    self.give_back(request, backend)
+                except Answered as e:  # the backend's own refusal: nothing served, refunded
+                    usage.update(prompt_tokens=0, completion_tokens=0)
+                    yield error_event(f"the backend refused the request: {e.body[:200]!r}")
+                    return
+                except Broken as e:  # it ends only what it was serving
+                    self.counts["broken"] += 1
+                    backend.healthy = False
+                    yield error_event(f"the backend failed: {e}")
+                    return
+        finally:
+            self.end(request, usage)
+
+    async def once(self, request: Request, path: str, payload: dict, headers: dict[str, str]):
+        """A response not streamed: the backend's, whole."""
+        usage: dict = {}
+        try:
+            while True:
+                backend = await self.backend_for(request)
+                try:
+                    data = await send_once(self.client, backend.name + path, payload, headers)
+                    usage.update(data.get("usage") or {})
+                    return JSONResponse(data)
+                except Refused:
+                    self.give_back(request, backend)
+                except Answered as e:  # the backend's own refusal: nothing served, refunded
+                    usage.update(prompt_tokens=0, completion_tokens=0)
+                    return Response(e.body, e.status, media_type="application/json")
+                except Broken as e:
+                    backend.healthy = False
+                    raise APIError(502, f"the backend failed: {e}", kind="server_error") from None
+        finally:
+            self.end(request, usage)
+
+    def on_line(self, request: Request, line: bytes, usage: dict, wants_usage: bool):
+        """One event from the backend: a chunk with a choice is one output token (charged now,
+        never past what was reserved); the usage chunk is kept, and passed on if asked for."""
+        chunk = chunk_of(line)
+        if chunk is None:
+            return line + b"\n\n"  # [DONE]
+        if chunk.get("usage"):
+            usage.update(chunk["usage"])
+        if chunk.get("choices"):
+            if request.num_output < request.params.limit:
+                request.output_ids.append(0)
+                self.dispatcher.on_decode([request])
+        elif not wants_usage:
+            return None
+        return line + b"\n\n"
+
+    def give_back(self, request: Request, backend: Backend) -> None:
+        """Refused before serving: back to the queue, uncharged (`Dispatcher.give_back`)."""
+        self.counts["given_back"] += 1
+        backend.healthy = False  # until its /health says otherwise (then `wake`)
+        self.dispatcher.give_back(request)
+        self.wait(request)
+
+    def end(self, request: Request, usage: dict) -> None:
+        """The request is over (served, failed, or its caller went away): settle its charges
+        with the backend's usage and free its room; a request still waiting leaves the queue."""
+        if self.clients.pop(request.request_id, None) is None:
+            return  # ended already (`gateway_app.ClosingStream` makes sure of it)
+        self.waiters.pop(request.request_id, None)
+        if request.request_id not in self.dispatcher.where:  # never bound: still in the queue
+            self.dispatcher.scheduler.remove(request)
+            return
+        prompt = usage.get("prompt_tokens", request.num_prompt)
+        output = usage.get("completion_tokens", request.num_output)
+        self.dispatcher.settle(request, prompt, output)
+        request.output_ids[:] = [0] * output  # what it received (VTC refunds nothing more)
+        self.dispatcher.on_finish(request)
+        self.counts["served"] += 1
+        self.pump()
+
+    # --- backends' health ------------------------------------------------------------------
+
+    async def watch_health(self) -> None:
+        """Every `health_every_s`: a backend is healthy while its /health answers 200."""
+        while True:
+            await asyncio.gather(*(self.check(b) for b in self.dispatcher.backends))
+            self.dispatcher.wake()
+            self.pump()
+            await asyncio.sleep(self.health_every_s)
+
+    async def check(self, backend: Backend) -> None:
+        try:
+            assert self.health_http is not None, "made at startup (`lifespan`)"
+            response = await self.health_http.get(backend.name + "/health")
+            backend.healthy = response.status_code == 200
+        except httpx.HTTPError:
+            backend.healthy = False
