@@ -21,12 +21,12 @@ import time
 import httpx
 import pytest
 
-from minivtc.core.tokenizer import Tokenizer
-from minivtc.core.vtc import VTC
-from minivtc.core.weights import bundled_weights_dir
-from minivtc.fleet.gateway import Gateway
-from minivtc.fleet.gateway_app import make_gateway
-from minivtc.fleet.gateway_cli import backends_of
+from minivtc.fairness.vtc import VTC
+from minivtc.gateway.app import make_gateway
+from minivtc.gateway.gateway import Gateway
+from minivtc.gateway.launch import backends_of
+from minivtc.model.tokenizer import Tokenizer
+from minivtc.model.weights import bundled_weights_dir
 from minivtc.serving.api_keys import Gate, Key
 from minivtc.serving.server import BackgroundServer
 from tests.test_gateway import free_port, healthy, stream

@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from minivtc.core.cost import W_P, W_Q, fairness_bound
-from minivtc.core.fairness_check import FairnessCheck
-from minivtc.core.policies import make_scheduler
-from minivtc.core.scheduler import Scheduler
-from minivtc.core.vtc import VTC
+from minivtc.fairness.cost import W_P, W_Q, fairness_bound
+from minivtc.fairness.fairness_check import FairnessCheck
+from minivtc.fairness.policies import make_scheduler
+from minivtc.fairness.scheduler import Scheduler
+from minivtc.fairness.vtc import VTC
 from minivtc.vllm_plugin.plugin_options import PluginOptions
 from minivtc.vllm_plugin.policy_queue import DEFAULT_CLIENT, PolicyQueue
 

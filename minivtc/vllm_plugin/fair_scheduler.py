@@ -29,7 +29,7 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from minivtc.core.fairness_check import FairnessCheck
+from minivtc.fairness.fairness_check import FairnessCheck
 from minivtc.vllm_plugin.plugin_options import PluginOptions
 from minivtc.vllm_plugin.policy_queue import PolicyQueue
 

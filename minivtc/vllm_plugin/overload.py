@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from minivtc.core.cost import W_P, W_Q
+from minivtc.fairness.cost import W_P, W_Q
 from minivtc.vllm_plugin.policy_queue import PolicyQueue
 
 WEIGHTS_DIR = Path(__file__).resolve().parents[2] / "weights"  # the bundled model

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from minivtc.core.policies import make_scheduler
-from minivtc.core.scheduler import Scheduler
+from minivtc.fairness.policies import make_scheduler
+from minivtc.fairness.scheduler import Scheduler
 from minivtc.vllm_plugin.policy_queue import DEFAULT_CLIENT
 
 CONFIG_KEY = "minivtc"  # additional_config[CONFIG_KEY]: these options

@@ -39,10 +39,10 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
-from minivtc.core.fairness_check import FairnessCheck
-from minivtc.core.params import SamplingParams
-from minivtc.core.request import Request, Status
-from minivtc.core.scheduler import Scheduler
+from minivtc.fairness.fairness_check import FairnessCheck
+from minivtc.fairness.scheduler import Scheduler
+from minivtc.vocab.params import SamplingParams
+from minivtc.vocab.request import Request, Status
 
 DEFAULT_CLIENT = "default"  # an unnamed caller, as minivtc's server names one
 CLIENT_KEY = "client"  # SamplingParams.extra_args[CLIENT_KEY]: the request's client
