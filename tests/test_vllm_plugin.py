@@ -151,6 +151,18 @@ def test_requests_vllm_skipped_go_back_in_order_charged_once():
     assert vtc.counters["a"] == 3 * 4 * W_P  # a0 and a1 not charged twice
 
 
+def test_a_request_added_again_waits_first_of_its_client_uncharged():
+    """vLLM adds a streaming-input session's request again for its next turn: it waits as a
+    preempted request does (its new input is not charged: the README says so)."""
+    queue, vtc = vtc_queue()
+    a1, a2 = request("a1", "a", n_prompt=10), request("a2", "a")
+    queue.add_request(a1)
+    queue.add_request(a2)
+    queue.pop_request()
+    queue.add_request(a1)
+    assert [r.request_id for r in queue] == ["a1", "a2"] and vtc.counters["a"] == W_P * 10
+
+
 def test_peek_names_the_same_request_until_it_is_popped():
     """Never skip: vLLM stops its round at a head that does not fit and asks again next step;
     the policy must offer that same request, not another behind it."""
@@ -368,18 +380,26 @@ def test_greedy_tokens_inside_vllm_are_vllms_own(plain_llm, fair_llm):
     charged_as_served(fair_llm, outputs, before)
 
 
-@pytest.mark.vllm
-def test_async_fair_scheduler_gives_the_same_tokens_and_charges_them(plain_llm, workload):
-    """AsyncFairScheduler, with vLLM scheduling step n+1 while step n runs: output tokens
-    arrive a step late, and are still all charged, once."""
+@pytest.fixture(scope="module")
+def async_llm(workload):
+    """vLLM with AsyncFairScheduler and its asynchronous scheduling. (Kept to the module's
+    end: an engine in this process that is shut down takes vLLM's process-wide parallel
+    state with it, which the others still use.)"""
+    needs_vllm()
     from minivtc.vllm_plugin.overload import make_llm
 
+    return make_llm("vtc", workload, check_fairness=False, asynchronous=True)
+
+
+@pytest.mark.vllm
+def test_async_fair_scheduler_gives_the_same_tokens_and_charges_them(plain_llm, async_llm):
+    """AsyncFairScheduler, with vLLM scheduling step n+1 while step n runs: output tokens
+    arrive a step late, and are still all charged, once."""
     plain, _ = greedy(plain_llm)
-    llm = make_llm("vtc", workload, check_fairness=False, asynchronous=True)
-    fair, outputs = greedy(llm)
+    before = counter_of(async_llm)
+    fair, outputs = greedy(async_llm)
     assert fair == plain
-    charged_as_served(llm, outputs, 0.0)
-    del llm
+    charged_as_served(async_llm, outputs, before)
 
 
 @pytest.mark.vllm

@@ -92,8 +92,10 @@ class PolicyQueue:
     # vLLM's RequestQueue
 
     def add_request(self, request: VllmRequest) -> None:
+        if request.request_id in self.mirrors:  # a streaming-input session's next turn
+            self.prepend_request(request)  # (its new input is not charged: not supported)
+            return
         mirror = mirror_of(request, self.default_client)
-        assert mirror.request_id not in self.mirrors, f"request {mirror.request_id!r} added twice"
         reason = self.policy.add(mirror, self.clock())
         assert reason is None, f"{self.policy.name} rejected a request vLLM had accepted"
         self.mirrors[mirror.request_id], self.requests[mirror.request_id] = mirror, request
