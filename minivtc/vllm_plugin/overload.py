@@ -134,10 +134,11 @@ def scheduler_of(llm: Any) -> Any:
 
 def run(llm: Any, policy: str, workload: Overload, round_: int = 0) -> OverloadRun:
     """Drive `llm`'s engine step by step through `workload`; count each client's service.
-    `round_`: which run on this engine (request ids differ between runs)."""
+    `round_`: which run on this engine (request ids and prompts differ between runs: no
+    prefix-cache hit from an earlier run)."""
     from vllm import SamplingParams
 
-    engine, rng, due = llm.llm_engine, random.Random(workload.seed), workload.arrivals()
+    engine, rng, due = llm.llm_engine, random.Random(workload.seed + round_), workload.arrivals()
     clients = {"heavy": ClientRun(), "light": ClientRun()}
     arrived: dict[str, tuple[str, int]] = {}  # request id -> (client, arrival step)
     seen: dict[str, int] = {}  # request id -> output tokens counted
@@ -171,13 +172,13 @@ def count(output: Any, step: int, workload: Overload, arrived, seen, clients) ->
     new, seen[output.request_id] = n - seen.get(output.request_id, 0), n
     if new <= 0:
         return
-    run = clients[client]
+    served = clients[client]
     if n == new:  # its first token: the prompt was computed (and the token is its first)
-        run.first_token_steps.append(step - arrival)
+        served.first_token_steps.append(step - arrival)
         if step >= workload.warmup_steps:
-            run.service += W_P * len(output.prompt_token_ids)
+            served.service += W_P * len(output.prompt_token_ids)
     if step >= workload.warmup_steps:
-        run.service += W_Q * new
+        served.service += W_Q * new
 
 
 def finish_run(llm: Any, policy: str, workload: Overload, clients, wall_s: float) -> OverloadRun:
