@@ -247,6 +247,7 @@ def test_a_vllm_server_killed_mid_run_ends_its_requests_and_the_other_serves_on(
     assert all(b["reserved"] == 0 for b in view["backends"])
     assert view["requests"]["broken"] >= 1
     gw.dispatcher.check_invariants()
+    print(f"\nthe requests in flight when a vLLM server was killed: {results}")
 
 
 async def kill_mid_run(url: str, procs: dict[str, subprocess.Popen]) -> list[str]:
