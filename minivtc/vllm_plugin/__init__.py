@@ -1,0 +1,6 @@
+"""VTC inside vLLM: vLLM's scheduler with its waiting queue kept by minivtc's policies.
+
+`policy_queue.py` (no vLLM needed) translates vLLM's queue calls into the policy interface;
+`fair_scheduler.py` plugs it into vLLM (`--scheduler-cls`); `overload.py` runs the paper's
+overload workload through vLLM with FCFS and with VTC. How to use it: README.md here.
+"""
