@@ -399,7 +399,7 @@ def test_a_correct_a4_with_a_helper_of_its_own_gets_full_marks(tmp_path):
             "    # helpers\n",
             "    # helpers\n\n    def my_least(self):\n        return mine(self)\n",
         )
-        .replace("        self.ran_while_empty.clear()  # Q", "        pass  # Q")
+        .replace("            self.fair_lift.ran_since.clear()  # Q", "            pass  # Q")
         + "\n\ndef mine(vtc):\n    return operator.methodcaller('least')(vtc.least)\n"
     )
     result = grade(edition, tmp_path / "out", only=["a4_vtc"])

@@ -37,7 +37,6 @@ from minivtc.engine.intake import RequestRejected, encode, validate
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
 from minivtc.engine.preemption import Fair, Preemption, make_victim
-from minivtc.engine.prefix_cache import PrefixCachingAllocator
 from minivtc.engine.text import Texts
 from minivtc.fairness.fairness_check import FairnessCheck
 from minivtc.fairness.scheduler import Scheduler
@@ -74,7 +73,7 @@ class Engine:
         self.tokenizer, self.clock = tokenizer, clock
         # vLLM's name: the most positions one request can hold (the context, or the pool)
         self.max_model_len = min(max_positions, allocator.num_tokens)
-        self.cache = allocator if isinstance(allocator, PrefixCachingAllocator) else None
+        self.cache = allocator if allocator.caches_prefixes else None  # (None: no prefix cache)
         self.admission = make_admission(options.reservation, allocator)
         self.victim = make_victim(options, scheduler, allocator)  # (fair: sets the policy's gap)
         self.preemption = Preemption(options, allocator, self.cache)  # what a victim keeps

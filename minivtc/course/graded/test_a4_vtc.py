@@ -263,7 +263,7 @@ def test_theorem_4_8_the_bound_is_tight_within_2x():
         _, steps, _ = serve(policy, arrivals, kv_tokens=m)
         gap = max_gap(steps, "F", "G")
         assert W_Q * (m - 2) <= gap, f"{policy.name}: gap {gap} below w_q (M - 2)"
-        if isinstance(policy, VTC):
+        if policy.keeps_counters:
             # so VTC's 2U is within 2x of what any such policy must allow
             assert gap <= 2 * u, f"VTC's service gap {gap} > 2U = {2 * u}"
 
