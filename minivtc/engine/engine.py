@@ -30,6 +30,7 @@ import itertools
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from minivtc.engine.admission import make_admission
@@ -154,6 +155,20 @@ class Engine:
         """What the last step gave `request` (`StepOutput.take`), for a server to stream."""
         return StepOutput.take(request)
 
+    def stats(self) -> EngineStats:
+        """What the engine has counted since it started (the simulator's result and the
+        server's snapshot take these as they are)."""
+        p = self.preemption
+        return EngineStats(
+            preemptions=self.num_preemptions,
+            recomputed_tokens=p.recomputed_tokens,
+            swapped_tokens=p.swapped_tokens,
+            prompt_tokens=self.num_prompt_tokens,
+            cached_tokens=self.num_cached_tokens,
+            host_tokens=p.host_tokens,
+            swap_tokens=p.swap_tokens if self.options.swaps else 0,
+        )
+
     def has_unfinished(self) -> bool:
         # Not peek(): a policy's peek may begin a turn (DRR), and asking must change nothing.
         return bool(self.running) or next(iter(self.scheduler.waiting()), None) is not None
@@ -272,6 +287,19 @@ class Engine:
             check_invariants(self)
         if self.fairness is not None:
             self.fairness.check()
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine's counters (`Engine.stats`)."""
+
+    preemptions: int  # requests preempted to make room (reservation "none")
+    recomputed_tokens: int  # keys and values computed again after a preemption: waste
+    swapped_tokens: int  # keys and values a preemption copied to host memory and back
+    prompt_tokens: int  # of the requests admitted (once each)
+    cached_tokens: int  # of which the prefix cache held: prefill saved
+    host_tokens: int  # preemption="swap": keys and values on the host now
+    swap_tokens: int  # and how many it may hold (0: no swapping)
 
 
 def build_fairness_check(engine: Engine) -> FairnessCheck:

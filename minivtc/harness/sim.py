@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tqdm import tqdm
@@ -105,6 +105,8 @@ class SimResult:
     prompt_tokens: int = 0  # of the requests admitted
     cached_tokens: int = 0  # of which the prefix cache held: prefill saved
     swapped_tokens: int = 0  # preemption="swap": tokens copied to host memory and back
+    host_tokens: int = 0  # of which on the host at the end (none: every request finished)
+    swap_tokens: int = 0  # the host memory for them (0: no swapping)
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -160,13 +162,9 @@ def simulate(
         wall_s=time.perf_counter() - start,
         steps=steps,
         counters={c: n for c, (n, _) in policy.accounts().items() if n is not None},
-        preemptions=engine.num_preemptions,
-        recomputed_tokens=engine.preemption.recomputed_tokens,
         bound=engine.fairness.gap_bound() if engine.fairness else None,
         backlogged_gap=watch.worst if watch else None,
-        prompt_tokens=engine.num_prompt_tokens,
-        cached_tokens=engine.num_cached_tokens,
-        swapped_tokens=engine.preemption.swapped_tokens,
+        **asdict(engine.stats()),
     )
 
 

@@ -24,7 +24,7 @@ import time
 import traceback
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import torch
 
@@ -294,13 +294,7 @@ class EngineLoop:
             forgotten=ClientRow(
                 None, 1.0, 0, 0, self.forgotten.input_tokens, self.forgotten.output_tokens
             ),
-            preemptions=engine.num_preemptions,
-            recomputed_tokens=engine.preemption.recomputed_tokens,
-            swapped_tokens=engine.preemption.swapped_tokens,
-            prompt_tokens=engine.num_prompt_tokens,
-            cached_tokens=engine.num_cached_tokens,
-            host_tokens=engine.preemption.host_tokens,
-            swap_tokens=engine.preemption.swap_tokens if engine.options.swaps else 0,
+            **asdict(engine.stats()),  # preemptions, recomputed/swapped/cached/host tokens
             tenants=tuple(self.tenants),
             first_tokens={c: f.copy() for c, f in self.first_tokens.items()},
             taken=time.monotonic(),
