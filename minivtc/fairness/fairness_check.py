@@ -138,7 +138,6 @@ class FairnessCheck:
         )
         return least
 
-
     def counter(self, client: str) -> float:
         counter = self.scheduler.counter(client)
         assert counter is not None, f"{client!r} ran without a counter"

@@ -33,9 +33,9 @@ passes the prediction, and the over-prediction is refunded at the end (Algorithm
 
 A preempted request goes back to the head of its client's queue, nothing charged or refunded
 (`requeue`). Fair preemption's extension of the lift (the paper's Appendix C.3 asks for it;
-Lesson 9) is not Algorithm 2's and is not this class's: it is a strategy object the engine
-installs (`set_preempt_gap`), `fair_lift.FairLift`, which VTC consults when a client joins an
-empty Q and tells who ran meanwhile. The gateway's corrections (`settle`, `unadmit`) keep the
+Lesson 9) is not Algorithm 2's and is not `VTC`'s: it is a strategy object the engine installs
+(`set_preempt_gap`), `FairLift` at the end of this file, which VTC consults when a client joins
+an empty Q and tells who ran meanwhile. The gateway's corrections (`settle`, `unadmit`) keep the
 lift's promise for refunds: a counter is never lowered below the smallest waiting one.
 """
 
@@ -45,7 +45,6 @@ from collections import deque
 from collections.abc import Iterator
 
 from minivtc.fairness.cost import PAPER_COST, Cost, cache_discount, check_cached_weight, weights_of
-from minivtc.fairness.fair_lift import FairLift
 from minivtc.fairness.least_counter import LeastCounter
 from minivtc.fairness.predictors import Predictor
 from minivtc.fairness.scheduler import Scheduler
@@ -288,3 +287,34 @@ def forget_below_floor(vtc: VTC, idle: list[str]) -> list[str]:
         if vtc.fair_lift is not None:
             vtc.fair_lift.ran_since.discard(c)
     return gone
+
+
+class FairLift:
+    """Fair preemption's lift (Lesson 9), the strategy `VTC.set_preempt_gap` installs for the
+    fair victim (`preemption.Fair`): not Algorithm 2's, so not `VTC`'s; VTC consults it when
+    a client joins an empty Q and tells it who ran meanwhile.
+
+    The engine displaces clients more than `gap` ahead of a waiting one, and a client joining
+    an empty Q is lifted to within `gap` of every client that ran (was charged) since Q
+    emptied. Those clients were served while nobody waited, and the last to leave Q may lie
+    far below them: a client lifted only that far would displace them at once and then take
+    every dispatch until it caught up with all they received meanwhile, a lead that only the
+    memory they held (M) would limit. The preemptive bound needs it limited by `gap`: the
+    waiting counters then stay within U_P = max(gap, w_p L_input) + w_q B
+    (`cost.preemptive_bound`, its proof and what B is).
+    """
+
+    def __init__(self, gap: float) -> None:
+        self.gap = gap
+        self.ran_since: set[str] = set()  # clients charged since Q emptied
+
+    def ran(self, requests: list[Request]) -> None:
+        """A step charged `requests` while Q was empty."""
+        self.ran_since.update(r.client_id for r in requests)
+
+    def floor(self, counters: dict[str, float], floor: float | None) -> float | None:
+        """`floor` (Algorithm 2's, Q empty), raised to within `gap` of those that ran."""
+        if not self.ran_since:
+            return floor
+        top = max(counters[c] for c in self.ran_since) - self.gap
+        return top if floor is None else max(floor, top)
