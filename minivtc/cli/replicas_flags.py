@@ -2,7 +2,7 @@
 
 Owns their parsing and terminal output; `cli/simulate.py`'s simulate calls in here when
 --replicas is given. (`minivtc route`, the gateway, is `route.py`'s.)
-README: "Fair across replicas"; Lesson 11.
+minivtc/fleet/README.md; Lesson 11.
 """
 
 from __future__ import annotations

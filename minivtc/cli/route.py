@@ -4,7 +4,7 @@ Owns its flags and starting it: reading each backend's budget (`--backend URL=TO
 a minivtc backend its `/fairness`: the KV pool's blocks times the block size), the API keys
 (the server's own file format), and uvicorn in the foreground, which on SIGTERM or SIGINT stops
 accepting connections and lets in-flight and waiting requests finish (up to
-`--shutdown-timeout`). README: "Fair across replicas"; Lesson 11.
+`--shutdown-timeout`). minivtc/fleet/README.md; Lesson 11.
 """
 
 from __future__ import annotations

@@ -29,7 +29,8 @@ class SamplingParams:
     (on output tokens only), applied to the logits before everything else (`penalties.py`).
     `logprobs` / `prompt_logprobs` ask for that many top log-probabilities per position, of the
     model's own distribution (before penalties and temperature, vLLM's default "raw"), plus the
-    chosen token's. `n` samples are `n` requests of one client (`offline/llm.py`: how they are charged).
+    chosen token's. `n` samples are `n` requests of one client (`offline/llm.py`: how they are
+    charged).
     """
 
     n: int = 1
