@@ -1,6 +1,6 @@
-"""How `n` samples and prompt lists are charged (`offline/llm.py`): as that many separate requests of
-the caller, the prompt once per sample (each sample prefills it) and every sample's tokens, so
-neither buys a place in the queue that separate requests would not."""
+"""How `n` samples and prompt lists are charged (`offline/llm.py`): as that many separate
+requests of the caller, the prompt once per sample (each sample prefills it) and every
+sample's tokens, so neither buys a place in the queue that separate requests would not."""
 
 from __future__ import annotations
 

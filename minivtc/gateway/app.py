@@ -132,7 +132,8 @@ async def forward(gateway: Gateway, path: str, client: str, num_prompt: int, pay
     request = gateway.enqueue(client, num_prompt, payload["max_tokens"])
     # The client in the body's `user`, not a header: JSON carries any name ("Zoë"), a header
     # only Latin-1 (the backend's own view; it never queues)
-    payload["user"], headers = client, {}
+    payload["user"] = client
+    headers: dict[str, str] = {}
     if not payload.get("stream"):
         return await gateway.once(request, path, payload, headers)
     wants_usage = bool((payload.get("stream_options") or {}).get("include_usage"))

@@ -24,7 +24,9 @@ import asyncio
 import math
 import resource
 from collections import Counter
+from collections.abc import MutableMapping
 from dataclasses import dataclass, field
+from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -78,7 +80,7 @@ class InFlight:
     limit: int
     held: Counter[str] = field(default_factory=Counter)
 
-    def take(self, scope: dict, client: str, n: int = 1) -> None:
+    def take(self, scope: MutableMapping[str, Any], client: str, n: int = 1) -> None:
         """Hold `n` requests for `client` until this HTTP exchange ends, or refuse with 429."""
         if self.held[client] + n > self.limit:
             raise APIError(

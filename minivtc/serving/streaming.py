@@ -4,10 +4,10 @@ Owns: `respond` (queue the request's completions on the engine loop, then stream
 the SSE event stream and the collector, and what a client that goes away does (its requests
 are aborted at once, their KV blocks freed). A body may ask for several completions, `n` of
 each prompt in a list (OpenAI's choice `index` is prompt * n + sample): each is an engine
-request of the caller's client, scheduled and charged as a separate request would be (`offline/llm.py`
-says how), and a stream interleaves their chunks as their tokens come. A request that failed
-alone ends its stream with one error event (an OpenAI error object), or its response with a
-500. Does not own routes (`server.py`). Lesson 8.
+request of the caller's client, scheduled and charged as a separate request would be
+(`offline/llm.py` says how), and a stream interleaves their chunks as their tokens come. A
+request that failed alone ends its stream with one error event (an OpenAI error object), or
+its response with a 500. Does not own routes (`server.py`). Lesson 8.
 """
 
 from __future__ import annotations
