@@ -13,7 +13,7 @@ import pytest
 from minivtc.serving.api_keys import Auth, Caller, Key, read_keys, weights_of
 from minivtc.serving.openai_api import MAX_CLIENT_ID_CHARS, APIError
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+README = Path(__file__).resolve().parent.parent / "minivtc/serving/README.md"
 KEYS = {
     "sk-alice-0001": Key("alice", 2.0),
     "sk-bob-000001": Key("bob"),
@@ -23,9 +23,9 @@ KEYS = {
 
 
 def readme_keys_file() -> str:
-    """The keys file the README's "Serving others" writes with a heredoc."""
+    """The keys file the serving page's "Serving others" writes with a heredoc."""
     found = re.search(r"cat > keys\.json <<'JSON'\n(.*?)\nJSON\n", README.read_text(), re.S)
-    assert found, "the README no longer shows a keys file"
+    assert found, "the serving page no longer shows a keys file"
     return found.group(1)
 
 

@@ -311,7 +311,7 @@ def test_a_lesson_runs_on_an_edition_with_just_the_assignments_it_states(
     """The instructor's lesson (its solutions in) runs top to bottom on a student edition's
     package in which only the assignments its first cell names are done (the reference's
     functions put in) and every other assignment is still a stub. (The cheaper lessons: the
-    rest were checked the same way by hand, README's "Teaching with minivtc".)"""
+    rest were checked the same way by hand, minivtc/course/README.md.)"""
     nbformat = pytest.importorskip("nbformat")
     from nbclient import NotebookClient
 
@@ -399,7 +399,7 @@ def test_a_correct_a4_with_a_helper_of_its_own_gets_full_marks(tmp_path):
             "    # helpers\n",
             "    # helpers\n\n    def my_least(self):\n        return mine(self)\n",
         )
-        .replace("        self.ran_while_empty.clear()  # Q", "        pass  # Q")
+        .replace("            self.fair_lift.ran_since.clear()  # Q", "            pass  # Q")
         + "\n\ndef mine(vtc):\n    return operator.methodcaller('least')(vtc.least)\n"
     )
     result = grade(edition, tmp_path / "out", only=["a4_vtc"])

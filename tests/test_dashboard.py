@@ -56,8 +56,8 @@ def engine_of(bundled, scheduler="vtc", kv_tokens=512, **options):
 )
 def test_the_ceiling_is_the_one_check_fairness_asserts(bundled, scheduler, options):
     weights = {"alice": 2.0, "bob": 0.5}
-    checked = engine_of(bundled, scheduler, client_weights=weights, check_fairness=True, **options)
-    plain = engine_of(bundled, scheduler, client_weights=weights, **options)
+    checked = engine_of(bundled, scheduler, weights=weights, check_fairness=True, **options)
+    plain = engine_of(bundled, scheduler, weights=weights, **options)
     assert checked.fairness is not None
     assert Setup.of(plain).bound == Setup.of(checked).bound == checked.fairness.bound
     if "victim" in options:
@@ -85,7 +85,7 @@ def test_no_ceiling_where_no_bound_is_stated_and_the_page_says_why(
 
 
 def test_setup_holds_the_policy_options_and_weights(bundled):
-    engine = engine_of(bundled, "vtc", client_weights={"alice": 2.0}, max_running=8)
+    engine = engine_of(bundled, "vtc", weights={"alice": 2.0}, max_running=8)
     setup = Setup.of(engine)
     assert setup.scheduler == "vtc" and setup.weights == {"alice": 2.0}
     assert setup.options["max_running"] == 8 and setup.options["reservation"] == "full"
@@ -230,7 +230,7 @@ def test_loopback_is_an_address_on_the_loopback_network(address, local):
 
 
 def test_with_keys_the_page_is_open_and_its_data_follows_fairness(bundled):
-    engine = engine_of(bundled, "vtc", client_weights=weights_of(KEYS))  # (as `serve` builds it)
+    engine = engine_of(bundled, "vtc", weights=weights_of(KEYS))  # (as `serve` builds it)
     app = make_app(engine, bundled[1], auth=Auth(KEYS))
     with TestClient(app) as http:  # (not loopback: with keys, the key decides)
         page = http.get("/dashboard")

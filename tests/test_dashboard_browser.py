@@ -2,7 +2,7 @@
 Playwright, which downloads no browser of its own here) opens `/dashboard` on a server of the
 bundled model while a heavy and a light client send requests, sees both clients appear and
 their numbers change, the spread drawn under its ceiling, no error in the page's console, and
-saves a screenshot (`MINIVTC_DASHBOARD_PNG=path` saves it there too: the README's).
+saves a screenshot (`MINIVTC_DASHBOARD_PNG=path` saves it there too: minivtc/serving/README.md's).
 
 Skipped, saying why, where Chromium or Playwright is missing (`.ci/run` installs Chromium).
 """

@@ -195,7 +195,7 @@ def test_fail_all_ends_every_live_request_with_an_error(make_loop):
 
 def test_snapshot_counts_waiting_and_running_per_client(make_loop):
     """Taken between two steps (here, with the loop not started: this thread is its owner)."""
-    loop = make_loop("vtc", max_running=3, client_weights={"a": 2.0})
+    loop = make_loop("vtc", max_running=3, weights={"a": 2.0})
     engine = loop.engine
     for i, client in enumerate("aaabbc"):
         engine.add_request(prompt(i), GREEDY, client, f"r{i}")

@@ -1,5 +1,5 @@
 """`minivtc bench route`: the dispatcher's decision time, and the gateway's overhead, as smoke
-runs (the numbers themselves are the README's, measured, never asserted)."""
+runs (the numbers themselves are minivtc/fleet/README.md's, measured, never asserted)."""
 
 from __future__ import annotations
 

@@ -170,3 +170,57 @@ def test_no_module_name_is_used_twice():
     root = Path(minivtc.__file__).parent
     names = [p.stem for p in root.rglob("*.py") if not p.stem.startswith("__")]
     assert not [n for n in set(names) if names.count(n) > 1]
+
+
+def package_trees() -> dict[str, ast.Module]:
+    return {
+        p.relative_to(PACKAGE).as_posix(): ast.parse(p.read_text())
+        for p in PACKAGE.rglob("*.py")
+        if "__pycache__" not in p.parts
+    }
+
+
+def isinstance_tests_of(name: str) -> list[str]:
+    """Where a package module asks `isinstance(x, name)`: the interface it bypasses."""
+    return [
+        f"{path}:{node.lineno}"
+        for path, tree in package_trees().items()
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "isinstance"
+        and len(node.args) == 2
+        and name in ast.unparse(node.args[1])
+    ]
+
+
+def test_no_module_asks_which_policy_or_which_pool_it_has():
+    """The scheduler interface offers what callers need of VTC (counters, weights, settle,
+    unadmit, ...), and the allocator its cached reservation: nobody tests for the class."""
+    assert [p for p in isinstance_tests_of("VTC") if not p.startswith("fairness/vtc.py")] == []
+    cached = isinstance_tests_of("PrefixCachingAllocator")
+    assert [p for p in cached if not p.startswith("engine/prefix_cache.py")] == []
+
+
+# The server's own rooms, another change's to reshape (their parameters are the request's
+# pieces a route hands down): every other function takes at most 8.
+LONG_SIGNATURES = {
+    "serving/streaming.py:respond",
+    "serving/loadgen.py:replay",
+    "serving/server.py:make_app",
+}
+
+
+def test_no_function_takes_more_than_eight_parameters():
+    """One engine spec (`engine/spec.py`) in place of parallel signatures: a function needing
+    more than 8 parameters wants a value that holds them."""
+    long = set()
+    for path, tree in package_trees().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                a = node.args
+                n = len(a.posonlyargs) + len(a.args) + len(a.kwonlyargs)
+                n -= bool(a.args) and a.args[0].arg in ("self", "cls")
+                if n > 8:
+                    long.add(f"{path}:{node.name}")
+    assert long <= LONG_SIGNATURES, sorted(long - LONG_SIGNATURES)

@@ -171,7 +171,7 @@ def keyed(bundled):
         "vtc",
         kv_tokens=1024,
         check_invariants=True,
-        client_weights=weights_of(keys),
+        weights=weights_of(keys),
     )
     auth = Auth(keys)
     with BackgroundServer(make_app(engine, tokenizer, auth=auth, forget_every_s=0.2)) as url:

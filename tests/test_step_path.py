@@ -5,7 +5,8 @@ back, the runner's forward pass counted as one call and not followed.
 Control flows down (`engine.py`): a step that began to call into the serving layer, the
 fairness check with checks off, or preemption's books for a request never preempted would
 show here as a room it had no business in. `pytest tests/test_step_path.py -s` prints the
-path.
+path. The third path is the student's real step: the bundled model through the real runner
+(`runner.py`), its forward pass followed into the model, attention and the sampler.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import pytest
 
 import minivtc
 from minivtc.engine.engine import Engine
+from minivtc.engine.factory import build_engine
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
 from minivtc.engine.prefix_cache import PrefixCachingAllocator
@@ -47,17 +49,38 @@ PAPER_ROOMS = {
 FAIR_MEMORY_ROOMS = PAPER_ROOMS | {"engine/prefix_cache.py"}
 
 
+# The student's real step (`build_engine`: VTC, full reservation; the bundled model on the
+# CPU): the paper's rooms with the simulator's runner replaced by the real one, and what its
+# forward pass and sampling enter: the model and its config, attention, the sampler with its
+# penalties and log-probabilities (each asked, none needed here), the tokenizer's detokenizer.
+REAL_ROOMS = (PAPER_ROOMS - {"harness/sim.py"}) | {
+    "engine/runner.py",
+    "model/config.py",
+    "model/llama.py",
+    "model/attention.py",
+    "engine/sampler.py",
+    "engine/penalties.py",
+    "engine/logprobs.py",
+    "model/tokenizer.py",
+}
+
+
 def step_path(options: EngineOptions, pool: BlockAllocator) -> dict[str, list[str]]:
-    """One step that admits a request and finishes another: file -> functions entered."""
+    """One simulated step that admits a request and finishes another: file -> functions."""
     clock = VirtualClock()
     runner = StepTimeRunner(step_time_model("a10g-llama7b"), clock)
     scheduler = make_scheduler("vtc")
     engine = Engine(runner, pool, scheduler, 1 << 20, eos_id=2, clock=clock, options=options)
-    engine.add_request(list(range(10, 18)), SamplingParams(max_tokens=2), "a")
+    return traced_step(engine, "StepTimeRunner.run")
+
+
+def traced_step(engine: Engine, not_followed: str | None) -> dict[str, list[str]]:
+    """Admit a's request, step, then trace the step that admits b's and finishes a's."""
+    engine.add_request(list(range(10, 18)), SamplingParams(max_tokens=2, ignore_eos=True), "a")
     engine.step()
-    engine.add_request(list(range(20, 28)), SamplingParams(max_tokens=3), "b")
+    engine.add_request(list(range(20, 28)), SamplingParams(max_tokens=3, ignore_eos=True), "b")
     entered: dict[str, list[str]] = {}
-    inside_runner = 0  # > 0: within the runner's forward pass, not followed
+    inside_runner = 0  # > 0: within `not_followed` (the simulated forward pass)
 
     def hook(frame: FrameType, event: str, arg: Any) -> None:
         nonlocal inside_runner
@@ -71,7 +94,7 @@ def step_path(options: EngineOptions, pool: BlockAllocator) -> dict[str, list[st
                 names = entered.setdefault(path.relative_to(PACKAGE).as_posix(), [])
                 if code.co_qualname not in names:
                     names.append(code.co_qualname)
-            inside_runner = int(code.co_qualname == "StepTimeRunner.run")
+            inside_runner = int(code.co_qualname == not_followed)
         elif event == "return" and inside_runner:
             inside_runner -= 1
 
@@ -101,6 +124,17 @@ def test_a_step_visits_only_its_rooms(
     options: EngineOptions, pool: BlockAllocator, rooms: set[str]
 ) -> None:
     entered = step_path(replace(options, check_invariants=False, check_fairness=False), pool)
+    assert_rooms(entered, rooms)
+
+
+def test_the_real_step_visits_only_its_rooms(bundled) -> None:
+    """The student's step: the bundled model through the real runner, followed all the way."""
+    model, tokenizer = bundled
+    engine = build_engine(model, tokenizer, "vtc", kv_tokens=64, block_size=4)
+    assert_rooms(traced_step(engine, None), REAL_ROOMS)
+
+
+def assert_rooms(entered: dict[str, list[str]], rooms: set[str]) -> None:
     functions = sum(len(names) for names in entered.values())
     print(f"\n{functions} functions in {len(entered)} files:")
     for path, names in entered.items():

@@ -200,10 +200,11 @@ def add_generate(sub) -> None:
 
 
 def run_generate(args) -> int:
-    from minivtc.engine.generate import generate_plain
+    """One prompt through the engine, its text streamed as the server streams it (the engine's
+    detokenizer and stop rules, `Engine.output`), on a pool just large enough for it."""
+    from minivtc.engine.factory import build_engine
     from minivtc.engine.sampler import SamplingParams
     from minivtc.model.weights import load_model
-    from minivtc.vocab.params import releasable, stop_reason, trim_stop
 
     params = SamplingParams(
         temperature=args.temperature,
@@ -218,25 +219,19 @@ def run_generate(args) -> int:
         prompt_ids = tokenizer.chat_ids([{"role": "user", "content": args.prompt}])
     else:
         prompt_ids = tokenizer.encode(args.prompt)
-    detok = tokenizer.detokenizer(prompt_ids)
-    if not args.chat:
         print(args.prompt, end="", flush=True)
-    printed, count = 0, 0
-    for token in generate_plain(model, prompt_ids, params):
-        count += 1
-        detok.add(token)
-        reason = stop_reason(token, count, detok.text, params, tokenizer.eos_id)
-        text = detok.text
-        if reason:
-            text = text + detok.flush()
-            text = trim_stop(text, params.stop) if reason == "stop" else text
-        upto = max(printed, releasable(text, params.stop, finished=reason is not None))
-        print(text[printed:upto], end="", flush=True)
-        printed = upto
-        if reason:
-            break
+    room = model.config.max_positions
+    kv_tokens = min(room, len(prompt_ids) + (args.max_tokens or room))
+    engine = build_engine(model, tokenizer, kv_tokens=kv_tokens, compile_attention=False)
+    request = engine.add_request(prompt_ids, params)
+    while engine.has_unfinished():
+        engine.step()
+        out = engine.output(request)
+        print(out.text_delta, end="", flush=True)
     print()
-    print(f"[{count} tokens]", file=sys.stderr)
+    if request.error is not None:
+        raise ValueError(request.error)
+    print(f"[{len(request.output_ids)} tokens]", file=sys.stderr)
     return 0
 
 

@@ -2,7 +2,7 @@
 
 Owns their parsing and terminal output; `cli/simulate.py`'s simulate calls in here when
 --replicas is given. (`minivtc route`, the gateway, is `route.py`'s.)
-README: "Fair across replicas"; Lesson 11.
+minivtc/fleet/README.md; Lesson 11.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def add_fleet_options(p) -> None:
 
 
 def run_simulate_fleet(args) -> int:
+    from minivtc.engine.spec import EngineSpec
     from minivtc.fleet.runs import simulate_fleet_to_dir
 
     refused = [
@@ -71,17 +72,15 @@ def run_simulate_fleet(args) -> int:
         )
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+    spec = EngineSpec.of(args.scheduler, kv_tokens=args.kv_tokens, block_size=1, seed=args.seed)
     summary = simulate_fleet_to_dir(
-        args.workload,
-        args.trace,
+        args.workload or args.trace,
+        spec,
+        args.step_time,
+        args.out,
         args.replicas,
         args.routing,
         args.route_by,
-        args.scheduler,
-        args.step_time,
-        args.kv_tokens,
-        args.seed,
-        args.out,
         staleness=args.staleness,
     )
     for key, value in summary.items():  # as `harness.cli.print_summary`, then each replica

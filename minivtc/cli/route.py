@@ -5,8 +5,8 @@ a minivtc backend its `/fairness`: the KV pool's blocks times the block size), t
 (the server's own file format), the key it presents to its backends, the connection limits and
 flags `serve` has (`cli/serve.add_connection_flags`), and uvicorn in the foreground, which on
 SIGTERM or SIGINT stops accepting connections and lets in-flight and waiting requests finish;
-after `--shutdown-timeout` the rest end with an OpenAI error event (or a 503). README: "Fair
-across replicas"; Lesson 11.
+after `--shutdown-timeout` the rest end with an OpenAI error event (or a 503).
+minivtc/fleet/README.md; Lesson 11.
 """
 
 from __future__ import annotations

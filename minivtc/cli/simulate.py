@@ -97,6 +97,20 @@ def add_memory_options(p, default: str) -> None:
     )
 
 
+def spec_of(args):
+    """The simulated engine's spec (`engine.spec.EngineSpec`) from the command line's flags."""
+    from minivtc.engine.spec import EngineSpec
+
+    return EngineSpec.of(
+        args.scheduler,
+        kv_tokens=args.kv_tokens,
+        block_size=args.block_size,
+        cached_weight=args.cached_weight,
+        seed=args.seed,
+        **memory_options(args),
+    )
+
+
 def memory_options(args) -> dict:
     """The engine's options (`EngineOptions`, which refuses what would be silently ignored)
     from --reservation, --victim, --preemption, --swap-tokens and --preempt-gap, and the pool's
@@ -142,18 +156,7 @@ def run_simulate(args) -> int:
         from minivtc.cli.replicas_flags import run_simulate_fleet
 
         return run_simulate_fleet(args)
-    summary = simulate_to_dir(
-        args.workload,
-        args.trace,
-        args.scheduler,
-        args.step_time,
-        args.kv_tokens,
-        args.seed,
-        args.out,
-        block_size=args.block_size,
-        cached_weight=args.cached_weight,
-        **memory_options(args),
-    )
+    summary = simulate_to_dir(args.workload or args.trace, spec_of(args), args.step_time, args.out)
     print_summary(summary)
     print(f"wrote {args.out}/requests.csv, metrics.json, service.png, response.png, gap.png")
     return 0

@@ -23,7 +23,6 @@ running (`engine.py`). Plain Python: no tensors. Lessons 3 and 9.
 from __future__ import annotations
 
 from minivtc.engine.kv_pool import BlockAllocator
-from minivtc.engine.prefix_cache import PrefixCachingAllocator
 from minivtc.vocab.request import Request
 
 
@@ -178,15 +177,10 @@ def reserve_blocks(
     would fit; else take nothing. A prefix-caching pool starts it with its prompt's cached
     blocks, shared with the requests of the same salt, and counts only the new ones."""
     fit = num_tokens if fit is None else fit
-    if isinstance(allocator, PrefixCachingAllocator):
-        prompt, salt = request.prompt_ids, request.cache_salt
-        if check and not allocator.can_allocate_cached(fit, prompt, salt):
-            return False
-        allocator.allocate_cached(request.request_id, num_tokens, prompt, salt)
-        return True
-    if check and not allocator.can_allocate(fit):
+    prompt, salt = request.prompt_ids, request.cache_salt
+    if check and not allocator.can_allocate_cached(fit, prompt, salt):
         return False
-    allocator.allocate(request.request_id, num_tokens)
+    allocator.allocate_cached(request.request_id, num_tokens, prompt, salt)
     return True
 
 

@@ -30,6 +30,7 @@ import itertools
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from minivtc.engine.admission import make_admission
@@ -37,7 +38,6 @@ from minivtc.engine.intake import RequestRejected, encode, validate
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
 from minivtc.engine.preemption import Fair, Preemption, make_victim
-from minivtc.engine.prefix_cache import PrefixCachingAllocator
 from minivtc.engine.text import Texts
 from minivtc.fairness.fairness_check import FairnessCheck
 from minivtc.fairness.scheduler import Scheduler
@@ -74,7 +74,7 @@ class Engine:
         self.tokenizer, self.clock = tokenizer, clock
         # vLLM's name: the most positions one request can hold (the context, or the pool)
         self.max_model_len = min(max_positions, allocator.num_tokens)
-        self.cache = allocator if isinstance(allocator, PrefixCachingAllocator) else None
+        self.cache = allocator if allocator.caches_prefixes else None  # (None: no prefix cache)
         self.admission = make_admission(options.reservation, allocator)
         self.victim = make_victim(options, scheduler, allocator)  # (fair: sets the policy's gap)
         self.preemption = Preemption(options, allocator, self.cache)  # what a victim keeps
@@ -155,6 +155,20 @@ class Engine:
         """What the last step gave `request` (`StepOutput.take`), for a server to stream."""
         return StepOutput.take(request)
 
+    def stats(self) -> EngineStats:
+        """What the engine has counted since it started (the simulator's result and the
+        server's snapshot take these as they are)."""
+        p = self.preemption
+        return EngineStats(
+            preemptions=self.num_preemptions,
+            recomputed_tokens=p.recomputed_tokens,
+            swapped_tokens=p.swapped_tokens,
+            prompt_tokens=self.num_prompt_tokens,
+            cached_tokens=self.num_cached_tokens,
+            host_tokens=p.host_tokens,
+            swap_tokens=p.swap_tokens if self.options.swaps else 0,
+        )
+
     def has_unfinished(self) -> bool:
         # Not peek(): a policy's peek may begin a turn (DRR), and asking must change nothing.
         return bool(self.running) or next(iter(self.scheduler.waiting()), None) is not None
@@ -167,17 +181,6 @@ class Engine:
             if request_id in self.requests:
                 held.setdefault(self.requests[request_id].client_id, set()).update(table)
         return {client: len(blocks) for client, blocks in held.items()}
-
-    def preemption_tokens(self) -> dict[str, int]:
-        """What preemption has cost so far (recomputed and swapped tokens) and the host memory
-        swapping uses now and may use (`swap_tokens` 0: no swapping); read only."""
-        p = self.preemption
-        return {
-            "recomputed_tokens": p.recomputed_tokens,
-            "swapped_tokens": p.swapped_tokens,
-            "host_tokens": p.host_tokens,
-            "swap_tokens": p.swap_tokens if self.options.swaps else 0,
-        }
 
     # --- the step's parts ------------------------------------------------------------------------
 
@@ -293,6 +296,19 @@ class Engine:
             check_invariants(self)
         if self.fairness is not None:
             self.fairness.check()
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """The engine's counters (`Engine.stats`)."""
+
+    preemptions: int  # requests preempted to make room (reservation "none")
+    recomputed_tokens: int  # keys and values computed again after a preemption: waste
+    swapped_tokens: int  # keys and values a preemption copied to host memory and back
+    prompt_tokens: int  # of the requests admitted (once each)
+    cached_tokens: int  # of which the prefix cache held: prefill saved
+    host_tokens: int  # preemption="swap": keys and values on the host now
+    swap_tokens: int  # and how many it may hold (0: no swapping)
 
 
 def build_fairness_check(engine: Engine) -> FairnessCheck:

@@ -27,6 +27,12 @@ if TYPE_CHECKING:  # KVPool imports torch when it is built: BlockAllocator needs
 
 
 class BlockAllocator:
+    """Blocks for requests. The cached reservation (`can_allocate_cached`, `allocate_cached`,
+    `cached_tokens`, `named_tokens`, `cache_prompt`) is part of the interface so the engine
+    never asks which pool it has: here nothing is cached, and a prompt buys no block."""
+
+    caches_prefixes = False  # `prefix_cache.PrefixCachingAllocator`: True
+
     def __init__(self, num_blocks: int, block_size: int) -> None:
         if num_blocks < 1 or block_size < 1:
             raise ValueError(
@@ -98,6 +104,32 @@ class BlockAllocator:
             f"position {end - 1} of {request_id!r} is beyond its {len(table)} blocks"
         )
         return [table[p // bs] * bs + p % bs for p in range(start, end)]
+
+    def can_allocate_cached(
+        self, num_tokens: int, prompt_ids: list[int], salt: str | None = None
+    ) -> bool:
+        """Would `allocate_cached` succeed? (Without a cache: `can_allocate`.)"""
+        return self.can_allocate(num_tokens)
+
+    def allocate_cached(
+        self, request_id: str, num_tokens: int, prompt_ids: list[int], salt: str | None = None
+    ) -> list[int]:
+        """Blocks for `num_tokens` positions, the cached prefix of `prompt_ids` first (without
+        a cache: new blocks only, `allocate`)."""
+        return self.allocate(request_id, num_tokens)
+
+    def cached_tokens(self, request_id: str) -> int:
+        """Prompt tokens whose keys and values `allocate_cached` found in the pool: none."""
+        return 0
+
+    def named_tokens(self, request_id: str, num_computed: int) -> int:
+        """Positions in blocks a cache names (they outlive the request): none."""
+        return 0
+
+    def cache_prompt(
+        self, request_id: str, prompt_ids: list[int], num_computed: int, salt: str | None = None
+    ) -> None:
+        """Name the request's computed prompt blocks for later requests: no cache, no names."""
 
     def check_invariants(self) -> None:
         """Every block is free or owned by exactly one live request; free + owned == total."""

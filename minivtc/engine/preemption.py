@@ -23,10 +23,8 @@ from typing import TYPE_CHECKING
 
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
-from minivtc.engine.prefix_cache import PrefixCachingAllocator
 from minivtc.fairness.cost import weights_of
 from minivtc.fairness.scheduler import Scheduler
-from minivtc.fairness.vtc import VTC
 from minivtc.vocab.request import Request
 
 if TYPE_CHECKING:
@@ -109,9 +107,9 @@ def refuse_thrashing(gap: float, scheduler: Scheduler, block_size: int) -> None:
     + w_q B is untouched: a smaller gap never lowers it below w_p L_input, so a gap under the
     longest prompt's charge buys no bound, only recomputation. A policy without counters
     (FCFS) displaces nothing, whatever the gap."""
-    if not isinstance(scheduler, VTC):
+    if not scheduler.keeps_counters:
         return
-    scale = 1.0 / min(min(scheduler.weights.values(), default=1.0), 1.0)
+    scale = 1.0 / min(min(scheduler.client_weights().values(), default=1.0), 1.0)
     least = weights_of(scheduler.cost)[1] * block_size * scale
     if gap < least:
         raise ValueError(
@@ -128,7 +126,7 @@ class Preemption:
         self,
         options: EngineOptions,
         allocator: BlockAllocator,
-        cache: PrefixCachingAllocator | None = None,
+        cache: BlockAllocator | None = None,
     ) -> None:
         self.swaps, self.allocator, self.cache = options.swaps, allocator, cache
         # Host memory for swapped-out keys and values, in tokens, and the requests whose keys

@@ -36,6 +36,8 @@ from minivtc.engine.kv_pool import BlockAllocator
 
 
 class PrefixCachingAllocator(BlockAllocator):
+    caches_prefixes = True
+
     def __init__(self, num_blocks: int, block_size: int) -> None:
         super().__init__(num_blocks, block_size)
         self.ref_count = [0] * num_blocks

@@ -26,7 +26,6 @@ from contextlib import contextmanager
 
 from minivtc.fairness.cost import fairness_bound, weights_of
 from minivtc.fairness.scheduler import Scheduler
-from minivtc.fairness.vtc import VTC
 from minivtc.vocab.request import Request
 
 SLACK = 1e-6  # float sums of charges: a spread may exceed the bound by rounding only
@@ -51,25 +50,25 @@ class FairnessCheck:
         self.scheduler, self.preempt_gap = scheduler, preempt_gap
         w_p, w_q = weights_of(scheduler.cost)
         self.u = fairness_bound(max_input, pool_tokens, w_p, w_q)
-        self.vtc = scheduler if isinstance(scheduler, VTC) else None
+        self.counted = scheduler.keeps_counters  # the VTC family: its spread is checked
         self.bound = 2 * self.u  # (for another policy: what it states, `gap_bound`)
         self.dispatch_charge = 0.0  # the largest dispatch charge so far, in counter units
         self.step_charge = 0.0  # the largest one-step charge of a client so far
         self.step_gain: dict[str, float] = {}  # client -> its charge in the last step
-        if self.vtc is None:
+        if not self.counted:
             if scheduler.gap_bound(self.u) is None:
                 raise ValueError(
                     "check_fairness needs a policy that states a bound (the VTC family, DRR), "
                     f"not {scheduler.name}"
                 )
             return
-        if self.vtc.predictor is not None:
+        if scheduler.refunds():
             raise ValueError(
                 "check_fairness: no bound is stated with a length predictor: a prediction above "
                 "the length reached is refunded, lowering a counter after others were lifted to "
                 "it, and Lemma 4.3's U can fail (Lesson 7)"
             )
-        weights = self.vtc.weights.values()
+        weights = scheduler.client_weights().values()
         self.scale = 1.0 / min(min(weights, default=1.0), 1.0)
         self.bound = self.u * self.scale  # Lemma 4.3's U in counter units
         if preempt_gap is not None:  # U_P with B = max_running
@@ -81,7 +80,7 @@ class FairnessCheck:
         """The service-gap bound this run guarantees two backlogged clients: 2U (Theorem
         4.4); with fair preemption 2 (max(gap, w_p L_input) + w_q b) with the run's own
         largest dispatch and one-step charges; another policy's stated bound."""
-        if self.vtc is None:
+        if not self.counted:
             return self.scheduler.gap_bound(self.u) or 0.0
         if self.preempt_gap is None:
             return 2 * self.bound
@@ -90,31 +89,29 @@ class FairnessCheck:
     def dispatched(self, request: Request) -> None:
         """`request`'s prompt was just charged: the largest dispatch charge so far (a request
         back from a preemption was charged at its first dispatch only)."""
-        if self.vtc is not None and not request.num_preemptions:
-            _, service = self.vtc.charged[request.request_id]
-            charge = service / self.vtc.weights.get(request.client_id, 1.0)
+        if self.counted and not request.num_preemptions:
+            charge = self.scheduler.dispatch_charge(request)
             self.dispatch_charge = max(self.dispatch_charge, charge)
 
     @contextmanager
     def step(self, batch: list[Request]) -> Iterator[None]:
         """Around the step's decode charges: each client's charge in the step."""
-        if self.vtc is None or self.preempt_gap is None:
+        if not self.counted or self.preempt_gap is None:
             yield
             return
-        counters = self.vtc.counters
-        before = {r.client_id: counters[r.client_id] for r in batch}
+        before = {r.client_id: self.counter(r.client_id) for r in batch}
         yield
-        self.step_gain = {c: counters[c] - n for c, n in before.items()}
+        self.step_gain = {c: self.counter(c) - n for c, n in before.items()}
         self.step_charge = max([self.step_charge, *self.step_gain.values()])
 
     def check(self) -> None:
         """After a step: the spread, and with fair preemption the induction step."""
         least = self.check_spread()
-        if least is None or self.preempt_gap is None or self.vtc is None:
+        if least is None or self.preempt_gap is None:
             return
         lead = max(self.preempt_gap, self.dispatch_charge)
         for client, gain in self.step_gain.items():
-            ahead = self.vtc.counters[client] - least
+            ahead = self.counter(client) - least
             assert ahead <= lead + gain + SLACK, (
                 f"fair preemption violated: {client!r} ran {ahead:.1f} ahead of the smallest "
                 f"waiting counter, more than max(gap, w_p L_input) + its step {lead + gain:.1f}"
@@ -125,9 +122,7 @@ class FairnessCheck:
         the queue: a lift too low would widen it between steps, and the same step's
         dispatches could close it again, unseen). Returns the smallest waiting counter (None:
         not the VTC family, or Q empty)."""
-        if self.vtc is None:
-            return None
-        waiting = [self.vtc.counters[c] for c, q in self.vtc.queues.items() if q]
+        waiting = self.scheduler.waiting_counters()
         if not waiting:
             return None
         least, spread = min(waiting), max(waiting) - min(waiting)
@@ -142,6 +137,11 @@ class FairnessCheck:
             f"w_p L_input) + w_q b = {lead:.1f} + {self.step_charge:.1f}"
         )
         return least
+
+    def counter(self, client: str) -> float:
+        counter = self.scheduler.counter(client)
+        assert counter is not None, f"{client!r} ran without a counter"
+        return counter
 
 
 def refuse_unbounded(reservation: str, preempt_gap: float | None) -> None:

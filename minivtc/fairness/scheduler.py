@@ -13,6 +13,11 @@ back (Algorithm 2's loop is `Engine.schedule`, Appendix C.1's hooks are these me
    `requeue(request)`      a running request was preempted: it waits again, first of its client;
    `remove(request)`       a waiting request was aborted.
 
+What reports, checks and the gateway read or correct goes through the same interface, never
+through a policy's own fields: `counter`, `waiting_counters`, `client_weights`, `refunds`,
+`dispatch_charge` (the VTC family's books, read by `fairness_check.py`, the dashboard and the
+fair victim), `settle` and `unadmit` (the gateway's corrections, `fleet/dispatcher.py`).
+
 The engine stops its admission round at the first peeked request that does not fit
 (head-of-line, as Algorithm 2 and the artifact's `break`), so a policy never has to undo a
 pick. A scheduler never sees tensors (importing this module imports no torch; a test checks
@@ -36,6 +41,7 @@ class Scheduler:
 
     name = "base"
     cost: Cost = PAPER_COST  # what its service is priced by (`cost.py`): the bound's w_p, w_q
+    keeps_counters = False  # the VTC family: a virtual counter per client (Lemma 4.3's spread)
 
     def add(self, request: Request, now: float) -> str | None:
         raise NotImplementedError
@@ -94,6 +100,36 @@ class Scheduler:
         default). A policy with counters adapts its lift (`vtc.py`); one without has no
         client ahead of another, so nothing is displaced."""
         return math.inf
+
+    def counter(self, client: str) -> float | None:
+        """`client`'s virtual counter (None: the policy keeps none, or never saw it)."""
+        return None
+
+    def waiting_counters(self) -> list[float]:
+        """The counters of the clients with a request in Q (Lemma 4.3 bounds their spread)."""
+        return []
+
+    def client_weights(self) -> dict[str, float]:
+        """The operator-set shares (Section 4.3), by client; {}: every client weighs 1."""
+        return {}
+
+    def refunds(self) -> bool:
+        """Whether a counter may fall (Algorithm 3 refunds an over-prediction): no bound on
+        the spread is then stated."""
+        return False
+
+    def dispatch_charge(self, request: Request) -> float:
+        """What `dispatch` charged for `request`, in counter units (0: nothing)."""
+        return 0.0
+
+    def settle(self, request: Request, num_prompt: int, num_output: int) -> None:
+        """A dispatched request's true size is known (a backend's final usage): correct what
+        was charged for it. A policy without counters has nothing to correct."""
+
+    def unadmit(self, request: Request) -> None:
+        """A dispatched request never ran (its backend gave it back): refund its dispatch and
+        requeue it, as if never dispatched."""
+        self.requeue(request)
 
     @property
     def num_waiting(self) -> int:

@@ -31,11 +31,12 @@ received h(n_p, n_q), so its n_q-th token is charged h(n_p, n_q) - h(n_p, n_q - 
 linear h). With a predictor, h(n_p, predicted) is charged at dispatch, nothing more until n_q
 passes the prediction, and the over-prediction is refunded at the end (Algorithm 3).
 
-Fair preemption (the paper's Appendix C.3 asks for it; Lesson 9), with blocks on demand and the
-fair victim (`preemption.Fair`): a preempted request goes back to the head of its client's queue,
-nothing charged or refunded (`requeue`), and a client joining an empty Q is lifted to within
-`gap` of every client that ran since Q emptied (`FairLift`). The waiting counters then stay
-within U_P = max(gap, w_p L_input) + w_q B (`cost.preemptive_bound`, its proof and what B is).
+A preempted request goes back to the head of its client's queue, nothing charged or refunded
+(`requeue`). Fair preemption's extension of the lift (the paper's Appendix C.3 asks for it;
+Lesson 9) is not Algorithm 2's and is not `VTC`'s: it is a strategy object the engine installs
+(`set_preempt_gap`), `FairLift` at the end of this file, which VTC consults when a client joins
+an empty Q and tells who ran meanwhile. The gateway's corrections (`settle`, `unadmit`) keep the
+lift's promise for refunds: a counter is never lowered below the smallest waiting one.
 """
 
 from __future__ import annotations
@@ -56,6 +57,7 @@ class VTC(Scheduler):
     `cached_weight`: w_c (`cost.cache_discount`). Ties go to the client seen first."""
 
     Least = LeastCounter  # the selection structure (`LinearScan` in the reference tests)
+    keeps_counters = True
 
     def __init__(
         self,
@@ -75,8 +77,7 @@ class VTC(Scheduler):
         self.least = self.Least(self.counters, self.first_seen, self.queues)
         self.last_left: str | None = None  # the last client whose queue emptied
         self.charged: dict[str, tuple[float, float]] = {}  # id -> (q, h(n_p, q)) charged for
-        self.fair_lift: FairLift | None = None  # fair preemption's (`set_preempt_gap`)
-        self.ran_while_empty: set[str] = set()  # clients charged while Q was empty (`FairLift`)
+        self.fair_lift: FairLift | None = None  # fair preemption's strategy (`set_preempt_gap`)
 
     def add(self, request: Request, now: float) -> str | None:
         client = request.client_id
@@ -114,7 +115,7 @@ class VTC(Scheduler):
     def on_decode(self, requests: list[Request]) -> None:
         self.charge_outputs(requests)
         if self.fair_lift is not None and self.least.least() is None:
-            self.ran_while_empty.update(r.client_id for r in requests)
+            self.fair_lift.ran(requests)
 
     def on_finish(self, request: Request) -> None:
         """Refund output charged but never generated (Algorithm 3); teach the predictor."""
@@ -145,6 +146,44 @@ class VTC(Scheduler):
     def accounts(self) -> dict[str, tuple[float | None, float]]:
         return {c: (n, self.weights.get(c, 1.0)) for c, n in self.counters.items()}
 
+    def counter(self, client: str) -> float | None:
+        return self.counters.get(client)
+
+    def waiting_counters(self) -> list[float]:
+        return [self.counters[c] for c, q in self.queues.items() if q]
+
+    def client_weights(self) -> dict[str, float]:
+        return dict(self.weights)
+
+    def refunds(self) -> bool:
+        return self.predictor is not None  # Algorithm 3 refunds an over-prediction
+
+    def dispatch_charge(self, request: Request) -> float:
+        """What `dispatch` charged `request`'s client, in counter units (0: none recorded)."""
+        _, service = self.charged.get(request.request_id, (0.0, 0.0))
+        return service / self.weights.get(request.client_id, 1.0)
+
+    def settle(self, request: Request, num_prompt: int, num_output: int) -> None:
+        """Charge `request` as h(num_prompt, num_output), what it truly cost, in place of what
+        was charged (an estimate); a correction downwards stops at the lift floor (`lower`).
+        Call before `on_finish`, with `request.output_ids` `num_output` long (else on_finish
+        refunds the difference, as for an over-prediction)."""
+        if request.request_id not in self.charged:
+            return
+        _, charged = self.charged[request.request_id]
+        actual = self.cost(num_prompt, num_output)
+        self.charged[request.request_id] = (float(num_output), actual)
+        self.lower(request.client_id, charged - actual)
+
+    def unadmit(self, request: Request) -> None:
+        """Refund what `dispatch` charged and requeue `request`: as if never dispatched (no
+        lower than the smallest waiting counter, as `lower`)."""
+        _, service = self.charged.pop(request.request_id, (0.0, 0.0))
+        floor = self.lift_floor() if self.least.least() is not None else None
+        self.charge(request.client_id, -service)
+        self.requeue(request)  # joining an empty Q lifts it to the floor itself
+        self.raise_to(request.client_id, floor)
+
     def check_invariants(self) -> None:
         self.least.check()  # Lemma 4.3 itself is checked by `fairness_check.FairnessCheck`
 
@@ -166,7 +205,8 @@ class VTC(Scheduler):
         """`request`'s client, with nothing waiting, joins Q with it: lifted, then selectable."""
         if self.lift:
             self.lift_counter(request.client_id)
-        self.ran_while_empty.clear()  # Q is empty no longer
+        if self.fair_lift is not None:
+            self.fair_lift.ran_since.clear()  # Q is empty no longer
         self.queues[request.client_id].append(request)
         self.least.push(request.client_id)
 
@@ -183,7 +223,7 @@ class VTC(Scheduler):
         floor = self.lift_floor()
         if self.fair_lift is None or self.least.least() is not None:
             return floor
-        return self.fair_lift.floor(self.counters, self.ran_while_empty, floor)
+        return self.fair_lift.floor(self.counters, floor)
 
     def lift_floor(self) -> float | None:
         """The smallest waiting counter; Q empty: the counter of the last client to leave Q."""
@@ -195,6 +235,19 @@ class VTC(Scheduler):
         self.counters[client] += amount / self.weights.get(client, 1.0)
         if amount < 0 and self.queues[client]:
             self.least.push(client)  # the live entry's key is now too high to be a lower bound
+
+    def lower(self, client: str, amount: float) -> None:
+        """Take `amount` of service off `client`'s counter (a negative amount adds it), but no
+        lower than the smallest waiting counter: a refund cannot let a client bank service it
+        never received below the others' level (the lift's reason; Lemma 4.3 holds)."""
+        floor = self.lift_floor() if self.least.least() is not None else None
+        self.charge(client, -amount)
+        self.raise_to(client, floor)
+
+    def raise_to(self, client: str, floor: float | None) -> None:
+        counter = self.counters[client]
+        if floor is not None and counter < floor:
+            self.charge(client, (floor - counter) * self.weights.get(client, 1.0))
 
     def charge_outputs(self, requests: list[Request]) -> None:
         """Each of `requests` got its n_q-th token: charge h(n_p, n_q) - h(n_p, q), q the tokens
@@ -231,28 +284,37 @@ def forget_below_floor(vtc: VTC, idle: list[str]) -> list[str]:
     for c in gone:
         del counters[c], queues[c]
         vtc.least.forget(c)
-        vtc.ran_while_empty.discard(c)
+        if vtc.fair_lift is not None:
+            vtc.fair_lift.ran_since.discard(c)
     return gone
 
 
 class FairLift:
-    """Fair preemption's extension of the lift (Lesson 9): the engine displaces clients more
-    than `gap` ahead of a waiting one, and a client joining an empty Q is lifted to within
-    `gap` of every client that ran (was charged) since Q emptied.
+    """Fair preemption's lift (Lesson 9), the strategy `VTC.set_preempt_gap` installs for the
+    fair victim (`preemption.Fair`): not Algorithm 2's, so not `VTC`'s; VTC consults it when
+    a client joins an empty Q and tells it who ran meanwhile.
 
-    Those clients were served while nobody waited, and the last to leave Q may lie far below
-    them: a client lifted only that far would displace them at once and then take every
-    dispatch until it caught up with all they received meanwhile, a lead that only the memory
-    they held (M) would limit. The preemptive bound needs it limited by `gap`
-    (`cost.preemptive_bound`).
+    The engine displaces clients more than `gap` ahead of a waiting one, and a client joining
+    an empty Q is lifted to within `gap` of every client that ran (was charged) since Q
+    emptied. Those clients were served while nobody waited, and the last to leave Q may lie
+    far below them: a client lifted only that far would displace them at once and then take
+    every dispatch until it caught up with all they received meanwhile, a lead that only the
+    memory they held (M) would limit. The preemptive bound needs it limited by `gap`: the
+    waiting counters then stay within U_P = max(gap, w_p L_input) + w_q B
+    (`cost.preemptive_bound`, its proof and what B is).
     """
 
     def __init__(self, gap: float) -> None:
         self.gap = gap
+        self.ran_since: set[str] = set()  # clients charged since Q emptied
 
-    def floor(self, counters: dict[str, float], ran: set[str], floor: float | None) -> float | None:
-        """`floor` (Algorithm 2's, Q empty), raised to within `gap` of those that `ran`."""
-        if not ran:
+    def ran(self, requests: list[Request]) -> None:
+        """A step charged `requests` while Q was empty."""
+        self.ran_since.update(r.client_id for r in requests)
+
+    def floor(self, counters: dict[str, float], floor: float | None) -> float | None:
+        """`floor` (Algorithm 2's, Q empty), raised to within `gap` of those that ran."""
+        if not self.ran_since:
             return floor
-        top = max(counters[c] for c in ran) - self.gap
+        top = max(counters[c] for c in self.ran_since) - self.gap
         return top if floor is None else max(floor, top)

@@ -40,14 +40,13 @@ may hold requests on every backend at once, and routing changes no counter, so p
 routing keeps it. `check_fairness` asserts Lemma 4.3 over the fleet after every arrival,
 dispatch and step, reusing the engine's `FairnessCheck` with M = the sum of the budgets.
 Plain Python: the simulator (`replicas.py`) and the gateway (`gateway.py`) both run it.
-README: "Fair across replicas"; Lesson 11.
+minivtc/fleet/README.md; Lesson 11.
 """
 
 from __future__ import annotations
 
 from minivtc.fairness.fairness_check import FairnessCheck
 from minivtc.fairness.scheduler import Scheduler
-from minivtc.fairness.vtc import VTC
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.routing import LeastLoaded, Route
 from minivtc.vocab.request import Request
@@ -173,40 +172,11 @@ class Dispatcher:
 
     def settle(self, request: Request, num_prompt: int, num_output: int) -> None:
         """The backend's final `usage` corrects what was charged: a prompt the gateway
-        estimated with its own tokenizer, output counted from stream chunks. Call before
-        `on_finish`, with `request.output_ids` as long as `num_output` (else VTC's on_finish
-        would refund the difference, as for an over-prediction). A correction downwards
-        stops at the smallest waiting counter (`lower`)."""
-        vtc = self.scheduler if isinstance(self.scheduler, VTC) else None
-        if vtc is None or request.request_id not in vtc.charged:
-            return
-        _, charged = vtc.charged[request.request_id]
-        actual = vtc.cost(num_prompt, num_output)
-        vtc.charged[request.request_id] = (float(num_output), actual)
-        self.lower(vtc, request.client_id, charged - actual)
+        estimated with its own tokenizer, output counted from stream chunks (`VTC.settle`: a
+        correction downwards stops at the smallest waiting counter). Call before
+        `on_finish`, with `request.output_ids` as long as `num_output`."""
+        self.scheduler.settle(request, num_prompt, num_output)
 
     def uncharge(self, request: Request) -> None:
         """Refund the prompt charged at dispatch and requeue: as if never dispatched."""
-        vtc = self.scheduler if isinstance(self.scheduler, VTC) else None
-        if vtc is None:  # a policy without counters (FCFS) has nothing to refund
-            self.scheduler.requeue(request)
-            return
-        _, service = vtc.charged.pop(request.request_id, (0.0, 0.0))
-        floor = vtc.lift_floor() if vtc.least.least() is not None else None
-        vtc.charge(request.client_id, -service)
-        vtc.requeue(request)  # joining an empty Q lifts it to the floor itself
-        self.raise_to(vtc, request.client_id, floor)
-
-    def lower(self, vtc: VTC, client: str, amount: float) -> None:
-        """Take `amount` of service off `client`'s counter (a negative amount adds it), but no
-        lower than the smallest waiting counter: a refund cannot let a client bank service it
-        never received below the others' level (the lift's reason; Lemma 4.3 holds)."""
-        floor = vtc.lift_floor() if vtc.least.least() is not None else None
-        vtc.charge(client, -amount)
-        self.raise_to(vtc, client, floor)
-
-    @staticmethod
-    def raise_to(vtc: VTC, client: str, floor: float | None) -> None:
-        counter, weight = vtc.counters[client], vtc.weights.get(client, 1.0)
-        if floor is not None and counter < floor:
-            vtc.charge(client, (floor - counter) * weight)
+        self.scheduler.unadmit(request)

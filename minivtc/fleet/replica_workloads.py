@@ -1,5 +1,5 @@
 """Workloads for a fleet: any trace scaled to N replicas, and two constructed to show where
-per-replica counters fail (README: "Fair across replicas").
+per-replica counters fail (minivtc/fleet/README.md).
 
 - `scaled(trace, n)`: n interleaved copies (copy k shifted by k/n of the mean gap between
   arrivals): the same clients, each sending n times as fast, so n replicas see what one saw.

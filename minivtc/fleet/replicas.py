@@ -17,7 +17,7 @@ handled in time order: the next arrival, or the replica whose step ends first. T
 The dispatcher binds at the event that makes room (an arrival, a step's end) and the replica
 admits at its next step, as a backend behind an HTTP gateway would; with one replica that is
 exactly the single engine's run (a test checks it). The service gap is measured over the
-fleet (`fleet_watch.py`). Plain Python. README: "Fair across replicas"; Lesson 11.
+fleet (`fleet_watch.py`). Plain Python. minivtc/fleet/README.md; Lesson 11.
 """
 
 from __future__ import annotations
@@ -26,14 +26,14 @@ import functools
 import heapq
 import math
 import time
-from dataclasses import dataclass
-from typing import cast
+from dataclasses import dataclass, replace
+from typing import Any, cast
 
 from minivtc.engine.engine import Engine
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
+from minivtc.engine.spec import EngineSpec
 from minivtc.fairness.cost import W_Q
-from minivtc.fairness.policies import make_scheduler
 from minivtc.fairness.scheduler import FCFS
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.dispatcher import Dispatcher
@@ -54,6 +54,7 @@ from minivtc.harness.workloads import TraceRequest
 from minivtc.vocab.params import SamplingParams
 from minivtc.vocab.request import Request
 
+DEFAULTS = EngineOptions()
 ROUTINGS = ("global", "round-robin", "least-loaded", "random", "prefix")
 
 
@@ -77,49 +78,68 @@ def simulate_fleet(
     num_replicas: int,
     routing: str = "global",
     route_by: str = "least-loaded",
-    scheduler: str = "vtc",
+    scheduler: str | EngineSpec = "vtc",
     step_time: str = "a10g-llama7b",
-    kv_tokens: int = 10000,
     *,
-    weights: dict[str, float] | None = None,
-    seed: int = 0,
-    check_fairness: bool = False,
     watch_backlog: bool = False,
     staleness: float = 0.0,
+    **spec: Any,
 ) -> FleetResult:
     """Replay `trace` on `num_replicas` replicas of `kv_tokens` each (the module docstring).
-    `staleness` (global): the dispatcher hears of each step that many seconds after it ends."""
+    `scheduler`: an `EngineSpec`, or a policy name with the spec's keywords (`fleet_spec`:
+    kv_tokens, weights, seed, check_fairness). `staleness` (global): the dispatcher hears of
+    each step that many seconds after it ends."""
     if routing not in ROUTINGS:
         raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
     if route_by not in ("least-loaded", "prefix"):
         raise ValueError(f"route_by must be 'least-loaded' or 'prefix', got {route_by!r}")
     if num_replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {num_replicas}")
-    fleet = Fleet(num_replicas, routing, route_by, scheduler, step_time, kv_tokens, weights, seed)
+    engine_spec = fleet_spec(scheduler, spec)
+    fleet = Fleet(num_replicas, routing, route_by, engine_spec, step_time)
+    check_fairness, weights = engine_spec.options.check_fairness, engine_spec.weights
     if routing == "global":
-        policy = make_scheduler(scheduler, weights, seed)
+        policy = engine_spec.scheduler()
         fleet.dispatcher = Dispatcher(policy, fleet.backends(), fleet.route, check_fairness)
         fleet.news = News(staleness) if staleness else None
     elif staleness:
         raise ValueError("staleness is the global dispatcher's view: only with routing 'global'")
-    fleet.watch = FleetWatch(weights) if watch_backlog else None
+    fleet.watch = FleetWatch(None if weights is None else dict(weights)) if watch_backlog else None
     start = time.perf_counter()
     with gc_paused():  # PERF: as `simulate`: millions of objects, no cycles
         fleet.run(sorted(trace, key=lambda r: r.arrival_s))
     return fleet.result(trace, time.perf_counter() - start)
 
 
+def fleet_spec(scheduler: str | EngineSpec, keywords: dict[str, Any]) -> EngineSpec:
+    """`simulate_fleet`'s spec: each replica reserves prompt + max_tokens (the paper's full
+    reservation) in a token-granular pool of `kv_tokens`; of the options, only
+    check_fairness (the dispatcher's, routing "global") may be chosen."""
+    keywords = keywords if isinstance(scheduler, EngineSpec) else {"block_size": 1} | keywords
+    spec = EngineSpec.of(scheduler, **keywords)
+    if not isinstance(spec.policy, str):
+        raise TypeError("simulate_fleet takes a policy name: one policy object per replica")
+    pool = spec.kv_bytes, spec.block_size, spec.prefix_caching, spec.cached_weight
+    if pool != (None, 1, False, None) or replace(spec.options, check_fairness=False) != DEFAULTS:
+        raise ValueError(
+            "simulate_fleet: each replica reserves prompt + max_tokens in a token-granular "
+            "pool of kv_tokens; of the rest only weights, seed and check_fairness are chosen"
+        )
+    return spec
+
+
 class Fleet:
     """The replicas, the dispatcher (global) or routes (per replica), and the event loop."""
 
-    def __init__(self, n, routing, route_by, scheduler, step_time, kv_tokens, weights, seed):
-        # (per replica, `scheduler` runs on every engine; global, on the dispatcher)
+    def __init__(self, n, routing, route_by, spec, step_time):
+        # (per replica, the spec's policy runs on every engine; global, on the dispatcher)
+        kv_tokens = spec.pool_tokens
         model = step_time_model(step_time)
         options = EngineOptions(reservation="full", max_running=1 << 30)
         self.replicas = []
         for k in range(n):
             clock = VirtualClock()
-            policy = FCFS() if routing == "global" else make_scheduler(scheduler, weights, seed)
+            policy = FCFS() if routing == "global" else spec.scheduler()
             engine = Engine(
                 StepTimeRunner(model, clock),
                 BlockAllocator(kv_tokens, 1),
@@ -131,7 +151,7 @@ class Fleet:
             )
             self.replicas.append(Replica(engine, clock, Backend(f"replica-{k}", kv_tokens)))
         self.index = {id(r.backend): k for k, r in enumerate(self.replicas)}
-        self.route = make_route(route_by if routing == "global" else routing, seed)
+        self.route = make_route(route_by if routing == "global" else routing, spec.seed)
         self.dispatcher: Dispatcher | None = None  # routing "global": `simulate_fleet` sets it
         self.watch: FleetWatch | None = None
         self.heap: list[tuple[float, int]] = []  # (when its step ends, replica) for busy ones

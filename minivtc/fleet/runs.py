@@ -3,58 +3,55 @@
 Owns which files a fleet run writes: requests.csv (the single-engine columns and `replica`,
 the replica each request ran on), metrics.json (the fleet as one, as `paper/report.py`
 summarizes a single engine's run, plus the routing and a table per replica) and the service
-and gap plots. The simulation itself is `replicas.py`'s. README: "Fair across replicas"; Lesson 11.
+and gap plots. The simulation itself is `replicas.py`'s. minivtc/fleet/README.md; Lesson 11.
 """
 
 from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
-from minivtc.fleet.replica_workloads import fleet_workload, scaled
+from minivtc.engine.spec import EngineSpec
+from minivtc.fleet.replica_workloads import FLEET_WORKLOADS, fleet_workload, scaled
 from minivtc.fleet.replicas import FleetResult, simulate_fleet
 from minivtc.harness import metrics, plots
 from minivtc.harness.metrics import Served
 from minivtc.harness.summary import summarize
-from minivtc.harness.workloads import read_trace
+from minivtc.harness.workloads import WORKLOADS, read_trace
 
 
 def simulate_fleet_to_dir(
-    workload_name: str | None,
-    trace_path: str | None,
+    source: str,
+    spec: EngineSpec,
+    step_time: str,
+    out: str | Path,
     replicas: int,
     routing: str,
     route_by: str,
-    scheduler: str,
-    step_time: str,
-    kv_tokens: int,
-    seed: int,
-    out: str | Path,
     staleness: float = 0.0,
 ) -> dict:
-    """Simulate `replicas` replicas (arrivals scaled by the number of replicas), write the
+    """Simulate `source` (a workload's name, `replica_workloads.fleet_workload`, or a trace
+    file's path; arrivals scaled by the number of replicas) on `replicas` replicas, write the
     files to `out`; the global dispatcher asserts its bound after every event (VTC)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if workload_name:
-        trace, horizon, weights = fleet_workload(workload_name, replicas)
+    if source in WORKLOADS or source in FLEET_WORKLOADS:
+        trace, horizon, weights = fleet_workload(source, replicas)
     else:
-        assert trace_path is not None, "a workload name or a trace path"
-        trace, weights = scaled(read_trace(trace_path), replicas), None
+        trace, weights = scaled(read_trace(source), replicas), None
         horizon = float(int(trace[-1].arrival_s))
+    scheduler, kv_tokens = str(spec.policy), spec.pool_tokens
     checked = routing == "global" and scheduler.startswith(("vtc", "wvtc"))
+    options = replace(spec.options, check_fairness=checked)
     fleet = simulate_fleet(
         trace,
         replicas,
         routing,
         route_by,
-        scheduler,
+        replace(spec, weights=weights, options=options),
         step_time,
-        kv_tokens,
-        weights=weights,
-        seed=seed,
-        check_fairness=checked,
         watch_backlog=True,
         staleness=staleness,
     )
@@ -63,7 +60,7 @@ def simulate_fleet_to_dir(
         fleet.result, horizon, kv_tokens * replicas, max(t.input_tokens for t in trace)
     )
     summary.update(
-        workload=workload_name or trace_path,
+        workload=source,
         replicas=replicas,
         routing=routing,
         route_by=route_by if routing == "global" else None,
@@ -77,8 +74,7 @@ def simulate_fleet_to_dir(
     span = metrics.service(fleet.result.served, 30.0, horizon)
     summary["service_rate_30_end"] = {c: round(v / (horizon - 30), 1) for c, v in span.items()}
     (out / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n")
-    source = workload_name or Path(str(trace_path)).name
-    title = f"{scheduler}, {replicas} replicas, {routing} on {source}"
+    title = f"{scheduler}, {replicas} replicas, {routing} on {Path(source).name}"
     served = fleet.result.served
     plots.service_plot(served, horizon, out / "service.png", f"{title}: service rate")
     plots.gap_plot({routing: served}, horizon, out / "gap.png", bound=fleet.result.bound)

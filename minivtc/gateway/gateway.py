@@ -30,7 +30,6 @@ import httpx
 from fastapi.responses import JSONResponse, Response
 
 from minivtc.fairness.scheduler import Scheduler
-from minivtc.fairness.vtc import VTC
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.dispatcher import Dispatcher
 from minivtc.fleet.routing import Route
@@ -78,7 +77,7 @@ class Gateway:
         health_every_s: float = 1.0,
         route: Route | None = None,
     ) -> None:
-        checked = isinstance(scheduler, VTC)  # Lemma 4.3 over the fleet, after every event
+        checked = scheduler.keeps_counters  # Lemma 4.3 over the fleet, after every event
         self.dispatcher = Dispatcher(scheduler, backends, route, check_fairness=checked)
         self.tokenizer, self.model_name, self.auth = tokenizer, model_name, auth
         self.prompt_limits = PromptLimits.of(self.dispatcher.largest, tokenizer)

@@ -20,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from tqdm import tqdm
@@ -28,8 +28,7 @@ from tqdm import tqdm
 from minivtc.engine.engine import Engine
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
-from minivtc.engine.prefix_cache import PrefixCachingAllocator
-from minivtc.fairness.policies import make_scheduler
+from minivtc.engine.spec import EngineSpec
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.harness.backlog import BacklogWatch
 from minivtc.harness.metrics import Served
@@ -106,6 +105,8 @@ class SimResult:
     prompt_tokens: int = 0  # of the requests admitted
     cached_tokens: int = 0  # of which the prefix cache held: prefill saved
     swapped_tokens: int = 0  # preemption="swap": tokens copied to host memory and back
+    host_tokens: int = 0  # of which on the host at the end (none: every request finished)
+    swap_tokens: int = 0  # the host memory for them (0: no swapping)
 
     @property
     def prefix_hit_rate(self) -> float:
@@ -114,50 +115,40 @@ class SimResult:
 
 def simulate(
     trace: Iterable[TraceRequest],
-    scheduler: str | Scheduler = "vtc",
+    scheduler: str | Scheduler | EngineSpec = "vtc",
     step_time: str | StepTimeModel = "a10g-llama7b",
-    kv_tokens: int = 10000,
-    block_size: int = 1,
+    kv_tokens: int | None = None,
     *,
-    weights: dict[str, float] | None = None,
-    seed: int = 0,
     progress: bool = False,
     watch_backlog: bool = False,
-    prefix_caching: bool = False,
-    cached_weight: float | None = None,
-    options: EngineOptions | None = None,
-    **engine_options: Any,
+    **spec: Any,
 ) -> SimResult:
     """Replay `trace` through the engine on a virtual clock; every request's client-side record.
 
-    `options`, or the keywords that build them (`EngineOptions`: reservation, default "peak"
-    here, the artifact's; victim, preemption, admit_every, check_fairness, ...): the engine's.
-    `watch_backlog`: also measure the worst service gap of two backlogged clients (slower).
-    `prefix_caching`: the pool caches prompt blocks (requests sharing a `prefix_id` share
-    their first `prefix_tokens`); `cached_weight`: VTC's charge for a cached prompt token."""
-    if options is not None and engine_options:
-        raise TypeError(f"give options or its keywords, not both: {sorted(engine_options)}")
-    if "max_running" in engine_options or (options and options.max_running != DEFAULT_RUNNING):
-        raise TypeError("simulate runs every admitted request: it takes no max_running")
-    options = options or EngineOptions(**{"reservation": "peak", **engine_options})
+    `scheduler`: an `EngineSpec`, or a policy with the spec's other fields and the engine's
+    options as keywords (`sim_spec`: here the pool is `kv_tokens` tokens in blocks of 1 and
+    the reservation "peak", the artifact's, unless given). `watch_backlog`: also measure the
+    worst service gap of two backlogged clients (slower). With `prefix_caching` the pool
+    caches prompt blocks (requests sharing a `prefix_id` share their first `prefix_tokens`)."""
+    if kv_tokens is not None:
+        spec["kv_tokens"] = kv_tokens
+    engine_spec = sim_spec(scheduler, spec)
     trace = sorted(trace, key=lambda r: r.arrival_s)
     model = step_time_model(step_time) if isinstance(step_time, str) else step_time
-    if isinstance(scheduler, str):
-        policy = make_scheduler(scheduler, weights=weights, seed=seed, cached_weight=cached_weight)
-    else:
-        policy = scheduler
+    policy = engine_spec.scheduler()
     clock = VirtualClock()
-    pool = PrefixCachingAllocator if prefix_caching else BlockAllocator
     runner = StepTimeRunner(model, clock)
+    block_size = engine_spec.block_size
     engine = Engine(
         runner,
-        pool(-(-kv_tokens // block_size), block_size),
+        engine_spec.allocator(-(-engine_spec.pool_tokens // block_size), block_size),
         policy,
         max_positions=1 << 30,
         eos_id=SIM_EOS,
         clock=clock,
-        options=replace(options, max_running=1 << 30),
+        options=replace(engine_spec.options, max_running=1 << 30),
     )
+    prefix_caching, cached_weight = engine_spec.prefix_caching, engine_spec.cached_weight
     start = time.perf_counter()
     watch = BacklogWatch(engine, w_c=cached_weight) if watch_backlog else None
     with gc_paused():  # PERF: 15-20% of a long simulation went to full collections
@@ -171,14 +162,27 @@ def simulate(
         wall_s=time.perf_counter() - start,
         steps=steps,
         counters={c: n for c, (n, _) in policy.accounts().items() if n is not None},
-        preemptions=engine.num_preemptions,
-        recomputed_tokens=engine.preemption.recomputed_tokens,
         bound=engine.fairness.gap_bound() if engine.fairness else None,
         backlogged_gap=watch.worst if watch else None,
-        prompt_tokens=engine.num_prompt_tokens,
-        cached_tokens=engine.num_cached_tokens,
-        swapped_tokens=engine.preemption.swapped_tokens,
+        **asdict(engine.stats()),
     )
+
+
+def sim_spec(scheduler: str | Scheduler | EngineSpec, keywords: dict[str, Any]) -> EngineSpec:
+    """`simulate`'s spec: a pool in tokens (no bytes: there is no device), blocks of 1 token
+    (S-LoRA's, the paper's) and the artifact's "peak" reservation unless given; every
+    admitted request runs (no max_running)."""
+    if not isinstance(scheduler, EngineSpec):
+        defaults: dict[str, Any] = {"block_size": 1}
+        if "options" not in keywords:
+            defaults["reservation"] = "peak"
+        keywords = defaults | keywords
+    spec = EngineSpec.of(scheduler, **keywords)
+    if spec.kv_bytes is not None:
+        raise ValueError("simulate's pool is in tokens (kv_tokens): there is no device memory")
+    if "max_running" in keywords or spec.options.max_running != DEFAULT_RUNNING:
+        raise TypeError("simulate runs every admitted request: it takes no max_running")
+    return spec
 
 
 def replay(

@@ -147,12 +147,16 @@ class Roofline:
         return self.overhead_s + max(compute, memory)
 
 
-def llama_roofline(name, n_params, n_layers, dim, dtype_bytes, bandwidth, flops, overhead, note=""):
+FP16_BYTES = 2
+
+
+def llama_roofline(name, n_params, n_layers, dim, bandwidth, flops, overhead, note=""):
+    """A Llama's roofline in fp16 (2 bytes a weight, a key and a value per layer per token)."""
     return Roofline(
         name,
         n_params,
-        n_params * dtype_bytes,
-        2 * n_layers * dim * dtype_bytes,
+        n_params * FP16_BYTES,
+        2 * n_layers * dim * FP16_BYTES,
         bandwidth,
         flops,
         overhead,
@@ -184,7 +188,6 @@ STEP_TIME_MODELS: dict[str, StepTimeModel] = {
             6.74e9,
             32,
             4096,
-            2,
             600e9 * 0.72,
             125e12 * 0.5,
             0.002,
@@ -192,10 +195,10 @@ STEP_TIME_MODELS: dict[str, StepTimeModel] = {
         ),
         MeasuredStepTime.load(A100_FIT),  # "a100-llama13b", fitted to the measured ablation
         llama_roofline(
-            "a100-llama13b-roofline", 13.0e9, 40, 5120, 2, 2.0e12 * 0.8, 312e12 * 0.6, 0.005
+            "a100-llama13b-roofline", 13.0e9, 40, 5120, 2.0e12 * 0.8, 312e12 * 0.6, 0.005
         ),
-        llama_roofline("h100-llama7b", 6.74e9, 32, 4096, 2, 3.35e12 * 0.8, 990e12 * 0.6, 0.005),
-        llama_roofline("h200-llama7b", 6.74e9, 32, 4096, 2, 4.8e12 * 0.8, 990e12 * 0.6, 0.005),
+        llama_roofline("h100-llama7b", 6.74e9, 32, 4096, 3.35e12 * 0.8, 990e12 * 0.6, 0.005),
+        llama_roofline("h200-llama7b", 6.74e9, 32, 4096, 4.8e12 * 0.8, 990e12 * 0.6, 0.005),
     ]
 }
 

@@ -1,7 +1,7 @@
 """The offline API, as vLLM spells it: `LLM(...).generate(prompts, SamplingParams(...))`.
 
-Owns: `build_engine` (model + pool + runner + scheduler wired together with sensible defaults)
-and `LLM`, which feeds prompts through the engine's continuous batching and returns the results
+Owns `LLM` (its engine is `engine.factory.build_engine`'s, from an `engine.spec.EngineSpec` of
+its keywords), which feeds prompts through the engine's continuous batching and returns the results
 in prompt order, shaped like vLLM's (`outputs.py`); `LLM.chat` does the same for
 conversations. The prompt forms it reads are `inputs.py`'s, vLLM's constructor arguments
 `args.py`'s. Streaming users (the server) call the engine directly: `add_request` / `step`
@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 from minivtc.engine.factory import build_engine
 from minivtc.engine.options import EngineOptions
 from minivtc.engine.sampler import SamplingParams
+from minivtc.engine.spec import EngineSpec
 from minivtc.model.chat import prompt_ids
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.model.weights import bundled_weights_dir, load_model
@@ -41,6 +42,9 @@ from minivtc.vocab.request import Request
 __all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "build_engine"]
 # vLLM's constructor arguments that LLM takes through **engine_options (`llm_args.VLLMArgs`)
 VLLM_ONLY = (
+    "max_num_seqs",
+    "enable_prefix_caching",
+    "gpu_memory_utilization",
     "enforce_eager",
     "tensor_parallel_size",
     "pipeline_parallel_size",
@@ -53,11 +57,12 @@ VLLM_ONLY = (
 )
 
 
-# minivtc's own keywords LLM passes on: build_engine's, and the EngineOptions it builds
+# minivtc's own keywords LLM passes on: build_engine's, the EngineSpec and EngineOptions it builds
 ENGINE_KEYWORDS = {
     *inspect.signature(build_engine).parameters,
+    *(f.name for f in fields(EngineSpec)),
     *(f.name for f in fields(EngineOptions)),
-} - {"model", "tokenizer", "engine_options"}
+} - {"model", "tokenizer", "spec", "policy"}
 
 
 class LLM:
@@ -78,9 +83,6 @@ class LLM:
         weights_dir: str | Path | None = None,
         tokenizer: str | Path | None = None,
         max_model_len: int | None = None,
-        max_num_seqs: int | None = None,
-        enable_prefix_caching: bool | None = None,
-        gpu_memory_utilization: float | None = None,
         seed: int | None = None,
         **engine_options: Any,
     ) -> None:
@@ -88,9 +90,6 @@ class LLM:
         args = VLLMArgs(
             tokenizer=tokenizer,
             max_model_len=max_model_len,
-            max_num_seqs=max_num_seqs,
-            enable_prefix_caching=enable_prefix_caching,
-            gpu_memory_utilization=gpu_memory_utilization,
             seed=seed,
             **{k: engine_options.pop(k) for k in VLLM_ONLY if k in engine_options},
         )

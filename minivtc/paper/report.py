@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from minivtc.engine.options import EngineOptions
+from minivtc.engine.spec import EngineSpec
 from minivtc.fleet.experiment import replicas
 from minivtc.harness import metrics, plots
 from minivtc.harness.experiments import EXPERIMENTS, TWO_U_10K, Experiment
@@ -25,70 +25,49 @@ from minivtc.harness.fair_memory import fair_memory
 from minivtc.harness.prefix_caching import prefix_caching
 from minivtc.harness.sim import progress_bar, simulate
 from minivtc.harness.summary import summarize
-from minivtc.harness.workloads import A10G_RUNS, TraceRequest, read_trace, workload
+from minivtc.harness.workloads import A10G_RUNS, WORKLOADS, TraceRequest, read_trace, workload
 from minivtc.paper.figures import fig12, fig13_14, fig15, validate_a100
 
 
-def simulate_to_dir(
-    workload_name: str | None,
-    trace_path: str | None,
-    scheduler: str,
-    step_time: str,
-    kv_tokens: int,
-    seed: int,
-    out: str | Path,
-    options: EngineOptions | None = None,
-    block_size: int = 1,
-    prefix_caching: bool = False,
-    cached_weight: float | None = None,
-) -> dict:
-    """Simulate, then write requests.csv, metrics.json and the plots to `out`. VTC asserts
-    its bound after every step where the configuration states one (`bound` in metrics.json:
-    2U with a reservation, 2 U_P with fair preemption, null otherwise)."""
+def simulate_to_dir(source: str, spec: EngineSpec, step_time: str, out: str | Path) -> dict:
+    """Simulate `source` (a workload's name, `workloads.WORKLOADS`, or a trace file's path;
+    a workload's weights replace the spec's), then write requests.csv, metrics.json and the
+    plots to `out`. VTC asserts its bound after every step where the configuration states
+    one (`bound` in metrics.json: 2U with a reservation, 2 U_P with fair preemption, null
+    otherwise)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    if workload_name:
-        w = workload(workload_name)
+    if source in WORKLOADS:
+        w = workload(source)
         trace, horizon, weights = w.make(), w.duration, w.weights
     else:
-        assert trace_path is not None, "a workload name or a trace path"
-        trace = read_trace(trace_path)
+        trace = read_trace(source)
         horizon, weights = float(int(trace[-1].arrival_s)), None
-    options = options or EngineOptions(reservation="peak")
+    options = spec.options
     reservation, victim = options.reservation, options.victim or "latest"
-    checked = scheduler == "vtc" and (reservation == "full" or options.fair_victim)
-    result = simulate(
-        trace,
-        scheduler,
-        step_time,
-        kv_tokens,
-        block_size,
-        weights=weights,
-        seed=seed,
-        options=replace(options, check_fairness=checked),
-        watch_backlog=True,
-        progress=True,
-        prefix_caching=prefix_caching,
-        cached_weight=cached_weight,
-    )
+    checked = spec.policy == "vtc" and (reservation == "full" or options.fair_victim)
+    options = replace(options, check_fairness=checked)
+    spec = replace(spec, weights=weights, options=options)
+    result = simulate(trace, spec, step_time, watch_backlog=True, progress=True)
+    scheduler, kv_tokens = str(spec.policy), spec.pool_tokens
     metrics.write_requests(out / "requests.csv", result.served)
     summary = summarize(result, horizon, kv_tokens, max(t.input_tokens for t in trace))
     summary.update(
-        workload=workload_name or trace_path,
+        workload=source,
         scheduler=scheduler,
         step_time=step_time,
         kv_tokens=kv_tokens,
         reservation=reservation,
         victim=victim,
         preempt_gap=options.preempt_gap,
-        block_size=block_size,
+        block_size=spec.block_size,
         preemption=options.preemption or "recompute",
         swap_tokens=options.swap_tokens,
-        prefix_caching=prefix_caching,
-        cached_weight=cached_weight,
+        prefix_caching=spec.prefix_caching,
+        cached_weight=spec.cached_weight,
     )
     (out / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n")
-    title = f"{scheduler} on {workload_name or Path(str(trace_path)).name}"
+    title = f"{scheduler} on {Path(source).name}"
     plots.service_plot(result.served, horizon, out / "service.png", f"{title}: service rate")
     plots.response_plot(result.served, horizon, out / "response.png", f"{title}: response time")
     plots.gap_plot({scheduler: result.served}, horizon, out / "gap.png", bound=summary["two_u"])

@@ -41,7 +41,6 @@ from fastapi.responses import HTMLResponse
 
 from minivtc.engine.engine import Engine, build_fairness_check
 from minivtc.engine.preemption import Fair
-from minivtc.fairness.vtc import VTC
 from minivtc.serving.api_keys import Auth, Caller
 from minivtc.serving.middleware import is_loopback
 from minivtc.serving.observability import fairness_view
@@ -124,9 +123,8 @@ class Setup:
             "kv_tokens": engine.allocator.num_tokens,
             "max_model_len": engine.max_model_len,
         }
-        vtc = engine.scheduler if isinstance(engine.scheduler, VTC) else None
         bound, name = spread_bound(engine)
-        weights = dict(vtc.weights) if vtc is not None else {}
+        weights = engine.scheduler.client_weights()
         return cls(time.time(), engine.scheduler.name, options, weights, bound, name)
 
 
@@ -138,7 +136,7 @@ def fair_gap(engine: Engine) -> float | None:
 def spread_bound(engine: Engine) -> tuple[float | None, str]:
     """The ceiling the VTC family keeps the waiting counters under, as the engine's own
     check_fairness states it (`fairness_check.FairnessCheck`), or why there is none."""
-    if not isinstance(engine.scheduler, VTC):
+    if not engine.scheduler.keeps_counters:
         return None, f"{engine.scheduler.name} keeps no counters: there is no spread to bound"
     try:
         check = engine.fairness or build_fairness_check(engine)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from minivtc.engine.engine import Engine
 from minivtc.serving.snapshot import OTHER, ClientRow, FirstTokens, Snapshot
@@ -106,10 +106,7 @@ class ServerStats:
             forgotten=ClientRow(
                 None, 1.0, 0, 0, self.forgotten.input_tokens, self.forgotten.output_tokens
             ),
-            preemptions=engine.num_preemptions,
-            prompt_tokens=engine.num_prompt_tokens,
-            cached_tokens=engine.num_cached_tokens,
-            **engine.preemption_tokens(),
+            **asdict(engine.stats()),  # preemptions; prompt, cached, recomputed, swapped tokens
             tenants=tuple(self.tenants),
             first_tokens={c: f.copy() for c, f in self.first_tokens.items()},
             taken=time.monotonic(),
