@@ -7,9 +7,12 @@ cost h (Section 4.2)). The waiting client with the smallest counter is found by
 Algorithm 2, line by line, and the method that does it:
 
     on arrival of request r from client u:                                  add()
-        if Q holds no request of u:                    (u joins the queue)
-            c_u <- max(c_u, min over clients i in Q of c_i)                 lift_counter()
-            (Q empty: c_u <- max(c_u, c_l), l the last client to leave Q)   lift_floor()
+        if Q holds no request of u:                    (u joins the queue)  join()
+            c_u <- max(c_u, floor)                                          lift_counter()
+            floor, Q not empty: min over clients i in Q of c_i              lift_floor()
+            floor, Q empty: c_l, l the last client to leave Q               lift_floor()
+              (with fair preemption, Q empty: FairLift's floor instead,     join_floor()
+               within the gap of every client that ran while Q was empty)
         Q <- Q + r                                                          add()
     each step, while requests may be admitted:                              Engine.schedule()
         k <- the client in Q with the smallest c_k                          LeastCounter.least()
