@@ -28,7 +28,7 @@ from minivtc.gateway.gateway import Gateway
 from minivtc.gateway.launch import backends_of
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.model.weights import bundled_weights_dir
-from minivtc.serving.api_keys import Gate, Key
+from minivtc.serving.api_keys import Auth, Key
 from minivtc.serving.server import BackgroundServer
 from tests.test_gateway import free_port, healthy, stream
 
@@ -125,7 +125,7 @@ def gateway(servers):
     event; each vLLM backend given BUDGET tokens."""
     tokenizer = Tokenizer(bundled_weights_dir() / "tokenizer.model")
     backends = backends_of([f"{url}={BUDGET}" for url, _ in servers])
-    gw = Gateway(VTC(), backends, tokenizer, MODEL, Gate(KEYS), health_every_s=0.2)
+    gw = Gateway(VTC(), backends, tokenizer, MODEL, Auth(KEYS), health_every_s=0.2)
     assert gw.dispatcher.fairness is not None
     with BackgroundServer(make_gateway(gw)) as url:
         yield url, gw
