@@ -30,6 +30,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 from tqdm import tqdm
@@ -71,21 +72,32 @@ def prompt_ids(t: TraceRequest, rng: random.Random, prefixes: dict[str, list[int
     return shared[: t.prefix_tokens] + ids[t.prefix_tokens :]
 
 
+@dataclass(frozen=True)
+class Bodies:
+    """What each replayed request's body asks for besides its lengths: the model's name (None:
+    the server's), EOS ignored (so every request generates its trace's output length), the
+    temperature, and the seed of the prompts' token ids."""
+
+    model: str | None = None
+    ignore_eos: bool = True
+    temperature: float = 0.0
+    seed: int = 0
+
+
 async def replay(
     url: str | Sequence[str],
     trace: list[TraceRequest],
     speedup: float = 1.0,
     duration: float | None = None,
     drain_s: float | None = None,
-    model: str | None = None,
-    ignore_eos: bool = True,
-    temperature: float = 0.0,
-    seed: int = 0,
     progress: bool = True,
+    **bodies: Any,
 ) -> ReplayResult:
     """Send each request at `arrival_s / speedup` seconds after the start (those arriving
     before `duration`, in trace time), then wait up to `drain_s` for the last to finish.
-    `url`: a server root, or several: the k-th request in arrival order goes to the k mod n-th."""
+    `url`: a server root, or several: the k-th request in arrival order goes to the k mod n-th.
+    `bodies`: `Bodies`' fields (model, ignore_eos, temperature, seed)."""
+    shape = Bodies(**bodies)
     if speedup <= 0:
         raise ValueError(f"speedup must be > 0, got {speedup}")
     urls = [url] if isinstance(url, str) else list(url)
@@ -94,8 +106,8 @@ async def replay(
     trace = [t for t in trace if duration is None or t.arrival_s < duration]
     if not trace:
         raise ValueError("the trace has no requests to send (check --duration)")
-    rng, prefixes = random.Random(seed), dict[str, list[int]]()
-    bodies = [body(t, prompt_ids(t, rng, prefixes), model, ignore_eos, temperature) for t in trace]
+    rng, prefixes = random.Random(shape.seed), dict[str, list[int]]()
+    requests = [body(t, prompt_ids(t, rng, prefixes), shape) for t in trace]
     result = ReplayResult(served=[])
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     with trace_bar(math.ceil(trace[-1].arrival_s), progress) as bar:
@@ -108,7 +120,7 @@ async def replay(
             ]
             start = time.monotonic()
             tasks = []
-            for k, (t, b) in enumerate(zip(trace, bodies, strict=True)):
+            for k, (t, b) in enumerate(zip(trace, requests, strict=True)):
                 http = servers[k % len(servers)]  # round-robin, in arrival order
                 send_at = start + t.arrival_s / speedup
                 tasks.append(asyncio.create_task(one(http, t, b, send_at, start, result)))
@@ -146,21 +158,19 @@ def trace_bar(trace_s: int, enabled: bool) -> tqdm:
     )
 
 
-def body(
-    t: TraceRequest, ids: list[int], model: str | None, ignore_eos: bool, temperature: float
-) -> dict:
-    b = {
+def body(t: TraceRequest, ids: list[int], b: Bodies) -> dict:
+    request = {
         "prompt": ids,
         "max_tokens": t.output_tokens,
-        "temperature": temperature,
+        "temperature": b.temperature,
         "stream": True,
         "stream_options": {"include_usage": True},
     }
-    if model:
-        b["model"] = model
-    if ignore_eos:
-        b["ignore_eos"] = True
-    return b
+    if b.model:
+        request["model"] = b.model
+    if b.ignore_eos:
+        request["ignore_eos"] = True
+    return request
 
 
 async def one(

@@ -34,7 +34,10 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -63,28 +66,34 @@ from minivtc.serving.server_state import ServerState
 from minivtc.serving.streaming import respond
 
 
-def make_app(
-    engine: Engine,
-    tokenizer: Tokenizer,
-    model_name: str = "minivtc-tiny",
-    *,
-    auth: Auth | None = None,
-    limits: Limits | None = None,
-    on_fatal=None,
-    forget_every_s: float = 10.0,
-    aliases: tuple[str, ...] = (),
-    chat_template: str | None = None,
-) -> FastAPI:
-    """The app over `engine` (which it starts on a thread at startup and stops at shutdown).
+@dataclass(frozen=True)
+class AppOptions:
+    """How `make_app` sets the server up beside its engine and model.
 
     `auth`: API keys (default: none, every caller names itself: local use). `limits`: what one
     connection may cost (default `Limits()`; `Server` and `BackgroundServer` make uvicorn's
     settings from them). `on_fatal(error)`: called if the engine fails beyond one request
-    (`serve` uses it to exit non-zero)."""
-    auth, limits = auth or Auth(), limits or Limits()
+    (`serve` uses it to exit non-zero). `forget_every_s`: how often idle clients are forgotten.
+    `aliases`: the model's other names. `chat_template`: a Jinja template (text or a file)."""
+
+    auth: Auth | None = None
+    limits: Limits | None = None
+    on_fatal: Callable[[BaseException], None] | None = None
+    forget_every_s: float = 10.0
+    aliases: tuple[str, ...] = ()
+    chat_template: str | None = None
+
+
+def make_app(
+    engine: Engine, tokenizer: Tokenizer, model_name: str = "minivtc-tiny", **options: Any
+) -> FastAPI:
+    """The app over `engine` (which it starts on a thread at startup and stops at shutdown);
+    `options`: `AppOptions`' fields, by name."""
+    o = AppOptions(**options)
+    auth, limits = o.auth or Auth(), o.limits or Limits()
     tenants = weights_of(auth.keys) if auth.keys is not None else None  # never forgotten
     state = ServerState(
-        EngineLoop(engine, on_fatal=on_fatal, forget_every_s=forget_every_s, tenants=tenants),
+        EngineLoop(engine, on_fatal=o.on_fatal, forget_every_s=o.forget_every_s, tenants=tenants),
         tokenizer,
         model_name,
         int(time.time()),
@@ -92,8 +101,8 @@ def make_app(
         PromptLimits.of(engine.max_model_len, tokenizer),
         limits,
         InFlight(limits.max_client_requests),
-        tuple(aliases),
-        chat.load_template(chat_template) if chat_template else None,
+        tuple(o.aliases),
+        chat.load_template(o.chat_template) if o.chat_template else None,
     )
     app = FastAPI(
         title="minivtc",
@@ -143,18 +152,7 @@ async def completions(http: Request):
     params = sampling_params(body, body.max_tokens or 16, body.logprobs)
     check_logprob_volume(len(ids) * params.n, body.max_tokens or 16, body.logprobs)
     state.in_flight.take(http.scope, caller.client, len(ids) * params.n)  # else 429
-    return await respond(
-        state.loop,
-        state.model_name,
-        http,
-        body,
-        ids,
-        params,
-        caller,
-        False,
-        state.tokenizer,
-        echoes,
-    )
+    return await respond(state, http, body, ids, params, caller, False, echoes)
 
 
 async def chat_completions(http: Request):
@@ -178,17 +176,7 @@ async def chat_completions(http: Request):
     params = sampling_params(body, max_tokens, logprobs)
     check_logprob_volume(params.n, max_tokens, logprobs)
     state.in_flight.take(http.scope, caller.client, params.n)  # else 429
-    return await respond(
-        state.loop,
-        state.model_name,
-        http,
-        body,
-        [prompt_ids],
-        params,
-        caller,
-        True,
-        state.tokenizer,
-    )
+    return await respond(state, http, body, [prompt_ids], params, caller, True)
 
 
 async def health(http: Request):

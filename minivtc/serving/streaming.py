@@ -29,6 +29,7 @@ from minivtc.serving.api_keys import Caller
 from minivtc.serving.engine_loop import EngineLoop, Stream
 from minivtc.serving.logprob_format import chat_logprobs, completion_logprobs
 from minivtc.serving.openai_api import FINISH_REASONS, APIError, ChunkShape, Sampling, usage
+from minivtc.serving.server_state import ServerState
 from minivtc.vocab.params import SamplingParams
 from minivtc.vocab.request import StepOutput
 
@@ -56,23 +57,24 @@ class Reply:
 
 
 async def respond(
-    loop: EngineLoop,
-    model_name: str,
+    state: ServerState,
     http: Request,
     body: Sampling,
     prompts: list[list[int]],
     params: SamplingParams,
     caller: Caller,
     chat: bool,
-    tokenizer: Tokenizer,
     echoes: list[str] | None = None,
 ):
+    """Queue every completion `body` asks for, then stream them or answer once: the route's
+    last step, on the server's engine loop, with its model name and tokenizer."""
+    loop = state.loop
     request_id = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     choices = await queue_all(loop, prompts, params, caller, request_id, echoes)
     options = body.stream_options
     reply = Reply(
-        ChunkShape(request_id, model_name, int(time.time()), chat),
-        tokenizer,
+        ChunkShape(request_id, state.model_name, int(time.time()), chat),
+        state.tokenizer,
         params.logprobs,
         include_usage=options is not None and options.include_usage,
         continuous_usage=options is not None and options.continuous_usage_stats,
