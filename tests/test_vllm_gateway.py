@@ -269,6 +269,9 @@ def test_a_vllm_server_killed_mid_run_ends_its_requests_and_the_other_serves_on(
 
 async def kill_mid_run(url: str, procs: dict[str, subprocess.Popen]) -> list[str]:
     loop = asyncio.get_running_loop()
+    # (a server whose health check timed out on a busy machine takes no requests until the
+    # next one passes: start with both taking them)
+    await until(lambda: all(b["healthy"] for b in fleet(url)["backends"]), "both servers healthy")
     with ThreadPoolExecutor(max_workers=6) as pool:
         calls = [loop.run_in_executor(pool, outcome_stream, url) for _ in range(4)]
         calls += [loop.run_in_executor(pool, outcome_once, url) for _ in range(2)]
