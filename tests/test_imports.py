@@ -202,8 +202,6 @@ def test_no_module_asks_which_policy_or_which_pool_it_has():
     assert [p for p in cached if not p.startswith("engine/prefix_cache.py")] == []
 
 
-
-
 def test_no_function_takes_more_than_eight_parameters():
     """One engine spec (`engine/spec.py`) in place of parallel signatures: a function needing
     more than 8 parameters wants a value that holds them."""
