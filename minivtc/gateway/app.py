@@ -57,10 +57,14 @@ def make_gateway(gateway: Gateway, limits: Limits | None = None) -> FastAPI:
     return app
 
 
+# Request clients taking turns: 200 streams make pools of about 12 connections each
+REQUEST_CLIENTS = 16
+
+
 def lifespan(gateway: Gateway):
     @asynccontextmanager
     async def run(app: FastAPI):
-        gateway.http, gateway.health_http = backend_clients(
+        gateway.https, gateway.health_http = backend_clients(
             len(gateway.dispatcher.backends), gateway.backend_idle_s
         )
         gateway.loop = asyncio.get_running_loop()  # (`fail_all` is called onto it at shutdown)
@@ -69,7 +73,8 @@ def lifespan(gateway: Gateway):
             yield
         finally:
             health.cancel()
-            await gateway.http.aclose()
+            for client in gateway.https:
+                await client.aclose()
             await gateway.health_http.aclose()
 
     return run
@@ -77,16 +82,22 @@ def lifespan(gateway: Gateway):
 
 def backend_clients(
     num_backends: int, idle_s: float
-) -> tuple[httpx.AsyncClient, httpx.AsyncClient]:
-    """The gateway's two HTTP clients. Requests: no cap on connections, since the dispatcher
-    already holds no more in flight than the backends' budgets take (httpx's default cap of
-    100, shared with the health checks, made 150 streams wait and every backend look dead);
-    a backend that sends nothing for `idle_s` is given up on, so a request's room is never
-    held for ever. Health checks: their own small pool, 2 s in all."""
-    requests = httpx.AsyncClient(
-        timeout=httpx.Timeout(idle_s, connect=2.0, pool=None),
-        limits=httpx.Limits(max_connections=None, max_keepalive_connections=256),
-    )
+) -> tuple[list[httpx.AsyncClient], httpx.AsyncClient]:
+    """The gateway's HTTP clients. Requests: `REQUEST_CLIENTS` clients taking turns, each with
+    no cap on connections, since the dispatcher already holds no more in flight than the
+    backends' budgets take (httpx's default cap of 100, shared with the health checks, made 150
+    streams wait and every backend look dead). Several, not one: httpcore walks every
+    connection of a pool each time a response closes, so one pool of n streams costs n walks
+    of n connections on the event loop (200 streams stalled `/health` for half a second); a
+    backend that sends nothing for `idle_s` is given up on, so a request's room is never held
+    for ever. Health checks: their own small pool, 2 s in all."""
+    requests = [
+        httpx.AsyncClient(
+            timeout=httpx.Timeout(idle_s, connect=2.0, pool=None),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=16),
+        )
+        for _ in range(REQUEST_CLIENTS)
+    ]
     checks = httpx.AsyncClient(
         timeout=2.0, limits=httpx.Limits(max_connections=2 * num_backends + 2)
     )

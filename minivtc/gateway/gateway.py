@@ -91,9 +91,10 @@ class Gateway:
         self.limits: Limits | None = None  # the connections' (`gateway_app.make_gateway`)
         self.ids = itertools.count()
         self.counts = {"served": 0, "given_back": 0, "broken": 0}  # requests, for /metrics
-        # Made on the serving loop (`gateway_app.lifespan`): one client for requests, one for
-        # health checks, so that a crowd of streams can never starve the checks of connections
-        self.http: httpx.AsyncClient | None = None
+        # Made on the serving loop (`app.lifespan`): clients for requests, taking turns, and one
+        # for health checks, so that a crowd of streams can never starve the checks
+        self.https: list[httpx.AsyncClient] = []
+        self.turns = itertools.count()
         self.loop: asyncio.AbstractEventLoop | None = None  # the serving loop (`lifespan`)
         self.health_http: httpx.AsyncClient | None = None
 
@@ -101,8 +102,9 @@ class Gateway:
 
     @property
     def client(self) -> httpx.AsyncClient:
-        assert self.http is not None, "made on the serving loop at startup (`lifespan`)"
-        return self.http
+        """The next request client in turn (`app.backend_clients`: why several)."""
+        assert self.https, "made on the serving loop at startup (`lifespan`)"
+        return self.https[next(self.turns) % len(self.https)]
 
     def enqueue(self, client: str, prompt_tokens: int, max_tokens: int, n: int = 1) -> Request:
         """Queue a request; APIError 400 if it fits no backend (or the policy refuses it).
