@@ -379,3 +379,22 @@ def test_valid_chats_pass_and_a_tenant_sees_no_fleet_totals():
                 view = httpx.get(url + path, headers=HEADERS).json()
                 assert "requests" not in view and "backends" not in view, (path, view)
                 assert set(view["clients"]) == {"picky"}
+
+
+def test_requests_go_out_through_several_http_clients_in_turn():
+    """httpcore walks every connection of a pool each time a response closes: one pool holding
+    a class's 200 streams costs 200 walks of 200 connections on the event loop. The gateway's
+    requests take turns over `REQUEST_CLIENTS` clients, so each pool holds a share of them."""
+    from minivtc.fleet.backend import Backend
+    from minivtc.gateway.app import REQUEST_CLIENTS, backend_clients
+
+    gw = gateway_over([Backend("http://127.0.0.1:1", 1000)])
+    gw.https, checks = backend_clients(1, 600.0)
+    try:
+        turns = [gw.client for _ in range(2 * REQUEST_CLIENTS)]
+        assert REQUEST_CLIENTS >= 8 and len(gw.https) == REQUEST_CLIENTS
+        assert len({id(c) for c in turns}) == REQUEST_CLIENTS  # every client used, in turn
+        assert checks not in gw.https  # the health checks keep their own pool
+    finally:
+        for c in [*gw.https, checks]:
+            asyncio.run(c.aclose())
