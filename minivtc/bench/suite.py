@@ -1,6 +1,8 @@
 """Benchmarks, measured on the machine that runs them, side by side with the obvious alternative.
 
     minivtc bench engine         # tok/s at batch 1/16/64: engine, transformers, contiguous cache
+    minivtc bench peer           # minivtc beside vLLM and transformers, each in its own process
+    minivtc bench checkpoint --out DIR   # random weights of a 1B-class shape, HF layout
     minivtc bench profile        # where a decode step's time goes, and this CPU's bandwidth limit
     python -m minivtc.bench gpu  # Llama-2-7B shape, random fp16 weights, compiled attention, CUDA
 
@@ -13,6 +15,11 @@ turns, round by round (`interleaved`: a warm-up round, then `--repeat` rounds, 5
 and each ratio is taken within a round: the table gives its median and [min, max], by wall time
 and by the process's CPU time (steadier on a shared machine), and the CPU seconds beside the
 wall seconds. `--threads 1` is steadier still where other processes compete for the cores.
+
+`peer` (`peer.py`): minivtc, vLLM (compiled and eager) and `transformers`, each engine in a
+process of its own loaded once, taking turns round by round on the same prompts; tokens/s,
+CPU time, the ratios within rounds, the greedy tokens compared; `--load` adds the time to first
+token under an offered load (`peer_load.py`), `--background N` a competing CPU load.
 
 `profile` (`profiling.py`): at batch 1, 16 and 64, on the bundled model and on a
 Llama-2-7B-shaped model with random weights cut to 2 layers, each decode step's CPU time split
@@ -57,6 +64,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+from minivtc.bench.peer import add_arguments as add_peer_arguments
 from minivtc.bench.timing import interleaved, load_line, ratios, spread
 from minivtc.vocab.params import SamplingParams
 
@@ -77,9 +85,17 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("what", choices=["engine", "scheduler", "sim", "route", "gpu", "profile"])
+    parser.add_argument(
+        "what",
+        choices=["engine", "peer", "checkpoint", "scheduler", "sim", "route", "gpu", "profile"],
+    )
+    parser.add_argument("--out", default=None, help="checkpoint: the directory to write")
     parser.add_argument("--quick", action="store_true", help="few tokens: a smoke run")
-    parser.add_argument("--preset", default="llama-2-7b", help="gpu: model shape (default 7B)")
+    parser.add_argument(
+        "--preset",
+        default="llama-2-7b",
+        help="gpu: model shape (default llama-2-7b); checkpoint: (default bench-1b)",
+    )
     parser.add_argument("--device", default="cuda", help="gpu: device (default cuda)")
     parser.add_argument("--no-tests", action="store_true", help="gpu: skip the GPU-marked tests")
     parser.add_argument("--million", action="store_true", help="sim: a 1M-request trace")
@@ -101,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine shared with other busy processes, 1 thread is steadier: a parallel kernel waits "
         "for its slowest thread, and a descheduled thread stalls it",
     )
+    add_peer_arguments(parser)
     args = parser.parse_args(argv)
     if args.repeat is not None and args.repeat < 1:
         parser.error("--repeat: at least 1")
@@ -120,6 +137,17 @@ def main(argv: list[str] | None = None) -> int:
         return (
             bench_gateway(args.quick) if args.gateway else bench_route(args.quick, args.repeat or 5)
         )
+    if args.what == "checkpoint":
+        if args.out is None:
+            parser.error("checkpoint: --out DIR, where to write it")
+        from minivtc.bench.checkpoint import write_checkpoint
+
+        write_checkpoint(args.preset if args.preset != "llama-2-7b" else "bench-1b", args.out)
+        return 0
+    if args.what == "peer":  # each engine in a process of its own (`peer.py`)
+        from minivtc.bench.peer import bench_peer
+
+        return bench_peer(args)
     import torch
 
     torch.set_grad_enabled(False)

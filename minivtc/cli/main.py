@@ -238,9 +238,11 @@ def run_generate(args) -> int:
 def add_bench(sub) -> None:
     p = sub.add_parser(
         "bench",
-        help="benchmarks measured on this machine (engine, scheduler, sim, gpu)",
+        help="benchmarks measured on this machine (engine, peer, scheduler, sim, gpu)",
         description="minivtc bench engine [--quick]: decode throughput of the engine vs "
-        "transformers vs a contiguous cache at batch 1/16/64. minivtc bench scheduler: VTC's "
+        "transformers vs a contiguous cache at batch 1/16/64. minivtc bench peer [--dtype bf16] "
+        "[--load]: minivtc beside vLLM and transformers, each in its own process, taking turns. "
+        "minivtc bench scheduler: VTC's "
         "heap vs a linear scan. minivtc bench sim: simulated s per wall s. "
         "minivtc bench gpu [--preset P]: "
         "the GPU check (7B shape, compiled attention, roofline). See python -m minivtc.bench -h.",

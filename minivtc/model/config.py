@@ -111,6 +111,17 @@ PRESETS: dict[str, LlamaConfig] = {
     "llama-2-7b": LlamaConfig(),
     "llama-2-13b": LlamaConfig(dim=5120, n_layers=40, n_heads=40, n_kv_heads=40, ffn_dim=13824),
     "llama-2-70b": LlamaConfig(dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672),
+    # A 1B-class shape for benchmarks where the kernels matter (TinyLlama-1.1B's widths, 24
+    # layers, the bundled tokenizer's vocabulary): `minivtc bench checkpoint` writes random weights.
+    "bench-1b": LlamaConfig(
+        vocab_size=4096,
+        dim=2048,
+        n_layers=24,
+        n_heads=32,
+        n_kv_heads=4,
+        ffn_dim=5632,
+        max_positions=2048,
+    ),
     # The bundled model's shape (weights/README.md): small enough to train on 2 CPU cores.
     "tiny": LlamaConfig(
         vocab_size=4096,

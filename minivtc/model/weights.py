@@ -23,6 +23,7 @@ from safetensors import SafetensorError, safe_open
 
 from minivtc.model.config import LlamaConfig
 from minivtc.model.llama import Llama
+from minivtc.model.packed import pack_linears
 from minivtc.model.tokenizer import Tokenizer
 
 BUNDLED_WEIGHTS = Path(__file__).resolve().parents[2] / "weights"  # the repository's weights/
@@ -36,9 +37,13 @@ class CheckpointError(ValueError):
 
 
 def load_model(
-    weights_dir: str | Path | None = None, dtype: str | torch.dtype = "fp32", device: str = "cpu"
+    weights_dir: str | Path | None = None,
+    dtype: str | torch.dtype = "fp32",
+    device: str = "cpu",
+    packed: bool = False,
 ) -> tuple[Llama, Tokenizer]:
-    """The model (eval mode, no gradients) and its tokenizer; the bundled model by default."""
+    """The model (eval mode, no gradients) and its tokenizer; the bundled model by default.
+    `packed`: its linear layers packed for the CPU's oneDNN kernels (`packed.py`)."""
     root = Path(weights_dir) if weights_dir is not None else bundled_weights_dir()
     config = load_config(root)
     tokenizer = Tokenizer(require_file(root / "tokenizer.model"))
@@ -48,6 +53,8 @@ def load_model(
             f"vocab_size={config.vocab_size}"
         )
     model = load_weights(config, root, resolve_dtype(dtype), torch.device(device))
+    if packed:
+        pack_linears(model)
     return model, tokenizer
 
 

@@ -1,0 +1,93 @@
+"""`minivtc bench peer`'s parts that decide what it reports: the random checkpoint every engine
+loads, the worker's answers (tokens, the plain path's top logits), and the CPU time of a process
+tree (vLLM computes in a child process)."""
+
+import hashlib
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from minivtc.bench.checkpoint import write_checkpoint
+from minivtc.bench.peer_worker import ANSWER, tree_cpu_seconds
+from minivtc.model.config import preset
+from minivtc.model.llama import CausalSequences
+from minivtc.model.weights import bundled_weights_dir, load_model
+
+
+def test_the_bench_1b_preset_has_at_least_a_billion_parameters():
+    assert preset("bench-1b").num_params >= 1_000_000_000
+
+
+def test_a_random_checkpoint_loads_in_minivtc_and_transformers_alike(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    root = write_checkpoint("tiny", tmp_path / "a")
+    assert json.loads((root / "config.json").read_text())["hidden_size"] == preset("tiny").dim
+    ours, _ = load_model(root)
+    hf = transformers.LlamaForCausalLM.from_pretrained(root, dtype=torch.float32).eval()
+    ids = torch.randint(3, 4096, (1, 20), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        want = hf(ids).logits[0]
+        got = ours(ids[0], torch.arange(20), CausalSequences([20]))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    again = write_checkpoint("tiny", tmp_path / "b")  # seeded: the same bytes
+
+    def digest(r):
+        return hashlib.sha256((r / "model.safetensors").read_bytes()).hexdigest()
+
+    assert digest(root) == digest(again)
+
+
+def test_a_checkpoint_refuses_a_vocabulary_other_than_the_bundled_tokenizers(tmp_path):
+    with pytest.raises(ValueError, match="vocabulary"):
+        write_checkpoint("llama-2-7b", tmp_path)
+
+
+def ask(process, message):
+    process.stdin.write(json.dumps(message) + "\n")
+    process.stdin.flush()
+    for line in process.stdout:
+        if line.startswith(ANSWER):
+            return json.loads(line[len(ANSWER) :])
+    raise AssertionError("the worker ended without answering")
+
+
+def test_the_minivtc_worker_answers_with_the_engines_tokens_and_the_plain_paths_top_logits():
+    command = [sys.executable, "-m", "minivtc.bench.peer_worker", "minivtc"]
+    command += [str(bundled_weights_dir()), "--max-batch", "2"]
+    process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        for line in process.stdout:  # its "ready"
+            if line.startswith(ANSWER):
+                break
+        prompts = [[1, 450, 12, 77, 9], [1, 300, 301, 302, 303]]
+        got = ask(process, {"prompts": prompts, "new_tokens": 6})
+        assert got["wall_s"] > 0 and got["cpu_s"] >= 0
+        assert [len(t) for t in got["tokens"]] == [6, 6]
+        top = ask(process, {"top_logits": prompts[0]})
+        assert top["ids"][0] == got["tokens"][0][0]  # greedy took the plain path's best
+        assert top["logits"] == sorted(top["logits"], reverse=True)
+    finally:
+        process.stdin.close()
+        process.wait(timeout=60)
+    assert process.returncode == 0
+
+
+def test_the_cpu_time_of_a_process_tree_counts_a_live_childs_work():
+    spin = (
+        "import time\n"
+        "t = time.process_time()\n"
+        "while time.process_time() - t < 0.5: pass\n"
+        "print('spun', flush=True)\n"
+        "time.sleep(30)\n"
+    )
+    before = tree_cpu_seconds()
+    child = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "spun"  # it has used 0.5 s of CPU, and lives
+        assert tree_cpu_seconds() - before >= 0.45  # the child's 0.5 s, in clock ticks
+    finally:
+        child.kill()
+        child.wait()

@@ -1,0 +1,56 @@
+"""The packed linear layers (`model/packed.py`) against the plain `nn.Linear` path they replace:
+the same logits to float rounding, the same greedy tokens from the engine."""
+
+import pytest
+import torch
+
+from minivtc.engine.factory import build_engine
+from minivtc.model.llama import CausalSequences
+from minivtc.model.packed import PackedLinear, can_pack, pack_linears
+from minivtc.model.weights import load_model
+from minivtc.vocab.params import SamplingParams
+
+pytestmark = pytest.mark.skipif(not can_pack(), reason="this PyTorch build has no oneDNN")
+
+
+def logits(model, ids, lens):
+    positions = torch.cat([torch.arange(n) for n in lens])
+    return model(ids, positions, CausalSequences(lens)).float()
+
+
+@pytest.mark.parametrize(("dtype", "tolerance"), [("fp32", 1e-4), ("bf16", 0.1)])
+def test_packed_logits_equal_the_plain_path_to_rounding(dtype, tolerance):
+    plain, _ = load_model(dtype=dtype)
+    packed, _ = load_model(dtype=dtype, packed=True)
+    assert any(isinstance(m, PackedLinear) for m in packed.modules())
+    assert not any(isinstance(m, torch.nn.Linear) for m in packed.modules())
+    ids = torch.randint(
+        3, plain.config.vocab_size, (70,), generator=torch.Generator().manual_seed(0)
+    )
+    a, b = logits(plain, ids, [30, 40]), logits(packed, ids, [30, 40])
+    assert (a - b).abs().max().item() < tolerance * a.abs().max().item()
+
+
+def test_the_engine_makes_the_same_greedy_tokens_packed_or_plain():
+    def greedy(packed):
+        model, tokenizer = load_model(packed=packed)
+        engine = build_engine(model, tokenizer, kv_tokens=1024, max_running=4)
+        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+        prompts = ["A tuple is", "The scheduler", "def main():", "Fairness means"]
+        requests = [engine.add_request(p, params) for p in prompts]
+        while engine.has_unfinished():
+            engine.step()
+        return [r.output_ids for r in requests]
+
+    assert greedy(packed=True) == greedy(packed=False)
+
+
+def test_packing_refuses_a_bias_and_leaves_no_linear_behind():
+    with pytest.raises(ValueError, match="no bias"):
+        PackedLinear(torch.nn.Linear(4, 4, bias=True))
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4, bias=False), torch.nn.ReLU())
+    x = torch.randn(3, 8)
+    want = model(x)
+    pack_linears(model)
+    assert isinstance(model[0], PackedLinear)
+    torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-6)
