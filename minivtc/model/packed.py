@@ -28,6 +28,9 @@ from torch import Tensor, nn
 class PackedLinear(nn.Module):
     """y = x W^T, as `nn.Linear(bias=False)`, W packed by oneDNN. x: (T, in) -> (T, out)."""
 
+    weight: Tensor
+    bias: Tensor
+
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         if linear.bias is not None:
@@ -56,4 +59,4 @@ def pack_linears(model: nn.Module) -> nn.Module:
 
 def can_pack() -> bool:
     """Whether this PyTorch build has oneDNN (x86 and ARM wheels do)."""
-    return torch.backends.mkldnn.is_available()
+    return bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]
