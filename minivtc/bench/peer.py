@@ -125,6 +125,8 @@ def bench_peer(args: argparse.Namespace) -> int:
             print(f"round {k + 1}/{rounds} done" if k >= 0 else "warm-up done", flush=True)
         print(f"after: {load_line()}")
         print(throughput_table(workers, batches, args.new_tokens))
+        if 1 in batches:
+            print(bandwidth_line(workers, weights, args))
         print(greedy_table(workers, batches))
         if args.load:  # the workers end first: the servers need their memory
             stack.close()
@@ -242,6 +244,45 @@ def throughput_table(workers: list[Worker], batches: list[int], new_tokens: int)
                 f"{spread(cpu)} by CPU time"
             )
     return "\n".join(lines)
+
+
+def bandwidth_line(workers: list[Worker], weights: str, args: argparse.Namespace) -> str:
+    """Batch 1's memory-bandwidth limit: each token must read every weight once (the embedding
+    but one row), so tokens/s can be at most copy bandwidth / weight bytes."""
+    from minivtc.model.weights import load_config
+
+    config = load_config(Path(weights))
+    per_token = (config.num_params - (config.vocab_size - 1) * config.dim) * (
+        4 if args.dtype == "fp32" else 2
+    )
+    bandwidth = copy_bandwidth()
+    limit = bandwidth / per_token
+    reached = ", ".join(
+        f"{w.name} {statistics.median(args.new_tokens / t for t, _ in w.times[1]) / limit:.0%}"
+        for w in workers
+    )
+    return (
+        f"batch 1's bandwidth limit: {per_token / 1e9:.2f} GB of weights per token over a copy "
+        f"bandwidth of {bandwidth / 1e9:.1f} GB/s (read + written, wall time, all threads) = "
+        f"{limit:,.1f} tokens/s; reached (prefill included): {reached}"
+    )
+
+
+def copy_bandwidth() -> float:
+    """Bytes read + written per wall second by a 1 GB copy, the best of five."""
+    import time
+
+    import torch
+
+    src = torch.ones(1 << 28)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(5):
+        start = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - start)
+    return 2 * src.numel() * src.element_size() / best
 
 
 def greedy_table(workers: list[Worker], batches: list[int]) -> str:

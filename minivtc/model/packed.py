@@ -7,11 +7,11 @@ every linear of a model for one, in place). Does not own the model (`llama.py`, 
 
 Why: on a CPU, `nn.Linear` in fp32 calls the BLAS PyTorch was built with (MKL), which takes the
 weight as it lies in memory and repacks panels of it on every call; oneDNN can pack a weight once
-and then stream it in the order its AVX-512 kernels consume. At one token the product is bound by
-memory bandwidth either way, and the two run level; at 16 and 64 tokens, where the arithmetic
-counts, the packed product of a 2048 x 5632 weight took about half the CPU time (one thread, this
-2-core AMD EPYC: `minivtc bench peer --minivtc-plain` measures the whole engine both ways). In
-bf16, PyTorch already goes through oneDNN, so packing changes little there. The results differ
+and then stream it in the order its AVX-512 kernels consume. One product of a 2048 x 5632 weight,
+CPU time on one thread of this 2-core AMD EPYC: fp32 at 1 / 16 / 64 tokens 2.1 / 6.9 / 17.6 ms
+plain, 1.7 / 2.6 / 7.3 ms packed; bf16 1.2 / 1.8 / 4.2 ms plain, 0.5 / 1.2 / 3.6 ms packed. A
+small product pays a fixed cost instead (256 x 704 at one token in fp32: 10 us plain, 19
+packed). `minivtc bench peer --minivtc-plain` measures the whole engine both ways. The results differ
 from the plain path by float rounding only (the sums are taken in another order): 1e-6
 relative in fp32; an fp32 logit may move by that much, and a greedy token whose two best logits
 are that close may change.
@@ -29,21 +29,19 @@ class PackedLinear(nn.Module):
     """y = x W^T, as `nn.Linear(bias=False)`, W packed by oneDNN. x: (T, in) -> (T, out)."""
 
     weight: Tensor
-    bias: Tensor
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         if linear.bias is not None:
             raise ValueError("PackedLinear: Llama's linear layers have no bias")
-        weight = linear.weight.detach()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("weight", weight.to_mkldnn(weight.dtype), persistent=False)
-        # oneDNN's linear takes a bias; a zero one in fp32 (its accumulation type) adds nothing
-        self.register_buffer("bias", torch.zeros(self.out_features).to_mkldnn(), persistent=False)
+        # the layout oneDNN's kernels read, made once (what torch.compile's freezing makes too)
+        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+        self.register_buffer("weight", packed, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        out = torch._C._nn.mkldnn_linear(x.contiguous().to_mkldnn(), self.weight, self.bias)
-        return out.to_dense()
+        out: Tensor = torch.ops.mkldnn._linear_pointwise(x, self.weight, None, "none", [], "")
+        return out
 
 
 def pack_linears(model: nn.Module) -> nn.Module:
