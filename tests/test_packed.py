@@ -6,7 +6,7 @@ import torch
 
 from minivtc.engine.factory import build_engine
 from minivtc.model.llama import CausalSequences
-from minivtc.model.packed import PackedLinear, can_pack, pack_linears
+from minivtc.model.packed import PackedLinear, can_pack
 from minivtc.model.weights import load_model
 from minivtc.vocab.params import SamplingParams
 
@@ -45,12 +45,12 @@ def test_the_engine_makes_the_same_greedy_tokens_packed_or_plain():
     assert greedy(packed=True) == greedy(packed=False)
 
 
-def test_packing_refuses_a_bias_and_leaves_no_linear_behind():
-    with pytest.raises(ValueError, match="no bias"):
-        PackedLinear(torch.nn.Linear(4, 4, bias=True))
-    model = torch.nn.Sequential(torch.nn.Linear(8, 4, bias=False), torch.nn.ReLU())
-    x = torch.randn(3, 8)
-    want = model(x)
-    pack_linears(model)
-    assert isinstance(model[0], PackedLinear)
-    torch.testing.assert_close(model(x), want, rtol=1e-5, atol=1e-6)
+def test_a_packed_product_equals_the_plain_one_and_packing_fuses_what_shares_an_input():
+    weight, x = torch.randn(12, 8), torch.randn(3, 8)
+    torch.testing.assert_close(PackedLinear(weight)(x), x @ weight.T, rtol=1e-5, atol=1e-6)
+    model, _ = load_model(packed=True)
+    layer = model.layers[0]
+    assert not hasattr(layer.self_attn, "q_proj") and not hasattr(layer.mlp, "gate_proj")
+    c = model.config
+    assert layer.self_attn.qkv_proj.out_features == (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
+    assert layer.mlp.gate_up_proj.out_features == 2 * c.ffn_dim

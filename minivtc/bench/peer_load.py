@@ -36,6 +36,7 @@ def bench_load(
     if vllm is None:
         print("TTFT under load: needs vLLM's venv (--vllm-python), like its columns")
         return
+    turn_s = 5.0 if args.quick else TURN_S
     max_len = PROMPT_LEN + args.new_tokens + 16
     commands = {
         "minivtc": [sys.executable, "-m", "minivtc", "serve", "--weights", weights]
@@ -50,7 +51,7 @@ def bench_load(
     print(
         f"TTFT under load: Poisson arrivals at {rate:.2f} requests/s ({args.load_fraction:.0%} of "
         f"the slower engine's batch-16 throughput), prompts of {PROMPT_LEN} ids, "
-        f"{args.new_tokens} new tokens, {TURN_S:.0f} s per turn, {rounds} turns each"
+        f"{args.new_tokens} new tokens, {turn_s:.0f} s per turn, {rounds} turns each"
     )
     servers = {}
     try:
@@ -61,13 +62,13 @@ def bench_load(
             wait_healthy(f"http://127.0.0.1:{PORTS[name]}", servers[name], name)
         results: dict[str, list[ReplayResult]] = {name: [] for name in commands}
         for k in range(rounds):
-            trace = poisson([rate], TURN_S, [(PROMPT_LEN, args.new_tokens)], seed=k)
+            trace = poisson([rate], turn_s, [(PROMPT_LEN, args.new_tokens)], seed=k)
             for name in list(commands)[k % 2 :] + list(commands)[: k % 2]:
                 url = f"http://127.0.0.1:{PORTS[name]}"
                 result = run_replay(url, trace, drain_s=120, progress=False, model="peer")
                 results[name].append(result)
             print(f"turn {k + 1}/{rounds} done", flush=True)
-        print(load_table(results, TURN_S))
+        print(load_table(results))
     finally:
         for process in servers.values():
             process.terminate()
@@ -88,7 +89,7 @@ def wait_healthy(url: str, process: subprocess.Popen, name: str, timeout: float 
     raise RuntimeError(f"{name}'s server was not healthy within {timeout:.0f} s")
 
 
-def load_table(results: dict[str, list[ReplayResult]], turn_s: float) -> str:
+def load_table(results: dict[str, list[ReplayResult]]) -> str:
     lines = [
         f"{'server':<8} {'TTFT median':>12} {'TTFT p90':>9} {'served tok/s':>13} {'failed':>7}"
     ]

@@ -88,12 +88,18 @@ class SelfAttention(nn.Module):
         self.k_proj = nn.Linear(config.dim, k * d, bias=False)
         self.v_proj = nn.Linear(config.dim, k * d, bias=False)
         self.o_proj = nn.Linear(h * d, config.dim, bias=False)
+        self.qkv_proj: nn.Module | None = None  # q, k, v in one product (`packed.py` sets it)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, attention: Attention, i: int) -> Tensor:
         t = x.shape[0]
-        q = self.q_proj(x).view(t, self.n_heads, self.head_dim)  # (T, H, D)
-        k = self.k_proj(x).view(t, self.n_kv_heads, self.head_dim)  # (T, K, D)
-        v = self.v_proj(x).view(t, self.n_kv_heads, self.head_dim)  # (T, K, D)
+        if self.qkv_proj is None:  # the plain path: three products
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (T, H*D), (T, K*D) x2
+        else:  # one product of the three weights stacked, cut into its three parts
+            kv_width = self.n_kv_heads * self.head_dim
+            q, k, v = self.qkv_proj(x).split([self.n_heads * self.head_dim, kv_width, kv_width], -1)
+        q = q.reshape(t, self.n_heads, self.head_dim)  # (T, H, D)
+        k = k.reshape(t, self.n_kv_heads, self.head_dim)  # (T, K, D)
+        v = v.reshape(t, self.n_kv_heads, self.head_dim)  # (T, K, D)
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # (T, H, D), (T, K, D)
         out = attention(i, q, k, v)  # (T, H, D)
         return self.o_proj(out.reshape(t, self.n_heads * self.head_dim))  # (T, E)
@@ -105,9 +111,14 @@ class SwiGLU(nn.Module):
         self.gate_proj = nn.Linear(dim, ffn_dim, bias=False)
         self.up_proj = nn.Linear(dim, ffn_dim, bias=False)
         self.down_proj = nn.Linear(ffn_dim, dim, bias=False)
+        self.gate_up_proj: nn.Module | None = None  # gate and up in one product (`packed.py`)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))  # (T, F) -> (T, E)
+        if self.gate_up_proj is None:  # the plain path: two products
+            gate, up = self.gate_proj(x), self.up_proj(x)  # (T, F) each
+        else:
+            gate, up = self.gate_up_proj(x).chunk(2, -1)  # (T, 2F) cut in two
+        return self.down_proj(F.silu(gate) * up)  # (T, F) -> (T, E)
 
 
 class RMSNorm(nn.Module):

@@ -1,42 +1,46 @@
-"""Packed linear layers for the CPU: the model's matrix products through oneDNN with each weight
-laid out once, at load, in the blocked order its kernels read.
+"""Packed linear layers for the CPU: the model's matrix products through oneDNN, each weight laid
+out once, at load, in the blocked order its kernels read.
 
-Owns `PackedLinear` (an `nn.Linear` whose weight is a oneDNN tensor) and `pack_linears` (swap
-every linear of a model for one, in place). Does not own the model (`llama.py`, whose plain
-`nn.Linear` path stays the reference: `tests/test_packed.py` compares the two).
+Owns `PackedLinear` (a bias-free linear layer whose weight oneDNN has laid out) and
+`pack_linears` (swap every linear layer of a model for one, in place, fusing the products that
+share an input). Does not own the model: `llama.py`'s plain `nn.Linear` path stays the
+reference, and `tests/test_packed.py` compares the two.
 
 Why: on a CPU, `nn.Linear` in fp32 calls the BLAS PyTorch was built with (MKL), which takes the
 weight as it lies in memory and repacks panels of it on every call; oneDNN can pack a weight once
 and then stream it in the order its AVX-512 kernels consume. One product of a 2048 x 5632 weight,
-CPU time on one thread of this 2-core AMD EPYC: fp32 at 1 / 16 / 64 tokens 2.1 / 6.9 / 17.6 ms
-plain, 1.7 / 2.6 / 7.3 ms packed; bf16 1.2 / 1.8 / 4.2 ms plain, 0.5 / 1.2 / 3.6 ms packed. A
-small product pays a fixed cost instead (256 x 704 at one token in fp32: 10 us plain, 19
-packed). `minivtc bench peer --minivtc-plain` measures the whole engine both ways. The results differ
-from the plain path by float rounding only (the sums are taken in another order): 1e-6
-relative in fp32; an fp32 logit may move by that much, and a greedy token whose two best logits
-are that close may change.
+CPU time on one thread of this 2-core AMD EPYC, at 1 / 16 / 64 tokens: fp32 2.1 / 6.9 / 17.6 ms
+plain, 1.7 / 2.6 / 7.3 ms packed; bf16 1.2 / 1.8 / 4.2 ms plain, 0.5 / 1.2 / 3.6 ms packed.
+A call also costs some microseconds whatever its size, so the products that read the same input
+are made one: q, k and v, and gate and up (21 calls a step for the bundled model, not 36).
+`minivtc bench peer --minivtc-plain` measures the whole engine both ways.
 
-CPU only: a packed weight cannot move to a GPU, and training through it is not supported.
+The results differ from the plain path by float rounding only (the sums are taken in another
+order): about 1e-6 relative in fp32, so a greedy token whose two best logits are that close
+may change. CPU only: a packed weight cannot move to a GPU, and nothing trains through it.
 """
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from torch import Tensor, nn
 
+from minivtc.model.llama import DecoderLayer, Llama
+
 
 class PackedLinear(nn.Module):
-    """y = x W^T, as `nn.Linear(bias=False)`, W packed by oneDNN. x: (T, in) -> (T, out)."""
+    """y = x W^T, as `nn.Linear(bias=False)` (Llama's have no bias), W packed by oneDNN.
+    x: (T, in) -> (T, out)."""
 
     weight: Tensor
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, weight: Tensor) -> None:  # (out, in), as nn.Linear's
         super().__init__()
-        if linear.bias is not None:
-            raise ValueError("PackedLinear: Llama's linear layers have no bias")
-        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.out_features, self.in_features = weight.shape
         # the layout oneDNN's kernels read, made once (what torch.compile's freezing makes too)
-        packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), None)
+        packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), None)
         self.register_buffer("weight", packed, persistent=False)
 
     def forward(self, x: Tensor) -> Tensor:
@@ -44,15 +48,31 @@ class PackedLinear(nn.Module):
         return out
 
 
-def pack_linears(model: nn.Module) -> nn.Module:
-    """Swap every `nn.Linear` of `model` (on the CPU) for a `PackedLinear`, in place."""
-    for name, module in list(model.named_modules()):
-        for child_name, child in list(module.named_children()):
-            if isinstance(child, nn.Linear):
-                if child.weight.device.type != "cpu":
-                    raise ValueError(f"{name}.{child_name}: packing is for the CPU only")
-                setattr(module, child_name, PackedLinear(child))
+def pack_linears(model: Llama) -> Llama:
+    """Pack every linear layer of `model` (on the CPU) for oneDNN, in place. The products that
+    read the same input are fused: each layer's q, k and v weights stacked into one
+    (`SelfAttention.qkv_proj`), and gate and up (`SwiGLU.gate_up_proj`), since a oneDNN call
+    costs some microseconds whatever its size, which at one token is a tenth of the step."""
+    if model.embed_tokens.weight.device.type != "cpu":
+        raise ValueError("packing is for the CPU only")
+    # setattr: llama.py types these attributes nn.Linear; a PackedLinear takes each one's place
+    for layer in model.layers:
+        attention, mlp = cast(DecoderLayer, layer).self_attn, cast(DecoderLayer, layer).mlp
+        attention.qkv_proj = fused(attention, ["q_proj", "k_proj", "v_proj"])
+        setattr(attention, "o_proj", PackedLinear(attention.o_proj.weight))  # noqa: B010
+        mlp.gate_up_proj = fused(mlp, ["gate_proj", "up_proj"])
+        setattr(mlp, "down_proj", PackedLinear(mlp.down_proj.weight))  # noqa: B010
+    setattr(model, "lm_head", PackedLinear(model.lm_head.weight))  # noqa: B010
     return model
+
+
+def fused(module: nn.Module, names: list[str]) -> PackedLinear:
+    """One packed product of `module`'s linears `names` (same input), their weights stacked
+    along the output; the separate layers are removed (their memory is the fused one's)."""
+    stacked = torch.cat([getattr(module, name).weight for name in names])  # (sum of outs, in)
+    for name in names:
+        delattr(module, name)
+    return PackedLinear(stacked)
 
 
 def can_pack() -> bool:
