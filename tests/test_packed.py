@@ -54,3 +54,12 @@ def test_a_packed_product_equals_the_plain_one_and_packing_fuses_what_shares_an_
     c = model.config
     assert layer.self_attn.qkv_proj.out_features == (c.n_heads + 2 * c.n_kv_heads) * c.head_dim
     assert layer.mlp.gate_up_proj.out_features == 2 * c.ffn_dim
+
+
+def test_llm_packs_on_the_cpu_in_fp32_and_bf16_and_not_in_fp16():
+    from minivtc.offline.llm import LLM
+
+    def packed(dtype):
+        return any(isinstance(m, PackedLinear) for m in LLM(dtype=dtype).model.modules())
+
+    assert packed("float32") and packed("bfloat16") and not packed("float16")

@@ -82,7 +82,8 @@ def run_serve(args) -> int:
 
     from minivtc.engine.factory import build_engine
     from minivtc.fairness.policies import make_scheduler
-    from minivtc.model.weights import load_model
+    from minivtc.model.packed import packs_on
+    from minivtc.model.weights import load_model, resolve_dtype
     from minivtc.serving.api_keys import Auth, read_keys, weights_of
     from minivtc.serving.server import Server
     from minivtc.serving.vllm_flags import VLLMServe
@@ -115,7 +116,9 @@ def run_serve(args) -> int:
                 f"{args.client_weights}: want an object of client -> weight > 0 (finite)"
             )
     scheduler = make_scheduler(args.scheduler, weights=weights, cached_weight=args.cached_weight)
-    model, tokenizer = load_model(vllm.checkpoint, vllm.dtype(args), args.device)
+    dtype = resolve_dtype(vllm.dtype(args))
+    packed = packs_on(args.device, dtype)  # oneDNN's packed products on a CPU (model/packed.py)
+    model, tokenizer = load_model(vllm.checkpoint, dtype, args.device, packed)
     engine = build_engine(model, tokenizer, scheduler, **memory, **vllm.pool(args, model))
     name = vllm.name
     root = f"http://{args.host}:{args.port}"

@@ -75,6 +75,14 @@ def fused(module: nn.Module, names: list[str]) -> PackedLinear:
     return PackedLinear(stacked)
 
 
+def packs_on(device: str | torch.device, dtype: torch.dtype) -> bool:
+    """Whether a server or `LLM` packs its model: on a CPU, in fp32 or bf16 (oneDNN's fp16
+    products need AVX512-FP16, which few CPUs have), where this build has oneDNN. The lessons
+    and the tests of the model read the plain path."""
+    cpu = torch.device(device).type == "cpu"
+    return cpu and dtype in (torch.float32, torch.bfloat16) and can_pack()
+
+
 def can_pack() -> bool:
     """Whether this PyTorch build has oneDNN (x86 and ARM wheels do)."""
     return bool(torch.backends.mkldnn.is_available())  # type: ignore[no-untyped-call]

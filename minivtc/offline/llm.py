@@ -31,6 +31,7 @@ from minivtc.engine.options import EngineOptions
 from minivtc.engine.sampler import SamplingParams
 from minivtc.engine.spec import EngineSpec
 from minivtc.model.chat import prompt_ids
+from minivtc.model.packed import packs_on
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.model.weights import bundled_weights_dir, load_model
 from minivtc.offline.args import VLLMArgs, check_known, resolve_dtype
@@ -98,7 +99,10 @@ class LLM:
         args.check_tokenizer(root)
         auto = "cuda" if torch.cuda.is_available() else "cpu"
         where = torch.device(auto if device == "auto" else device)
-        llama, self.tokenizer = load_model(root, resolve_dtype(dtype, root, where), str(where))
+        torch_dtype: torch.dtype = resolve_dtype(dtype, root, where)
+        llama, self.tokenizer = load_model(
+            root, torch_dtype, str(where), packed=packs_on(where, torch_dtype)
+        )
         self.model = llama
         extra = args.engine_keywords(where)
         self.engine = build_engine(llama, self.tokenizer, **(extra | engine_options))
