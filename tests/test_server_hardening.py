@@ -579,3 +579,39 @@ def test_the_foreground_server_sets_aside_what_startup_made(monkeypatch):
         gc.unfreeze()  # (this test process goes on collecting as before)
     assert seen["frozen"] >= made // 2, seen
     assert seen["walked"] < made // 10, (seen, made)
+
+
+def test_a_request_without_a_body_passes_the_door_in_the_same_turn_of_the_event_loop():
+    """Issue: the door read every body under `asyncio.wait_for`, a GET `/health`'s (none) too;
+    its task costs two more turns of the event loop, and under 200 streams through the
+    gateway each turn waited behind a batch of their chunks (`/health` up to 233 ms, 112
+    without). A head that announces no body now passes without waiting for a turn; a body,
+    Content-Length or chunked, keeps its deadline (408)."""
+    from minivtc.serving.api_keys import Auth
+    from minivtc.serving.connections import InFlight, Limits
+    from minivtc.serving.middleware import GuardMiddleware
+    from minivtc.serving.openai_api import APIError
+
+    door = GuardMiddleware(None, Auth(None), Limits(body_timeout_s=0.05), InFlight(8))
+    scope = {"type": "http", "path": "/health", "client": ("127.0.0.1", 5), "headers": []}
+
+    async def no_body():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def first_step() -> object:
+        step = door.admit(scope, {"host": "127.0.0.1:8000"}, no_body)
+        try:
+            step.send(None)
+        except StopIteration as done:
+            return done.value
+        step.close()
+        return "waited for a turn of the event loop"
+
+    assert asyncio.run(first_step()) == b""
+
+    async def never():  # a body announced, and never sent
+        await asyncio.sleep(3600)
+
+    for announced in ({"content-length": "5"}, {"transfer-encoding": "chunked"}):
+        refusal = asyncio.run(door.admit(scope, announced, never))
+        assert isinstance(refusal, APIError) and refusal.status == 408, announced
