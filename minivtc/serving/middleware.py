@@ -75,6 +75,8 @@ class GuardMiddleware:
         client went away)."""
         timeout = self.limits.body_timeout_s
         try:
+            if not announces_body(headers):  # (nothing can be slow: see `announces_body`)
+                return await self.checked_body(scope, headers, receive)
             return await asyncio.wait_for(self.checked_body(scope, headers, receive), timeout)
         except asyncio.TimeoutError:  # (TimeoutError itself from Python 3.11)
             return APIError(408, self.too_slow(), code="request_timeout")
@@ -120,6 +122,15 @@ class GuardMiddleware:
             f"the request body did not arrive within {self.limits.body_timeout_s:g} s "
             "(--body-timeout)"
         )
+
+
+def announces_body(headers: dict[str, str]) -> bool:
+    """Whether a body follows the head (HTTP/1.1: a Content-Length other than 0, or chunked).
+    A request without one (a GET: `/health`, `/fairness`) has all arrived with its head, so the
+    door reads it without the deadline, whose task costs two more turns of the event loop:
+    under 200 streams each turn waits behind a batch of their chunks, and `/health` answered in
+    up to 233 ms instead of 112 (`minivtc route`, 200 streams over two backends)."""
+    return headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
 
 
 # What a web page on another site may send without asking first (a CORS "simple" request)
