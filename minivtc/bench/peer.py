@@ -15,7 +15,8 @@ every engine (vLLM compiles there) and is discarded. Reported per batch size: ge
 over the run's wall time (prefill included), median [min, max] over rounds; the process tree's
 CPU seconds beside the wall seconds (vLLM's engine core runs in a child process); minivtc's
 ratio to each peer taken within each round, median [min, max]; and the greedy tokens compared
-token for token, each divergence judged by the plain path (`peer_worker.top_logits`): the two
+token for token (after the workers end), each divergence judged by the plain path in fp32
+(`peer_worker.top_logits`): the two
 tokens a near tie in fp32 (float rounding decides it) or not (which only a bug explains).
 
 vLLM runs from its own virtual environment (`--vllm-python`, default `.ci-vllm-venv/bin/python`
@@ -45,7 +46,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minivtc.bench.peer_worker import ANSWER
+from minivtc.bench.peer_worker import ANSWER, top_logits
 from minivtc.bench.timing import load_line, spread
 
 PROMPT_LEN = 32
@@ -85,7 +86,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     peer.add_argument("--new-tokens", type=int, default=128, help="peer: tokens per request")
     peer.add_argument("--vllm-python", default=None, help="peer: vLLM's venv's python")
     peer.add_argument(
-        "--vllm-modes", default="compiled,eager", help="peer: compiled, eager or both"
+        "--vllm-modes",
+        default="compiled,eager",
+        help="peer: vLLM's modes, compiled (its default), eager, both, or none",
     )
     peer.add_argument("--no-transformers", action="store_true", help="peer: skip transformers")
     peer.add_argument(
@@ -127,9 +130,9 @@ def bench_peer(args: argparse.Namespace) -> int:
         print(throughput_table(workers, batches, args.new_tokens))
         if 1 in batches:
             print(bandwidth_line(workers, weights, args))
-        print(greedy_table(workers, batches))
-        if args.load:  # the workers end first: the servers need their memory
-            stack.close()
+        stack.close()  # the workers end: the judge below and the servers need their memory
+        print(greedy_table(workers, batches, weights))
+        if args.load:
             from minivtc.bench.peer_load import bench_load
 
             bench_load(args, weights, offered_rate(workers, batches, args), vllm, env, rounds)
@@ -179,7 +182,7 @@ def start_workers(
     if args.minivtc_plain:
         plans.append(("minivtc plain", sys.executable, ["minivtc", "--plain"]))
     if vllm is not None:
-        modes = args.vllm_modes.split(",")
+        modes = [m for m in args.vllm_modes.split(",") if m in ("compiled", "eager")]
         plans += [
             (f"vllm {m}", vllm, ["vllm"] + (["--eager"] if m == "eager" else [])) for m in modes
         ]
@@ -285,7 +288,7 @@ def copy_bandwidth() -> float:
     return 2 * src.numel() * src.element_size() / best
 
 
-def greedy_table(workers: list[Worker], batches: list[int]) -> str:
+def greedy_table(workers: list[Worker], batches: list[int], weights: str) -> str:
     """The last round's greedy tokens, minivtc against each peer, sequence by sequence."""
     mine = workers[0]
     lines = ["greedy tokens, the last round, minivtc against each peer:"]
@@ -297,7 +300,7 @@ def greedy_table(workers: list[Worker], batches: list[int]) -> str:
                     same += 1
                     continue
                 at = next(i for i, (x, y) in enumerate(zip(a, c, strict=False)) if x != y)
-                parted.append(judge(mine, prompt + a[:at], a[at], c[at], at))
+                parted.append(judge(weights, prompt + a[:at], a[at], c[at]))
             ties = sum(1 for near, _ in parted if near)
             worst = max((gap for _, gap in parted), default=0.0)
             lines.append(
@@ -307,10 +310,10 @@ def greedy_table(workers: list[Worker], batches: list[int]) -> str:
     return "\n".join(lines)
 
 
-def judge(mine: Worker, ids: list[int], a: int, c: int, at: int) -> tuple[bool, float]:
+def judge(weights: str, ids: list[int], a: int, c: int) -> tuple[bool, float]:
     """Where two greedy sequences part: the fp32 gap between the two tokens chosen (both must be
     among the plain path's top five), and whether that gap is a near tie."""
-    top = mine.ask({"top_logits": ids})
+    top = top_logits(weights, ids)
     logits = dict(zip(top["ids"], top["logits"], strict=True))
     if a not in logits or c not in logits:
         return False, float("inf")
