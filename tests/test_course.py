@@ -298,13 +298,13 @@ def test_every_lesson_states_the_assignments_it_needs_and_the_edition_lists_them
     from minivtc.course.edition import REPOSITORY, lesson_needs
 
     needs = lesson_needs(REPOSITORY / "lessons")
-    assert len(needs) == 13 and all(needs.values()), needs  # each lesson runs some of the package
+    assert len(needs) == 16 and all(needs.values()), needs  # each lesson runs some of the package
     text = (release(tmp_path / "edition") / "README.md").read_text()
     assert "0: a1, a2, a3, a4; 1: a1; 2: a1, a2, a3" in " ".join(text.split()), text
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("lesson", ["01", "04", "05", "11"])
+@pytest.mark.parametrize("lesson", ["01", "04", "05", "14"])
 def test_a_lesson_runs_on_an_edition_with_just_the_assignments_it_states(
     lesson, tmp_path, monkeypatch
 ):
@@ -634,7 +634,7 @@ def test_the_edition_cites_no_file_it_lacks_and_names_every_lesson_an_assignment
         assert not any("tests/" in "".join(c["source"]) for c in cells), path
     text = " ".join((edition / "README.md").read_text().split())
     (row,) = [line for line in text.split("| a4_vtc |")[1:2]]
-    assert all(f"{n} (" in row for n in ("Lessons 5", "7", "9", "10")), row
+    assert all(f"{n} (" in row for n in ("Lessons 5", "8", "10", "11", "13")), row
     assert "### a4_vtc (30 points)" in text and "the lift, both cases" in text
     assert "Install this edition, and only this edition" in text
     assert (edition / "minivtc/course/released/fairness/vtc.py").is_file()
@@ -642,14 +642,22 @@ def test_the_edition_cites_no_file_it_lacks_and_names_every_lesson_an_assignment
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "lesson", ["05_virtual_token_counter", "07_variants", "09_fair_memory", "10_prefix_caching"]
+    "lesson",
+    [
+        "05_virtual_token_counter",
+        "08_variants",
+        "10_fair_memory",
+        "11_fair_memory_bound",
+        "12_prefix_caching",
+        "13_pricing_cached_tokens",
+    ],
 )
 def test_a4_s_lessons_run_on_a_fresh_edition_skipping_the_cells_that_need_a2_a3_a4(
     lesson, tmp_path, monkeypatch
 ):
     """a4's lessons are read before a4 is written: on an edition with no assignment done, the
-    instructor's Lessons 5, 7, 9 and 10 (solutions in) run top to bottom, and each cell that
-    drives the engine or runs VTC says which assignments it waits for and is skipped."""
+    instructor's Lessons 5, 8 and 10-13 (solutions in) run top to bottom, and each cell
+    that drives the engine or runs VTC says which assignments it waits for and is skipped."""
     nbformat = pytest.importorskip("nbformat")
     from nbclient import NotebookClient
 

@@ -266,7 +266,7 @@ def test_the_artifacts_peak_check_can_break_theorem_4_4_so_no_bound_is_checked_u
 
 def test_no_bound_is_checked_with_a_length_predictor():
     """A prediction above the length reached is refunded at the end, lowering a counter after
-    others were lifted to it: Lemma 4.3 is not guaranteed (Lesson 7 shows it failing)."""
+    others were lifted to it: Lemma 4.3 is not guaranteed (Lesson 8 shows it failing)."""
     from minivtc.fairness.predictors import Oracle
 
     with pytest.raises(ValueError, match="length predictor"):

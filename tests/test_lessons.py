@@ -23,8 +23,8 @@ LESSONS = sorted(LESSONS_DIR.glob("[0-9][0-9]_*.ipynb"))
 PROBLEMS = sorted((LESSONS_DIR / "problems").glob("[0-9][0-9]_*.ipynb"))
 
 
-def test_there_are_thirteen_lessons_linked_in_order_from_both_readmes():
-    assert [p.name[:2] for p in LESSONS] == [f"{i:02d}" for i in range(13)]
+def test_there_are_sixteen_lessons_linked_in_order_from_both_readmes():
+    assert [p.name[:2] for p in LESSONS] == [f"{i:02d}" for i in range(16)]
     for readme in (LESSONS_DIR / "README.md", LESSONS_DIR.parent / "README.md"):
         text = readme.read_text()
         positions = [text.find(p.name) for p in LESSONS]

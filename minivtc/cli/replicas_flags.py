@@ -2,7 +2,7 @@
 
 Owns their parsing and terminal output; `cli/simulate.py`'s simulate calls in here when
 --replicas is given. (`minivtc route`, the gateway, is `route.py`'s.)
-minivtc/fleet/README.md; Lesson 11.
+minivtc/fleet/README.md; Lesson 14.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ a minivtc backend its `/fairness`: the KV pool's blocks times the block size), t
 flags `serve` has (`cli/serve.add_connection_flags`), and uvicorn in the foreground, which on
 SIGTERM or SIGINT stops accepting connections and lets in-flight and waiting requests finish;
 after `--shutdown-timeout` the rest end with an OpenAI error event (or a 503).
-minivtc/fleet/README.md; Lesson 11.
+minivtc/fleet/README.md; Lesson 14.
 """
 
 from __future__ import annotations

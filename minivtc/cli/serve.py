@@ -2,7 +2,7 @@
 
 Owns parsing the serve command's arguments into the engine, the keys and the app's options,
 and `port` (the argparse type the client commands share). Terminal output only; the server is
-`server.py`'s. Lesson 8.
+`server.py`'s. Lesson 9.
 """
 
 from __future__ import annotations

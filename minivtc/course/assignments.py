@@ -209,10 +209,10 @@ ASSIGNMENTS = (
         ),
         A4_RUBRIC,
         "3-4",
-        "Lessons 5 (the pick, the lift, the prompt charge), 7 (prediction and refunds, weights, "
-        "the profiled h), 9 (readmission, fair preemption's lift) and 10 (w_c, cached prompt "
-        "tokens); graded by exact counters for each mechanism, Lemma 4.3, Theorems 4.4, 4.8 and "
-        "4.9 and the LCF counterexample",
+        "Lessons 5 (the pick, the lift, the prompt charge), 8 (prediction and refunds, weights, "
+        "the profiled h), 10 (readmission), 11 (fair preemption's lift) and 13 (w_c, cached "
+        "prompt tokens); graded by exact counters for each mechanism, Lemma 4.3, Theorems 4.4, "
+        "4.8 and 4.9 and the LCF counterexample",
     ),
     Assignment(
         "a5_metric",
@@ -242,9 +242,9 @@ ASSIGNMENTS = (
         (),
         A6_RUBRIC,
         "4-6",
-        "Lessons 4, 5, 7 and 9; graded by what any fair policy must do (work conservation, equal "
-        "shares, a bounded backlogged gap, no starvation) and on the paper's workloads against "
-        "VTC and FCFS",
+        "Lessons 4, 5, 8, 10 and 11; graded by what any fair policy must do (work conservation, "
+        "equal shares, a bounded backlogged gap, no starvation) and on the paper's workloads "
+        "against VTC and FCFS",
         own_file="course/capstone.py",
         answer=(
             ("fairness/drr.py", "DRR.add"),

@@ -282,9 +282,9 @@ with the other assignment's NotImplementedError (grading never needs them: it ru
 functions in the reference package).
 
 Each lesson runs with this edition's package once the assignments it uses are done; each says
-which in its first cell: {needs}. None needs a6. Lessons 5, 7, 9 and 10, those a4 grades, can be
-read before: each of their cells that needs an assignment not yet written starts with
-`%%needs` and says so, and is skipped until it is written. Readable copies, executed, with
+which in its first cell: {needs}. None needs a6. Lessons 5, 8 and 10-13, whose cells run a4's
+VTC, can be read before: each of their cells that needs an assignment not yet written starts
+with `%%needs` and says so, and is skipped until it is written. Readable copies, executed, with
 the solutions and their checks' outputs left out: `minivtc course render PAGES` (the
 instructor runs it with the reference package).
 

@@ -17,7 +17,7 @@ Each answers `reserve(request)` (take its blocks if they fit; else take nothing)
 positions the step writes) and `release(request)`. None calls the engine back: it answers, the
 engine decides. With a prefix-caching pool (`prefix_cache.py`) a request starts with its
 prompt's cached blocks (`reserve_blocks`). Does not own the blocks (`kv_pool.py`) or who is
-running (`engine.py`). Plain Python: no tensors. Lessons 3 and 9.
+running (`engine.py`). Plain Python: no tensors. Lessons 3 and 10.
 """
 
 from __future__ import annotations

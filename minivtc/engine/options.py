@@ -20,7 +20,7 @@ PREEMPTIONS = ("recompute", "swap")
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """How the engine admits, preempts and checks (Lessons 3 and 9).
+    """How the engine admits, preempts and checks (Lessons 3 and 10).
 
     - `reservation`: "full" reserves prompt + max_tokens at admission (the paper's model),
       "peak" admits if the batch's peak fits (the artifact's check), "none" allocates blocks

@@ -14,7 +14,7 @@ Owns the victims and `Preemption`:
   computed again) and `swapped_tokens` (copied out, and back in).
 
 Each victim answers the engine's questions (`choose`, `displace`); the engine preempts. Nothing
-here is charged to a client. Lesson 9.
+here is charged to a client. Lesson 10.
 """
 
 from __future__ import annotations

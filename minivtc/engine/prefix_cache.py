@@ -19,7 +19,7 @@ computed, so every request gets its own logits and no request writes into a shar
 Cached blocks are registered after the step that computed them (`cache_prompt`). Plain Python,
 no tensors, as `BlockAllocator`: the simulator runs this same code, so its hits, evictions and
 prefill saved are real. `check_invariants` checks the three states, the reference counts, the
-hash table and the LRU after every step in tests. Lesson 10 teaches it.
+hash table and the LRU after every step in tests. Lesson 12 teaches it.
 
 Block names use Python's `hash`: fast, and equal for equal prefixes, but not built to resist
 crafted collisions. A prompt made to collide with another's would read the other's keys and

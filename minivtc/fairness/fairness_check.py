@@ -16,7 +16,7 @@ decisions of a run without it. For the VTC family it asserts
 Counters are compared in counter units: divided by the smallest weight below 1. For another
 policy it reports the bound the policy states (`Scheduler.gap_bound`, e.g. DRR's 2(U + Q));
 one that states none cannot be checked. `BacklogWatch` (harness) measures the gap itself.
-Plain Python: no tensors. Lessons 5 and 9.
+Plain Python: no tensors. Lessons 5 and 11.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ class FairnessCheck:
             raise ValueError(
                 "check_fairness: no bound is stated with a length predictor: a prediction above "
                 "the length reached is refunded, lowering a counter after others were lifted to "
-                "it, and Lemma 4.3's U can fail (Lesson 7)"
+                "it, and Lemma 4.3's U can fail (Lesson 8)"
             )
         weights = scheduler.client_weights().values()
         self.scale = 1.0 / min(min(weights, default=1.0), 1.0)

@@ -3,7 +3,7 @@
 Owns: `Predictor` (what VTC asks of one) and three of them: the paper's mean of the client's
 last requests, the official artifact's moving average, and the oracle the simulator can offer.
 VTC charges h(n_p, predicted) at dispatch and refunds the over-prediction at the end (`vtc.py`).
-Plain Python: no tensors. Lesson 7.
+Plain Python: no tensors. Lesson 8.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Owns: `VTC` (Algorithm 2, weighted (Section 4.3), with length prediction (Algorithm 3), any
 cost h (Section 4.2)). The waiting client with the smallest counter is found by
-`least_counter.py`; the official artifact's counting is `artifact.py`'s. Lessons 5 and 7.
+`least_counter.py`; the official artifact's counting is `artifact.py`'s. Lessons 5 and 8.
 
 Algorithm 2, line by line, and the method that does it:
 
@@ -36,7 +36,7 @@ passes the prediction, and the over-prediction is refunded at the end (Algorithm
 
 A preempted request goes back to the head of its client's queue, nothing charged or refunded
 (`requeue`). Fair preemption's extension of the lift (the paper's Appendix C.3 asks for it;
-Lesson 9) is not Algorithm 2's and is not `VTC`'s: it is a strategy object the engine installs
+Lesson 11) is not Algorithm 2's and is not `VTC`'s: it is a strategy object the engine installs
 (`set_preempt_gap`), `FairLift` at the end of this file, which VTC consults when a client joins
 an empty Q and tells who ran meanwhile. The gateway's corrections (`settle`, `unadmit`) keep the
 lift's promise for refunds: a counter is never lowered below the smallest waiting one.
@@ -293,7 +293,7 @@ def forget_below_floor(vtc: VTC, idle: list[str]) -> list[str]:
 
 
 class FairLift:
-    """Fair preemption's lift (Lesson 9), the strategy `VTC.set_preempt_gap` installs for the
+    """Fair preemption's lift (Lesson 11), the strategy `VTC.set_preempt_gap` installs for the
     fair victim (`preemption.Fair`): not Algorithm 2's, so not `VTC`'s; VTC consults it when
     a client joins an empty Q and tells it who ran meanwhile.
 

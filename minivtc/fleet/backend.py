@@ -6,7 +6,7 @@ a minivtc backend its `--kv-tokens`); each request bound to it reserves `prompt 
 it fits is admitted by the backend at once: backends never queue, and the dispatcher's order
 is the only order. Also where the request is (`requests`) and whether the backend may take
 work (`healthy`). Does not own the choice of backend (`routing.py`) or of request
-(`dispatcher.py`). Plain Python. minivtc/fleet/README.md; Lesson 11.
+(`dispatcher.py`). Plain Python. minivtc/fleet/README.md; Lesson 14.
 """
 
 from __future__ import annotations

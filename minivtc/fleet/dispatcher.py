@@ -40,7 +40,7 @@ may hold requests on every backend at once, and routing changes no counter, so p
 routing keeps it. `check_fairness` asserts Lemma 4.3 over the fleet after every arrival,
 dispatch and step, reusing the engine's `FairnessCheck` with M = the sum of the budgets.
 Plain Python: the simulator (`replicas.py`) and the gateway (`gateway.py`) both run it.
-minivtc/fleet/README.md; Lesson 11.
+minivtc/fleet/README.md; Lesson 14.
 """
 
 from __future__ import annotations

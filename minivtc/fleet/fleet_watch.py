@@ -7,7 +7,7 @@ wraps one engine; this one is told, event by event (an arrival, a dispatch round
 step), which clients were waiting before it and what service each received in it, measured by
 the linear price of the tokens processed (w_p per prompt token, w_q per output token, divided by
 the client's weight), independently of any counter. A pair's interval starts over when one of
-them is not backlogged throughout an event. Plain Python. minivtc/fleet/README.md; Lesson 11.
+them is not backlogged throughout an event. Plain Python. minivtc/fleet/README.md; Lesson 14.
 """
 
 from __future__ import annotations

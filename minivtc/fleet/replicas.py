@@ -17,7 +17,7 @@ handled in time order: the next arrival, or the replica whose step ends first. T
 The dispatcher binds at the event that makes room (an arrival, a step's end) and the replica
 admits at its next step, as a backend behind an HTTP gateway would; with one replica that is
 exactly the single engine's run (a test checks it). The service gap is measured over the
-fleet (`fleet_watch.py`). Plain Python. minivtc/fleet/README.md; Lesson 11.
+fleet (`fleet_watch.py`). Plain Python. minivtc/fleet/README.md; Lesson 14.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ baselines (`replicas.py`) pass every backend.
   stays on its replica however loaded;
 - `RoundRobin`, `Random`: the field's load-blind baselines.
 
-Plain Python. minivtc/fleet/README.md; Lesson 11.
+Plain Python. minivtc/fleet/README.md; Lesson 14.
 """
 
 from __future__ import annotations

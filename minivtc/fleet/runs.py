@@ -3,7 +3,7 @@
 Owns which files a fleet run writes: requests.csv (the single-engine columns and `replica`,
 the replica each request ran on), metrics.json (the fleet as one, as `paper/report.py`
 summarizes a single engine's run, plus the routing and a table per replica) and the service
-and gap plots. The simulation itself is `replicas.py`'s. minivtc/fleet/README.md; Lesson 11.
+and gap plots. The simulation itself is `replicas.py`'s. minivtc/fleet/README.md; Lesson 14.
 """
 
 from __future__ import annotations

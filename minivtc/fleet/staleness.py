@@ -14,7 +14,7 @@ G the most output tokens one client receives in any tau seconds. Two backlogged 
 service then differs by at most 2U + 2 w_q G (each end of the interval may be off by w_q G).
 G is at most the client's running requests times the steps a replica makes in tau seconds;
 `News.most_unseen` is the largest G the run met, and the reported bound uses it. Plain
-Python. minivtc/fleet/README.md; Lesson 11.
+Python. minivtc/fleet/README.md; Lesson 14.
 """
 
 from __future__ import annotations

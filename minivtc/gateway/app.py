@@ -7,7 +7,7 @@ each client's counter, weight and requests waiting and running at the gateway, e
 budget, reservation and health, and the bound. The body
 rules are the server's own (`serving/prompts.py`, `serving/openai_api.py`), the door the
 server's (`serving/middleware.py`), the callers the server's (`serving/api_keys.py`).
-README: "Fair across replicas"; Lesson 11.
+README: "Fair across replicas"; Lesson 14.
 """
 
 from __future__ import annotations

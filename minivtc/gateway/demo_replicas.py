@@ -15,7 +15,7 @@ twice, on fresh backends each time:
   the policies, not the hop.
 
 It prints `minivtc demo`'s table, one column per run, and writes demo.png, demo.md and each
-run's requests.csv. Lesson 11.
+run's requests.csv. Lesson 14.
 
 What to expect with N = 2 (any even N): the light client asks for about a third of the fleet,
 less than its fair half, so the gateway serves it at once and the heavy client absorbs the

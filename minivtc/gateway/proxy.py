@@ -14,7 +14,7 @@ Any other answer (a 4xx the backend found in the body) is `Answered`: passed to 
 the backend said it. An answer that is not what an OpenAI server sends (not a JSON object, or
 larger than `MAX_ANSWER_BYTES`, or a stream line over `MAX_SSE_LINE_BYTES`) is `Invalid`:
 the caller gets a 502, and the gateway's memory stays bounded whatever a backend sends. Plain
-Python over httpx; no FastAPI. README: "Fair across replicas"; Lesson 11.
+Python over httpx; no FastAPI. README: "Fair across replicas"; Lesson 14.
 """
 
 from __future__ import annotations

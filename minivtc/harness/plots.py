@@ -3,7 +3,7 @@ and the fair-memory sections' bars (throughput against the gap and its bound; se
 
 Owns matplotlib only; every number comes from `metrics.py` or the caller. Each function draws
 one figure into a PNG and returns its path. Figures use the Agg backend, so they render without
-a screen. Lessons 4-9 show them inline.
+a screen. Lessons 4-11 show them inline.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ step-time model's time for that step's batch. `simulate(..., admit_every=10)` wi
 `vtc-artifact` reproduces how the official artifact admitted and charged
 (lessons/artifact_deviations.md). `progress_bar` is the bar long runs show on stderr (here, in
 `report.py` and `calibrate.py`). Nothing here touches tensors: importing it imports no torch.
-Lessons 4-7 use it.
+Lessons 4-8 use it.
 """
 
 from __future__ import annotations

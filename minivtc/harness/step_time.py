@@ -5,7 +5,7 @@ Owns: `StepShape` (what a step computes: prefill tokens, requests, context token
 linear terms and two squares, fitted by `calibrate.py`), the presets (`STEP_TIME_MODELS`)
 and `step_time_model(name)`. The simulator (`sim.py`) advances its virtual clock by these;
 they say how long a step takes, not what service a client received (that is the cost h,
-`cost.py`). Lessons 4-7.
+`cost.py`). Lessons 4-8.
 
 - `Roofline`: a step reads every weight once and each running request's K/V (memory time)
   and does 2 * params FLOPs per token (compute time); it takes the larger, plus a fixed

@@ -6,7 +6,7 @@ as a list of text parts joined into one string, the `developer` role read as `sy
 Hugging Face writes them (`tokenizer_config.json`'s `chat_template`, vLLM's `--chat-template`):
 rendered with `messages`, `bos_token`, `eos_token` and `add_generation_prompt`, then tokenized
 with "<s>" and "</s>" read as BOS and EOS (the template writes them). Images, audio and tool
-calls are not supported (a Llama-2 engine): a part of another type is refused by name. Lesson 8.
+calls are not supported (a Llama-2 engine): a part of another type is refused by name. Lesson 9.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ h11 refuses a request head over 16 KiB. What uvicorn lacks is a deadline for the
 that connects and trickles a header line every few seconds would hold its connection (and a
 file descriptor) for ever, and uvicorn's keep-alive timeout starts only after a response.
 `head_deadline_protocol` adds one. The body's deadline is the door's (`middleware.py`), which reads
-the body. Does not own routes (`server.py`). Lesson 8.
+the body. Does not own routes (`server.py`). Lesson 9.
 
 Why a limit per client as well as in total: the connection cap is global, so a client whose
 requests wait (under VTC, the one that sends too much) could fill every connection and the

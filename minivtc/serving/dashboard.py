@@ -8,7 +8,7 @@ itself is `dashboard.html` next to this file: plain HTML, CSS and SVG drawn by a
 lines of JavaScript, nothing fetched from anywhere but the server (it works offline). Does not
 own the numbers (the scheduler's counters, `engine_loop.py`'s times to first token,
 `observability.py`'s views) or the gateway's view of the fleet (`gateway/app.py`, which
-serves the same page). Lesson 8 opens it.
+serves the same page). Lesson 9 opens it.
 
 What the page draws, per client: its counter (service divided by its weight, plus its lifts:
 Algorithm 2) and weight, its service rate over time (tokens/s, w_p per prompt token and w_q

@@ -8,7 +8,7 @@ the loop thread runs between two steps, and they receive each request's `StepOut
 
 Does not own what the server reports about its requests (`server_stats.py`: the loop thread
 tells it each request that ends and each client the engine forgets, and asks it for a
-`Snapshot` between two steps), nor HTTP (`server.py`). Lesson 8 uses it.
+`Snapshot` between two steps), nor HTTP (`server.py`). Lesson 9 uses it.
 
     handler --command--> [queue] --(between steps)--> engine.add_request / abort / snapshot
     handler <--StepOutput-- asyncio.Queue <--call_soon_threadsafe-- engine.step()

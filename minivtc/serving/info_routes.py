@@ -7,7 +7,7 @@ path as given (`minivtc serve`); other served names are aliases. `/tokenize` tak
 (`{"prompt", "add_special_tokens"}`) or a chat (`{"messages", "add_generation_prompt"}`,
 through the server's chat template) and answers `{"count", "max_model_len", "tokens"}`;
 `/detokenize` takes `{"tokens"}` and answers `{"prompt"}`. With keys, each needs one, as
-`/v1` does (`middleware.py`). Lesson 8.
+`/v1` does (`middleware.py`). Lesson 9.
 """
 
 from __future__ import annotations

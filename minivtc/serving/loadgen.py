@@ -4,7 +4,7 @@ Owns: `replay` (one streaming `/v1/completions` request per trace arrival, the c
 `X-Client-Id` header, `max_tokens` = the trace's output length with EOS ignored) and the record
 of what each client saw — time to first token and latency — as `metrics.Served` rows, the same
 `requests.csv` the simulator writes, so `metrics.py` and `plots.py` measure a real run exactly
-as they measure a simulated one. Does not own the server. Lesson 8 and `minivtc demo` use it.
+as they measure a simulated one. Does not own the server. Lesson 9 and `minivtc demo` use it.
 
 The prompt is `input_tokens` token ids (a BOS of 1, then seeded ids in [100, 1000)), sent as a
 list: any Llama-vocabulary server (minivtc, vLLM) takes it, and the length is exact, which text
@@ -13,7 +13,7 @@ could not promise across tokenizers. Requests with the same `prefix_id` share th
 prompt tokens it reports (`usage.prompt_tokens_details.cached_tokens`) are recorded.
 `ignore_eos` is vLLM's extension; `--no-ignore-eos` drops it for servers that reject unknown
 fields. Given several server roots, requests go to them round-robin in arrival order (the
-field's baseline in front of replicas: `minivtc demo --replicas 2`, Lesson 11).
+field's baseline in front of replicas: `minivtc demo --replicas 2`, Lesson 14).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Owns `completion_logprobs` (the legacy completions shape: parallel lists `tokens`,
 `token_logprobs`, `top_logprobs`, `text_offset`) and `chat_logprobs` (chat's: one object per
 token with its `bytes` and `top_logprobs`). A token's text is `Tokenizer.token_text` (its
-leading space kept), so a completion's tokens joined spell its text. Lesson 8.
+leading space kept), so a completion's tokens joined spell its text. Lesson 9.
 """
 
 from __future__ import annotations

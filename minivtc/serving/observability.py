@@ -3,7 +3,7 @@
 Owns: the two views, built from a `Snapshot` (`snapshot.py`: a copy of what the reports need,
 taken on the engine thread between two steps) away from the engine thread. Does not own: routes
 (`server.py`) or the numbers' meaning (the scheduler's counters, the engine's token counts).
-Lesson 8 reads both views.
+Lesson 9 reads both views.
 
 The Prometheus text is made by `prometheus_client`, which owns the format and its escaping.
 Per-client series are capped: every tenant (an API key's client: a fixed set, never forgotten)

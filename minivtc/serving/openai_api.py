@@ -5,7 +5,7 @@ unknown fields refused as OpenAI does), `APIError` (every error the server answe
 shape `{"error": {"message", "type", "param", "code"}}`), parsing a body (`parse_json`,
 `validate`) with each failure as one sentence that names the field and quotes at most
 `ECHO_CHARS` of the input, and the shape of the response objects and stream chunks. Does not
-own: routes, the engine, who the caller is (`server.py`, `api_keys.py`). Lesson 8.
+own: routes, the engine, who the caller is (`server.py`, `api_keys.py`). Lesson 9.
 
 Every string a caller sends must be text that UTF-8 can carry: JSON may spell a lone surrogate
 (`"\\ud800"`), which Python keeps in a `str` and which then fails to encode much later, inside

@@ -6,7 +6,7 @@ too long to fit whatever it tokenizes to, a chat with more messages than the con
 for), parsing and validating a body (`completion_body`, `chat_body`: pure functions, which
 `server.py` runs on a worker thread, so a large body never stalls other streams), and
 `sampling_params`. Does not own routes (`server.py`) or the bodies' fields (`openai_api.py`).
-Lesson 8.
+Lesson 9.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ collecting a request's outputs `streaming.py`'s; the bodies and error shape `ope
 who the caller is `api_keys.py`'s; the reports `observability.py`'s; the live page
 (`/dashboard`) `dashboard.py`'s. The engine runs on `engine_loop.EngineLoop`'s thread, and
 nothing here touches it: handlers send the loop commands, and read engine state only through
-a snapshot taken there. Lesson 8 uses it.
+a snapshot taken there. Lesson 9 uses it.
 
 Follow one request: uvicorn answers 503 beyond `max_connections` and closes a connection slow
 to send its head; the door refuses a body over `max_body_bytes` (413), one slow to arrive

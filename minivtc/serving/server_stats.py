@@ -6,7 +6,7 @@ the engine has forgotten, and `ServerStats.snapshot`, which copies these and the
 numbers into a `Snapshot` (`snapshot.py`) between two steps. Does not own the thread or its
 commands (`engine_loop.py`, which calls `record`, `forget` and `snapshot` on its thread, and
 nobody else does), nor the reports made from a snapshot (`observability.py`, `dashboard.py`).
-Lesson 8 reads them.
+Lesson 9 reads them.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ prompt in a list (OpenAI's choice `index` is prompt * n + sample): each is an en
 the caller's client, scheduled and charged as a separate request would be (`offline/llm.py` says
 how), and a stream interleaves their chunks as their tokens come. A request that failed alone
 ends its stream with one error event (an OpenAI error object), or its response with a 500. Does
-not own routes (`server.py`). Lesson 8.
+not own routes (`server.py`). Lesson 9.
 """
 
 from __future__ import annotations

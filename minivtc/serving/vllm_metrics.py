@@ -22,7 +22,7 @@ The old name of the KV gauge is `vllm:gpu_cache_usage_perc`; a `finished_reason`
 length, abort, or "error" (a request that failed alone). Only minivtc has the fairness series
 (`minivtc_client_counter`, `minivtc_client_service`, per client tokens and queues:
 `observability.py`). vLLM's per-token timing histograms (inter-token latency, queue and
-prefill time) are not reported. Lesson 8.
+prefill time) are not reported. Lesson 9.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ The client is `extra_args["client"]` of the request's SamplingParams (`vllm_xarg
 OpenAI request), else `DEFAULT_CLIENT`, the name minivtc's own server gives an unnamed caller.
 Imports no vLLM (vLLM's requests are read through the few attributes `VllmRequest` names), so
 it is tested without vLLM. `fair_scheduler.py` plugs it into vLLM. Does not own: KV blocks or
-running requests (vLLM's). Lesson 12.
+running requests (vLLM's). Lesson 15.
 """
 
 from __future__ import annotations

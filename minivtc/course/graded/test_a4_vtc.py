@@ -1,4 +1,5 @@
-"""Assignment a4: the Virtual Token Counter, pick, lift, charge and refund (Lessons 5, 7, 9, 10).
+"""Assignment a4: the Virtual Token Counter, pick, lift, charge and refund (Lessons 5, 8,
+10, 11, 12, 13).
 
 Graded by mechanism (`assignments.A4_RUBRIC`): exact counters against Algorithm 2's and
 Algorithm 3's arithmetic on small hand-built cases, for each mechanism, under the linear and
@@ -213,7 +214,7 @@ def test_with_fair_preemption_a_client_joining_an_empty_queue_is_lifted_near_tho
         f"({vtc.counters['F']}) ran since: with fair preemption's gap 20 G is lifted to "
         f"max(c_E, c_F - 20) = {expected}, got {vtc.counters['G']} (Algorithm 2's floor alone "
         "lets G displace F at once and then take every dispatch: the lift with fair preemption "
-        "is the floor the engine set up, Lesson 9)"
+        "is the floor the engine set up, Lesson 11)"
     )
     assert vtc.counters["E"] == 8.0 and vtc.counters["F"] == 63.0, (
         f"counters E {vtc.counters['E']}, F {vtc.counters['F']}: not E 8 (1 + lifted 3 + 2 "
