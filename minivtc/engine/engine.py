@@ -119,7 +119,14 @@ class Engine:
 
     def step(self) -> list[Request]:
         """schedule -> grow -> run -> append -> charge -> retire. The requests that ran, each
-        with its new token; finished ones have a `finish_reason` (a server streams `output`)."""
+        with its new token; finished ones have a `finish_reason` (a server streams `output`).
+
+        The whole batch is charged, a request whose sampler failed included: `append` ended it
+        ("error") with no token, so a policy that charges the tokens a request holds (VTC's
+        `charge_outputs`) charges it nothing more; it is retired with the finished ones. A
+        step with nothing running returns [] once `grow` is done: no run, no charge, and no
+        `check`, which ends only a step that ran.
+        """
         self.schedule()  # Algorithm 2: admit waiting requests while they fit
         self.grow()  # blocks for the positions this step writes
         batch = list(self.running)

@@ -66,7 +66,12 @@ class BlockAllocator:
         return self.blocks_needed(num_tokens) <= self.num_free_blocks
 
     def allocate(self, request_id: str, num_tokens: int) -> list[int]:
-        """Give `request_id` enough blocks for `num_tokens` positions; its block table."""
+        """Give `request_id` enough blocks for `num_tokens` positions; its block table.
+
+        A request that already holds blocks is refused (it grows with `grow`), and so is one
+        the pool is short for (callers check `can_allocate` first): either way an
+        `AssertionError` saying why, with nothing taken and nothing changed.
+        """
         assert request_id not in self.block_tables, f"request {request_id!r} already holds blocks"
         n = self.blocks_needed(num_tokens)
         assert n <= len(self.free_blocks), (

@@ -102,7 +102,16 @@ class VTC(Scheduler):
     def dispatch(self, request: Request) -> None:
         """Algorithm 2's c_k <- c_k + h(n_p, 0) (with a predictor h(n_p, predicted), Algorithm
         3; a cached prompt token at w_c), now: before the next pick, or the same client would
-        stay the minimum and take the whole round. Back from a preemption: charged already."""
+        stay the minimum and take the whole round. Back from a preemption: charged already,
+        nothing charged or recorded again.
+
+        The record, `charged[request_id] = (predicted, h(n_p, predicted))`, holds the
+        prediction (0.0 without a predictor; a fractional one is used as it is, never rounded)
+        and the cost h itself, not the charge after the cached tokens' discount:
+        `charge_outputs` and `on_finish` count from h. Then the request leaves its client's
+        queue, and if that queue is now empty the client becomes `last_left`, the floor of the
+        next client to join an empty Q (the lift; `remove` does the same).
+        """
         queue = self.queues[request.client_id]
         assert queue[0] is request, "dispatch takes the request peek offered"
         if not request.num_preemptions:
@@ -121,7 +130,14 @@ class VTC(Scheduler):
             self.fair_lift.ran(requests)
 
     def on_finish(self, request: Request) -> None:
-        """Refund output charged but never generated (Algorithm 3); teach the predictor."""
+        """Refund output charged but never generated (Algorithm 3); teach the predictor.
+
+        A request whose prediction q exceeds its n_q output tokens is charged h(n_p, n_q) -
+        h(n_p, q), a negative amount, through `charge`, not `lower`: the refund is not stopped
+        at the smallest waiting counter, so it can break Lemma 4.3 (Lesson 8). A request never
+        dispatched has no record and gets nothing. The predictor observes every finished
+        request but an aborted one (`finish_reason == "abort"`).
+        """
         q, service = self.charged.pop(request.request_id, (0.0, 0.0))
         if q > request.num_output:  # refund the over-prediction (Algorithm 3)
             now = self.cost(request.num_prompt, request.num_output)

@@ -231,6 +231,9 @@ def table_metrics(
     client, capped by how far it is from its own demand (asking for less is not unfairness).
     The "profile" tables (Tables 3-4) use h for s_j but the linear cost for r_j (`demand_cost`:
     a quirk of the artifact's script; lessons/artifact_deviations.md).
+
+    An empty `served` is refused: a ValueError (no client, so no best-served one at the first
+    tick), with or without `total_time`.
     """
     diffs = []
     for i in range(1, num_x):

@@ -136,7 +136,9 @@ class RMSNorm(nn.Module):
 
 
 def rotary_cos_sin(positions: Tensor, config: LlamaConfig) -> tuple[Tensor, Tensor]:
-    """RoPE tables for the given positions, in the model's dtype.
+    """RoPE tables for the given positions (T,): cos and sin, each (T, head_dim), in float32
+    on the positions' device, whatever the model's dtype (`apply_rotary` casts them to the
+    dtype of the tensor it rotates).
 
     Hugging Face's layout: frequencies for the first and the second half of each head are the
     same (`rotate_half` below), which is how Llama-2's published weights are permuted.
