@@ -456,6 +456,23 @@ def test_grade_verbose_prints_the_tests_whole_output(tmp_path, capsys):
 
 
 @pytest.mark.slow
+def test_a_passing_capstone_is_told_its_slack(tmp_path, capsys):
+    """`course grade` on a capstone that passes (the instructor's answer) prints its slack, the
+    stated bound over the worst gap on the adversarial workloads, and saves it: not only a
+    failure's message reports it."""
+    from minivtc.cli.main import main
+
+    argv = ["course", "grade", "--reference", "--out", str(tmp_path), "--only", "a6_fair"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    (g,) = json.loads((tmp_path / "grades.json").read_text())["assignments"]
+    assert g["points"] == 30 and not g["failures"], g
+    (slack,) = g["reported"]
+    assert slack.startswith("slack ") and 1 <= float(slack.split()[1]) <= 3, slack
+    assert f"reported: {slack}" in out, out
+
+
+@pytest.mark.slow
 def test_a_student_tests_one_assignment_on_their_edition_as_it_stands(tmp_path, capsys):
     """`minivtc course test a5` in a fresh edition: 0, with each failure named; with a5's
     function written (the reference's): full marks. The edition has its own pyproject.toml."""

@@ -30,7 +30,11 @@ class Assignment:
     title: str
     functions: tuple[tuple[str, str], ...]  # (file under minivtc/, qualified name)
     rubric: tuple[Line, ...]  # its points sum to max_points
-    hours: str  # how long it takes a student, roughly
+    # A student's hours, estimated from counts measured by taking the course once on the
+    # student edition: the words read in the assignment's files at 200 a minute plus the lines
+    # written at 4 minutes each, rounded up to a quarter hour (lessons/SYLLABUS.md, "How these
+    # hours were found", gives the counts)
+    hours: float
     teaches: str
     # The student writes this file whole (the capstone): the edition ships its docstring, the
     # task, with an empty class; grading takes the student's file as it is.
@@ -146,7 +150,7 @@ ASSIGNMENTS = (
                 "the pieces together: the whole model", "test_whole_model_logits_match_transformers"
             ),
         ),
-        "2-3",
+        1.75,
         "Lesson 1; graded against transformers' Llama, piece by piece and whole",
     ),
     Assignment(
@@ -169,7 +173,7 @@ ASSIGNMENTS = (
                 "test_paged_engine_gives_the_tokens_of_dense_attention",
             ),
         ),
-        "1-2",
+        1.5,
         "Lesson 2; graded by the allocator's invariants and paged == dense attention",
     ),
     Assignment(
@@ -194,7 +198,7 @@ ASSIGNMENTS = (
                 "test_continuous_batching_gives_each_request_its_tokens_alone",
             ),
         ),
-        "2",
+        1.5,
         "Lesson 3; graded through the engine with a stand-in runner and a real model",
     ),
     Assignment(
@@ -208,7 +212,7 @@ ASSIGNMENTS = (
             ("fairness/vtc.py", "VTC.on_finish"),
         ),
         A4_RUBRIC,
-        "3-4",
+        2.5,
         "Lessons 5 (the pick, the lift, the prompt charge), 8 (prediction and refunds, weights, "
         "the profiled h), 10 (readmission), 11 (fair preemption's lift) and 13 (w_c, cached "
         "prompt tokens); graded by exact counters for each mechanism, Lemma 4.3, Theorems 4.4, "
@@ -233,7 +237,7 @@ ASSIGNMENTS = (
                 "test_a_starved_client_counts_up_to_its_demand",
             ),
         ),
-        "1-2",
+        1.0,
         "Lessons 4 and 6; graded against the artifact's measured A10G runs",
     ),
     Assignment(
@@ -241,7 +245,7 @@ ASSIGNMENTS = (
         "Capstone: a fair policy of your own, with a written statement of its bound",
         (),
         A6_RUBRIC,
-        "4-6",
+        4.0,
         "Lessons 4, 5, 8, 10 and 11; graded by what any fair policy must do (work conservation, "
         "equal shares, a bounded backlogged gap, no starvation) and on the paper's workloads "
         "against VTC and FCFS",

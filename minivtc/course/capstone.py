@@ -25,7 +25,8 @@ and goes, one that leaves the queue at every dispatch), served by the course's b
 - a bounded gap: the service gap of two backlogged clients stays within your stated bound;
   a bound looser than 4U (twice Theorem 4.4's) is refused, and the bound must be one your
   policy comes near: on the adversarial workloads its worst gap reaches at least a third of
-  it (the grader reports the slack, your bound over that gap);
+  it (`course test a6` and the grader report the slack, your bound over that gap, whether
+  the test passes or fails);
 - no starvation: a client back from a long idle stretch is served soon, and does not then take
   the server over (the LCF counterexample of Lesson 5);
 - on the paper's workloads (Section 5, with the A10G's step times), side by side with VTC and

@@ -254,7 +254,7 @@ def readme() -> str:
     )
     rows = "\n".join(
         f"| {a.key} | {a.title} | {a.teaches} | {a.max_points} | {lines_to_write(a)} | "
-        f"{a.hours} h | {what_to_write(a)} |"
+        f"{a.hours:g} h | {what_to_write(a)} |"
         for a in ASSIGNMENTS
     )
     rubrics = "\n\n".join(rubric_table(a) for a in ASSIGNMENTS)
@@ -308,10 +308,15 @@ in `grades.json`); `--verbose` prints the tests' full output.
 
 "lessons, graded by" names every lesson whose mechanisms the assignment grades. "lines" is
 measured: the lines of code of the reference's answer (the functions' bodies, without
-docstrings, comments, blank lines and asserts; for a6, the instructor's DRR). "time" is the
-instructor's estimate, not a measurement.
+docstrings, comments, blank lines and asserts; for a6, the instructor's DRR). "hours" is
+estimated from measured counts: the course was taken once on this edition (by an AI coding
+agent that read only the edition), and for each assignment the words read in its files and the
+lines written were counted; the hours are those words at 200 a minute plus those lines at 4
+minutes each (working out what to write, writing it, fixing it), rounded up to a quarter hour.
+The rates are stated, not measured: lessons/SYLLABUS.md ("How these hours were found") gives
+the counts, to redo the arithmetic at your own pace.
 
-| assignment | what you write | lessons, graded by | points | lines | time | functions |
+| assignment | what you write | lessons, graded by | points | lines | hours | functions |
 | --- | --- | --- | --- | --- | --- | --- |
 {rows}
 

@@ -1,7 +1,8 @@
 """What a student reads about a graded run: each failed test by a name written for them, and
 its first assertion message.
 
-Owns `read_report` (a pytest JUnit XML report: how many tests ran, which failed and why) and
+Owns `read_report` (a pytest JUnit XML report: how many tests ran, which failed and why),
+`read_reported` (what the tests reported beside passing or failing, e.g. a6's slack) and
 `describe` (a test's name for a student: the first sentence of its docstring, else its function
 name in words, with its parameters). Does not run anything (`grade.py` does).
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MESSAGE_CHARS = 300  # a message longer than this is cut (the full output: `--verbose`)
+REPORTED = "reported"  # the property a graded test records a number under for the student
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,18 @@ def read_report(report: Path, tests_file: Path) -> tuple[list[str], list[Failure
             message = first_line(problem.get("message") or problem.text or "")
             failures.append(Failure(test, describe(test, names), message))
     return [case.get("name", "?") for case in cases], failures
+
+
+def read_reported(report: Path) -> list[str]:
+    """What the tests recorded for the student, pass or fail (`record_property("reported",
+    text)`; the report needs junit_family xunit1 to hold it), in the order they ran."""
+    root = ET.parse(report).getroot()
+    return [
+        prop.get("value", "")
+        for case in root.iter("testcase")
+        for prop in case.iter("property")
+        if prop.get("name") == REPORTED
+    ]
 
 
 def describe(test: str, names: dict[str, str]) -> str:

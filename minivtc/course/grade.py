@@ -12,7 +12,9 @@ that assignment, with the reason in its note, and never stops the grader. Each f
 reported by a name written for the student, its rubric line and its first assertion message
 (`feedback.py`). Writes `grades.json`: `{"assignments": [{"name", "points", "max_points",
 "passed", "tests", "note", "rubric": [{"mechanism", "points", "max_points", "failed"}],
-"failures": [{"test", "name", "message", "mechanism"}]}], "total", "max_total"}`.
+"failures": [{"test", "name", "message", "mechanism"}], "reported"}], "total", "max_total"}`;
+"reported" holds what the tests report to the student pass or fail (a6's slack: its stated
+bound over its worst gap), printed under the assignment in the table.
 `edition=None` grades the reference itself (it must score full marks).
 """
 
@@ -31,7 +33,7 @@ from pathlib import Path
 from minivtc.course import warm
 from minivtc.course.assignments import ASSIGNMENTS, Assignment
 from minivtc.course.edition import PACKAGE, RELEASED, REPOSITORY, placeholder, take
-from minivtc.course.feedback import read_report
+from minivtc.course.feedback import read_report, read_reported
 from minivtc.course.rules import REFERENCE_POLICIES, out_of_reach, refusals
 
 TIME_LIMIT_S = 240  # per assignment: its tests take seconds; a hang is cut off here
@@ -50,6 +52,7 @@ class Grade:
         default_factory=list
     )  # {"mechanism", "points", "max_points", "failed"}
     output: str = field(default="", repr=False)  # pytest's, for --verbose (not saved)
+    reported: list[str] = field(default_factory=list)  # the tests' numbers, pass or fail
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,7 @@ def run_tests(a: Assignment, root: Path, how: How, work: Path | None = None) -> 
     report, log = (work or root) / "report.xml", (work or root) / "output.txt"
     tests = root / "minivtc" / "course" / "graded" / f"test_{a.key}.py"
     args = ["-q", "-p", "no:cacheprovider", f"--junitxml={report}", str(tests)]
+    args += ["-o", "junit_family=xunit1"]  # xunit2 drops what the tests report (`reported`)
     args += ["-x"] * how.first_failure
     if how.forked:
         timed_out = warm.run_pytest(args, root, log, how.time_limit_s)
@@ -168,6 +172,7 @@ def run_tests(a: Assignment, root: Path, how: How, work: Path | None = None) -> 
         return zero(a, f"timed out after {how.time_limit_s:g} s", output)
     try:
         ran, failures = read_report(report, tests)
+        reported = read_reported(report)
     except (OSError, SyntaxError, AttributeError, TypeError, ValueError):
         return zero(a, "the tests did not run to the end", output)
     total = len(ran)
@@ -175,7 +180,7 @@ def run_tests(a: Assignment, root: Path, how: How, work: Path | None = None) -> 
     lines = rubric(a, ran, failed)
     points = float(sum(line["points"] for line in lines))
     passed = total - len(failures)
-    return Grade(a.key, points, a.max_points, passed, total, "", failed, lines, output)
+    return Grade(a.key, points, a.max_points, passed, total, "", failed, lines, output, reported)
 
 
 def zero(a: Assignment, note: str, output: str = "") -> Grade:
@@ -260,7 +265,7 @@ def run_pytest(args: list[str], root: Path, log: Path, time_limit_s: float) -> b
 def table(result: dict) -> str:
     """The grades as a text table, for the terminal: under each assignment its rubric's lines
     (points of max, the mechanism), and under a line that lost its points, each failed test
-    with its first message."""
+    with its first message; then what its tests reported, pass or fail (a6's slack)."""
     rows = [f"{'assignment':<14} {'points':>7} {'max':>5} {'tests passed':>13}  note"]
     for g in result["assignments"]:
         rows.append(
@@ -281,5 +286,6 @@ def table(result: dict) -> str:
             for f in failures
             if all(f["mechanism"] != line["mechanism"] for line in g.get("rubric", []))
         ]
+        rows += [f"    reported: {text}" for text in g.get("reported", [])]
     rows.append(f"{'total':<14} {result['total']:>7.1f} {result['max_total']:>5}")
     return "\n".join(rows)
