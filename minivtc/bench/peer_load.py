@@ -14,10 +14,8 @@ import argparse
 import statistics
 import subprocess
 import sys
-import time
 
-import httpx
-
+from minivtc.gateway.launch import wait_healthy
 from minivtc.harness.workloads import poisson
 from minivtc.serving.loadgen import ReplayResult, run_replay
 
@@ -59,7 +57,7 @@ def bench_load(
             print(f"starting {name}'s server ...", flush=True)
             log = open(f"peer-{name}-server.log", "w")  # noqa: SIM115 (closed with the process)
             servers[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
-            wait_healthy(f"http://127.0.0.1:{PORTS[name]}", servers[name], name)
+            wait_healthy(f"http://127.0.0.1:{PORTS[name]}", 600, servers[name])
         results: dict[str, list[ReplayResult]] = {name: [] for name in commands}
         for k in range(rounds):
             trace = poisson([rate], turn_s, [(PROMPT_LEN, args.new_tokens)], seed=k)
@@ -73,20 +71,6 @@ def bench_load(
         for process in servers.values():
             process.terminate()
             process.wait(timeout=60)
-
-
-def wait_healthy(url: str, process: subprocess.Popen, name: str, timeout: float = 600) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"{name}'s server ended (exit {process.returncode}): see its log")
-        try:
-            if httpx.get(url + "/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(1)
-    raise RuntimeError(f"{name}'s server was not healthy within {timeout:.0f} s")
 
 
 def load_table(results: dict[str, list[ReplayResult]]) -> str:
