@@ -9,6 +9,7 @@ import pytest
 
 from minivtc.engine.factory import build_engine
 from minivtc.engine.sampler import SamplingParams
+from minivtc.model.weights import load_model
 from minivtc.offline.llm import LLM
 from minivtc.serving.server import BackgroundServer, make_app
 
@@ -22,8 +23,9 @@ def offline() -> LLM:
 
 
 @pytest.fixture(scope="module")
-def url(bundled):
-    model, tokenizer = bundled
+def url():
+    # packed like the offline LLM's (and `minivtc serve`'s): the same kernels, the same logprobs
+    model, tokenizer = load_model(packed=True)
     engine = build_engine(model, tokenizer, "vtc", kv_tokens=2048, check_invariants=True)
     app = make_app(engine, tokenizer, "llama-tiny", aliases=("other-name",))
     with BackgroundServer(app) as url:
