@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -166,3 +167,47 @@ def test_contiguous_equals_dense():
         torch.testing.assert_close(
             got[i], dense_reference(q[i], k[i], v[i], 0), atol=1e-5, rtol=1e-5
         )
+
+
+@pytest.mark.parametrize("specs", [[(5, 1), (33, 1), (0, 1)], [(0, 7)], [(2, 7), (9, 7)]])
+def test_an_unpadded_group_skips_its_gathers_and_gets_the_same_numbers(specs):
+    """A group whose requests all bring the same number of new tokens (a decode step, one
+    prompt) is marked dense and skips the row gathers; a padded one is not; forcing the gathers
+    on a dense group changes no number."""
+    block_size = 4
+    alloc = BlockAllocator(64, block_size)
+    requests = []
+    for i, (hist, new) in enumerate(specs):
+        r = Request(f"r{i}", "c", list(range(hist + new)), SamplingParams(max_tokens=1), 0.0)
+        r.num_computed = hist
+        alloc.allocate(r.request_id, hist + new)
+        requests.append(r)
+    group = build_group(requests, 0, alloc, False, "cpu")
+    assert group.dense
+    assert not build_group(requests, 0, alloc, True, "cpu").dense or len(specs) == 1
+    gen = torch.Generator().manual_seed(0)
+    k_cache, v_cache = torch.randn(2, 1, 64, block_size, K, D, generator=gen)
+    t = sum(new for _, new in specs)
+    slots = torch.tensor(
+        [
+            s
+            for r, (h, n) in zip(requests, specs, strict=True)
+            for s in alloc.slots(r.request_id, h, h + n)
+        ]
+    )
+    q, k, v = torch.randn(t, H, D, generator=gen), *torch.randn(2, t, K, D, generator=gen)
+    fast = PagedAttention(k_cache.clone(), v_cache.clone(), slots, [group])(0, q, k, v)
+    padded_path = dataclasses.replace(group, dense=False)
+    slow = PagedAttention(k_cache.clone(), v_cache.clone(), slots, [padded_path])(0, q, k, v)
+    assert torch.equal(fast, slow)
+
+
+def test_a_group_with_unequal_new_tokens_is_padded_not_dense():
+    alloc = BlockAllocator(16, 4)
+    requests = []
+    for i, (hist, new) in enumerate([(0, 7), (3, 2)]):
+        r = Request(f"r{i}", "c", list(range(hist + new)), SamplingParams(max_tokens=1), 0.0)
+        r.num_computed = hist
+        alloc.allocate(r.request_id, hist + new)
+        requests.append(r)
+    assert not build_group(requests, 0, alloc, False, "cpu").dense

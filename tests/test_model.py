@@ -6,8 +6,9 @@ import pytest
 import torch
 
 from minivtc.model.config import LlamaConfig, preset
-from minivtc.model.llama import CausalSequences, Llama
+from minivtc.model.llama import CausalSequences, Llama, rotary_cos_sin
 from minivtc.model.weights import load_model
+from tests.conftest import TINY_GQA
 
 transformers = pytest.importorskip("transformers")
 
@@ -81,3 +82,14 @@ def test_config_round_trips_through_hf():
     for name in ("tiny", "llama-2-7b", "llama-2-70b"):
         assert LlamaConfig.from_hf(preset(name).to_hf()) == preset(name)
     assert preset("llama-2-7b").num_params == pytest.approx(6.74e9, rel=0.01)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_the_rotary_table_holds_rotary_cos_sin_of_every_position(dtype):
+    """`Llama.rotary_tables` reads rows of a table made once: the very values `rotary_cos_sin`
+    gives for those positions, cast to the model's dtype."""
+    model = Llama(TINY_GQA)
+    positions = torch.tensor([0, 5, 1, 200, 5])
+    cos, sin = model.rotary_tables(positions, dtype)
+    want_cos, want_sin = rotary_cos_sin(positions, TINY_GQA)
+    assert torch.equal(cos, want_cos.to(dtype)) and torch.equal(sin, want_sin.to(dtype))

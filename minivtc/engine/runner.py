@@ -222,6 +222,7 @@ def build_group(
         query_positions=as_tensor(query_positions),
         block_tables=as_tensor(block_tables),
         out_index=as_tensor(out_index),
+        dense=n_rows == len(group) and all(n == n_q for n in new_counts),
     )
 
 

@@ -46,6 +46,9 @@ class AttentionGroup:
     query_positions: Tensor  # (R, Q) position of each query; keys at positions <= it are visible
     block_tables: Tensor  # (R, NB) block ids, padded with 0 (masked: beyond every query position)
     out_index: Tensor  # (Tg,) index into the flattened (R*Q) outputs, in flat-batch order
+    # No padding (every request brings Q new tokens, no bucketing rows): token_rows is the flat
+    # batch's rows in order and out_index every output, so both gathers can be skipped.
+    dense: bool = False
 
 
 def attend_group(
@@ -123,12 +126,14 @@ class PagedAttention:
         v_layer.view(-1, n_kv, d).index_copy_(0, self.slot_mapping, v)
         outs = []
         for g, mask in zip(self.groups, self.masks, strict=True):
-            rows = g.token_rows.flatten()  # (R*Q,)
-            qp = q[g.start : g.end].index_select(0, rows).view(*g.token_rows.shape, *q.shape[1:])
+            qg = q[g.start : g.end]  # (Tg, H, D)
+            if not g.dense:  # padded: each request's queries gathered into its row of Q
+                qg = qg.index_select(0, g.token_rows.flatten())  # (R*Q, H, D)
+            qp = qg.view(*g.token_rows.shape, *q.shape[1:])  # (R, Q, H, D)
             out = self.attend(
                 qp, k_layer, v_layer, g.query_positions, g.block_tables, mask
-            )  # (R, Q, H, D)
-            outs.append(out.flatten(0, 1).index_select(0, g.out_index))  # (Tg, H, D)
+            ).flatten(0, 1)  # (R*Q, H, D)
+            outs.append(out if g.dense else out.index_select(0, g.out_index))  # (Tg, H, D)
         return outs[0] if len(outs) == 1 else torch.cat(outs)  # (T, H, D)
 
 

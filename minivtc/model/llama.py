@@ -44,6 +44,7 @@ class Llama(nn.Module):
         self.lm_head = nn.Linear(
             config.dim, config.vocab_size, bias=False
         )  # untied from the embedding
+        self._rotary: tuple[Tensor, Tensor] | None = None  # `rotary_tables`' cache
 
     def forward(
         self,
@@ -57,13 +58,31 @@ class Llama(nn.Module):
         A serving step only needs each request's last position, so the engine passes those rows
         and skips the (T, V) product for every prompt token.
         """
-        cos, sin = rotary_cos_sin(positions, self.config)  # (T, D) each
         x = self.embed_tokens(tokens)  # (T, E)
+        cos, sin = self.rotary_tables(positions, x.dtype)  # (T, D) each
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, attention, i)  # (T, E)
         if logit_rows is not None:
             x = x[logit_rows]  # (N, E)
         return self.lm_head(self.norm(x))  # (N, V)
+
+    def rotary_tables(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """`rotary_cos_sin(positions)`, cast to `dtype`, read from a table of every position.
+
+        PERF: the table is made once (`rotary_cos_sin` of positions 0..max_positions-1, cast
+        once), so a decode step looks up two rows instead of rebuilding them from the
+        frequencies and casting them in every layer; the values are the same ones. Bundled
+        model, bf16, batch 1: about 30 fewer tensor operations a step."""
+        if (
+            self._rotary is None
+            or self._rotary[0].device != positions.device
+            or (self._rotary[0].dtype != dtype)
+        ):
+            every = torch.arange(self.config.max_positions, device=positions.device)
+            cos, sin = rotary_cos_sin(every, self.config)  # (P, D) each, float32
+            self._rotary = cos.to(dtype), sin.to(dtype)
+        cos, sin = self._rotary
+        return cos[positions], sin[positions]  # (T, D) each
 
 
 class DecoderLayer(nn.Module):
@@ -94,13 +113,17 @@ class SelfAttention(nn.Module):
         t = x.shape[0]
         if self.qkv_proj is None:  # the plain path: three products
             q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)  # (T, H*D), (T, K*D) x2
-        else:  # one product of the three weights stacked, cut into its three parts
-            kv_width = self.n_kv_heads * self.head_dim
-            q, k, v = self.qkv_proj(x).split([self.n_heads * self.head_dim, kv_width, kv_width], -1)
-        q = q.reshape(t, self.n_heads, self.head_dim)  # (T, H, D)
-        k = k.reshape(t, self.n_kv_heads, self.head_dim)  # (T, K, D)
-        v = v.reshape(t, self.n_kv_heads, self.head_dim)  # (T, K, D)
-        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # (T, H, D), (T, K, D)
+            q = q.reshape(t, self.n_heads, self.head_dim)  # (T, H, D)
+            k = k.reshape(t, self.n_kv_heads, self.head_dim)  # (T, K, D)
+            v = v.reshape(t, self.n_kv_heads, self.head_dim)  # (T, K, D)
+            q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)  # (T, H, D), (T, K, D)
+        else:  # one product of the three weights stacked, cut into heads: H of q, K of k, K of v
+            h, kv = self.n_heads, self.n_kv_heads
+            qkv = self.qkv_proj(x).view(t, h + 2 * kv, self.head_dim)  # (T, H+2K, D)
+            # q's heads and k's lie side by side: one rotation turns both (half the calls)
+            qk = apply_rotary(qkv[:, : h + kv], cos, sin)  # (T, H+K, D)
+            q, k = torch.split(qk, [h, kv], dim=1)  # (T, H, D), (T, K, D)
+            v = qkv[:, h + kv :]  # (T, K, D)
         out = attention(i, q, k, v)  # (T, H, D)
         return self.o_proj(out.reshape(t, self.n_heads * self.head_dim))  # (T, E)
 
