@@ -93,3 +93,18 @@ def test_watch_rejoining_sees_a_client_leave_and_rejoin_within_a_step():
     g = engine.add_request([6], PARAMS, client_id="G")
     engine.step()
     assert g.num_preemptions == 1 and rejoined == {"G"}
+
+
+def test_drive_records_each_step_s_clock_counters_and_admissions_on_the_pool_it_is_given():
+    """A's request takes the whole pool; B waits for it to finish. Each `Step` has the clock
+    after the step, the counters after it and the clients admitted in it; the engine ran on
+    the allocator passed in."""
+    pool = BlockAllocator(4, 1)
+    arrivals = [harness.Arrival(0.0, "A", 2, 2), harness.Arrival(0.0, "B", 2, 2)]
+    engine, steps, _ = drive(VTC(), arrivals, 4, allocator=pool)
+    assert engine.allocator is pool
+    assert [s.now for s in steps] == [1.0, 2.0, 3.0, 4.0]
+    assert [s.admitted for s in steps] == [["A"], [], ["B"], []]
+    # w_p = 1 per prompt token at dispatch, w_q = 2 per token; B waits at 0 until A finishes
+    assert steps[0].counters == {"A": 4.0, "B": 0.0} and steps[1].counters["A"] == 6.0
+    assert steps[2].counters["B"] == 4.0 and steps[0].backlogged == {"B"}

@@ -1,5 +1,6 @@
 """The paper's figure types from `requests.csv` records: service, response time, service gap;
-and the fair-memory sections' bars (throughput against the gap and its bound; service shares).
+and the fair-memory sections' bars (throughput against the gap and its bound; service shares);
+the lessons' side-by-side panels (`panels_plot`) and fair memory's sweep (`gap_sweep_plot`).
 
 Owns matplotlib only; every number comes from `metrics.py` or the caller. Each function draws
 one figure into a PNG and returns its path. Figures use the Agg backend, so they render without
@@ -8,6 +9,7 @@ a screen. Lessons 4-11 show them inline.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -160,4 +162,27 @@ def shares_plot(
     axes[0].set_ylabel("service (tokens/s, input + 2 x output)")
     axes[-1].legend(fontsize=8)
     fig.suptitle(title or "service per client")
+    return save(fig, path)
+
+
+def panels_plot(
+    panels: dict[str, dict[str, tuple[Sequence[float], Sequence[float]]]],
+    path: str | Path,
+    xlabel: str,
+    ylabel: str,
+    shade: tuple[float, float, str] | None = None,
+) -> Path:
+    """Side-by-side panels sharing the y axis: `panels` maps each panel's title to its lines,
+    label -> (x, y), each label in the same color in every panel; `shade` = (start, end, label)
+    greys that stretch of x in each (the lessons' counters and service over time)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), sharey=True)
+    axes = [axes] if len(panels) == 1 else list(axes)
+    for ax, (title, lines) in zip(axes, panels.items(), strict=True):
+        for i, (label, (x, y)) in enumerate(lines.items()):
+            ax.plot(x, y, f"C{i}", label=label)
+        if shade is not None:
+            ax.axvspan(shade[0], shade[1], color="gray", alpha=0.15, label=shade[2])
+        ax.set(title=title, xlabel=xlabel)
+    axes[0].set_ylabel(ylabel)
+    axes[0].legend()
     return save(fig, path)

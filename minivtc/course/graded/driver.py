@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import random
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 
@@ -45,6 +45,9 @@ class Arrival:
 class Step:
     backlogged: set[str]  # clients with a request waiting throughout this step
     service: dict[str, float]  # weighted tokens processed for each client in this step
+    now: float = 0.0  # the clock when the step ended
+    counters: dict[str, float] = field(default_factory=dict)  # the scheduler's, after the step
+    admitted: list[str] = field(default_factory=list)  # the client of each request admitted
 
 
 class UnitRunner:
@@ -67,12 +70,16 @@ class UnitRunner:
         raise AssertionError("the unit runner never swaps")
 
 
-def drive(scheduler, arrivals, kv_tokens, fairness=False, max_positions=10**6, **options):
-    """`options`: the engine's memory options (reservation, victim, preempt_gap)."""
+def drive(
+    scheduler, arrivals, kv_tokens, fairness=False, max_positions=10**6, allocator=None, **options
+):
+    """`options`: the engine's memory options (reservation, victim, preempt_gap). `allocator`:
+    the engine's pool (default: `kv_tokens` tokens in blocks of 1), for a policy that is handed
+    it to look at (Lesson 5's skipping variant)."""
     clock = [0.0]
     engine = Engine(
         UnitRunner(clock),
-        BlockAllocator(kv_tokens, 1),
+        allocator if allocator is not None else BlockAllocator(kv_tokens, 1),
         scheduler,
         max_positions,
         eos_id=-1,
@@ -96,6 +103,7 @@ def drive(scheduler, arrivals, kv_tokens, fairness=False, max_positions=10**6, *
             clock[0] = pending[0].time
             continue
         before = waiting_clients(scheduler), snapshot(engine)
+        running = {r.request_id for r in engine.running}
         rejoined.clear()
         engine.step()
         after = snapshot(engine)
@@ -104,7 +112,10 @@ def drive(scheduler, arrivals, kv_tokens, fairness=False, max_positions=10**6, *
             + W_Q * (after[c][1] - before[1].get(c, (0, 0))[1])
             for c in after
         }
-        steps.append(Step(before[0] & waiting_clients(scheduler) - rejoined, service))
+        backlogged = before[0] & waiting_clients(scheduler) - rejoined
+        admitted = [r.client_id for r in engine.running if r.request_id not in running]
+        counters = dict(getattr(scheduler, "counters", {}))
+        steps.append(Step(backlogged, service, clock[0], counters, admitted))
     assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, (
         f"every request finished but {engine.allocator.num_used_blocks} blocks are still held"
     )
