@@ -10,6 +10,8 @@ scheduling assignments and by the package's own tests.
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
 from collections import deque
 from dataclasses import dataclass, field
@@ -142,6 +144,22 @@ def max_gap(steps: list[Step], f: str, g: str, weights=None) -> float:
         else:
             lo = hi = prefix = 0.0
     return best
+
+
+def service_difference(steps: list[Step], f: str, g: str) -> tuple[list[float], list[float]]:
+    """W_f - W_g after each step since the start, and the same with NaN (not drawn) where f and
+    g were not both backlogged: `max_gap` is the largest rise or fall within one stretch."""
+    total = list(itertools.accumulate(s.service.get(f, 0.0) - s.service.get(g, 0.0) for s in steps))
+    both = [d if {f, g} <= s.backlogged else math.nan for d, s in zip(total, steps, strict=True)]
+    return total, both
+
+
+def construction(num_long: int, num_each: int, m: int) -> list[Arrival]:
+    """F starts `num_long` requests of 1 + (m - 1) tokens; half a step later F and G send
+    `num_each` more each. (1, 3): Theorem 4.8's construction in a pool of m tokens; (32, 20):
+    the latest victim's counterexample (Lesson 11)."""
+    first = [Arrival(0.0, "F", 1, m - 1)] * num_long
+    return first + [Arrival(0.5, c, 1, m - 1) for c in "FG" for _ in range(num_each)]
 
 
 def first_over(steps: list[Step], f: str, g: str, limit: float, weights=None) -> int | None:
