@@ -192,6 +192,32 @@ workloads = st.fixed_dictionaries(
 )
 
 
+def watch_joins(policy) -> dict[str, dict[str, float]]:
+    """client -> every counter right after that client first joined the queue (wraps
+    `policy.join`): where its lift put it, beside the others (Lesson 11's join floor)."""
+    joined: dict[str, dict[str, float]] = {}
+    join = policy.join
+
+    def recorded(request: Request) -> None:
+        join(request)
+        joined.setdefault(request.client_id, dict(policy.counters))
+
+    policy.join = recorded
+    return joined
+
+
+def draw_workload(rng: random.Random) -> dict:
+    """A workload as `workloads` draws one (hypothesis), drawn from `rng` instead: for a
+    lesson's loop of random runs."""
+    return {
+        "n_clients": rng.randint(2, 5),
+        "n_requests": rng.randint(5, 60),
+        "kv_tokens": rng.randint(40, 160),
+        "seed": rng.randrange(10**6),
+        "bursty": rng.random() < 0.5,
+    }
+
+
 def random_arrivals(w):
     """Requests that each fit in the pool (L_input <= 30), arriving Poisson or in bursts."""
     rng = random.Random(w["seed"])
