@@ -93,3 +93,60 @@ def test_watch_rejoining_sees_a_client_leave_and_rejoin_within_a_step():
     g = engine.add_request([6], PARAMS, client_id="G")
     engine.step()
     assert g.num_preemptions == 1 and rejoined == {"G"}
+
+
+def test_drive_records_each_step_s_clock_counters_and_admissions_on_the_pool_it_is_given():
+    """A's request takes the whole pool; B waits for it to finish. Each `Step` has the clock
+    after the step, the counters after it and the clients admitted in it; the engine ran on
+    the allocator passed in."""
+    pool = BlockAllocator(4, 1)
+    arrivals = [harness.Arrival(0.0, "A", 2, 2), harness.Arrival(0.0, "B", 2, 2)]
+    engine, steps, _ = drive(VTC(), arrivals, 4, allocator=pool)
+    assert engine.allocator is pool
+    assert [s.now for s in steps] == [1.0, 2.0, 3.0, 4.0]
+    assert [s.admitted for s in steps] == [["A"], [], ["B"], []]
+    # w_p = 1 per prompt token at dispatch, w_q = 2 per token; B waits at 0 until A finishes
+    assert steps[0].counters == {"A": 4.0, "B": 0.0} and steps[1].counters["A"] == 6.0
+    assert steps[2].counters["B"] == 4.0 and steps[0].backlogged == {"B"}
+
+
+@settings(max_examples=30, deadline=None)
+@given(workloads)
+def test_max_gap_is_the_largest_rise_or_fall_of_service_difference_within_a_backlogged_stretch(w):
+    """The curve Lesson 11 draws, read back: within each stretch of steps in which both were
+    backlogged (the rest NaN), the largest rise or fall of W_f - W_g is `max_gap`."""
+    arrivals = random_arrivals(w)
+    _, steps, _ = drive(VTC(), arrivals, w["kv_tokens"], reservation="none", victim="fair")
+    clients = sorted({a.client for a in arrivals})
+    for f, g in itertools.combinations(clients, 2):
+        total, both = harness.service_difference(steps, f, g)
+        assert len(total) == len(both) == len(steps)
+        best, start = 0.0, None
+        for before, now in zip([0.0, *total], both, strict=False):
+            if now != now:  # NaN: the stretch ends
+                start = None
+                continue
+            if start is None:
+                start, lo, hi = before, before, before
+            lo, hi = min(lo, now), max(hi, now)
+            best = max(best, hi - lo)
+        assert abs(best - max_gap(steps, f, g)) < 1e-9, (f, g)
+
+
+def test_watch_joins_records_the_counters_as_each_client_first_joins_the_queue():
+    """G joins while F waits: lifted to F's counter (the smallest waiting), recorded then."""
+    vtc = VTC()
+    joined = harness.watch_joins(vtc)
+    arrivals = [harness.Arrival(0.0, "F", 4, 4)] * 2 + [harness.Arrival(2.0, "G", 1, 1)]
+    drive(vtc, arrivals, 8)
+    assert joined["F"] == {"F": 0.0}
+    assert joined["G"]["G"] == joined["G"]["F"] > 0  # lifted level with F, who waits
+
+
+def test_draw_workload_draws_what_the_graded_strategy_draws():
+    import random
+
+    w = harness.draw_workload(random.Random(3))
+    assert set(w) == {"n_clients", "n_requests", "kv_tokens", "seed", "bursty"}
+    assert len(random_arrivals(w)) == w["n_requests"]
+    assert 2 <= w["n_clients"] <= 5 and 5 <= w["n_requests"] <= 60 and 40 <= w["kv_tokens"] <= 160

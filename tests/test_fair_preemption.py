@@ -20,6 +20,7 @@ from minivtc.course.graded.driver import (
     Arrival,
     UnitRunner,
     bound_u,
+    construction,
     drive,
     max_gap,
     random_arrivals,
@@ -77,14 +78,6 @@ def test_weighted_clients_keep_the_preemptive_bound_in_counter_units(w):
         preempt_gap=10.0,
     )  # the engine asserts the bound every step
     assert engine.fairness.gap_bound() > 0
-
-
-def construction(num_long: int, num_each: int, m: int = 100) -> list[Arrival]:
-    """Theorem 4.8's: F starts `num_long` requests of 1 + (m - 1) tokens; a moment later F and
-    G send `num_each` more each."""
-    return [Arrival(0.0, "F", 1, m - 1)] * num_long + [
-        Arrival(0.5, c, 1, m - 1) for c in "FG" for _ in range(num_each)
-    ]
 
 
 def gaps(arrivals, m: int = 100) -> dict[str, tuple[float, float | None]]:

@@ -6,7 +6,6 @@ on vLLM's own run."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
@@ -18,30 +17,9 @@ from minivtc.fairness.scheduler import Scheduler
 from minivtc.fairness.vtc import VTC
 from minivtc.vllm_plugin.plugin_options import PluginOptions
 from minivtc.vllm_plugin.policy_queue import DEFAULT_CLIENT, PolicyQueue
+from minivtc.vllm_plugin.stand_in import FakeRequest, Params, request
 
 # --- a stand-in for vLLM's requests and its scheduler's loop ---------------------------------
-
-
-@dataclass
-class Params:
-    extra_args: dict[str, Any] | None = None
-
-
-@dataclass
-class FakeRequest:
-    """The attributes of `vllm.v1.request.Request` the queue reads."""
-
-    request_id: str
-    prompt_token_ids: list[int]
-    max_tokens: int
-    sampling_params: Params
-    arrival_time: float = 0.0
-    output_token_ids: list[int] = field(default_factory=list)
-
-
-def request(request_id: str, client: str | None, n_prompt: int = 8, n_out: int = 4):
-    extra = None if client is None else {"client": client}
-    return FakeRequest(request_id, [5] * n_prompt, n_out, Params(extra))
 
 
 class Loop:

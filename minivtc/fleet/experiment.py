@@ -39,8 +39,14 @@ class Row:
     first: float  # the first tenant's service rate (system, gold), tokens/s
     second: float  # the second's (flood, free)
     gap: float
-    bound: float | None  # 2U: the global runs'
+    bound: float | None  # 2U (plus the staleness term): the global runs'
     served: list[Served]
+    seen: dict[int, list[str]]  # replica -> the tenants it served
+    throughput: float  # prompt and output tokens a second, over the whole run
+
+    @property
+    def ratio(self) -> float:
+        return self.first / self.second
 
 
 def replicas(out: Path, show: bool = False) -> list[str]:
@@ -49,7 +55,11 @@ def replicas(out: Path, show: bool = False) -> list[str]:
         run_row(n, name, *route) for n, name, route in runs + [(64, "affinity", r) for r in AT_64]
     ]
     bounds = {(r.n, r.workload): r.bound for r in reversed(rows) if r.bound is not None}
-    lines = [
+    return intro() + table(rows, bounds) + verdicts(rows, bounds) + figures(rows, bounds, out)
+
+
+def intro() -> list[str]:
+    return [
         "## Fair across replicas: one dispatcher against per-replica counters",
         "",
         "Real engines on one virtual clock (A10G model, 10,000 KV tokens each, 120 s). "
@@ -60,6 +70,12 @@ def replicas(out: Path, show: bool = False) -> list[str]:
         "*2U*: the global dispatcher's bound with M the fleet's memory, asserted after every "
         "event of its runs.",
         "",
+    ]
+
+
+def table(rows: list[Row], bounds: dict[tuple[int, str], float]) -> list[str]:
+    """The rows as a markdown table, each with the 2U of its (N, workload) from `bounds`."""
+    lines = [
         "| N | workload | routing | first : second tenant | ratio (fair) | gap | 2U |",
         "| --- | --- | --- | --- | --- | --- | --- |",
     ]
@@ -67,14 +83,19 @@ def replicas(out: Path, show: bool = False) -> list[str]:
         bound = bounds[(r.n, r.workload)]
         lines.append(
             f"| {r.n} | {r.workload} | {r.label} | {r.first:.0f} : {r.second:.0f} | "
-            f"{r.first / r.second:.2f} ({FAIR[r.workload]:.0f}) | {r.gap:,.0f} | {bound:,.0f} |"
+            f"{r.ratio:.2f} ({FAIR[r.workload]:.0f}) | {r.gap:,.0f} | {bound:,.0f} |"
         )
-    return lines + verdicts(rows, bounds) + figures(rows, bounds, out)
+    return lines
 
 
-def run_row(n: int, name: str, routing: str, route_by: str | None) -> Row:
+def run_row(
+    n: int, name: str, routing: str, route_by: str | None = None, staleness: float = 0.0
+) -> Row:
+    """One run of workload `name` on `n` replicas: `routing` "global" is the dispatcher (routing
+    by `route_by`, least-loaded by default), else the field's router in front of per-replica
+    VTC; `staleness`: how late the dispatcher hears of each step (`staleness.News`)."""
     w = FLEET_WORKLOADS[name]
-    result = simulate_fleet(
+    fleet = simulate_fleet(
         w.make(n),
         n,
         routing,
@@ -82,12 +103,29 @@ def run_row(n: int, name: str, routing: str, route_by: str | None) -> Row:
         weights=w.weights,
         check_fairness=routing == "global",
         watch_backlog=True,
-    ).result
+        staleness=staleness,
+    )
+    result = fleet.result
     rates = metrics.service(result.served, 30.0, w.duration)
     first, second = (rates.get(c, 0.0) / (w.duration - 30) for c in TENANTS[name])
-    label = routing + (f", {route_by}" if route_by else "")
+    label = routing + (f", {route_by}" if route_by and routing == "global" else "")
     gap = result.backlogged_gap or 0.0  # (the fleet's watch always measures it)
-    return Row(n, name, label, first, second, gap, result.bound, result.served)
+    seen: dict[int, set[str]] = {}
+    for s, k in zip(result.served, fleet.replicas, strict=True):
+        seen.setdefault(k, set()).add(s.client)
+    tokens = sum(s.input_tokens + s.output_tokens for s in result.served)
+    return Row(
+        n,
+        name,
+        label,
+        first,
+        second,
+        gap,
+        result.bound,
+        result.served,
+        {k: sorted(v) for k, v in sorted(seen.items())},
+        tokens / result.total_time,
+    )
 
 
 def verdicts(rows: list[Row], bounds: dict) -> list[str]:

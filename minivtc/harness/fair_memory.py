@@ -14,17 +14,28 @@ one is stated, and the worst service gap of two backlogged clients measured (`Ba
 2. Theorem 4.8's construction (F fills a 100-token pool with one long request; F and G then
    flood): its non-preemptive gap of about w_q M, against fair preemption's;
 3. a workload where the latest victim breaks Theorem 4.4's bound, which the fair one keeps.
+
+Lesson 11 spells part 1 out on the engine itself: `long_trace`, `sim_engine` (simulate()'s
+engine, kept to read its `FairnessCheck` afterwards), `full_speed` (full reservation's tokens/s,
+the baseline), `gap_run` (one run of the sweep over the preemption gap) and `table_rows` (this
+section's table, read back).
 """
 
 from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 
+from minivtc.engine.engine import Engine
+from minivtc.engine.kv_pool import BlockAllocator
+from minivtc.engine.options import EngineOptions
 from minivtc.fairness.cost import W_Q, fairness_bound
+from minivtc.fairness.vtc import VTC
 from minivtc.harness import metrics, plots
-from minivtc.harness.sim import SimResult, simulate
-from minivtc.harness.step_time import MeasuredStepTime
+from minivtc.harness.backlog import BacklogWatch
+from minivtc.harness.sim import SIM_EOS, SimResult, StepTimeRunner, VirtualClock, replay, simulate
+from minivtc.harness.step_time import MeasuredStepTime, step_time_model
 from minivtc.harness.workloads import TraceRequest, workload
 
 MAX_TOKENS = 1024
@@ -76,10 +87,81 @@ def fair_memory(out: Path, show: bool = False) -> list[str]:
     return lines
 
 
+def long_trace() -> list[TraceRequest]:
+    """The paper's real trace, every request allowed `MAX_TOKENS` (each still ends at its
+    traced length)."""
+    return [dataclasses.replace(t, max_tokens=MAX_TOKENS) for t in workload("real").make()]
+
+
+def sim_engine(**options) -> tuple[Engine, StepTimeRunner]:
+    """simulate()'s engine: A10G step times on a virtual clock, a pool of `POOL` tokens, VTC;
+    `options`: the engine's (reservation, victim, preempt_gap, check_fairness)."""
+    clock = VirtualClock()
+    runner = StepTimeRunner(step_time_model("a10g-llama7b"), clock)
+    engine_options = EngineOptions(max_running=1 << 30, **options)
+    pool = BlockAllocator(POOL, 1)
+    return Engine(
+        runner, pool, VTC(), 1 << 30, SIM_EOS, clock=clock, options=engine_options
+    ), runner
+
+
+def full_speed(trace: list[TraceRequest]) -> float:
+    """Full reservation's tokens per second on `trace`: the baseline of the sweep."""
+    engine, runner = sim_engine(reservation="full")
+    served, _, _ = replay(engine, runner, trace, False, engine.step)
+    total = max(s.end_s for s in served) - trace[0].arrival_s
+    return metrics.table_metrics(served, total).throughput
+
+
+def gap_run(trace: list[TraceRequest], gap: float) -> SimpleNamespace:
+    """Blocks on demand with the fair victim at `gap`, its bound asserted every step: the
+    worst backlogged gap (`BacklogWatch`), the run's `FairnessCheck` (`check`: its bound and
+    largest charges), tokens/s, preemptions and recomputed tokens per served token."""
+    engine, runner = sim_engine(
+        reservation="none", victim="fair", preempt_gap=gap, check_fairness=True
+    )
+    watch = BacklogWatch(engine)  # steps the engine; the worst backlogged gap, from the tokens
+    served, _, _ = replay(engine, runner, trace, False, watch.step)
+    total = max(s.end_s for s in served) - trace[0].arrival_s
+    tokens = sum(s.input_tokens + s.output_tokens for s in served)
+    return SimpleNamespace(
+        gap=watch.worst,
+        check=engine.fairness,
+        bound=engine.fairness.gap_bound() if engine.fairness else None,
+        throughput=metrics.table_metrics(served, total).throughput,
+        preemptions=engine.num_preemptions,
+        recomputed=engine.preemption.recomputed_tokens / tokens,
+    )
+
+
+def table_rows(lines: list[str]) -> dict[str, SimpleNamespace]:
+    """Part 1's table, read back from `fair_memory`'s lines: the victim (fair's with its gap),
+    or the reservation when it is not on demand, -> speed, gap, bound (None: none stated),
+    recomputed tokens and their share of the served ones."""
+    rows = {}
+    for line in lines[: lines.index(f"### Theorem 4.8's construction, M = {CONSTRUCTION_POOL}")]:
+        cells = [c.strip() for c in line.strip("| ").split(" | ")]
+        if line.startswith("| ") and cells[2][0].isdigit():
+            share = float(cells[7].split("(")[-1].split("%")[0]) / 100
+            rows[cells[1] if cells[0] == "none" else cells[0]] = SimpleNamespace(
+                speed=number(cells[2]),
+                gap=number(cells[4]),
+                bound=number(cells[5]),
+                recomputed=number(cells[7]),
+                share=share,
+            )
+    return rows
+
+
+def number(text: str) -> float | None:
+    """A table cell's first number ("5,374", "0 (750,836) ..."), or None ("none stated")."""
+    return float(text.split()[0].replace(",", "")) if text[0].isdigit() else None
+
+
 def real_trace(out: Path, show: bool) -> tuple[list[str], float, bool]:
     """Part 1: the rows and their figure, fair's throughput over full reservation's, every gap
     within bound."""
-    trace = [dataclasses.replace(t, max_tokens=MAX_TOKENS) for t in workload("real").make()]
+    trace = long_trace()
     lines = [
         f"### The real trace, `max_tokens` {MAX_TOKENS}",
         "",

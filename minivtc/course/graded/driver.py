@@ -10,9 +10,11 @@ scheduling assignments and by the package's own tests.
 
 from __future__ import annotations
 
+import itertools
+import math
 import random
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 
@@ -45,6 +47,9 @@ class Arrival:
 class Step:
     backlogged: set[str]  # clients with a request waiting throughout this step
     service: dict[str, float]  # weighted tokens processed for each client in this step
+    now: float = 0.0  # the clock when the step ended
+    counters: dict[str, float] = field(default_factory=dict)  # the scheduler's, after the step
+    admitted: list[str] = field(default_factory=list)  # the client of each request admitted
 
 
 class UnitRunner:
@@ -67,12 +72,16 @@ class UnitRunner:
         raise AssertionError("the unit runner never swaps")
 
 
-def drive(scheduler, arrivals, kv_tokens, fairness=False, max_positions=10**6, **options):
-    """`options`: the engine's memory options (reservation, victim, preempt_gap)."""
+def drive(
+    scheduler, arrivals, kv_tokens, fairness=False, max_positions=10**6, allocator=None, **options
+):
+    """`options`: the engine's memory options (reservation, victim, preempt_gap). `allocator`:
+    the engine's pool (default: `kv_tokens` tokens in blocks of 1), for a policy that is handed
+    it to look at (Lesson 5's skipping variant)."""
     clock = [0.0]
     engine = Engine(
         UnitRunner(clock),
-        BlockAllocator(kv_tokens, 1),
+        allocator if allocator is not None else BlockAllocator(kv_tokens, 1),
         scheduler,
         max_positions,
         eos_id=-1,
@@ -96,6 +105,7 @@ def drive(scheduler, arrivals, kv_tokens, fairness=False, max_positions=10**6, *
             clock[0] = pending[0].time
             continue
         before = waiting_clients(scheduler), snapshot(engine)
+        running = {r.request_id for r in engine.running}
         rejoined.clear()
         engine.step()
         after = snapshot(engine)
@@ -104,7 +114,10 @@ def drive(scheduler, arrivals, kv_tokens, fairness=False, max_positions=10**6, *
             + W_Q * (after[c][1] - before[1].get(c, (0, 0))[1])
             for c in after
         }
-        steps.append(Step(before[0] & waiting_clients(scheduler) - rejoined, service))
+        backlogged = before[0] & waiting_clients(scheduler) - rejoined
+        admitted = [r.client_id for r in engine.running if r.request_id not in running]
+        counters = dict(getattr(scheduler, "counters", {}))
+        steps.append(Step(backlogged, service, clock[0], counters, admitted))
     assert engine.allocator.num_free_blocks == engine.allocator.num_blocks, (
         f"every request finished but {engine.allocator.num_used_blocks} blocks are still held"
     )
@@ -131,6 +144,22 @@ def max_gap(steps: list[Step], f: str, g: str, weights=None) -> float:
         else:
             lo = hi = prefix = 0.0
     return best
+
+
+def service_difference(steps: list[Step], f: str, g: str) -> tuple[list[float], list[float]]:
+    """W_f - W_g after each step since the start, and the same with NaN (not drawn) where f and
+    g were not both backlogged: `max_gap` is the largest rise or fall within one stretch."""
+    total = list(itertools.accumulate(s.service.get(f, 0.0) - s.service.get(g, 0.0) for s in steps))
+    both = [d if {f, g} <= s.backlogged else math.nan for d, s in zip(total, steps, strict=True)]
+    return total, both
+
+
+def construction(num_long: int, num_each: int, m: int) -> list[Arrival]:
+    """F starts `num_long` requests of 1 + (m - 1) tokens; half a step later F and G send
+    `num_each` more each. (1, 3): Theorem 4.8's construction in a pool of m tokens; (32, 20):
+    the latest victim's counterexample (Lesson 11)."""
+    first = [Arrival(0.0, "F", 1, m - 1)] * num_long
+    return first + [Arrival(0.5, c, 1, m - 1) for c in "FG" for _ in range(num_each)]
 
 
 def first_over(steps: list[Step], f: str, g: str, limit: float, weights=None) -> int | None:
@@ -161,6 +190,32 @@ workloads = st.fixed_dictionaries(
         "bursty": st.booleans(),
     }
 )
+
+
+def watch_joins(policy) -> dict[str, dict[str, float]]:
+    """client -> every counter right after that client first joined the queue (wraps
+    `policy.join`): where its lift put it, beside the others (Lesson 11's join floor)."""
+    joined: dict[str, dict[str, float]] = {}
+    join = policy.join
+
+    def recorded(request: Request) -> None:
+        join(request)
+        joined.setdefault(request.client_id, dict(policy.counters))
+
+    policy.join = recorded
+    return joined
+
+
+def draw_workload(rng: random.Random) -> dict:
+    """A workload as `workloads` draws one (hypothesis), drawn from `rng` instead: for a
+    lesson's loop of random runs."""
+    return {
+        "n_clients": rng.randint(2, 5),
+        "n_requests": rng.randint(5, 60),
+        "kv_tokens": rng.randint(40, 160),
+        "seed": rng.randrange(10**6),
+        "bursty": rng.random() < 0.5,
+    }
 
 
 def random_arrivals(w):
