@@ -52,7 +52,8 @@ class Loop:
     setting), and stop at the first that does not (vLLM's `break`); give every running request
     one token, its prompt first computed (whole, or `chunk` tokens a step); report the step's
     tokens (`charge_outputs`); close the finished ones. `served` counts service as the paper's
-    h, w_p per prompt token *when it is computed* and w_q per output token."""
+    h, w_p per prompt token *when it is computed* and w_q per output token; `ahead` the most
+    service charged to a client (its prompts, at the pop) and not yet computed for it."""
 
     def __init__(self, queue, pool=POOL, max_running=MAX_RUNNING, chunk=None) -> None:
         self.queue, self.pool, self.max_running, self.chunk = queue, pool, max_running, chunk
