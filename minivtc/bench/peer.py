@@ -42,6 +42,7 @@ import random
 import statistics
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -50,6 +51,10 @@ from minivtc.bench.peer_worker import ANSWER, top_logits
 from minivtc.bench.timing import load_line, spread
 
 PROMPT_LEN = 32
+# A pause before each turn: an engine's OpenMP threads keep spinning for a while after its last
+# parallel region (vLLM sets KMP_BLOCKTIME; libgomp spins by default), on the cores the next
+# contender is about to use.
+SETTLE_S = 0.5
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 NEAR_TIE = 0.05  # fp32 logits this close: a tie that rounding in either engine may break
 
@@ -222,6 +227,7 @@ def run_round(
         prompts = [[rng.randrange(3, vocab) for _ in range(PROMPT_LEN)] for _ in range(b)]
         shift = (k + 1) % len(workers)
         for w in workers[shift:] + workers[:shift]:
+            time.sleep(SETTLE_S)  # the last turn's threads stop spinning before this one starts
             got = w.ask({"prompts": prompts, "new_tokens": new_tokens})
             if k >= 0:
                 w.times.setdefault(b, []).append((got["wall_s"], got["cpu_s"]))
