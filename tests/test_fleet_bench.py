@@ -36,3 +36,18 @@ def test_bench_route_gateway_quick_measures_both_ways_through_real_processes():
     for numbers in rows.values():
         median_ms, p99_ms, per_s = map(float, numbers.split())
         assert 0 < median_ms <= p99_ms and per_s > 0
+
+
+def test_bench_route_streams_serves_every_stream_and_reports_health_and_the_light_tenant():
+    done = subprocess.run(
+        [sys.executable, "-m", "minivtc.bench", "route", "--gateway", "--streams", "12"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "served: 12/12" in done.stdout, done.stdout
+    health = re.search(r"codes \[200\], median (\d+) ms, worst (\d+) ms", done.stdout)
+    assert health and int(health[1]) <= int(health[2]), done.stdout
+    light = re.search(r"first token: (\d+) ms", done.stdout)
+    assert light and int(light[1]) >= 500, done.stdout  # the stand-in backend waits 0.5 s

@@ -1,4 +1,5 @@
-"""`minivtc bench route --gateway`: what the gateway adds to a request, on loopback.
+"""`minivtc bench route --gateway`: what the gateway adds to a request, on loopback; with
+`--streams N`, how the gateway holds a class's load.
 
 Owns the measurement: 8 stand-in backends (`standin_app`: an OpenAI-compatible server that
 streams 16 one-token chunks and its usage at once, so that the time measured is HTTP and the
@@ -6,6 +7,13 @@ gateway, not a model), `minivtc route` in front of them with budgets no request 
 64 concurrent streams, 512 requests, sent twice: round-robin straight to the backends, then
 through the gateway. Per request, the time from sending it to its `[DONE]`: median and p99;
 and requests per second over the run. Each server is its own process, as in production.
+
+`--streams N` (`bench_class_load`): N streams held open at once through the gateway over two
+stand-in backends that wait `SLOW_S` before answering (a class of students asking at once),
+`/health` probed every 50 ms by a process of its own (so the probe's timings are the gateway's,
+not the load generator's), and one request of a light tenant sent while they are all queued or
+streaming: how many streams were served, `/health`'s median and worst, the light tenant's time
+to its first token (at least `SLOW_S`).
 """
 
 from __future__ import annotations
@@ -13,9 +21,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 import httpx
@@ -24,6 +34,7 @@ from minivtc.gateway.launch import free_port, wait_healthy
 
 NUM_BACKENDS, CONCURRENCY, REQUESTS, CHUNKS = 8, 64, 512, 16
 QUICK = 2, 16, 64  # `--quick`: backends, concurrency, requests (a smoke run)
+SLOW_S = 0.5  # `--streams`: how long a stand-in backend waits before its first chunk
 
 
 def standin_app():
@@ -34,7 +45,10 @@ def standin_app():
     app = FastAPI()
     app.get("/health")(lambda: {"status": "ok"})
 
+    delay = float(os.environ.get("MINIVTC_STANDIN_DELAY_S", "0"))
+
     async def completions():
+        await asyncio.sleep(delay)
         head = {"id": "cmpl-0", "object": "text_completion", "created": 0, "model": "m"}
         choice = {"index": 0, "text": "x", "logprobs": None, "finish_reason": None}
         usage = {"prompt_tokens": 4, "completion_tokens": CHUNKS, "total_tokens": 4 + CHUNKS}
@@ -46,27 +60,105 @@ def standin_app():
     return app
 
 
+def start_backends(n: int, delay: float = 0.0) -> tuple[list[str], list[subprocess.Popen]]:
+    """`n` stand-in backends, each a uvicorn process: their URLs and processes."""
+    ports = [free_port() for _ in range(n)]
+    app = ["-m", "uvicorn", "--factory", f"{__name__}:standin_app", "--log-level", "warning"]
+    procs = [
+        start([*app, "--port", str(p)], {"MINIVTC_STANDIN_DELAY_S": str(delay)}) for p in ports
+    ]
+    return [f"http://127.0.0.1:{p}" for p in ports], procs
+
+
+def bench_class_load(streams: int) -> int:
+    """`--streams`: the module docstring says what; prints one line per figure."""
+    keys = {
+        "sk-proxy-bench": {"client": "proxy", "proxy": True},
+        "sk-light-bench": {"client": "light"},
+    }
+    backends, procs = start_backends(2, SLOW_S)
+    port = free_port()
+    gateway = f"http://127.0.0.1:{port}"
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(keys, f)
+    args = ["-m", "minivtc", "route", "--port", str(port), "--api-keys", f.name]
+    procs.append(start(args + [a for url in backends for a in ("--backend", f"{url}=100000")]))
+    try:
+        for url in [*backends, gateway]:
+            wait_healthy(url)
+        probe = subprocess.Popen(
+            [sys.executable, "-c", f"from {__name__} import probe; probe({gateway!r})"],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        served, light_ttft = asyncio.run(class_load(gateway, streams))
+        probe.terminate()
+        health = json.loads(probe.communicate()[0])
+    finally:
+        os.unlink(f.name)
+        for proc in procs:
+            proc.terminate()
+            proc.wait()
+    ms = sorted(1e3 * t for t in health["seconds"])
+    print(f"{streams} streams at once through `minivtc route`, 2 stand-in backends ({SLOW_S} s)")
+    print(f"served: {served}/{streams}")
+    print(
+        f"/health from its own process: {len(ms)} probes, codes {sorted(set(health['codes']))}, "
+        f"median {statistics.median(ms):.0f} ms, worst {ms[-1]:.0f} ms"
+    )
+    print(
+        f"a light tenant's first token: {1e3 * light_ttft:.0f} ms (the backend waits "
+        f"{1e3 * SLOW_S:.0f})"
+    )
+    return 0 if served == streams else 1
+
+
+async def class_load(gateway: str, streams: int) -> tuple[int, float]:
+    """`streams` streams at once (20 clients through a proxy key), then, 0.3 s in, one light
+    tenant's: how many streams ended with their usage, and the light one's first-token time."""
+    limits = httpx.Limits(max_connections=None)
+    async with httpx.AsyncClient(base_url=gateway, limits=limits, timeout=120) as client:
+
+        async def one(key: str, user: str) -> tuple[bool, float]:
+            body = {"prompt": "x", "max_tokens": CHUNKS, "stream": True, "user": user}
+            start, first, usage = time.perf_counter(), None, False
+            headers = {"authorization": f"Bearer {key}"}
+            async with client.stream("POST", "/v1/completions", json=body, headers=headers) as r:
+                async for line in r.aiter_lines():
+                    first = first or time.perf_counter() - start
+                    usage = usage or '"usage": {' in line
+            return usage, first or float("inf")
+
+        heavy = [asyncio.create_task(one("sk-proxy-bench", f"s{k % 20}")) for k in range(streams)]
+        await asyncio.sleep(0.3)
+        _, light_ttft = await one("sk-light-bench", "light")
+        return sum(ok for ok, _ in await asyncio.gather(*heavy)), light_ttft
+
+
+def probe(url: str) -> None:
+    """GET /health every 50 ms until SIGTERM; then print the timings and codes as JSON."""
+    seconds: list[float] = []
+    codes: list[int] = []
+
+    def report(*_) -> None:
+        print(json.dumps({"seconds": seconds, "codes": codes}), flush=True)
+        sys.exit(0)
+
+    signal.signal(signal.SIGTERM, report)
+    with httpx.Client(base_url=url, timeout=30) as client:
+        while True:
+            start = time.perf_counter()
+            codes.append(client.get("/health").status_code)
+            seconds.append(time.perf_counter() - start)
+            time.sleep(0.05)
+
+
 def bench_gateway(quick: bool = False) -> int:
     n_backends, concurrency, requests = QUICK if quick else (NUM_BACKENDS, CONCURRENCY, REQUESTS)
-    ports = [free_port() for _ in range(n_backends + 1)]
-    backends = [f"http://127.0.0.1:{p}" for p in ports[:-1]]
-    gateway = f"http://127.0.0.1:{ports[-1]}"
-    procs = [
-        start(
-            [
-                "-m",
-                "uvicorn",
-                "--factory",
-                f"{__name__}:standin_app",
-                "--port",
-                str(p),
-                "--log-level",
-                "warning",
-            ]
-        )
-        for p in ports[:-1]
-    ]
-    args = ["-m", "minivtc", "route", "--port", str(ports[-1])]
+    backends, procs = start_backends(n_backends)
+    port = free_port()
+    gateway = f"http://127.0.0.1:{port}"
+    args = ["-m", "minivtc", "route", "--port", str(port)]
     procs.append(start(args + [a for url in backends for a in ("--backend", f"{url}=1000000")]))
     try:
         for url in [*backends, gateway]:
@@ -108,6 +200,6 @@ async def load(url_of, requests: int, concurrency: int) -> tuple[list[float], fl
         return latencies, requests / (time.perf_counter() - start)
 
 
-def start(args: list[str]) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+def start(args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
     return subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL)

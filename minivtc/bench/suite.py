@@ -103,6 +103,13 @@ def main(argv: list[str] | None = None) -> int:
         "--gateway", action="store_true", help="route: the gateway's overhead instead"
     )
     parser.add_argument(
+        "--streams",
+        type=int,
+        default=None,
+        help="route --gateway: N streams at once over two slow backends instead (a class's "
+        "load): every stream served?, /health's worst, a light tenant's first token",
+    )
+    parser.add_argument(
         "--repeat",
         type=int,
         default=None,
@@ -132,8 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         return bench_gpu(args)
     if args.what == "route":  # the fleet: plain Python, no torch (`fleet/bench*.py`)
         from minivtc.bench.dispatch_cost import bench_route
-        from minivtc.bench.gateway_overhead import bench_gateway
+        from minivtc.bench.gateway_overhead import bench_class_load, bench_gateway
 
+        if args.streams is not None:
+            return bench_class_load(args.streams)
         return (
             bench_gateway(args.quick) if args.gateway else bench_route(args.quick, args.repeat or 5)
         )
