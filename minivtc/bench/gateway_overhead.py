@@ -9,7 +9,7 @@ through the gateway. Per request, the time from sending it to its `[DONE]`: medi
 and requests per second over the run. Each server is its own process, as in production.
 
 `--streams N` (`bench_class_load`): N streams held open at once through the gateway over two
-stand-in backends that wait `SLOW_S` before answering (a class of students asking at once),
+stand-in backends that send each of their 3 chunks `SLOW_S` apart (a class asking at once),
 `/health` probed every 50 ms by a process of its own (so the probe's timings are the gateway's,
 not the load generator's), and one request of a light tenant sent while they are all queued or
 streaming: how many streams were served, `/health`'s median and worst, the light tenant's time
@@ -34,11 +34,13 @@ from minivtc.gateway.launch import free_port, wait_healthy
 
 NUM_BACKENDS, CONCURRENCY, REQUESTS, CHUNKS = 8, 64, 512, 16
 QUICK = 2, 16, 64  # `--quick`: backends, concurrency, requests (a smoke run)
-SLOW_S = 0.5  # `--streams`: how long a stand-in backend waits before its first chunk
+SLOW_S, SLOW_CHUNKS = 0.5, 3  # `--streams`: a stand-in's chunks, each after SLOW_S
 
 
 def standin_app():
-    """The stand-in backend (uvicorn's --factory)."""
+    """The stand-in backend (uvicorn's --factory): CHUNKS one-token chunks and the usage at
+    once; with MINIVTC_STANDIN_DELAY_S set (`--streams`), SLOW_CHUNKS chunks that far apart, so
+    that every stream stays open a while."""
     from fastapi import FastAPI
     from fastapi.responses import StreamingResponse
 
@@ -47,14 +49,21 @@ def standin_app():
 
     delay = float(os.environ.get("MINIVTC_STANDIN_DELAY_S", "0"))
 
+    chunks = SLOW_CHUNKS if delay else CHUNKS
+
     async def completions():
-        await asyncio.sleep(delay)
         head = {"id": "cmpl-0", "object": "text_completion", "created": 0, "model": "m"}
         choice = {"index": 0, "text": "x", "logprobs": None, "finish_reason": None}
-        usage = {"prompt_tokens": 4, "completion_tokens": CHUNKS, "total_tokens": 4 + CHUNKS}
-        lines = [f"data: {json.dumps(head | {'choices': [choice]})}\n\n"] * CHUNKS
-        lines += [f"data: {json.dumps(head | {'choices': [], 'usage': usage})}\n\n"]
-        return StreamingResponse(iter([*lines, "data: [DONE]\n\n"]), media_type="text/event-stream")
+        usage = {"prompt_tokens": 4, "completion_tokens": chunks, "total_tokens": 4 + chunks}
+
+        async def lines():
+            for _ in range(chunks):
+                if delay:
+                    await asyncio.sleep(delay)
+                yield f"data: {json.dumps(head | {'choices': [choice]})}\n\n"
+            yield f"data: {json.dumps(head | {'choices': [], 'usage': usage})}\n\ndata: [DONE]\n\n"
+
+        return StreamingResponse(lines(), media_type="text/event-stream")
 
     app.post("/v1/completions")(completions)
     return app
@@ -115,19 +124,20 @@ def bench_class_load(streams: int) -> int:
 
 async def class_load(gateway: str, streams: int) -> tuple[int, float]:
     """`streams` streams at once (20 clients through a proxy key), then, 0.3 s in, one light
-    tenant's: how many streams ended with their usage, and the light one's first-token time."""
+    tenant's: how many streams brought all their tokens, and the light one's first-token time."""
     limits = httpx.Limits(max_connections=None)
     async with httpx.AsyncClient(base_url=gateway, limits=limits, timeout=120) as client:
 
         async def one(key: str, user: str) -> tuple[bool, float]:
-            body = {"prompt": "x", "max_tokens": CHUNKS, "stream": True, "user": user}
-            start, first, usage = time.perf_counter(), None, False
+            body = {"prompt": "x", "max_tokens": SLOW_CHUNKS, "stream": True, "user": user}
+            start, first, tokens = time.perf_counter(), None, 0
             headers = {"authorization": f"Bearer {key}"}
             async with client.stream("POST", "/v1/completions", json=body, headers=headers) as r:
                 async for line in r.aiter_lines():
-                    first = first or time.perf_counter() - start
-                    usage = usage or '"usage": {' in line
-            return usage, first or float("inf")
+                    if line.startswith("data: {") and json.loads(line[6:]).get("choices"):
+                        first = first or time.perf_counter() - start
+                        tokens += 1
+            return tokens == SLOW_CHUNKS, first or float("inf")
 
         heavy = [asyncio.create_task(one("sk-proxy-bench", f"s{k % 20}")) for k in range(streams)]
         await asyncio.sleep(0.3)
