@@ -51,11 +51,11 @@ FAIR_MEMORY_ROOMS = PAPER_ROOMS | {"engine/prefix_cache.py"}
 
 # The student's real step (`build_engine`: VTC, full reservation; the bundled model on the
 # CPU): the paper's rooms with the simulator's runner replaced by the real one, and what its
-# forward pass and sampling enter: the model and its config, attention, the sampler with its
+# forward pass and sampling enter: the model (its rotary table made at the first step, so the
+# traced step, the second, does not read the config), attention, the sampler with its
 # penalties and log-probabilities (each asked, none needed here), the tokenizer's detokenizer.
 REAL_ROOMS = (PAPER_ROOMS - {"harness/sim.py"}) | {
     "engine/runner.py",
-    "model/config.py",
     "model/llama.py",
     "model/attention.py",
     "engine/sampler.py",
