@@ -17,43 +17,7 @@ from minivtc.fairness.scheduler import Scheduler
 from minivtc.fairness.vtc import VTC
 from minivtc.vllm_plugin.plugin_options import PluginOptions
 from minivtc.vllm_plugin.policy_queue import DEFAULT_CLIENT, PolicyQueue
-from minivtc.vllm_plugin.stand_in import FakeRequest, Params, request
-
-# --- a stand-in for vLLM's requests and its scheduler's loop ---------------------------------
-
-
-class Loop:
-    """vLLM's scheduling loop as far as the queue sees it: admit the head while it fits (its
-    whole length, so nothing is preempted), stop at the first that does not (vLLM's
-    `break`); each running request gets a token; the step's tokens charged; finished ones
-    closed."""
-
-    def __init__(self, queue: PolicyQueue, pool_tokens: int, max_running: int) -> None:
-        self.queue, self.pool_tokens, self.max_running = queue, pool_tokens, max_running
-        self.running: list[FakeRequest] = []
-        self.served: dict[str, float] = {}  # client -> service, the paper's h
-
-    def step(self) -> None:
-        while self.queue and len(self.running) < self.max_running:
-            head = self.queue.peek_request()
-            if self.held() + len(head.prompt_token_ids) + head.max_tokens > self.pool_tokens:
-                break  # never skip to a later request
-            self.running.append(self.queue.pop_request())
-            self.serve(head, W_P * len(head.prompt_token_ids))
-        for r in self.running:
-            r.output_token_ids.append(7)
-            self.serve(r, W_Q)
-        self.queue.charge_outputs(self.running)
-        for r in [r for r in self.running if len(r.output_token_ids) == r.max_tokens]:
-            self.running.remove(r)
-            self.queue.finish(r, "length")
-
-    def held(self) -> int:
-        return sum(len(r.prompt_token_ids) + r.max_tokens for r in self.running)
-
-    def serve(self, r: FakeRequest, amount: float) -> None:
-        client = r.sampling_params.extra_args["client"]
-        self.served[client] = self.served.get(client, 0.0) + amount
+from minivtc.vllm_plugin.stand_in import FakeRequest, Loop, Params, request
 
 
 def vtc_queue() -> tuple[PolicyQueue, VTC]:
