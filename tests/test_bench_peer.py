@@ -65,6 +65,7 @@ def test_the_minivtc_worker_answers_with_the_engines_tokens_and_the_plain_paths_
         prompts = [[1, 450, 12, 77, 9], [1, 300, 301, 302, 303]]
         got = ask(process, {"prompts": prompts, "new_tokens": 6})
         assert got["wall_s"] > 0 and got["cpu_s"] >= 0
+        assert 0 < got["decode_s"] < got["wall_s"]  # the steps after the prefill, timed apart
         assert [len(t) for t in got["tokens"]] == [6, 6]
         top = ask(process, {"top_logits": prompts[0]})
         assert top["ids"][0] == got["tokens"][0][0]  # greedy took the plain path's best

@@ -68,6 +68,7 @@ class Worker:
     times: dict[int, list[tuple[float, float]]] = field(default_factory=dict)  # batch -> runs
     prompts: dict[int, list[list[int]]] = field(default_factory=dict)  # batch -> last round's
     tokens: dict[int, list[list[int]]] = field(default_factory=dict)  # ... and what it made
+    decode_s: dict[int, list[float]] = field(default_factory=dict)  # minivtc: its decode steps
 
     def ask(self, message: dict) -> dict:
         assert self.process.stdin is not None and self.process.stdout is not None
@@ -231,6 +232,8 @@ def run_round(
             got = w.ask({"prompts": prompts, "new_tokens": new_tokens})
             if k >= 0:
                 w.times.setdefault(b, []).append((got["wall_s"], got["cpu_s"]))
+                if "decode_s" in got:
+                    w.decode_s.setdefault(b, []).append(got["decode_s"])
                 w.prompts[b], w.tokens[b] = prompts, got["tokens"]
 
 
@@ -270,10 +273,14 @@ def bandwidth_line(workers: list[Worker], weights: str, args: argparse.Namespace
         f"{w.name} {statistics.median(args.new_tokens / t for t, _ in w.times[1]) / limit:.0%}"
         for w in workers
     )
+    decode = ""
+    if workers[0].decode_s.get(1):  # the prefill left out: what the limit is about
+        rate = statistics.median((args.new_tokens - 1) / s for s in workers[0].decode_s[1])
+        decode = f"; minivtc's decode steps alone {rate:,.1f} tokens/s, {rate / limit:.0%}"
     return (
         f"batch 1's bandwidth limit: {per_token / 1e9:.2f} GB of weights per token over a read "
         f"bandwidth of {bandwidth / 1e9:.1f} GB/s (a 1 GB sum, wall time, all threads) = "
-        f"{limit:,.1f} tokens/s; reached (prefill included): {reached}"
+        f"{limit:,.1f} tokens/s; reached (prefill included): {reached}{decode}"
     )
 
 
