@@ -287,8 +287,6 @@ def bandwidth_line(workers: list[Worker], weights: str, args: argparse.Namespace
 def read_bandwidth() -> float:
     """Bytes read per wall second by summing 1 GB, the best of five: what a decode step does
     with its weights (reads them; a copy would also write, and writing is slower here)."""
-    import time
-
     import torch
 
     src = torch.ones(1 << 28)
