@@ -12,6 +12,7 @@ order (README: "Fair across replicas")."""
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import signal
 import subprocess
@@ -29,7 +30,7 @@ from minivtc.gateway.launch import backends_of
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.model.weights import bundled_weights_dir
 from minivtc.serving.api_keys import Auth, Key
-from minivtc.serving.server import BackgroundServer
+from minivtc.serving.hosting import BackgroundServer
 from tests.test_gateway import free_port, healthy, stream
 
 pytestmark = pytest.mark.vllm
@@ -38,7 +39,9 @@ BUDGET = 192  # tokens per backend the gateway may bind: two of heavy's requests
 MODEL = "minivtc-tiny"
 KEYS = {f"sk-{n}": Key(n, admin=n == "ops") for n in ["heavy", "light", "usage", "late", "ops"]}
 ADMIN = {"authorization": "Bearer sk-ops"}
+HEAVY = {"authorization": "Bearer sk-heavy"}
 GREEDY = {"temperature": 0.0, "ignore_eos": True}  # the same answer, max_tokens long
+LONG = 180  # with its prompt, nearly a backend's whole budget: one such request at a time
 
 
 def finished(events: list[dict]) -> dict:
@@ -155,12 +158,12 @@ def test_usage_is_charged_as_vllm_reports_it(gateway):
     assert all(b["reserved"] == 0 for b in view["backends"])
 
 
-async def until(condition, what: str, seconds: float = 120.0) -> None:
+async def until(condition, what: str, seconds: float = 120.0, poll: float = 0.05) -> None:
     """Wait for `condition` (the gateway's state, polled); fail, not hang, past `seconds`."""
     deadline = time.monotonic() + seconds
     while not condition():
         assert time.monotonic() < deadline, f"never happened: {what}"
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(poll)
 
 
 def heavy_waiting(url: str) -> int:
@@ -247,11 +250,12 @@ def test_metrics_and_the_dashboard_show_both_vllm_backends(gateway, servers):
 
 
 def test_a_vllm_server_killed_mid_run_ends_its_requests_and_the_other_serves_on(gateway, servers):
-    """Four streams and two plain requests spread over both servers; one server is killed
-    while they run. Its requests end with the gateway's error (a stream's last event, a 502),
+    """Eight streams and two plain requests, each as long as a backend's budget allows (each
+    server runs one at a time and is busy until its share is done); one server is killed while
+    they run. Its requests end with the gateway's error (a stream's last event, a 502),
     none hangs, the others finish whole, and later requests go to the survivor."""
     url, gw = gateway
-    results = asyncio.run(kill_mid_run(url, dict(servers)))
+    results = asyncio.run(kill_mid_run(url, gw, dict(servers)))
     ended = [r for r in results if r != "whole"]
     assert ended and all("the backend failed" in r for r in ended), results
     assert "whole" in results  # the survivor's finished
@@ -267,30 +271,42 @@ def test_a_vllm_server_killed_mid_run_ends_its_requests_and_the_other_serves_on(
     print(f"\nthe requests in flight when a vLLM server was killed: {results}")
 
 
-async def kill_mid_run(url: str, procs: dict[str, subprocess.Popen]) -> list[str]:
+async def kill_mid_run(url: str, gw, procs: dict[str, subprocess.Popen]) -> list[str]:
     loop = asyncio.get_running_loop()
     # (a server whose health check timed out on a busy machine takes no requests until the
     # next one passes: start with both taking them)
     await until(lambda: all(b["healthy"] for b in fleet(url)["backends"]), "both servers healthy")
-    with ThreadPoolExecutor(max_workers=6) as pool:
-        calls = [loop.run_in_executor(pool, outcome_stream, url) for _ in range(4)]
+    seen: list[int] = []  # one entry per event the streams have received
+    with ThreadPoolExecutor(max_workers=10) as pool:
+        calls = [loop.run_in_executor(pool, outcome_stream, url, seen) for _ in range(8)]
         calls += [loop.run_in_executor(pool, outcome_once, url) for _ in range(2)]
-        both = lambda: all(b["running"] for b in fleet(url)["backends"])  # noqa: E731
-        await until(both, "both vLLM servers serving")
-        victim = fleet(url)["backends"][0]["url"]
-        kill(procs[victim])
+        # Killed while both servers are mid-request: each holds a request (the dispatcher, read
+        # in process) and tokens are flowing. Too early, and the gateway retries the request
+        # elsewhere (nothing was sent); too late, and the server has streamed it all already.
+        backends = gw.dispatcher.backends
+        streaming = lambda: len(seen) >= 8 and all(b.requests for b in backends)  # noqa: E731
+        await until(streaming, "both vLLM servers streaming", poll=0.002)
+        kill(procs[backends[0].name])
         return await asyncio.gather(*calls)
 
 
-def outcome_stream(url: str) -> str:
-    """ "whole", or the error the stream ended with."""
-    events, _ = stream(url, "sk-heavy", 48, model=MODEL, **GREEDY)
-    errors = [e["error"]["message"] for e in events if "error" in e]
+def outcome_stream(url: str, seen: list[int]) -> str:
+    """ "whole", or the error the stream ended with; each event, as it comes, adds to `seen`."""
+    body = {"prompt": "Once upon a time", "max_tokens": LONG, "stream": True, "model": MODEL}
+    errors = []
+    with httpx.stream(
+        "POST", url + "/v1/completions", json=body | GREEDY, headers=HEAVY, timeout=60
+    ) as r:
+        for line in r.iter_lines():
+            if line.startswith("data:") and line != "data: [DONE]":
+                seen.append(1)
+                event = json.loads(line[5:])
+                errors += [event["error"]["message"]] if "error" in event else []
     return errors[0] if errors else "whole"
 
 
 def outcome_once(url: str) -> str:
-    r = once(url, "sk-heavy", 48)
+    r = once(url, "sk-heavy", LONG)
     return "whole" if r.status_code == 200 else f"{r.status_code} {r.text}"
 
 
