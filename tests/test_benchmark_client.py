@@ -22,7 +22,8 @@ import pytest
 
 from minivtc.engine.factory import build_engine
 from minivtc.model.weights import BUNDLED_WEIGHTS
-from minivtc.serving.server import BackgroundServer, make_app
+from minivtc.serving.hosting import BackgroundServer
+from minivtc.serving.server import make_app
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("guidellm") is None, reason="guidellm is not installed"

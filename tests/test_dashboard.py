@@ -27,8 +27,9 @@ from minivtc.model.weights import bundled_weights_dir
 from minivtc.serving.api_keys import Auth, Caller, Key, weights_of
 from minivtc.serving.dashboard import Setup, on_loopback, read_page, server_data
 from minivtc.serving.engine_loop import EngineLoop
+from minivtc.serving.hosting import BackgroundServer
 from minivtc.serving.observability import fairness_view
-from minivtc.serving.server import BackgroundServer, make_app
+from minivtc.serving.server import make_app
 from minivtc.serving.snapshot import ClientRow, FirstTokens, Snapshot
 
 KEYS = {

@@ -19,8 +19,9 @@ import pytest
 
 from minivtc.engine.factory import build_engine
 from minivtc.harness.workloads import TraceRequest
+from minivtc.serving.hosting import BackgroundServer
 from minivtc.serving.loadgen import run_replay
-from minivtc.serving.server import BackgroundServer, make_app
+from minivtc.serving.server import make_app
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:

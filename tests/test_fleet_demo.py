@@ -20,8 +20,9 @@ from minivtc.harness.workloads import TraceRequest
 from minivtc.model.weights import load_model
 from minivtc.serving import demo
 from minivtc.serving.connections import Limits
+from minivtc.serving.hosting import BackgroundServer
 from minivtc.serving.loadgen import run_replay
-from minivtc.serving.server import BackgroundServer, make_app
+from minivtc.serving.server import make_app
 
 
 @contextlib.contextmanager

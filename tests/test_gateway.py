@@ -28,7 +28,7 @@ from minivtc.model.tokenizer import Tokenizer
 from minivtc.model.weights import bundled_weights_dir
 from minivtc.serving.api_keys import Auth, Key
 from minivtc.serving.connections import Limits
-from minivtc.serving.server import BackgroundServer
+from minivtc.serving.hosting import BackgroundServer
 
 BUDGET = 256  # tokens per backend: two requests of 100 output tokens each
 KEYS = {

@@ -314,7 +314,8 @@ def test_the_server_reports_cached_prompt_tokens_as_openai_does(bundled):
     import httpx
     import openai
 
-    from minivtc.serving.server import BackgroundServer, make_app
+    from minivtc.serving.hosting import BackgroundServer
+    from minivtc.serving.server import make_app
 
     model, tokenizer = bundled
     engine = build_engine(
@@ -355,7 +356,8 @@ def test_with_api_keys_tenants_do_not_share_the_cache(bundled, tmp_path):
     import openai
 
     from minivtc.serving.api_keys import Auth, read_keys
-    from minivtc.serving.server import BackgroundServer, make_app
+    from minivtc.serving.hosting import BackgroundServer
+    from minivtc.serving.server import make_app
 
     model, tokenizer = bundled
     engine = build_engine(model, tokenizer, "vtc", kv_tokens=1024, prefix_caching=True)

@@ -21,8 +21,9 @@ from minivtc.engine.factory import build_engine
 from minivtc.engine.sampler import SamplingParams
 from minivtc.harness.workloads import TraceRequest
 from minivtc.offline.llm import LLM
+from minivtc.serving.hosting import BackgroundServer
 from minivtc.serving.loadgen import replay
-from minivtc.serving.server import BackgroundServer, make_app
+from minivtc.serving.server import make_app
 
 openai = pytest.importorskip("openai")
 

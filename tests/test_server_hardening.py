@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from minivtc.engine.factory import build_engine
-from minivtc.serving.server import BackgroundServer, make_app
+from minivtc.serving.hosting import BackgroundServer
+from minivtc.serving.server import make_app
 from tests.test_server_trust import openai_error
 
 
@@ -561,7 +562,7 @@ def test_the_foreground_server_sets_aside_what_startup_made(monkeypatch):
     from fastapi import FastAPI
 
     from minivtc.serving.connections import Limits
-    from minivtc.serving.server import Foreground
+    from minivtc.serving.hosting import Foreground
 
     app = FastAPI()
     app.state.minivtc = type("Setup", (), {"limits": Limits()})()

@@ -49,7 +49,8 @@ from minivtc.engine.factory import build_engine
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.model.weights import BUNDLED_WEIGHTS
 from minivtc.serving.connections import Limits
-from minivtc.serving.server import BackgroundServer, make_app
+from minivtc.serving.hosting import BackgroundServer
+from minivtc.serving.server import make_app
 from tests.conftest import start_serve
 from tests.test_server import wait_until_idle
 

@@ -11,7 +11,8 @@ from minivtc.engine.factory import build_engine
 from minivtc.engine.sampler import SamplingParams
 from minivtc.model.weights import load_model
 from minivtc.offline.llm import LLM
-from minivtc.serving.server import BackgroundServer, make_app
+from minivtc.serving.hosting import BackgroundServer
+from minivtc.serving.server import make_app
 
 openai = pytest.importorskip("openai")
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"

@@ -82,7 +82,7 @@ def run_route(args) -> int:
     from minivtc.model.tokenizer import Tokenizer
     from minivtc.model.weights import bundled_weights_dir
     from minivtc.serving.api_keys import MIN_KEY_CHARS, Auth, read_keys, weights_of
-    from minivtc.serving.server import Foreground
+    from minivtc.serving.hosting import Foreground
 
     limits = limits_of(args)
     if not 0 < args.backend_timeout < float("inf"):

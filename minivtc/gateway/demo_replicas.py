@@ -48,8 +48,8 @@ from minivtc.model.tokenizer import Tokenizer
 from minivtc.model.weights import bundled_weights_dir
 from minivtc.serving import demo
 from minivtc.serving.api_keys import Auth
+from minivtc.serving.hosting import BackgroundServer
 from minivtc.serving.loadgen import ReplayResult, run_replay
-from minivtc.serving.server import BackgroundServer
 
 RUNS = ("gateway", "round-robin")
 UNLIMITED = 1 << 40  # the round-robin router's budgets: it never holds a request back

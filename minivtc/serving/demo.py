@@ -38,8 +38,9 @@ from minivtc.harness.workloads import TraceRequest
 from minivtc.model.weights import load_model
 from minivtc.serving.connections import Limits
 from minivtc.serving.dashboard import announce, dashboard_url
+from minivtc.serving.hosting import BackgroundServer
 from minivtc.serving.loadgen import ReplayResult, run_replay
-from minivtc.serving.server import BackgroundServer, make_app
+from minivtc.serving.server import make_app
 
 INPUT_TOKENS, OUTPUT_TOKENS = 32, 96  # per request: the demo's cost is 32 + 2 * 96 = 224
 BATCH = 16  # the KV pool holds this many requests: the server's capacity is small and clear

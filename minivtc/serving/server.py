@@ -1,15 +1,15 @@
 """The local server: an OpenAI-compatible HTTP API over the engine, with a fairness view.
 
-Owns: the FastAPI app (`make_app`), its thin routes, and running it (`Server` in the foreground
-with a shutdown time limit, `BackgroundServer` on a thread). The door every request passes
-first (body size and deadline, API key) and the error answers are `middleware.py`'s; what one
-connection may cost (`Limits`, and the uvicorn settings made from them) `connections.py`'s;
-what a body becomes (checked body, prompt, sampling params) `prompts.py`'s; streaming or
-collecting a request's outputs `streaming.py`'s; the bodies and error shape `openai_api.py`'s;
-who the caller is `api_keys.py`'s; the reports `observability.py`'s; the live page
-(`/dashboard`) `dashboard.py`'s. The engine runs on `engine_loop.EngineLoop`'s thread, and
-nothing here touches it: handlers send the loop commands, and read engine state only through
-a snapshot taken there. Lesson 9 uses it.
+Owns: the FastAPI app (`make_app`), its thin routes, and `minivtc serve`'s run of it (`Server`:
+in the foreground with a shutdown time limit; uvicorn itself is run by `hosting.py`). The door
+every request passes first (body size and deadline, API key) and the error answers are
+`middleware.py`'s; what one connection may cost (`Limits`, and the uvicorn settings made from
+them) `connections.py`'s; what a body becomes (checked body, prompt, sampling params)
+`prompts.py`'s; streaming or collecting a request's outputs `streaming.py`'s; the bodies and
+error shape `openai_api.py`'s; who the caller is `api_keys.py`'s; the reports
+`observability.py`'s; the live page (`/dashboard`) `dashboard.py`'s. The engine runs on
+`engine_loop.EngineLoop`'s thread, and nothing here touches it: handlers send the loop commands,
+and read engine state only through a snapshot taken there. Lesson 9 uses it.
 
 Follow one request: uvicorn answers 503 beyond `max_connections` and closes a connection slow
 to send its head; the door refuses a body over `max_body_bytes` (413), one slow to arrive
@@ -30,10 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import gc
-import socket
 import sys
-import threading
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -47,9 +44,10 @@ from minivtc.engine.engine import Engine
 from minivtc.model import chat
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.serving.api_keys import Auth, Caller, weights_of
-from minivtc.serving.connections import InFlight, Limits, allow_open_files
+from minivtc.serving.connections import InFlight, Limits
 from minivtc.serving.dashboard import Setup, add_dashboard, server_data, viewer
 from minivtc.serving.engine_loop import EngineLoop
+from minivtc.serving.hosting import Foreground
 from minivtc.serving.info_routes import add_info_routes
 from minivtc.serving.middleware import GuardMiddleware, add_error_handlers
 from minivtc.serving.observability import fairness_view, prometheus_text
@@ -280,117 +278,3 @@ class Server:
         """The engine loop died: stop serving, so the process exits non-zero."""
         print(f"the engine failed beyond one request ({error!r}): exiting", file=sys.stderr)
         self.server.should_exit = True
-
-
-class Foreground:
-    """An app (`serve`'s or `route`'s) in uvicorn in the foreground, with the connection limits
-    of `app.state.minivtc.limits`. On the first SIGINT/SIGTERM it stops accepting and starts
-    the clock: `give_up()` runs (on a timer thread) once `shutdown_timeout` seconds have
-    passed, to end what is still in flight with an error; uvicorn waits 5 s more for those
-    answers to go out before it cancels anything. What startup made is set aside from the
-    collector before serving (`set_aside_startup`)."""
-
-    def __init__(
-        self, app: FastAPI, host: str, port: int, shutdown_timeout: float, give_up
-    ) -> None:
-        import uvicorn
-
-        self.shutdown_timeout, self.give_up = shutdown_timeout, give_up
-        limits = app.state.minivtc.limits
-        config = uvicorn.Config(
-            app,
-            host=host,
-            port=port,
-            # (annotated int, used as asyncio.wait_for's float: seconds, fractions kept)
-            timeout_graceful_shutdown=shutdown_timeout + 5,  # type: ignore[arg-type]
-            **limits.uvicorn_options(),
-        )
-        allow_open_files(limits)
-        self.server = uvicorn.Server(config)
-        self.server.handle_exit = self.handle_exit  # type: ignore[method-assign]
-
-    def run(self) -> None:
-        set_aside_startup()
-        self.server.run()
-
-    def handle_exit(self, sig: int, frame) -> None:
-        if not self.server.should_exit:  # the first signal: start the clock
-            print(
-                f"shutting down: in-flight requests have {self.shutdown_timeout:g} s",
-                file=sys.stderr,
-            )
-            timer = threading.Timer(self.shutdown_timeout, self.give_up)
-            timer.daemon = True  # the process may end before it fires
-            timer.start()
-        uvicorn_handle_exit = type(self.server).handle_exit
-        uvicorn_handle_exit(self.server, sig, frame)
-
-
-def set_aside_startup() -> None:
-    """Freeze what the process has made so far (the modules, torch's among them, and the app),
-    so that the collector's full passes walk only what serving makes. A full pass over the
-    ~200,000 objects a started gateway holds took 120 ms on an idle core and 290 ms under 200
-    streams, all of it on the event loop: `/health` answered that late. They live as long as
-    the process, so setting them aside frees nothing less (`gc.freeze`)."""
-    gc.collect()  # (garbage made so far is freed, not kept for ever)
-    gc.freeze()
-
-
-class BackgroundServer:
-    """uvicorn on a thread, on a free port: `with BackgroundServer(app) as url: ...`.
-
-    For tests, the demo and notebooks; `minivtc serve` runs uvicorn in the foreground.
-    `log_path`: uvicorn's warnings and errors go to this file instead of the terminal.
-    """
-
-    def __init__(
-        self, app: FastAPI, host: str = "127.0.0.1", port: int = 0, log_path: str | None = None
-    ) -> None:
-        import uvicorn
-
-        self.socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        self.socket.bind((host, port))
-        host, port = self.socket.getsockname()[:2]
-        self.url = f"http://{host}:{port}"
-        config = uvicorn.Config(
-            app,
-            log_level="warning",
-            log_config=log_to_file(log_path) if log_path else uvicorn.config.LOGGING_CONFIG,
-            timeout_graceful_shutdown=1,
-            **app.state.minivtc.limits.uvicorn_options(),
-        )
-        allow_open_files(app.state.minivtc.limits)
-        self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(
-            target=self.server.run, kwargs={"sockets": [self.socket]}, daemon=True
-        )
-
-    def __enter__(self) -> str:
-        self.thread.start()
-        deadline = time.monotonic() + 30
-        while not self.server.started:
-            if not self.thread.is_alive() or time.monotonic() > deadline:
-                raise RuntimeError("the server did not start")
-            time.sleep(0.01)
-        return self.url
-
-    def __exit__(self, *exc) -> None:
-        self.server.should_exit = True
-        self.thread.join(timeout=15)
-        self.socket.close()
-
-
-def log_to_file(path: str) -> dict:
-    """A `logging.config` dictionary: uvicorn's loggers append to `path`, not the terminal."""
-    handler = {"class": "logging.FileHandler", "filename": path, "formatter": "plain"}
-    return {
-        "version": 1,
-        "disable_existing_loggers": False,
-        "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-        "handlers": {"file": handler},
-        "loggers": {
-            name: {"handlers": ["file"], "level": "INFO", "propagate": False}
-            for name in ("uvicorn", "uvicorn.error", "uvicorn.access")
-        },
-    }
