@@ -1,6 +1,6 @@
 """Who is calling (`api_keys.py`): the keys file, checked entry by entry, and `Auth`, which
 names the client each request is charged to, with keys and without. No server: the HTTP side
-(401 bodies, scoped views) is `test_server_trust.py`'s."""
+(401 bodies, scoped views) is `test_server_bad_requests.py`'s."""
 
 from __future__ import annotations
 

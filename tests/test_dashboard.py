@@ -204,7 +204,7 @@ def test_without_keys_loopback_callers_only(bundled):
             answer = stranger.get(path)
             assert answer.status_code == 403
             assert "loopback only" in answer.json()["error"]["message"]
-        for path in ("/fairness", "/metrics"):  # (the same rule, since the third audit)
+        for path in ("/fairness", "/metrics"):  # (the same rule as the dashboard)
             assert stranger.get(path).status_code == 403, path
     app = make_app(engine_of(bundled, "vtc"), bundled[1])  # (an app's engine runs once)
     local_client = TestClient(app, base_url="http://localhost", client=("127.0.0.1", 40000))

@@ -280,7 +280,7 @@ def test_a_negative_or_nan_gap_is_refused(gap):
 
 
 def test_a_gap_below_one_blocks_decode_charge_is_refused_as_thrashing():
-    """The audit's --preempt-gap 1 (blocks of 16, w_q = 2) took 4,659 preemptions for 30
+    """A --preempt-gap of 1 (blocks of 16, w_q = 2) took 4,659 preemptions for 30
     requests: a readmitted request was displaced again before it generated a block. The
     smallest gap accepted is w_q x block_size; it and anything above it run."""
 

@@ -1,7 +1,7 @@
-"""The gateway under the third audit's hostile backend and departing callers (issue 37, items
-4-6): stand-in backends that hang, answer what no OpenAI server sends, or report impossible
-usage; callers that leave while queued; `n` samples. Each must end in a clean answer (a 502, or
-the request gone from the queue) with every reservation released."""
+"""The gateway facing hostile backends and departing callers: stand-in backends that hang,
+answer what no OpenAI server sends, or report impossible usage; callers that leave while
+queued; `n` samples. Each must end in a clean answer (a 502, or the request gone from the
+queue) with every reservation released."""
 
 from __future__ import annotations
 

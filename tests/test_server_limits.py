@@ -1,7 +1,7 @@
-"""The server under the second audit's attacks: what one request may cost everyone else.
+"""The server's limits: what one request, one client or one connection may cost everyone else.
 
-Each test starts a real uvicorn server on the bundled model and attacks it the way the audit
-did; the rows they add to the audit table are in `tests/test_server_trust.py`'s docstring.
+Each test starts a real uvicorn server on the bundled model and attacks it; the rows they add
+to the table of inputs and answers are in `tests/test_server_bad_requests.py`'s docstring.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 from minivtc.engine.factory import build_engine
 from minivtc.serving.hosting import BackgroundServer
 from minivtc.serving.server import make_app
-from tests.test_server_trust import openai_error
+from tests.test_server_bad_requests import openai_error
 
 
 @pytest.fixture(scope="module")
@@ -40,9 +40,9 @@ def many_messages(n: int = 80_001) -> bytes:
 
 def test_many_small_messages_are_refused_before_any_per_message_work(open_server):
     """Three 80,001-message chats at once, while a stream runs and /health is probed: each is a
-    400 (too many messages for the context), and neither the probes nor the stream stall. The
-    audit measured /health at 2.44 s and a 6.4 s gap in the stream; the goal is under 100 ms
-    for both (printed; the assertion is generous, for a loaded machine)."""
+    400 (too many messages for the context), and neither the probes nor the stream stall. Before
+    the messages were counted unread, /health took 2.44 s and the stream stalled 6.4 s; the
+    goal is under 100 ms for both (printed; the assertion is generous, for a loaded machine)."""
     url, body = open_server, many_messages()
     answers, probes, gaps = [], [], []
     attack_on, attack_over = threading.Event(), threading.Event()
@@ -214,7 +214,7 @@ def test_a_tenant_with_a_key_is_never_forgotten(keyed):
 
 
 def test_a_tenant_sees_nothing_of_the_others_load(keyed):
-    """The audit read another tenant's prompt sizes off `used_blocks` (9, 52, 102 blocks for
+    """A tenant could read another tenant's prompt sizes off `used_blocks` (9, 52, 102 blocks for
     101-, 801- and 1601-token prompts). Now, while bob streams with a 801-token prompt, alice's
     view is what it was before he started; the admin sees bob's blocks."""
     alice = bearer("alice")
@@ -279,7 +279,7 @@ def test_a_refused_body_is_an_answer_every_client_can_read(open_server, keyed):
 
 
 def test_slow_clients_are_cut_off_and_connections_are_capped(bundled):
-    """The audit held 300 connections for 60 s by sending partial heads or bodies. Now, with a
+    """300 connections sending partial heads or bodies once held the server for 60 s. Now, with a
     1 s head deadline, a 1 s body deadline and at most 20 connections: 30 trickling heads make
     the server answer 503 beyond 20 until the deadline closes them all; a body that stops
     half-way gets 408; then the server serves as before."""
@@ -409,7 +409,7 @@ def test_limits_refuse_what_cannot_work(options, why):
 
 
 def test_tokenize_goes_through_the_same_door_as_v1(open_server, bundled):
-    """The third audit: `/tokenize` skipped `/v1`'s checks (a 4 MB prompt or 80,001 messages
+    """`/tokenize` once skipped `/v1`'s checks (a 4 MB prompt or 80,001 messages
     froze `/health` for 10-12 s) and decoded every token whether asked or not. Now: the
     message count and the text's length are refused unread, a prompt longer than one request
     may hold is a 400 as at `/v1`, and each token's text only when `return_token_strs`."""

@@ -2,8 +2,8 @@
 
 Each test starts a real uvicorn server on the bundled model (the engine with
 `check_invariants=True`) and checks that bystanders are served as before and that the pool
-returns to fully free. The audit (with `tests/test_server.py`'s BAD_INPUT for the ordinary
-mistakes), every input tried and what the server answers:
+returns to fully free. Every input tried (with `tests/test_server.py`'s BAD_INPUT for the
+ordinary mistakes) and what the server answers:
 
 | input | answer |
 | --- | --- |
@@ -11,23 +11,23 @@ mistakes), every input tried and what the server answers:
 | a fault in one request's sampling, seed or text (injected) | that stream: one error event (an OpenAI error object), no [DONE]; not streaming: 500; everyone else served |
 | a forward pass that fails (not one request's fault) | 500 for those in flight; `minivtc serve` exits with 1 |
 | a 10 MB body, with Content-Length or streamed without | 413 before parsing; `/health` answers meanwhile (3-30 ms on an idle machine) |
-| a 5 MB prompt through `openai.AsyncOpenAI`; 6, 10.5 and 20 MB bodies through async httpx, with Content-Length and chunked; a 20 MB body with a bad key (`test_server_hardening`) | a readable 413 (401): the door drops up to 64 MiB of what is still coming before it answers, so the client is not reset mid-upload (and the SDK does not retry) |
-| 30 connections sending part of a head; a body that stops half-way (`test_server_hardening`, `--header-timeout 1 --body-timeout 1 --max-connections 20`) | 503 beyond 20 connections (uvicorn's `limit_concurrency`); each trickling head closed 1.0 s after it connected; the half body 408; then served as before |
+| a 5 MB prompt through `openai.AsyncOpenAI`; 6, 10.5 and 20 MB bodies through async httpx, with Content-Length and chunked; a 20 MB body with a bad key (`test_server_limits`) | a readable 413 (401): the door drops up to 64 MiB of what is still coming before it answers, so the client is not reset mid-upload (and the SDK does not retry) |
+| 30 connections sending part of a head; a body that stops half-way (`test_server_limits`, `--header-timeout 1 --body-timeout 1 --max-connections 20`) | 503 beyond 20 connections (uvicorn's `limit_concurrency`); each trickling head closed 1.0 s after it connected; the half body 408; then served as before |
 | a prompt or chat text too long to ever fit | 400 before tokenizing (param `prompt` / `messages`) |
-| three chats of 80,001 one-character messages at once, a stream running (`test_server_hardening`) | 400 (more messages than the context has room for) before any per-message work, bodies parsed off the event loop; /health 20-94 ms, largest stream gap 85-87 ms on a busy 2-core machine (were 1.28 s and 1.37 s) |
-| a 1 MB `model` or field name; 20,000 messages with bad roles; "system, system, user"; an empty body (`test_server_hardening`) | a short error (input quoted up to 200 characters) that says what is wrong: `messages[1] is 'system' where 'user' must be`, `the body is empty` |
+| three chats of 80,001 one-character messages at once, a stream running (`test_server_limits`) | 400 (more messages than the context has room for) before any per-message work, bodies parsed off the event loop; /health 20-94 ms, largest stream gap 85-87 ms on a busy 2-core machine (were 1.28 s and 1.37 s) |
+| a 1 MB `model` or field name; 20,000 messages with bad roles; "system, system, user"; an empty body (`test_server_limits`) | a short error (input quoted up to 200 characters) that says what is wrong: `messages[1] is 'system' where 'user' must be`, `the body is empty` |
 | a lone surrogate in `user`, `prompt` (text or list), `model`, `stop`, a message's `content` | 400 naming the field; `/fairness` and `/metrics` stay up |
 | a 5000-digit integer; JSON nested 100k deep; a list or a string as the body | 400, OpenAI's error body |
 | `stream_options` without `stream: true` | 400 |
 | an unknown route; the wrong method | 404; 405; OpenAI's error body |
 | a client id over 128 characters (header or `user`) | 400 |
 | 300 client ids, each used once | idle ones forgotten; `/metrics` sums them under `(other)`, no token lost |
-| with keys: a tenant idle while the server forgets idle clients (`test_server_hardening`) | never forgotten: its `/fairness` row, weight and `/metrics` label stay, its totals only grow; a proxy's end users are forgotten as before |
+| with keys: a tenant idle while the server forgets idle clients (`test_server_limits`) | never forgotten: its `/fairness` row, weight and `/metrics` label stay, its totals only grow; a proxy's end users are forgotten as before |
 | with keys: no key, an unknown key | 401 (`missing_api_key`, `invalid_api_key`) |
 | with keys: a tenant claiming another client (header, `user`) | charged to its own key's client |
 | with keys: any key but a `"proxy": true` one naming a client (`test_api_keys`); `--trust-client-header` with keys (`test_cli`) | charged to its own key's client; only the proxy's key names its end users; the flag is refused, pointing to `"proxy": true` |
 | with keys: a tenant reading `/metrics`, `/fairness` | 403; only its own row |
-| with keys: a tenant reading `/fairness` while another streams a 801-token prompt (`test_server_hardening`) | its view unchanged: its own row (with the KV blocks it holds), the pool's size, no pool-wide `used_blocks` |
+| with keys: a tenant reading `/fairness` while another streams a 801-token prompt (`test_server_limits`) | its view unchanged: its own row (with the KV blocks it holds), the pool's size, no pool-wide `used_blocks` |
 | a fresh `X-Client-Id` per request (Sybil) against a victim | open: the attacker takes most dispatches; with keys: 10-14 of 24 for the victim |
 | 40,000 commands to an engine loop as it dies | every one answered or refused, none hangs |
 | `--reservation none --victim fair --preempt-gap 1` (blocks of 16; `test_fair_preemption`) | refused at start: a gap below one block's decode charge, w_q x block_size = 32, lets a readmitted request be displaced before it generates a block (simulated: 9,687 preemptions for 30 requests at gap 1, 1,463 at 32, 48 at the default) |
@@ -141,7 +141,7 @@ def test_a_fault_in_one_request_fails_it_alone(poisoned):
     assert view["kv"]["used_blocks"] == 0
 
 
-# --- the audit: every other item, each a test --------------------------------------------------
+# --- every other row of the table, each a test -------------------------------------------------
 
 
 @pytest.fixture(scope="module")
