@@ -48,8 +48,9 @@ def test_the_profiled_cost_is_the_least_squares_fit_of_the_artifacts_a10g_profil
 
 
 def test_the_profiled_costs_linear_terms_are_its_w_p_and_w_q():
-    """The fairness check reads w_p and w_q off the cost to size U: for the profiled h they
-    must be its linear coefficients. h(x, y) is linear in x at y = 0, quadratic in y at x = 0."""
+    """The cached discount and the default preemption gap read w_p and w_q off the cost: for
+    the profiled h they must be its linear coefficients. h(x, y) is linear in x at y = 0,
+    quadratic in y at x = 0. (U is not sized from them: `ProfiledCost.spread_bound`.)"""
     h = ProfiledCost()
     assert h(1, 0) - h(0, 0) == pytest.approx(h.w_p, rel=1e-9)
     assert h(2, 0) - h(1, 0) == pytest.approx(h.w_p, rel=1e-9)
@@ -77,11 +78,16 @@ def test_h_is_non_decreasing_in_both_lengths(cost, n_p, n_q, more_p, more_q):
 
 
 @given(st.integers(1, 10**6), st.integers(1, 10**6), st.floats(0.01, 100), st.floats(0.01, 100))
-def test_u_is_the_larger_of_one_prompt_and_a_full_pool(max_input, pool_tokens, w_p, w_q):
-    """Lemma 4.3's U = max(w_p L_input, w_q M)."""
-    assert fairness_bound(max_input, pool_tokens, w_p, w_q) == max(
-        w_p * max_input, w_q * pool_tokens
-    )
+def test_u_is_the_papers_for_w_p_at_most_w_q_and_ours_above(max_input, pool_tokens, w_p, w_q):
+    """Lemma 4.3's U = max(w_p L_input, w_q M) for w_p <= w_q; above, the most a dispatch at
+    the smallest counter and the tokens generated after it can add, w_p n + w_q (M - n) at
+    n = min(L_input, M) (ours; `test_bounds.py` runs it)."""
+    u = fairness_bound(max_input, pool_tokens, w_p, w_q)
+    n = min(max_input, pool_tokens)
+    if w_p <= w_q:
+        assert u == max(w_p * max_input, w_q * pool_tokens)
+    else:
+        assert u == pytest.approx(max(w_p * max_input, w_p * n + w_q * (pool_tokens - n)))
     assert fairness_bound(max_input, pool_tokens) == max(max_input, 2 * pool_tokens)
 
 
@@ -96,3 +102,13 @@ def test_cost_is_a_leaf_module():
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
+
+
+@given(st.integers(2, 20_000), st.data())
+def test_the_profiled_hs_largest_token_charge_is_at_an_empty_prompt_and_a_full_pool(m, data):
+    """`ProfiledCost.spread_bound`'s mu: the n_q-th token of a request that fits in M tokens
+    (n_p + n_q <= M) is charged at most h(0, M) - h(0, M - 1)."""
+    h = ProfiledCost()
+    n_q = data.draw(st.integers(1, m))
+    n_p = data.draw(st.integers(0, m - n_q))
+    assert h(n_p, n_q) - h(n_p, n_q - 1) <= h(0, m) - h(0, m - 1) + 1e-9

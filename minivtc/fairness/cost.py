@@ -4,8 +4,10 @@ Owns every price of service, written here once: the paper's weights (w_p = 1 per
 token, w_q = 2 per output token, Section 3.1); `LinearCost` (h(n_p, n_q) = w_p n_p + w_q n_q);
 `ProfiledCost` (the artifact's h fitted to A10G step times, Section 4.2 and Appendix B.2); a
 cached prompt token's price w_c (`cache_discount`); the linear price the metrics and
-`BacklogWatch` measure service by (`linear_price`); and the bounds, Lemma 4.3's U
-(`fairness_bound`) and fair preemption's U_P (`preemptive_bound`). A leaf module: it imports
+`BacklogWatch` measure service by (`linear_price`); and the bounds: Lemma 4.3's U for the
+linear h (`fairness_bound`, with its proof and the course's correction for w_p > w_q), the
+bound each h states (`spread_bound`; the profiled h's from its largest charge for one token)
+and fair preemption's U_P (`preemptive_bound`). A leaf module: it imports
 nothing of the package, so the scheduler, the fairness check, the metrics, the server's
 reports and the report generator all price service the same way.
 
@@ -36,12 +38,22 @@ class LinearCost:
     def __call__(self, n_p: float, n_q: float) -> float:
         return self.w_p * n_p + self.w_q * n_q
 
+    def spread_bound(self, max_input: int, pool_tokens: int) -> float:
+        """Lemma 4.3's U for this h (`fairness_bound`)."""
+        return fairness_bound(max_input, pool_tokens, self.w_p, self.w_q)
+
 
 @dataclass(frozen=True)
 class ProfiledCost:
-    """The artifact's h fitted to A10G step times, in ms per request (Appendix B.2)."""
+    """The artifact's h fitted to A10G step times, in ms per request (Appendix B.2).
 
-    w_p: float = 0.21001891  # the linear input term, so U stays meaningful
+    `w_p`, `w_q`: h's linear terms, the price of a prompt token (exact: h(n_p, 0) is linear)
+    and of a first output token. What the cached discount and the default preemption gap read
+    (`weights_of`); not what bounds the spread: an output token's charge grows with the
+    request, h(n_p, n_q) - h(n_p, n_q - 1) = 0.10 + 0.004 n_p + 0.0032 (2 n_q - 1), far
+    above w_q. The bound this h states is `spread_bound`'s."""
+
+    w_p: float = 0.21001891
     w_q: float = 0.10075395
 
     def __call__(self, n_p: float, n_q: float) -> float:
@@ -52,6 +64,23 @@ class ProfiledCost:
             + 0.00324733 * n_q**2
             + 1.14601454
         )
+
+    def spread_bound(self, max_input: int, pool_tokens: int) -> float:
+        """U for this h (ours; the paper restates no bound for a general h, Section 4.2):
+        max over a dispatched prompt of n <= min(L_input, M) tokens of h(n, 0) + mu (M - n),
+        mu the largest charge of one output token that fits in memory.
+
+        `fairness_bound`'s proof with two prices changed: the dispatch at the smallest counter
+        costs h(n, 0), and each of the at most M - n tokens generated after it costs at most
+        mu. The charge of the n_q-th token, 0.10 + 0.004 n_p + 0.0032 (2 n_q - 1), grows
+        faster with n_q than with n_p (0.0065 > 0.004 per token), so over n_p + n_q <= M it is
+        largest at n_p = 0, n_q = M. h(n, 0) + mu (M - n) is linear in n: largest at an end.
+        Loose by about 2 (the tokens of a request do not all cost mu) and quadratic in M:
+        6,590 ms at M = 1000, 650,000 at the paper's M = 10000."""
+        m = pool_tokens
+        n = min(max_input, m)
+        mu = self(0, m) - self(0, m - 1)  # the largest charge of one token in memory
+        return max(self(max_input, 0), self(n, 0) + mu * (m - n), self(0, 0) + mu * m)
 
 
 Cost = Callable[[float, float], float]
@@ -95,10 +124,39 @@ def linear_price(
 
 
 def fairness_bound(max_input: int, pool_tokens: int, w_p: float = W_P, w_q: float = W_Q) -> float:
-    """U = max(w_p * L_input, w_q * M): Lemma 4.3's counter spread; 2U bounds Theorem 4.4's gap.
+    """U = max(w_p L_input, w_q M + (w_p - w_q)+ min(L_input, M)): Lemma 4.3's counter
+    spread for the linear h with full reservation; 2U bounds Theorem 4.4's gap.
 
-    L_input is the longest prompt that can be admitted, M the most tokens the pool holds."""
-    return max(w_p * max_input, w_q * pool_tokens)
+    L_input is the longest prompt that can be admitted, M the most tokens the pool holds.
+    With w_p <= w_q (the paper's 1 and 2) it is the paper's U = max(w_p L_input, w_q M). With
+    w_p > w_q the paper's U fails and the second term is ours, the course's, not the paper's:
+    a client dispatched at the smallest counter, charged w_p n_p, whose running requests then
+    generate the M - n_p tokens left, rises w_p n_p + w_q (M - n_p) > w_q M.
+
+    The proof (ours; the paper's intuition made exact). Assumed: full reservation (a request
+    holds prompt + max_tokens from its dispatch, so the running requests' reservations fit
+    M; `admission.FullReservation`), no refunds (no predictor) and the lift. The smallest
+    waiting counter F never falls: charges only raise counters, a client joining Q is lifted
+    to F or above, one leaving Q leaves a minimum at least as large, and with Q empty the
+    floor is the last to leave, whose counter was >= F. Take a waiting client i at its last
+    dispatch, of n <= min(L_input, M) prompt tokens: c_i was then the smallest, <= F now.
+    Since then it was charged w_p n, and w_q for each token its running requests generated;
+    those requests were all dispatched by then and reserve, with the new prompt, at most M,
+    so they generate at most M - n tokens. So c_i - F <= w_p n + w_q (M - n), largest at
+    n = 0 if w_p <= w_q, at n = min(L_input, M) otherwise. A client never dispatched sits at
+    a lift, <= F. (w_p L_input counts only for an L_input above M, which full reservation
+    never admits; it keeps the paper's form.) Weights divide both terms by the client's.
+    Without full reservation it can fail: the artifact's peak check lets requests outgrow
+    what was reserved (Problem set 1), and blocks on demand have `preemptive_bound`."""
+    surplus = max(w_p - w_q, 0.0) * min(max_input, pool_tokens)
+    return max(w_p * max_input, w_q * pool_tokens + surplus)
+
+
+def spread_bound(cost: Cost, max_input: int, pool_tokens: int) -> float | None:
+    """Lemma 4.3's U for the cost h, as h states it (`LinearCost.spread_bound`,
+    `ProfiledCost.spread_bound`); None for an h that states none (the check refuses it)."""
+    bound = getattr(cost, "spread_bound", None)
+    return None if bound is None else float(bound(max_input, pool_tokens))
 
 
 def preemptive_bound(

@@ -5,8 +5,13 @@ Owns `FairnessCheck`, an observer: it reads a scheduler's accounts (counters, wa
 weights, the charges made) and never changes them, so a run with the check makes exactly the
 decisions of a run without it. For the VTC family it asserts
 
-- without preemption, that the waiting counters stay within U = max(w_p L_input, w_q M) of
-  each other (Lemma 4.3; Theorem 4.4 then bounds two backlogged clients' service gap by 2U);
+- with full reservation (the course's condition for Lemma 4.3's proof, not the paper's model:
+  the paper admits a request if it fits in memory, lessons/artifact_deviations.md), that the
+  waiting counters stay within the U the cost h states (`cost.spread_bound`): for the linear
+  h, U = max(w_p L_input, w_q M) when w_p <= w_q (Lemma 4.3), and w_q M + (w_p - w_q)
+  min(L_input, M) when w_p > w_q (ours: `cost.fairness_bound`, where the proof is); the
+  profiled h's from its largest charge for one token (ours); Theorem 4.4 then bounds two
+  backlogged clients' service gap by 2U;
 - with blocks on demand and the fair victim, that they stay within max(gap, the largest
   dispatch charge) + the largest one-step charge, as the run stands (`cost.preemptive_bound`,
   where its proof is), and the proof's induction step: a client that ran in the last step is
@@ -14,9 +19,11 @@ decisions of a run without it. For the VTC family it asserts
   waiting counter.
 
 Counters are compared in counter units: divided by the smallest weight below 1. For another
-policy it reports the bound the policy states (`Scheduler.gap_bound`, e.g. DRR's 2(U + Q));
-one that states none cannot be checked. `BacklogWatch` (harness) measures the gap itself.
-Plain Python: no tensors. Lessons 5 and 11.
+policy it reports the bound the policy states (`Scheduler.gap_bound`, e.g. DRR's 2(U + Q)).
+What no stated bound covers is refused with its reason: a policy that states none, a cost h
+that states none, a length predictor's refunds, the artifact's peak check, blocks on demand
+with the latest victim. `BacklogWatch` (harness) measures the gap itself. Plain Python: no
+tensors. Lessons 5 and 11.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from minivtc.fairness.cost import fairness_bound, weights_of
+from minivtc.fairness.cost import spread_bound, weights_of
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.vocab.request import Request
 
@@ -49,7 +56,13 @@ class FairnessCheck:
         refuse_unbounded(reservation, preempt_gap)
         self.scheduler, self.preempt_gap = scheduler, preempt_gap
         w_p, w_q = weights_of(scheduler.cost)
-        self.u = fairness_bound(max_input, pool_tokens, w_p, w_q)
+        u = spread_bound(scheduler.cost, max_input, pool_tokens)
+        if u is None and (preempt_gap is None or not scheduler.keeps_counters):
+            raise ValueError(
+                f"check_fairness: no bound is stated for the cost h {scheduler.cost!r}: Lemma "
+                "4.3's U is proved for the linear h and the profiled one (`cost.spread_bound`)"
+            )
+        self.u = 0.0 if u is None else u  # (the preemptive bound is the run's own charges)
         self.counted = scheduler.keeps_counters  # the VTC family: its spread is checked
         self.bound = 2 * self.u  # (for another policy: what it states, `gap_bound`)
         self.dispatch_charge = 0.0  # the largest dispatch charge so far, in counter units
@@ -155,5 +168,6 @@ def refuse_unbounded(reservation: str, preempt_gap: float | None) -> None:
         raise ValueError(
             "check_fairness: no bound is stated for the artifact's peak check (requests that "
             "finish early let the others grow past M, and Lemma 4.3's U can fail); use "
-            "reservation='full' (the paper's model) or 'none' with victim='fair'"
+            "reservation='full' (the condition Lemma 4.3's proof needs) or 'none' with "
+            "victim='fair'"
         )

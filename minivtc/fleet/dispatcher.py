@@ -29,10 +29,12 @@ to which the same argument applies. After t0, i is not dispatched again before t
 counter grows only by the prompt dispatched at t0 (w_p n_p) and by output tokens of requests
 already bound at t0, and each of those reserves its prompt + max_tokens on some backend:
 together at most M tokens, so the growth is at most w_q M (w_p <= w_q). Hence c_i(t) <= m(t0)
-+ max(w_p L_input, w_q M) <= m(t) + U. Theorem 4.4 then follows as in the paper: while both are
++ max(w_p L_input, w_q M) <= m(t) + U. Theorem 4.4 then follows as in Lesson 5's sketch (the
+course's argument; the paper's proof is not reproduced): while both are
 backlogged neither is lifted, so each one's service is its counter's growth (times its weight),
 and two counters within U of each other at t1 and at t2 grew by amounts within 2U. With
-w_p > w_q the same argument gives w_p L_input + w_q M. Weighted (Section 4.3), the bound holds
+w_p > w_q the same argument gives w_p n_p + w_q (M - n_p), at most the course's U (not the
+paper's; `cost.fairness_bound`), which the check asserts. Weighted (Section 4.3), the bound holds
 in counter units (`fairness_check.py` scales by the smallest weight).
 
 M is the whole fleet's memory, as Appendix C.3 expects: the bound grows with N, because a client

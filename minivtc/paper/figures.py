@@ -140,7 +140,7 @@ class Ablation:
     pool: int  # KV pool, tokens (M)
     rates: tuple[float, float]  # requests/s of each client
     length: int
-    paper: tuple[float, float]  # the paper's max / mean accumulated gap, k tokens
+    paper: tuple[float, float]  # the artifact's measured run (Figure 15): max / mean gap, k
     measured: str | None = None  # its measured run in data/a100_runs, if there is one
 
     @property
@@ -236,7 +236,7 @@ def fig15(out: Path, show: bool = False) -> list[str]:
         "artifact counts and admits (`vtc-artifact`, admission every 10 decode steps), 600 s; "
         "requests ending before 120 s skipped, as the paper does.",
         "",
-        "| run | simulated max / mean acc. gap | measured | paper | 2U |",
+        "| run | simulated max / mean acc. gap | measured | artifact's runs | 2U |",
         "| --- | --- | --- | --- | --- |",
     ]
     gaps, curves = {}, {}
