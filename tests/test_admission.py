@@ -3,6 +3,7 @@ hold. (Full reservation is a graded test: minivtc/course/graded/test_a3_batching
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -41,6 +42,7 @@ def test_peak_closed_form_equals_the_general_sum(specs):
     assert peak.peak_blocks(candidate) == general
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None)
 @given(
     st.lists(

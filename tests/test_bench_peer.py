@@ -54,6 +54,7 @@ def ask(process, message):
     raise AssertionError("the worker ended without answering")
 
 
+@pytest.mark.slow
 def test_the_minivtc_worker_answers_with_the_engines_tokens_and_the_plain_paths_top_logits():
     command = [sys.executable, "-m", "minivtc.bench.peer_worker", "minivtc"]
     command += [str(bundled_weights_dir()), "--max-batch", "2"]

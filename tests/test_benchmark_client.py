@@ -62,6 +62,7 @@ def guidellm(url: str, route: str, out, requests: int) -> list[dict]:
     return records["successful"]
 
 
+@pytest.mark.slow
 def test_guidellm_completions_streaming(served, tmp_path):
     url, tokenizer = served
     for record in guidellm(url, "/v1/completions", tmp_path / "out.json", requests=8):
@@ -71,6 +72,7 @@ def test_guidellm_completions_streaming(served, tmp_path):
         assert record["prompt_tokens"] == len(tokenizer.encode(body["prompt"]))
 
 
+@pytest.mark.slow
 def test_guidellm_chat_streaming(served, tmp_path):
     url, tokenizer = served
     for record in guidellm(url, "/v1/chat/completions", tmp_path / "out.json", requests=8):

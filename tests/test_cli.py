@@ -78,6 +78,7 @@ def test_help_explains_every_command():
         assert command in result.stdout
 
 
+@pytest.mark.slow
 def test_demo_runs_fcfs_then_vtc_and_writes_its_table_and_plot(tmp_path, capsys):
     """A 6-second demo: both tables, each run's verdict, the server's log in a file and none
     of it on the terminal (the full-length numbers are in the README)."""
@@ -107,6 +108,7 @@ def test_serve_rejects_a_bad_client_weights_file(tmp_path):
     assert "want an object of client -> weight > 0" in result.stderr
 
 
+@pytest.mark.slow
 def test_bench_scheduler_quick(capsys):
     assert bench.main(["scheduler", "--quick"]) == 0
     rows = capsys.readouterr().out.splitlines()[2:]
@@ -185,6 +187,7 @@ def test_gpu_check_code_path_runs_on_cpu(capsys):
     assert [r.split()[0] for r in lines[2:5]] == ["1", "16", "64"]
 
 
+@pytest.mark.slow
 def test_serve_command_answers_over_http(tmp_path):
     """`minivtc serve` in the foreground, as a user starts it: health, one completion, the
     operator's weights in the fairness view, then a clean shutdown."""
@@ -207,6 +210,7 @@ def test_serve_command_answers_over_http(tmp_path):
     assert "serving minivtc-tiny with vtc" in server.stderr.read()
 
 
+@pytest.mark.slow
 def test_serve_refuses_inconsistent_trust_options():
     for options, why in (
         (["--api-keys", "k.json", "--trust-client-header"], '"proxy": true in the --api-keys'),
@@ -254,6 +258,7 @@ def test_serve_refuses_options_it_would_ignore_or_cannot_honour(options, why, ca
     assert code == 2 and why in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_serve_warns_when_open_to_the_network_without_keys():
     """Bound to every interface (reached here only through loopback) and without keys: the
     log says that anyone can claim any client."""

@@ -100,6 +100,7 @@ def test_each_assignment_is_graded_alone_and_a_bad_one_never_breaks_the_grader(t
     assert by_name["a3_batching"]["points"] == 0 and "timed out" in by_name["a3_batching"]["note"]
 
 
+@pytest.mark.slow
 def test_the_edition_s_lessons_have_no_solutions_and_their_checks_fail_untouched(tmp_path):
     """Lesson 5 of the student edition, run top to bottom, stops at its first exercise's
     self-check (the answer is still None); the repository's copy runs through (its solution
@@ -494,6 +495,7 @@ def test_a_student_tests_one_assignment_on_their_edition_as_it_stands(tmp_path, 
     assert not (edition / "report.xml").exists()
 
 
+@pytest.mark.slow
 def test_the_bench_serves_as_the_engine_does_step_by_step():
     """a4's and a6's bench (`graded/bench.py`, no engine) gives the service and backlogs the
     real engine gives (`harness.drive`: the engine with a unit runner), step by step, for VTC

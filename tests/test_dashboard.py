@@ -320,6 +320,7 @@ def test_demo_dashboard_refuses_a_taken_port_before_loading_anything(tmp_path, c
     assert f"minivtc demo: error: --dashboard: cannot serve on 127.0.0.1:{port}" in error
 
 
+@pytest.mark.slow
 def test_each_demo_run_serves_its_dashboard_at_the_same_address(bundled):
     from minivtc.harness.workloads import TraceRequest
     from minivtc.serving import demo

@@ -45,6 +45,7 @@ def workload() -> list[TraceRequest]:
     return sorted(heavy + light, key=lambda t: t.arrival_s)
 
 
+@pytest.mark.slow
 def test_the_dashboard_draws_a_live_load_in_chromium(bundled, tmp_path):
     model, tokenizer = bundled
     # a small pool (4 requests at once): the heavy client's backlog waits, VTC's counters
@@ -154,6 +155,7 @@ def changed(first: dict, rows: dict) -> bool:
     )
 
 
+@pytest.mark.slow
 def test_the_gateways_dashboard_shows_its_backends_and_clients_in_chromium(bundled):
     """The same page at `minivtc route`: a gateway in front of one in-process backend."""
     from minivtc.fairness.vtc import VTC
@@ -188,6 +190,7 @@ def test_the_gateways_dashboard_shows_its_backends_and_clients_in_chromium(bundl
     assert kind == "gateway" and f"{len(trace)} served" in requests
 
 
+@pytest.mark.slow
 def test_with_api_keys_the_page_asks_for_one_and_shows_a_tenant_its_own_row(bundled):
     from minivtc.serving.api_keys import Auth, Key
 

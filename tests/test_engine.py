@@ -258,6 +258,7 @@ def test_random_add_step_abort_keeps_invariants(
     assert all(r.is_finished for r in added) and not engine.runner.swapped
 
 
+@pytest.mark.slow
 @settings(max_examples=80, deadline=None)
 @given(
     specs=st.lists(

@@ -7,6 +7,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from minivtc.bench.dispatch_cost import bench_route, time_decisions
 
 
@@ -23,6 +25,7 @@ def test_each_round_is_timed_after_a_warm_up_the_fleet_kept_full():
     assert len(time_decisions(10, decisions=50, rounds=4)) == 4
 
 
+@pytest.mark.slow
 def test_bench_route_gateway_quick_measures_both_ways_through_real_processes():
     done = subprocess.run(
         [sys.executable, "-m", "minivtc.bench", "route", "--gateway", "--quick"],
@@ -38,6 +41,7 @@ def test_bench_route_gateway_quick_measures_both_ways_through_real_processes():
         assert 0 < median_ms <= p99_ms and per_s > 0
 
 
+@pytest.mark.slow
 def test_bench_route_streams_serves_every_stream_and_reports_health_and_the_light_tenant():
     done = subprocess.run(
         [sys.executable, "-m", "minivtc.bench", "route", "--gateway", "--streams", "12"],

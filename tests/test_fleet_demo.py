@@ -36,6 +36,7 @@ def in_process_backends(n: int):
         yield [stack.enter_context(BackgroundServer(make_app(e, tokenizer))) for e in engines]
 
 
+@pytest.mark.slow
 def test_two_backends_behind_the_gateway_and_round_robin_print_one_table(
     tmp_path, monkeypatch, capsys
 ):

@@ -52,6 +52,7 @@ def affinity():
     return runs
 
 
+@pytest.mark.slow
 def test_cache_affinity_with_per_replica_counters_breaks_the_fleets_bound(affinity):
     """Every 'system' request goes to one replica, at most that replica's worth; 'flood'
     takes the other three: the backlogged gap passes 2U of the fleet."""
@@ -70,6 +71,7 @@ def test_the_global_dispatcher_keeps_it_with_prefix_aware_routing_on(affinity):
     assert run.bound == 2 * max(1 * 255, 2 * 4 * 10000)  # 2U, M the fleet's memory
 
 
+@pytest.mark.slow
 def test_a_four_to_one_weighting_holds_across_the_fleet_only_with_global_counters():
     w = FLEET_WORKLOADS["weighted"]
     trace = first(w.make(4))

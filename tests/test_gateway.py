@@ -120,6 +120,7 @@ def fleet(url: str) -> dict:
     return httpx.get(url + "/fairness", headers=ADMIN).json()
 
 
+@pytest.mark.slow
 def test_a_stream_passes_through_chunk_by_chunk_and_is_charged_by_its_usage(gateway):
     events, _ = stream(gateway, "sk-first", 6, stream_options={"include_usage": True})
     tokens = [e for e in events if e["choices"]]
@@ -204,6 +205,7 @@ async def burst(heavy_at, light_at, heavy: int = 8, light: int = 3) -> dict[str,
     return {"heavy": sorted(heavy_ttft), "light": light_ttft}
 
 
+@pytest.mark.slow
 def test_a_light_tenant_is_served_promptly_beside_a_flooding_one(gateway, backends):
     """Heavy's eight streams take both backends (one each) and six wait; the light tenant's
     requests each go first as soon as a backend frees, ahead of heavy's queue. Beside it, the
@@ -377,6 +379,7 @@ def test_a_backend_answering_503_gives_the_request_back_uncharged(backends):
     assert view["clients"]["picky"]["counter"] == usage["prompt_tokens"] + 2 * 5
 
 
+@pytest.mark.slow
 def test_minivtc_route_drains_on_sigterm(backends, tmp_path):
     """The command: budgets read from the backends; on SIGTERM a stream in flight finishes
     whole, then the process exits."""
@@ -443,6 +446,7 @@ def slow_backend(delay_s: float) -> FastAPI:
     return app
 
 
+@pytest.mark.slow
 def test_two_hundred_streams_in_flight_leave_the_health_checks_their_own_connections():
     """Issue: the gateway's one HTTP client kept httpx's default pool of 100 connections, shared
     with its health checks (2 s, pool wait included): with 150 streams in flight, 51 waited up

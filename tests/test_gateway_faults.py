@@ -15,6 +15,7 @@ import sys
 import time
 
 import httpx
+import pytest
 from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -118,6 +119,7 @@ def until(condition, seconds: float = 10.0) -> bool:
     return True
 
 
+@pytest.mark.slow
 def test_a_backend_that_never_answers_is_given_up_on_and_its_room_freed():
     """Issue: the backend client had no read timeout a test could reach (600 s, fixed), so a
     request to a backend that never answers held its room. Now `backend_idle_s` (`minivtc
@@ -168,6 +170,7 @@ def test_impossible_usage_is_not_believed_and_the_room_is_released():
                 assert 0 < charged <= 2 * (W_P * 1000 + W_Q * 3), (prompt, charged)
 
 
+@pytest.mark.slow
 def test_a_caller_that_leaves_takes_its_request_out_of_the_queue_at_once():
     """Issue: of 300 non-streamed requests whose callers gave up, 258 were still queued 10 s
     later, and the backends then ran them. Now the caller's leaving cancels its request: a
@@ -240,6 +243,7 @@ def start_route(tmp_path, *flags: str) -> tuple[subprocess.Popen, str, object]:
     return proc, url, log
 
 
+@pytest.mark.slow
 def test_shutdown_ends_every_request_with_an_openai_error_event(tmp_path):
     """Issue: on SIGTERM, streams still running (and those queued behind them) were cut at the
     graceful limit with no error event, and the log filled with tracebacks. Now, once
@@ -279,6 +283,7 @@ def test_shutdown_ends_every_request_with_an_openai_error_event(tmp_path):
     assert "Traceback" not in log.read()
 
 
+@pytest.mark.slow
 def test_route_has_serves_connection_limits_flags_and_warning(tmp_path):
     """Issue: `route` had no head deadline, no connection cap, no timeout flags, and no
     warning when bound to a public address without keys. Now it takes `serve`'s flags: a
@@ -307,6 +312,7 @@ def test_route_has_serves_connection_limits_flags_and_warning(tmp_path):
     assert "WARNING: routing 0.0.0.0 without --api-keys" in log.read()
 
 
+@pytest.mark.slow
 def test_keys_a_short_api_key_is_refused_and_route_presents_its_key_to_backends(
     bundled, tmp_path, capsys
 ):

@@ -194,6 +194,7 @@ def isinstance_tests_of(name: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_no_module_asks_which_policy_or_which_pool_it_has():
     """The scheduler interface offers what callers need of VTC (counters, weights, settle,
     unadmit, ...), and the allocator its cached reservation: nobody tests for the class."""

@@ -297,6 +297,7 @@ def test_simulate_to_dir_writes_its_files_and_numbers_from_its_requests(tmp_path
     assert saved["jain_index"] == pytest.approx(jain, abs=1e-4)
 
 
+@pytest.mark.slow
 def test_simulate_to_dir_runs_a_named_workload_with_its_weights(tmp_path):
     """Figure 16: by name, the workload's own weights reach the scheduler (shares 1:2:3:4)."""
     spec = EngineSpec.of("vtc", kv_tokens=10000, block_size=1, reservation="peak")

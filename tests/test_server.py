@@ -389,6 +389,7 @@ def behind_a_flood(bundled, scheduler: str) -> tuple[float, float]:
     return statistics.fmean(r.first_token_latency_s for r in lights), statistics.fmean(overtaken)
 
 
+@pytest.mark.slow
 def test_a_flood_delays_a_light_client_under_fcfs_not_under_vtc(bundled):
     (fcfs_ttft, fcfs_behind), (vtc_ttft, vtc_behind) = (
         behind_a_flood(bundled, "fcfs"),

@@ -272,6 +272,7 @@ def test_every_error_uses_openais_body(plain):
         assert "None" not in error["message"], (what, error)
 
 
+@pytest.mark.slow
 def test_client_ids_are_capped_and_idle_clients_forgotten(plain):
     """An id over 128 characters is a 400. 300 distinct ids come and go: the engine forgets
     the idle ones (their totals stay in the metrics under "(other)"), and a scrape stays small."""
@@ -358,6 +359,7 @@ def sybil_share(bundled, keys: dict | None) -> int:
     return sum(1 for c in admitted[:24] if c == "victim")
 
 
+@pytest.mark.slow
 def test_api_keys_stop_a_sybil_attack(bundled):
     open_share = sybil_share(bundled, None)
     keyed_share = sybil_share(bundled, KEYS)
@@ -401,6 +403,7 @@ def test_api_keys_authenticate_and_scope_the_views(bundled, tmp_path):
             read_keys(path)
 
 
+@pytest.mark.slow
 def test_the_engine_loop_answers_every_command_even_as_it_dies():
     """EngineLoop.call used to check `alive`, then queue: a loop dying in between left the
     handler waiting forever. Now every command is answered or refused."""
@@ -443,6 +446,7 @@ def test_the_engine_loop_answers_every_command_even_as_it_dies():
     assert len(fatal) == 1 and "boom" in repr(fatal[0])
 
 
+@pytest.mark.slow
 def test_forgetting_idle_clients_changes_no_decision():
     """The real trace under VTC (and under FCFS and RPM), once as it is and once with the
     engine forgetting every idle client it may after every step: the same requests, served at
@@ -527,6 +531,7 @@ def test_soak_mixed_load_with_disconnects_and_bad_input(plain):
     assert view["kv"]["used_blocks"] == 0
 
 
+@pytest.mark.slow
 def test_serve_shutdown_timeout_ends_in_flight_streams_with_an_error(tmp_path):
     """`minivtc serve --shutdown-timeout 1`: SIGTERM during a long stream; about a second later
     the stream ends with an error event and the process exits."""

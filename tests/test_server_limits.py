@@ -278,6 +278,7 @@ def test_a_refused_body_is_an_answer_every_client_can_read(open_server, keyed):
     assert httpx.get(url + "/health").status_code == 200
 
 
+@pytest.mark.slow
 def test_slow_clients_are_cut_off_and_connections_are_capped(bundled):
     """300 connections sending partial heads or bodies once held the server for 60 s. Now, with a
     1 s head deadline, a 1 s body deadline and at most 20 connections: 30 trickling heads make
@@ -468,6 +469,7 @@ def running_loop() -> bool:
     return True
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "template, why",
     [

@@ -132,6 +132,7 @@ def test_rpm_thresholds_waste_capacity_as_in_figures_13_and_14(tmp_path):
         assert abs(int(row.split("|")[4]) - served) <= 2, row
 
 
+@pytest.mark.slow
 def test_reproduce_writes_a_report_with_verdicts(tmp_path):
     from minivtc.paper.report import reproduce
 
@@ -158,6 +159,7 @@ def test_reproduce_validates_against_every_measured_a10g_run(tmp_path):
     assert verdict.endswith(": yes."), verdict
 
 
+@pytest.mark.slow
 def test_reproduce_fair_memory_compares_reservation_with_blocks_on_demand(tmp_path):
     """`reproduce --only fair_memory`: the real trace with max_tokens 1024 under five memory
     configurations (each asserting its bound every step, where one is stated), then Theorem
@@ -189,6 +191,7 @@ def test_reproduce_fair_memory_compares_reservation_with_blocks_on_demand(tmp_pa
     assert verdicts.count(": yes") == 3, verdicts
 
 
+@pytest.mark.slow
 def test_reproduce_prefix_caching_prices_cached_tokens_three_ways(tmp_path):
     """`reproduce --only prefix_caching`: two shared-system-prompt workloads without a cache
     and with one at w_c = w_p, w_p/2, 0 (Lemma 4.3 asserted every step); the cache serves
@@ -269,6 +272,7 @@ def test_calibrate_measures_the_real_engine_and_simulate_uses_it(bundled, tmp_pa
     assert len(result.served) == 2 and result.total_time > 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("victim", ["latest", "fair"])
 def test_on_demand_blocks_preempt_and_keep_their_bound(victim):
     """Reservation "none" on the paper's overload: requests are preempted and recomputed, all
@@ -291,6 +295,7 @@ def test_on_demand_blocks_preempt_and_keep_their_bound(victim):
     assert peak.preemptions == 0 and none.total_time < peak.total_time
 
 
+@pytest.mark.slow
 def test_simulate_command_takes_the_memory_options(tmp_path):
     out = tmp_path / "run"
     assert (
@@ -337,6 +342,7 @@ def test_simulate_command_takes_the_memory_options(tmp_path):
     assert 0 < saved["backlogged_gap"] <= saved["bound"] < saved["two_u"]  # bound tightened
 
 
+@pytest.mark.slow
 def test_metrics_json_states_no_bound_where_none_holds(tmp_path):
     for args, bound in (
         (["--scheduler", "fcfs"], None),
@@ -393,6 +399,7 @@ def test_fit_runs_recovers_a_known_step_time_from_client_records_alone(tmp_path)
     assert got.step_time(shape) == pytest.approx(dot, rel=1e-12)
 
 
+@pytest.mark.slow
 def test_the_a100_preset_is_the_fit_of_the_measured_ablation_runs():
     """`a100-llama13b` is what `fit_runs` gives on data/a100_runs, both pool sizes (the file is
     not edited by hand), and it times those runs' steps as well as stated: mean error under 2%,

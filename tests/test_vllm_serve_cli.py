@@ -58,6 +58,7 @@ def test_api_key_is_not_taken_for_api_keys():
     assert key == "sk-test-key" and entry.admin and entry.proxy
 
 
+@pytest.mark.slow
 def test_serve_as_vllm_serve_is_started(tmp_path):
     template = tmp_path / "template.jinja"
     template.write_text(TEMPLATE)
