@@ -26,8 +26,9 @@ REPOSITORY = PACKAGE.parent  # where weights/ and lessons/ are, in a checkout
 # In the edition: each assignment's files as released (stubs), what `course test` takes the
 # student's functions into, by the grader's rules (`grade.test_edition`)
 RELEASED = Path("minivtc") / "course" / "released"
-# Not in the edition: the catalogue of wrong solutions quotes the reference's bodies
-INSTRUCTOR_ONLY = ("__pycache__", "*.pyc", "wrong.py", "check.py")
+# Not in the edition: the catalogue of wrong solutions (wrong.py, wrong_policies.py) quotes the
+# reference's bodies
+INSTRUCTOR_ONLY = ("__pycache__", "*.pyc", "wrong*.py", "check.py")
 
 
 def release(out: str | Path) -> Path:
