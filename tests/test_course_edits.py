@@ -10,8 +10,9 @@ from collections.abc import Callable
 
 import pytest
 
-from minivtc.course.edition import PACKAGE, find
+from minivtc.course.edition import PACKAGE
 from minivtc.course.edits import Wrong, apply, drop, is_hole, parse_statements, replace, rewrite
+from minivtc.course.surgery import find
 from minivtc.course.wrong import WRONG
 
 EDITED = [w for w in WRONG if w.edits]  # the others write the capstone's file whole

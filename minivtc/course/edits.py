@@ -21,8 +21,8 @@ import copy
 import textwrap
 from dataclasses import dataclass
 
-from minivtc.course.edition import find
 from minivtc.course.mutate import put_function
+from minivtc.course.surgery import find
 
 Target = tuple[str, str]  # (file under minivtc/, qualified name)
 IGNORED = ("ctx", "kind", "type_comment")  # fields that formatting or context set, not meaning

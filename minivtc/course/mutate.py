@@ -22,7 +22,8 @@ import copy
 from dataclasses import dataclass
 
 from minivtc.course.assignments import Assignment
-from minivtc.course.edition import PACKAGE, find, first_line, is_docstring
+from minivtc.course.edition import PACKAGE
+from minivtc.course.surgery import find, first_line, is_docstring
 
 SWAPS: dict[type, type] = {
     ast.Add: ast.Sub,
