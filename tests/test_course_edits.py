@@ -161,3 +161,43 @@ def test_a_pattern_matches_on_the_tree_with_its_holes():
 def test_an_edit_that_does_not_match_once_is_refused(edit):
     with pytest.raises(ValueError):
         apply((edit,), "f.py", SOURCE)
+
+
+def test_every_name_a_replacement_writes_is_defined_where_it_lands():
+    """A replacement's names (`weights_of`, `h`, `n`...) are the function's, its module's or
+    builtins: a wrong solution that lost an import would lose points to a NameError, for no
+    mistake of its own."""
+    import builtins
+
+    for wrong in EDITED:
+        for e in wrong.edits:
+            tree = ast.parse(reference(e.target[0]))
+            known = set(dir(builtins)) | module_names(tree)
+            for node in ast.walk(find(tree, e.target[1])):
+                if isinstance(node, ast.arg) or isinstance(getattr(node, "ctx", None), ast.Store):
+                    known.add(getattr(node, "arg", None) or getattr(node, "id", ""))
+            for node in ast.walk(ast.Module(parse_statements(e.by), [])):
+                if isinstance(node, ast.Name) and not is_hole(node.id):
+                    assert node.id in known or is_bound_in(node.id, e.by), (wrong.what, node.id)
+
+
+def module_names(tree: ast.Module) -> set[str]:
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+            names |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+    return names
+
+
+def is_bound_in(name: str, text: str) -> bool:
+    """Whether `text` itself binds `name` (an assignment, a loop, a lambda's parameter)."""
+    for node in ast.walk(ast.Module(parse_statements(text), [])):
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store) and node.id == name:
+            return True
+        if isinstance(node, ast.arg) and node.arg == name:
+            return True
+    return False
