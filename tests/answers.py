@@ -16,7 +16,8 @@ def reference_bodies() -> tuple[dict[str, list[str]], set[str]]:
     asserts' lines, which `leaked` skips in the text it searches."""
     import ast
 
-    from minivtc.course.edition import PACKAGE, find, is_docstring
+    from minivtc.course.edition import PACKAGE
+    from minivtc.course.surgery import find, is_docstring
 
     bodies, asserted = {}, set()
     for a in ASSIGNMENTS:

@@ -13,8 +13,9 @@ import textwrap
 import pytest
 
 from minivtc.course.assignments import ASSIGNMENTS
-from minivtc.course.edition import release, splice, stub, take
+from minivtc.course.edition import release
 from minivtc.course.grade import grade
+from minivtc.course.surgery import splice, stub, take
 from tests.answers import code_lines, leaked, page_text, reference_bodies
 
 SOURCE = textwrap.dedent('''
@@ -53,7 +54,8 @@ def test_splice_takes_one_function_from_the_donor():
 def test_every_assignment_names_functions_that_exist():
     import ast
 
-    from minivtc.course.edition import PACKAGE, find
+    from minivtc.course.edition import PACKAGE
+    from minivtc.course.surgery import find
 
     for a in ASSIGNMENTS:
         for file, qualname in a.reference_functions:
@@ -348,7 +350,7 @@ def test_the_edition_installs_on_its_own_and_its_package_is_the_students(tmp_pat
     pip = [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation"]
     done = subprocess.run([*pip, "--target", str(target), str(edition)], capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
-    assert (target / "minivtc/course/graded/test_a4_vtc.py").is_file()
+    assert (target / "minivtc/course/graded/test_a4_pick.py").is_file()
     assert (target / "minivtc/serving/dashboard.html").is_file()  # package data
     script = "import minivtc.course as c, minivtc.fairness.vtc as v\n"
     script += "print(c.STUDENT_EDITION, v.__file__)"
@@ -366,6 +368,7 @@ def test_the_edition_states_the_helpers_rule_and_ships_no_wrong_solutions(tmp_pa
         in (edition / "README.md").read_text()
     )
     assert not (edition / "minivtc/course/wrong.py").exists()
+    assert not (edition / "minivtc/course/wrong_policies.py").exists()
     assert not (edition / "minivtc/course/check.py").exists()
 
 
@@ -552,13 +555,16 @@ def test_every_graded_test_is_on_one_rubric_line_and_every_line_is_a_sixth_at_le
     from minivtc.course.edition import PACKAGE
 
     for a in ASSIGNMENTS:
-        tree = ast.parse((PACKAGE / "course/graded" / f"test_{a.key}.py").read_text())
-        tests = {
+        trees = [ast.parse((PACKAGE / file).read_text()) for file in a.test_files]
+        found = [
             n.name
+            for tree in trees
             for n in tree.body
             if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")
-        }
+        ]
         named = [t for line in a.rubric for t in line.tests]
+        assert len(found) == len(set(found)), a.key  # no name in two of its files
+        tests = set(found)
         assert sorted(named) == sorted(tests), (a.key, set(named) ^ tests)
         assert all(6 * line.points >= a.max_points for line in a.rubric), a.key
 

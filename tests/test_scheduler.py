@@ -2,7 +2,7 @@
 
 No model: the course harness's `UnitRunner` stands in for the forward pass, so these tests
 drive the same `Engine.step()`, admission and KV accounting that serve real tokens. The
-paper's theorems for VTC are graded tests (`minivtc/course/graded/test_a4_vtc.py`, run with
+paper's theorems for VTC are graded tests (`minivtc/course/graded/test_a4_theorems.py`, run with
 this suite); VTC's own mechanics are `test_vtc.py`'s, the predictors `test_predictors.py`'s,
 the names `test_policies.py`'s and the cost h `test_cost.py`'s.
 """

@@ -422,8 +422,9 @@ def test_figure_15_from_the_simulator_matches_the_measured_a100_runs(tmp_path):
     client's share within 5 points on every run; each gap (max and mean) within 20% on the
     35000-token runs (the 65000-token run's gap is not reproduced: the report shows it); both of
     Figure 15's verdicts."""
-    from minivtc.paper.figures import A100_RUNS, ABLATION, compare, fig15
+    from minivtc.paper.figures import A100_RUNS, ABLATION, fig15
     from minivtc.paper.figures import simulate_ablation as replay
+    from minivtc.paper.validation import compare
 
     wall = {r["run"]: r["total_time_s"] for r in json.loads((A100_RUNS / "index.json").read_text())}
     runs = [run for run in ABLATION.values() if run.measured]
@@ -443,7 +444,7 @@ def test_the_a100_step_time_holds_on_the_65000_token_runs_it_was_not_fitted_to()
     """The artifact's other 65000-token runs (FCFS and VTC at 256 tokens, VTC at 768), which
     `a100-llama13b` never saw: throughput within 10% and each client's share within 5 points;
     `validate_held_out` puts them in the report."""
-    from minivtc.paper.figures import HELD_OUT, held_out_errors, simulate_stored
+    from minivtc.paper.validation import HELD_OUT, held_out_errors, simulate_stored
 
     assert {(run.scheduler, run.length) for run in HELD_OUT.values()} == {
         ("fcfs", 256),

@@ -2,8 +2,9 @@
 
 Each names functions of the package by file and qualified name. The student edition replaces
 their bodies with `raise NotImplementedError`; grading an assignment runs its graded tests
-(`graded/test_<key>.py`) on the reference package with just those functions taken from the
-student's edition, so an assignment is graded on its own, whatever the student did elsewhere.
+(`test_files`: `graded/test_<key>.py`, or the files it names) on the reference package with
+just those functions taken from the student's edition, so an assignment is graded on its own,
+whatever the student did elsewhere.
 The capstone is a file the student writes whole (`own_file`); its instructor's answer
 (`answer`, Deficit Round Robin) is not in the edition.
 """
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Line:
     """One line of an assignment's rubric: a mechanism, its points, and the graded tests
-    (functions of `graded/test_<key>.py`) that check it. The points are all lost when any of
+    (functions of the assignment's `test_files`) that check it. The points are all lost when any of
     those tests fails: a mechanism is understood, or it is not."""
 
     mechanism: str
@@ -26,7 +27,7 @@ class Line:
 
 @dataclass(frozen=True)
 class Assignment:
-    key: str  # graded/test_<key>.py holds its tests
+    key: str  # graded/test_<key>.py holds its tests, unless `graded` names its files
     title: str
     functions: tuple[tuple[str, str], ...]  # (file under minivtc/, qualified name)
     rubric: tuple[Line, ...]  # its points sum to max_points
@@ -42,6 +43,13 @@ class Assignment:
     # The instructor's answer to an own-file assignment, kept outside the edition: the
     # functions the grader's own check mutates and edits (`mutate.py`, `wrong.py`).
     answer: tuple[tuple[str, str], ...] = ()
+    # Its graded tests' files in graded/, where one file would be too long (a4's, by mechanism)
+    graded: tuple[str, ...] = ()
+
+    @property
+    def test_files(self) -> tuple[str, ...]:
+        """Its graded tests' files, under minivtc/: what grading runs and the rubric names."""
+        return tuple(f"course/graded/{name}" for name in self.graded or (f"test_{self.key}.py",))
 
     @property
     def max_points(self) -> int:
@@ -217,6 +225,7 @@ ASSIGNMENTS = (
         "the profiled h), 10 (readmission), 11 (fair preemption's lift) and 13 (w_c, cached "
         "prompt tokens); graded by exact counters for each mechanism, Lemma 4.3, Theorems 4.4, "
         "4.8 and 4.9 and the LCF counterexample",
+        graded=("test_a4_pick.py", "test_a4_charges.py", "test_a4_theorems.py"),
     ),
     Assignment(
         "a5_metric",

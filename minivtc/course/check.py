@@ -13,7 +13,6 @@ process, so that nothing has run torch work before the forks).
 from __future__ import annotations
 
 import argparse
-import ast
 import json
 import sys
 import tempfile
@@ -22,7 +21,8 @@ from pathlib import Path
 
 from minivtc.course import warm
 from minivtc.course.assignments import ASSIGNMENTS, Assignment
-from minivtc.course.edition import PACKAGE, find, first_line
+from minivtc.course.edition import PACKAGE
+from minivtc.course.edits import apply
 from minivtc.course.grade import How, grade_one
 from minivtc.course.mutate import Mutant, mutants
 from minivtc.course.wrong import WRONG, Wrong
@@ -92,19 +92,12 @@ def assignment(key: str) -> Assignment:
 def write_edition(wrong: Wrong, out: Path) -> Path:
     """A minimal edition at `out`: the reference's files of `wrong`'s assignment, its edits made."""
     a = assignment(wrong.key)
-    file_of = {q: f for f, q in a.reference_functions}
-    if a.own_file is not None:  # an edit of a function of the capstone's own file
-        file_of |= {q: a.own_file for q, _, _ in wrong.edits if q not in file_of}
     write_own_file(a, out)
     if wrong.own_file is not None:
         write(out / "minivtc" / (a.own_file or ""), wrong.own_file)
         return out
-    for file in sorted(set(file_of.values())):
-        source = (PACKAGE / file).read_text()
-        for qualname, old, new in wrong.edits:
-            if file_of[qualname] == file:
-                source = edit(source, qualname, old, new)
-        write(out / "minivtc" / file, source)
+    for file in sorted({f for f, _ in a.reference_functions} | wrong.files):
+        write(out / "minivtc" / file, apply(wrong.edits, file, (PACKAGE / file).read_text()))
     return out
 
 
@@ -124,17 +117,6 @@ def write_mutant(a: Assignment, m: Mutant, out: Path) -> Path:
 def write(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
-
-
-def edit(source: str, qualname: str, old: str, new: str) -> str:
-    """`source` with `old`, found once in the function `qualname`, replaced by `new`."""
-    node = find(ast.parse(source), qualname)
-    lines = source.splitlines(keepends=True)
-    start, end = first_line(node) - 1, node.end_lineno or 0
-    body = "".join(lines[start:end])
-    if body.count(old) != 1:
-        raise ValueError(f"{qualname}: {old!r} occurs {body.count(old)} times")
-    return "".join(lines[:start]) + body.replace(old, new) + "".join(lines[end:])
 
 
 def catalogue_table(rows: list[dict]) -> str:

@@ -2,12 +2,10 @@
 
 Owns `release(out)` (the edition: the package, its bundled model, the lessons without their
 solution cells, and a README; every assignment's function kept up to its docstring and then
-`raise NotImplementedError`) and
-the source surgery it and the grader share: `stub` (empty one function), `splice` (put one
-function of another copy of the file in place of this one's) and `take` (the assignment's
-functions, and the functions, methods and imports the student added beside them, into the
-reference's file; `helpers.py`). Functions are found by their qualified name with `ast`.
-Does not own grading (`grade.py`).
+`raise NotImplementedError`, by `surgery.stub`), what the edition holds in place of an answer
+(the capstone's skeleton, the placeholder of its instructor's answer) and the edition's README
+with each assignment's rubric. Does not own grading (`grade.py`) or the source surgery it
+shares with the grader (`surgery.py`).
 """
 
 from __future__ import annotations
@@ -19,15 +17,16 @@ import shutil
 from pathlib import Path
 
 from minivtc.course.assignments import ASSIGNMENTS
-from minivtc.course.helpers import carry, not_taken
+from minivtc.course.surgery import find, is_docstring, stub
 
 PACKAGE = Path(__file__).resolve().parents[1]  # minivtc/
 REPOSITORY = PACKAGE.parent  # where weights/ and lessons/ are, in a checkout
 # In the edition: each assignment's files as released (stubs), what `course test` takes the
 # student's functions into, by the grader's rules (`grade.test_edition`)
 RELEASED = Path("minivtc") / "course" / "released"
-# Not in the edition: the catalogue of wrong solutions quotes the reference's bodies
-INSTRUCTOR_ONLY = ("__pycache__", "*.pyc", "wrong.py", "check.py")
+# Not in the edition: the catalogue of wrong solutions (wrong.py, wrong_policies.py) quotes the
+# reference's bodies
+INSTRUCTOR_ONLY = ("__pycache__", "*.pyc", "wrong*.py", "check.py")
 
 
 def release(out: str | Path) -> Path:
@@ -164,68 +163,6 @@ def without_solutions(notebook: Path) -> None:
         c for c in book["cells"] if "solution" not in c.get("metadata", {}).get("tags", [])
     ]
     notebook.write_text(json.dumps(book, indent=1, ensure_ascii=False) + "\n")
-
-
-def stub(source: str, qualname: str, message: str) -> str:
-    """`source` with the function `qualname`'s body replaced by its docstring (if any) and
-    `raise NotImplementedError(message)`."""
-    node = find(ast.parse(source), qualname)
-    lines = source.splitlines(keepends=True)
-    body = node.body
-    keep_to = body[0].end_lineno if is_docstring(body[0]) else body[0].lineno - 1
-    indent = " " * body[0].col_offset
-    raising = f"{indent}raise NotImplementedError({message!r})\n"
-    return "".join(lines[:keep_to] + [raising] + lines[node.end_lineno :])
-
-
-def splice(target: str, donor: str, qualname: str) -> str:
-    """`target` with the function `qualname` replaced by `donor`'s (decorators included).
-    Raises ValueError if either file does not parse or lacks the function."""
-    old, new = find(ast.parse(target), qualname), find(ast.parse(donor), qualname)
-    lines, donor_lines = target.splitlines(keepends=True), donor.splitlines(keepends=True)
-    start, donor_start = first_line(old), first_line(new)
-    return "".join(
-        lines[: start - 1] + donor_lines[donor_start - 1 : new.end_lineno] + lines[old.end_lineno :]
-    )
-
-
-def take(target: str, donor: str, names: list[str]) -> tuple[str, list[str]]:
-    """`target` (the reference's file) with the functions `names` and the student's own
-    helpers taken from `donor` (the student's copy), and what of the student's changes was
-    not taken, by name (their changes to the reference's other functions and statements)."""
-    source = target
-    for qualname in names:
-        source = splice(source, donor, qualname)
-    return carry(source, donor), not_taken(target, donor, names)
-
-
-def find(tree: ast.Module, qualname: str) -> ast.FunctionDef:
-    scope: list[ast.stmt] = tree.body
-    node = None
-    for part in qualname.split("."):
-        found = [
-            n for n in scope if isinstance(n, (ast.ClassDef, ast.FunctionDef)) and n.name == part
-        ]
-        if not found:
-            raise ValueError(f"no {qualname} here")
-        node = found[0]
-        scope = node.body
-    if not isinstance(node, ast.FunctionDef):
-        raise ValueError(f"{qualname} is not a function")
-    return node
-
-
-def first_line(node: ast.FunctionDef) -> int:
-    return min([node.lineno] + [d.lineno for d in node.decorator_list])
-
-
-def is_docstring(statement: ast.stmt) -> bool:
-    value = getattr(statement, "value", None)
-    return (
-        isinstance(statement, ast.Expr)
-        and isinstance(value, ast.Constant)
-        and isinstance(value.value, str)
-    )
 
 
 def what_to_write(a) -> str:

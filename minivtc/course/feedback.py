@@ -25,7 +25,7 @@ class Failure:
     message: str  # the first line of its assertion's message
 
 
-def read_report(report: Path, tests_file: Path) -> tuple[list[str], list[Failure]]:
+def read_report(report: Path, *tests_files: Path) -> tuple[list[str], list[Failure]]:
     """(the tests that ran, by pytest's name; the failed ones) from the report; raises
     ValueError if it is unreadable.
     A skipped test counts as failed (its reason is the message)."""
@@ -33,7 +33,7 @@ def read_report(report: Path, tests_file: Path) -> tuple[list[str], list[Failure
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     if suite is None:
         raise ValueError("no testsuite in the report")
-    names = docstrings(tests_file)
+    names = {test: text for file in tests_files for test, text in docstrings(file).items()}
     cases = list(suite.iter("testcase"))
     failures = []
     for case in cases:

@@ -2,7 +2,7 @@
 
 Owns `grade(edition, out)`. For each assignment it builds a scratch copy of the reference
 package, puts in the edition's versions of that assignment's functions and the helpers the
-student added beside them (`edition.take`), and runs `graded/test_<key>.py` there with a time
+student added beside them (`surgery.take`), and runs its `test_files` there with a time
 limit: in a fresh Python process, or (`warm.py`, for the grader's own checks) in a process
 forked from one that has the heavy libraries loaded. The points are the sum of its rubric's
 lines (`assignments.Line`: a mechanism, its points, its tests) whose tests all passed: a
@@ -32,9 +32,10 @@ from pathlib import Path
 
 from minivtc.course import warm
 from minivtc.course.assignments import ASSIGNMENTS, Assignment
-from minivtc.course.edition import PACKAGE, RELEASED, REPOSITORY, placeholder, take
+from minivtc.course.edition import PACKAGE, RELEASED, REPOSITORY, placeholder
 from minivtc.course.feedback import read_report, read_reported
 from minivtc.course.rules import REFERENCE_POLICIES, out_of_reach, refusals
+from minivtc.course.surgery import take
 
 TIME_LIMIT_S = 240  # per assignment: its tests take seconds; a hang is cut off here
 
@@ -132,7 +133,7 @@ def submit(a: Assignment, edition: Path, root: Path, how: How, whole: tuple[str,
 def take_submission(a: Assignment, edition: Path, root: Path, whole: tuple[str, ...]) -> list[str]:
     """Put `a`'s code from `edition` into the package at `root` (the reference's, or for
     `course test` the edition's as released): its functions and the student's helpers
-    (`edition.take`), or its own file whole (the capstone, graded with the reference policies
+    (`surgery.take`), or its own file whole (the capstone, graded with the reference policies
     out of reach: `rules.py`). Returns what of the student's changes was not taken, and why a
     capstone is refused, by name."""
     notes = []
@@ -159,8 +160,8 @@ def take_submission(a: Assignment, edition: Path, root: Path, whole: tuple[str, 
 def run_tests(a: Assignment, root: Path, how: How, work: Path | None = None) -> Grade:
     """`a`'s graded tests on the package in `root`; the report and output go to `work`."""
     report, log = (work or root) / "report.xml", (work or root) / "output.txt"
-    tests = root / "minivtc" / "course" / "graded" / f"test_{a.key}.py"
-    args = ["-q", "-p", "no:cacheprovider", f"--junitxml={report}", str(tests)]
+    tests = [root / "minivtc" / file for file in a.test_files]
+    args = ["-q", "-p", "no:cacheprovider", f"--junitxml={report}", *map(str, tests)]
     args += ["-o", "junit_family=xunit1"]  # xunit2 drops what the tests report (`reported`)
     args += ["-x"] * how.first_failure
     if how.forked:
@@ -171,7 +172,7 @@ def run_tests(a: Assignment, root: Path, how: How, work: Path | None = None) -> 
     if timed_out:
         return zero(a, f"timed out after {how.time_limit_s:g} s", output)
     try:
-        ran, failures = read_report(report, tests)
+        ran, failures = read_report(report, *tests)
         reported = read_reported(report)
     except (OSError, SyntaxError, AttributeError, TypeError, ValueError):
         return zero(a, "the tests did not run to the end", output)

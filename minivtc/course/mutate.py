@@ -22,7 +22,8 @@ import copy
 from dataclasses import dataclass
 
 from minivtc.course.assignments import Assignment
-from minivtc.course.edition import PACKAGE, find, first_line, is_docstring
+from minivtc.course.edition import PACKAGE
+from minivtc.course.surgery import find, first_line, is_docstring
 
 SWAPS: dict[type, type] = {
     ast.Add: ast.Sub,
@@ -162,10 +163,14 @@ def mutants(assignment: Assignment, limit: int = 40) -> list[Mutant]:
 def mutate(file: str, qualname: str, source: str, node: ast.FunctionDef, site: int) -> Mutant:
     mutator = Mutator(site)
     changed = mutator.visit(copy.deepcopy(node))
+    return Mutant(file, qualname, mutator.change, put_function(source, node, changed))
+
+
+def put_function(source: str, node: ast.FunctionDef, changed: ast.FunctionDef) -> str:
+    """`source` with the function at `node` written as `changed` (unparsed: its comments go,
+    which no test can see). The wrong solutions' edits (`edits.py`) are written back so too."""
     indent = " " * node.col_offset
     text = "".join(indent + line + "\n" for line in ast.unparse(changed).splitlines())
     lines = source.splitlines(keepends=True)
     start, end = first_line(node) - 1, node.end_lineno or 0
-    return Mutant(
-        file, qualname, mutator.change, "".join(lines[:start]) + text + "".join(lines[end:])
-    )
+    return "".join(lines[:start]) + text + "".join(lines[end:])

@@ -4,7 +4,7 @@ Owns the glue between a simulation (`sim.py`), the metrics (`metrics.py`) and th
 (`plots.py`): which files a run writes and what metrics.json holds; running the paper's
 experiments (`experiments.py` lists them) into REPORT.md, with the ones that are not "one
 workload, several schedulers" (`figures.py`, `fair_memory.py`, `prefix_caching.py`) and
-the validation against the artifact's measured A10G runs (and, `paper_figures.validate_a100`,
+the validation against the artifact's measured A10G runs (and, `validation.validate_a100`,
 its measured A100 runs of Figure 15). The command line calls it.
 """
 
@@ -26,7 +26,8 @@ from minivtc.harness.prefix_caching import prefix_caching
 from minivtc.harness.sim import progress_bar, simulate
 from minivtc.harness.summary import summarize
 from minivtc.harness.workloads import A10G_RUNS, WORKLOADS, TraceRequest, read_trace, workload
-from minivtc.paper.figures import fig12, fig13_14, fig15, validate_a100
+from minivtc.paper.figures import fig12, fig13_14, fig15
+from minivtc.paper.validation import validate_a100
 
 
 def simulate_to_dir(source: str, spec: EngineSpec, step_time: str, out: str | Path) -> dict:
@@ -91,7 +92,7 @@ def validate(out: Path) -> list[str]:
     600 s (clients with at least 5% of the largest one's; afterwards a backlog drains, and over
     all time every client's total is the same in both). Then the measured A100 runs of the
     ablation and the 65000-token ones its step time was not fitted to
-    (`paper_figures.validate_a100`)."""
+    (`validation.validate_a100`)."""
     runs_dir = A10G_RUNS
     index = json.loads((runs_dir / "index.json").read_text())
     lines = [

@@ -1,0 +1,127 @@
+"""Assignment a4, graded (1 of 3): who goes next, the pick and the lift (Lessons 5 and 11).
+
+Graded by mechanism (`assignments.A4_RUBRIC`): exact counters and dispatch orders against
+Algorithm 2 on small hand-built cases (a fair-looking policy that is not VTC keeps its counters
+within U, and only exact counters tell it apart): the pick (the smallest counter, ties to the
+client seen first, first in first out within a client) and the lift, both cases, with and
+without fair preemption. What each request is charged is `test_a4_charges.py`'s; the theorems
+on workloads, `test_a4_theorems.py`'s. Requests are moved as the engine moves them
+(`vtc_moves.py`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from minivtc.course.graded.vtc_moves import (
+    decode,
+    dispatch_next,
+    finish,
+    request,
+    with_fair_preemption,
+)
+from minivtc.fairness.vtc import VTC
+
+
+def test_ties_go_to_the_client_seen_first():
+    """Among waiting clients with equal counters, peek picks the one seen first."""
+    vtc = VTC()
+    for client in ("z", "a", "m"):
+        vtc.add(request(client, 5), 0.0)
+    order = [dispatch_next(vtc).client_id for _ in range(3)]
+    assert order == ["z", "a", "m"], (
+        f"equal counters, seen in the order z, a, m: picked {order} (VTC.peek: ties go to the "
+        "client seen first)"
+    )
+
+
+def test_each_client_s_requests_go_in_arrival_order():
+    """Within a client, peek offers the earliest waiting request, and dispatch takes it."""
+    vtc = VTC()
+    for i in range(3):
+        vtc.add(request("a", 5, name=f"a{i}"), 0.0)
+    vtc.add(request("b", 5, name="b0"), 0.0)
+    order = [dispatch_next(vtc).request_id for _ in range(4)]
+    assert order == ["a0", "b0", "a1", "a2"], (
+        f"a's requests a0, a1, a2 and b's b0 arrived in that order, equal sizes: dispatched "
+        f"{order}, not a0, b0, a1, a2 (Algorithm 2: the earliest request of the client with the "
+        "smallest counter; each client's queue is first in, first out)"
+    )
+
+
+def test_the_lift_never_lowers_a_counter_and_lifts_to_the_smallest_waiting():
+    """The lift raises a joining client to the smallest waiting counter, never lowers one."""
+    vtc = VTC()
+    ra, rb = request("a", 1), request("b", 1)
+    vtc.add(ra, 0.0)
+    vtc.add(rb, 0.0)
+    dispatch_next(vtc), dispatch_next(vtc)
+    decode(vtc, ra, 50)  # a: 1 + 100 (the counters are read, not assumed: a charging bug is
+    vtc.add(request("b", 1, name="b2"), 0.0)  # the charge lines', not the lift's)
+    a_before, floor = vtc.counters["a"], vtc.counters["b"]  # b waits alone
+    assert a_before > floor, (
+        f"a got 1 prompt and 50 output tokens, b 1 prompt token: counters a {a_before}, b "
+        f"{floor}; a's should be the larger (check the charges)"
+    )
+    vtc.add(request("a", 1, name="a2"), 0.0)  # a joins above the floor
+    assert vtc.counters["a"] == a_before, (
+        f"a joined with counter {a_before} while the smallest waiting counter was {floor}: the "
+        f"lift changed it to {vtc.counters['a']} (a lift is max(c_u, floor), it never lowers)"
+    )
+    vtc.add(request("c", 1), 0.0)  # new, at 0: lifted to the smallest waiting, b's
+    assert vtc.counters["c"] == floor, (
+        f"c joined while b ({floor}) and a ({a_before}) waited: lifted to {vtc.counters['c']}, "
+        f"not to the smallest waiting counter, {floor}"
+    )
+
+
+def test_a_client_joining_an_empty_queue_is_lifted_to_the_last_to_leave():
+    """A client joining an empty queue is lifted to the counter of the last client to leave
+    it."""
+    vtc = VTC()
+    vtc.add(request("a", 2, name="a1"), 0.0)
+    vtc.add(request("a", 2, name="a2"), 0.0)
+    dispatch_next(vtc), dispatch_next(vtc)  # a: 4, and the queue is empty
+    b = request("b", 2)
+    vtc.add(b, 0.0)  # lifted to a's 4
+    dispatch_next(vtc)  # b: 6, the last to leave
+    decode(vtc, b, 10)  # b: 26, above a's 4
+    last, other = vtc.counters["b"], vtc.counters["a"]
+    vtc.add(request("c", 2), 0.0)
+    assert vtc.counters["c"] == last, (
+        f"c joined an empty queue whose last client to leave was b (counter {last}; a, who left"
+        f" before, {other}): lifted to {vtc.counters['c']} (Algorithm 2: c_u <- max(c_u, c_l), "
+        "l the last to leave)"
+    )
+
+
+def test_with_fair_preemption_a_client_joining_an_empty_queue_is_lifted_near_those_that_ran():
+    """With fair preemption (gap 20), a client joining an empty queue is lifted to within the
+    gap of every client that ran since the queue emptied, not only to the last to leave."""
+    vtc = with_fair_preemption(VTC(), gap=20.0, pool_tokens=200)
+    f = request("F", 1, 60)
+    vtc.add(f, 0.0)
+    dispatch_next(vtc)  # F: 1; the queue is empty
+    decode(vtc, f, 1)  # F: 3
+    e = request("E", 1, 2)
+    vtc.add(e, 0.0)  # lifted to 3 (F, the last to leave and the only one that ran)
+    dispatch_next(vtc)  # E: 4, the last to leave
+    for n in range(30):  # F and E run while nobody waits; E finishes after its 2 tokens
+        running = [f, e] if n < 2 else [f]
+        for r in running:
+            r.output_ids.append(1)
+        vtc.on_decode(running)
+        if n == 1:
+            finish(vtc, e, "length")
+    expected = vtc.counters["F"] - 20.0
+    vtc.add(request("G", 1), 0.0)
+    assert vtc.counters["G"] == pytest.approx(expected), (
+        f"G joined an empty queue; E (counter {vtc.counters['E']}) left it last and F "
+        f"({vtc.counters['F']}) ran since: with fair preemption's gap 20 G is lifted to "
+        f"max(c_E, c_F - 20) = {expected}, got {vtc.counters['G']} (Algorithm 2's floor alone "
+        "lets G displace F at once and then take every dispatch: the lift with fair preemption "
+        "is the floor the engine set up, Lesson 11)"
+    )
+    assert vtc.counters["E"] == 8.0 and vtc.counters["F"] == 63.0, (
+        f"counters E {vtc.counters['E']}, F {vtc.counters['F']}: not E 8 (1 + lifted 3 + 2 "
+        "tokens) and F 63 (1 prompt + 31 tokens): check the charges"
+    )
