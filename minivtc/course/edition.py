@@ -25,8 +25,8 @@ REPOSITORY = PACKAGE.parent  # where weights/ and lessons/ are, in a checkout
 # student's functions into, by the grader's rules (`grade.test_edition`)
 RELEASED = Path("minivtc") / "course" / "released"
 # Not in the edition: the catalogue of wrong solutions (wrong.py, wrong_policies.py) quotes the
-# reference's bodies
-INSTRUCTOR_ONLY = ("__pycache__", "*.pyc", "wrong*.py", "check.py")
+# reference's bodies; the instructor's pages (instructor/) hold the problem sets' answers
+INSTRUCTOR_ONLY = ("__pycache__", "*.pyc", "wrong*.py", "check.py", "instructor")
 
 
 def release(out: str | Path) -> Path:
