@@ -40,7 +40,7 @@ from minivtc.engine.options import EngineOptions
 from minivtc.engine.preemption import Fair, Preemption, make_victim
 from minivtc.engine.text import Texts
 from minivtc.fairness.fairness_check import FairnessCheck
-from minivtc.fairness.scheduler import Scheduler
+from minivtc.fairness.scheduler import Scheduler, admission_round
 from minivtc.vocab.params import SamplingParams, stop_reason
 from minivtc.vocab.request import ClientTokens, Request, Status, StepOutput
 
@@ -88,6 +88,7 @@ class Engine:
         self.num_prompt_tokens = 0  # prompt tokens of the requests admitted (once each)
         self.num_cached_tokens = 0  # of which found in the prefix cache: prefill saved
         self.ids = itertools.count()
+        self.on_preempt: list[Callable[[Request], None]] = []  # observers, told before a preemption
 
     def add_request(
         self,
@@ -118,15 +119,10 @@ class Engine:
         return request
 
     def step(self) -> list[Request]:
-        """schedule -> grow -> run -> append -> charge -> retire. The requests that ran, each
-        with its new token; finished ones have a `finish_reason` (a server streams `output`).
-
-        The whole batch is charged, a request whose sampler failed included: `append` ended it
-        ("error") with no token, so a policy that charges the tokens a request holds (VTC's
-        `charge_outputs`) charges it nothing more; it is retired with the finished ones. A
-        step with nothing running returns [] once `grow` is done: no run, no charge, and no
-        `check`, which ends only a step that ran.
-        """
+        """schedule -> grow -> run -> append -> charge -> retire: the requests that ran, each
+        with its new token (a server streams `output`). One whose sampler failed is charged
+        with the batch (`append` gave it no token: nothing more to charge) and retired. With
+        nothing running: [] once `grow` is done, no run, no charge, no `check`."""
         self.schedule()  # Algorithm 2: admit waiting requests while they fit
         self.grow()  # blocks for the positions this step writes
         batch = list(self.running)
@@ -136,8 +132,7 @@ class Engine:
         for request, token in zip(batch, tokens, strict=True):
             self.append(request, token)  # detokenize; the stop rules
         self.charge(batch)  # the step's tokens to their clients
-        for request in batch:
-            # PERF: finish_reason, not `is_finished` (an Enum read per token): -3% instructions
+        for request in batch:  # PERF: finish_reason, not `is_finished` (an Enum read a token)
             if request.finish_reason is not None:
                 self.retire(request)  # its blocks back to the pool
         self.check()
@@ -180,41 +175,29 @@ class Engine:
         # Not peek(): a policy's peek may begin a turn (DRR), and asking must change nothing.
         return bool(self.running) or next(iter(self.scheduler.waiting()), None) is not None
 
-    def blocks_by_client(self) -> dict[str, int]:
-        """Per client, the KV blocks its live requests hold now (read only; a block that one
-        prefix shares among its requests counts once)."""
-        held: dict[str, set[int]] = {}
-        for request_id, table in self.allocator.block_tables.items():
-            if request_id in self.requests:
-                held.setdefault(self.requests[request_id].client_id, set()).update(table)
-        return {client: len(blocks) for client, blocks in held.items()}
-
     # --- the step's parts ------------------------------------------------------------------------
 
     def schedule(self) -> None:
-        """Algorithm 2's admission round: peek; make room or stop (never skip: Lemma 4.3's "a
-        dispatch raises the minimum by at most w_p L_input" would break); reserve; dispatch.
-        Every step (the artifact: `admit_every` steps after one that grew the batch)."""
+        """Algorithm 2's admission round (`admission_round`: peek; place or stop, never skip;
+        dispatch), every step (the artifact: `admit_every` steps after one that grew it)."""
         self.steps_since_admission += 1
         if self.running and self.steps_since_admission < self.options.admit_every:
             return
         before = len(self.running)
-        while (request := self.scheduler.peek()) is not None and self.make_room(request):
-            self.admit(request)  # running, its blocks reserved
-            self.scheduler.dispatch(request)  # out of Q; its prompt charged (unless readmitted)
-            if self.fairness is not None:
-                self.fairness.dispatched(request)
+        admission_round(self.scheduler, self.place, self.fairness and self.fairness.dispatched)
         if len(self.running) > before:
             self.steps_since_admission = 0
 
-    def make_room(self, request: Request) -> bool:
-        """Reserve `request`'s blocks if the batch has room and they fit; the fair victim may
-        displace running clients far ahead of it until they do. False: they do not fit."""
+    def place(self, request: Request) -> bool:
+        """Reserve `request`'s blocks if the batch has room and they fit (the fair victim may
+        displace running clients far ahead of it until they do), and admit it. False: they
+        do not fit."""
         while len(self.running) >= self.options.max_running or not self.admission.reserve(request):
             victim = self.victim.displace(request, self.running) if self.victim else None
             if victim is None:
                 return False
             self.preempt(victim)
+        self.admit(request)
         return True
 
     def admit(self, request: Request) -> None:
@@ -239,7 +222,10 @@ class Engine:
 
     def preempt(self, request: Request) -> None:
         """`request` leaves the batch and waits at the head of its client's queue with what it
-        keeps (`Preemption.keep`), uncharged: recomputing (or copying) is the server's cost."""
+        keeps (`Preemption.keep`), uncharged: recomputing (or copying) is the server's cost.
+        The `on_preempt` observers hear of it first (`backlog.watch_rejoining`)."""
+        for observer in self.on_preempt:
+            observer(request)
         self.running.remove(request)
         self.preemption.keep(request, self.runner)  # before its blocks are freed
         self.admission.release(request)
@@ -329,10 +315,10 @@ def build_fairness_check(engine: Engine) -> FairnessCheck:
 
 def forget_idle_clients(engine: Engine) -> dict[str, ClientTokens]:
     """Drop `engine`'s idle clients where the policy says no decision changes
-    (`Scheduler.forget`); return their token counts (a server sums them into its totals)."""
+    (`Ledger.forget`); return their token counts (a server sums them into its totals)."""
     busy = {r.client_id for r in engine.requests.values()}
-    idle = sorted((set(engine.client_tokens) | set(engine.scheduler.accounts())) - busy)
-    gone = engine.scheduler.forget(idle, engine.clock())
+    idle = sorted((set(engine.client_tokens) | set(engine.scheduler.ledger.accounts())) - busy)
+    gone = engine.scheduler.ledger.forget(idle, engine.clock())
     return {c: engine.client_tokens.pop(c, ClientTokens()) for c in gone}
 
 

@@ -116,7 +116,7 @@ class ServerStats:
         """Per client: the scheduler's counter and weight, tokens (a tenant's kept totals
         added), requests waiting and running, and the KV blocks its requests hold."""
         rows: dict[str, ClientRow] = {}
-        for client, (counter, weight) in engine.scheduler.accounts().items():
+        for client, (counter, weight) in engine.scheduler.ledger.accounts().items():
             rows[client] = ClientRow(counter, weight)
         for client, tokens in engine.client_tokens.items():
             row = rows.setdefault(client, ClientRow())
