@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from minivtc.engine.admission import make_admission
-from minivtc.engine.intake import RequestRejected, encode, validate
+from minivtc.engine.intake import RequestRejected, checked_params, encode
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
 from minivtc.engine.preemption import Fair, Preemption, make_victim
@@ -102,11 +102,10 @@ class Engine:
         """Queue a request, or raise `RequestRejected` and change nothing. `arrival_time`: now,
         or a trace's; `cache_salt`: a prefix cache shares blocks only within one salt."""
         prompt_ids = encode(prompt, self.tokenizer)
-        params = params.with_max_tokens(self.max_model_len - len(prompt_ids))  # None: the room
         request_id = request_id if request_id is not None else f"req-{next(self.ids)}"
         if request_id in self.requests:
             raise RequestRejected(f"request id {request_id!r} is already in use")
-        validate(prompt_ids, params, self.max_positions, self.max_model_len, self.allocator)
+        params = checked_params(prompt_ids, params, self.max_positions, self.allocator)
         arrival = self.clock() if arrival_time is None else arrival_time
         request = Request(request_id, client_id, prompt_ids, params, arrival, cache_salt=cache_salt)
         reason = self.scheduler.add(request, request.arrival_time)
@@ -157,20 +156,6 @@ class Engine:
         """What the last step gave `request` (`StepOutput.take`), for a server to stream."""
         return StepOutput.take(request)
 
-    def stats(self) -> EngineStats:
-        """What the engine has counted since it started (the simulator's result and the
-        server's snapshot take these as they are)."""
-        p = self.preemption
-        return EngineStats(
-            preemptions=self.num_preemptions,
-            recomputed_tokens=p.recomputed_tokens,
-            swapped_tokens=p.swapped_tokens,
-            prompt_tokens=self.num_prompt_tokens,
-            cached_tokens=self.num_cached_tokens,
-            host_tokens=p.host_tokens,
-            swap_tokens=p.swap_tokens if self.options.swaps else 0,
-        )
-
     def has_unfinished(self) -> bool:
         # Not peek(): a policy's peek may begin a turn (DRR), and asking must change nothing.
         return bool(self.running) or next(iter(self.scheduler.waiting()), None) is not None
@@ -189,9 +174,8 @@ class Engine:
             self.steps_since_admission = 0
 
     def place(self, request: Request) -> bool:
-        """Reserve `request`'s blocks if the batch has room and they fit (the fair victim may
-        displace running clients far ahead of it until they do), and admit it. False: they
-        do not fit."""
+        """Reserve `request`'s blocks and admit it, if the batch has room and they fit (the fair
+        victim may displace running clients far ahead of it until they do); False: they don't."""
         while len(self.running) >= self.options.max_running or not self.admission.reserve(request):
             victim = self.victim.displace(request, self.running) if self.victim else None
             if victim is None:
@@ -293,7 +277,7 @@ class Engine:
 
 @dataclass(frozen=True)
 class EngineStats:
-    """The engine's counters (`Engine.stats`)."""
+    """The engine's counters (`engine_stats`)."""
 
     preemptions: int  # requests preempted to make room (reservation "none")
     recomputed_tokens: int  # keys and values computed again after a preemption: waste
@@ -302,6 +286,21 @@ class EngineStats:
     cached_tokens: int  # of which the prefix cache held: prefill saved
     host_tokens: int  # preemption="swap": keys and values on the host now
     swap_tokens: int  # and how many it may hold (0: no swapping)
+
+
+def engine_stats(engine: Engine) -> EngineStats:
+    """What `engine` has counted since it started (the simulator's result and the server's
+    snapshot take these as they are)."""
+    p = engine.preemption
+    return EngineStats(
+        preemptions=engine.num_preemptions,
+        recomputed_tokens=p.recomputed_tokens,
+        swapped_tokens=p.swapped_tokens,
+        prompt_tokens=engine.num_prompt_tokens,
+        cached_tokens=engine.num_cached_tokens,
+        host_tokens=p.host_tokens,
+        swap_tokens=p.swap_tokens if engine.options.swaps else 0,
+    )
 
 
 def build_fairness_check(engine: Engine) -> FairnessCheck:

@@ -15,7 +15,7 @@ import bisect
 import time
 from dataclasses import asdict, dataclass, field
 
-from minivtc.engine.engine import Engine
+from minivtc.engine.engine import Engine, engine_stats
 from minivtc.serving.snapshot import OTHER, ClientRow, FirstTokens, Snapshot
 from minivtc.vocab.request import ClientTokens, Request
 
@@ -106,7 +106,7 @@ class ServerStats:
             forgotten=ClientRow(
                 None, 1.0, 0, 0, self.forgotten.input_tokens, self.forgotten.output_tokens
             ),
-            **asdict(engine.stats()),  # preemptions; prompt, cached, recomputed, swapped tokens
+            **asdict(engine_stats(engine)),  # preemptions; prompt, cached, recomputed, swapped
             tenants=tuple(self.tenants),
             first_tokens={c: f.copy() for c, f in self.first_tokens.items()},
             taken=time.monotonic(),
