@@ -227,7 +227,7 @@ class Engine:
             request.fail(token, self.clock())  # (retired with the step)
             return
         try:
-            # PERF: len(), not the num_tokens property, per token: -7% instructions (`bench sim`)
+            # PERF: len(), not the num_tokens property (a property read per token: bench README)
             prefilled = request.num_computed < len(request.prompt_ids)
             request.num_computed = len(request.prompt_ids) + len(request.output_ids)
             if prefilled and self.cache:  # its prompt's blocks are computed: the cache names them
