@@ -12,16 +12,16 @@ demand: preempting a victim when they run out). run is one forward pass, a token
 append detokenizes and applies the stop rules (`params.py`); charge is one scheduler call;
 retire gives finished requests' blocks back.
 
-Control flows down: the engine asks the scheduler, the admission policy, the victim and the
-pool; none of them calls back. The runner is the only part that touches tensors; `sim.py`
-replaces it with a step-time model and the clock with a virtual one, so a simulation runs this
-same code, policy and all. A fault in one request's own work (its sampler, its detokenizer)
-ends that request alone, with finish_reason "error"; a fault in shared work propagates, and
-whoever runs the engine must stop. Does not own: the policy (`scheduler.py`), whether blocks may
-be reserved (`admission.py`), blocks (`kv_pool.py`), whom to preempt and what a victim keeps
-(`preemption.py`), the fairness check (`fairness_check.py`), the checks before a request is
-queued (`intake.py`). After the class: the checks, and the server's housekeeping between
-steps (`forget_idle_clients`). Lesson 3.
+Control flows down: the engine asks the scheduler, the admission policy, the victim and the pool;
+none of them calls back (an observer in `on_preempt` is told, not asked). The runner is the only
+part that touches tensors; `sim.py` replaces it with a step-time model and the clock with a virtual
+one, so a simulation runs this same code, policy and all. A fault in one request's own work (its
+sampler, its detokenizer) ends that request alone, with finish_reason "error"; a fault in shared
+work propagates, and whoever runs the engine must stop. Does not own: the policy (`scheduler.py`),
+whether blocks may be reserved (`admission.py`), blocks (`kv_pool.py`), whom to preempt and what a
+victim keeps (`preemption.py`), the fairness check (`fairness_check.py`), the checks before a
+request is queued (`intake.py`). After the class: its reports (`engine_stats`, `blocks_by_client`),
+the checks, and the server's housekeeping between steps (`forget_idle_clients`). Lesson 3.
 """
 
 from __future__ import annotations
@@ -163,13 +163,13 @@ class Engine:
     # --- the step's parts ------------------------------------------------------------------------
 
     def schedule(self) -> None:
-        """Algorithm 2's admission round (`admission_round`: peek; place or stop, never skip;
-        dispatch), every step (the artifact: `admit_every` steps after one that grew it)."""
+        """Algorithm 2's admission round (`admission_round`), each step (`admit_every`: the
+        artifact's, only that many steps after one that grew the batch)."""
         self.steps_since_admission += 1
         if self.running and self.steps_since_admission < self.options.admit_every:
             return
-        before = len(self.running)
-        admission_round(self.scheduler, self.place, self.fairness and self.fairness.dispatched)
+        before, check = len(self.running), self.fairness
+        admission_round(self.scheduler, self.place, check.dispatched if check else None)
         if len(self.running) > before:
             self.steps_since_admission = 0
 
@@ -301,6 +301,16 @@ def engine_stats(engine: Engine) -> EngineStats:
         host_tokens=p.host_tokens,
         swap_tokens=p.swap_tokens if engine.options.swaps else 0,
     )
+
+
+def blocks_by_client(engine: Engine) -> dict[str, int]:
+    """Per client, the KV blocks its live requests hold now (read only; a block that one
+    prefix shares among its requests counts once)."""
+    held: dict[str, set[int]] = {}
+    for request_id, table in engine.allocator.block_tables.items():
+        if request_id in engine.requests:
+            held.setdefault(engine.requests[request_id].client_id, set()).update(table)
+    return {client: len(blocks) for client, blocks in held.items()}
 
 
 def build_fairness_check(engine: Engine) -> FairnessCheck:

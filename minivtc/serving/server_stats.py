@@ -15,7 +15,7 @@ import bisect
 import time
 from dataclasses import asdict, dataclass, field
 
-from minivtc.engine.engine import Engine, engine_stats
+from minivtc.engine.engine import Engine, blocks_by_client, engine_stats
 from minivtc.serving.snapshot import OTHER, ClientRow, FirstTokens, Snapshot
 from minivtc.vocab.request import ClientTokens, Request
 
@@ -129,6 +129,6 @@ class ServerStats:
             rows.setdefault(r.client_id, ClientRow()).waiting += 1
         for r in engine.running:
             rows.setdefault(r.client_id, ClientRow()).running += 1
-        for client, blocks in engine.blocks_by_client().items():
+        for client, blocks in blocks_by_client(engine).items():
             rows.setdefault(client, ClientRow()).blocks = blocks
         return rows
