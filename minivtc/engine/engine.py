@@ -169,11 +169,11 @@ class Engine:
         if self.running and self.steps_since_admission < self.options.admit_every:
             return
         before, check = len(self.running), self.fairness
-        admission_round(self.scheduler, self.place, check.dispatched if check else None)
+        admission_round(self.scheduler, self.make_room, check.dispatched if check else None)
         if len(self.running) > before:
             self.steps_since_admission = 0
 
-    def place(self, request: Request) -> bool:
+    def make_room(self, request: Request) -> bool:
         """Reserve `request`'s blocks and admit it, if the batch has room and they fit (the fair
         victim may displace running clients far ahead of it until they do); False: they don't."""
         while len(self.running) >= self.options.max_running or not self.admission.reserve(request):
