@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from minivtc.engine.admission import make_admission
-from minivtc.engine.intake import RequestRejected, checked_params, encode
+from minivtc.engine.intake import RequestRejected, checked_params, encode, max_model_len
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
 from minivtc.engine.preemption import Fair, Preemption, make_victim
@@ -72,8 +72,7 @@ class Engine:
         self.runner, self.allocator, self.scheduler = runner, allocator, scheduler
         self.max_positions, self.eos_id, self.options = max_positions, eos_id, options
         self.tokenizer, self.clock = tokenizer, clock
-        # vLLM's name: the most positions one request can hold (the context, or the pool)
-        self.max_model_len = min(max_positions, allocator.num_tokens)
+        self.max_model_len = max_model_len(max_positions, allocator)  # (`intake.py`)
         self.cache = allocator if allocator.caches_prefixes else None  # (None: no prefix cache)
         self.admission = make_admission(options.reservation, allocator)
         self.victim = make_victim(options, scheduler, allocator)  # (fair: sets the policy's gap)

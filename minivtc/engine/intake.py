@@ -60,10 +60,15 @@ def checked_params(
     """`params` for this prompt here: max_tokens None resolved to the room the context and the
     pool leave (the one place it is resolved), and the request refused if it can never run
     (`validate`). `Engine.add_request` and `LLM.generate`'s checks before queuing call it."""
-    max_model_len = min(max_positions, allocator.num_tokens)  # `Engine.max_model_len`
-    params = params.with_max_tokens(max_model_len - len(prompt_ids))
-    validate(prompt_ids, params, max_positions, max_model_len, allocator)
+    longest = max_model_len(max_positions, allocator)
+    params = params.with_max_tokens(longest - len(prompt_ids))
+    validate(prompt_ids, params, max_positions, longest, allocator)
     return params
+
+
+def max_model_len(max_positions: int, allocator: BlockAllocator) -> int:
+    """vLLM's name: the most positions one request can hold (the context, or the pool)."""
+    return min(max_positions, allocator.num_tokens)
 
 
 def validate(

@@ -1,7 +1,7 @@
 """Who runs next: the scheduler interface the engine calls, and the policies side by side.
 
 Owns the waiting queue and every policy's state. The engine asks; a scheduler never calls
-back (Algorithm 2's loop is `Engine.schedule`, Appendix C.1's hooks are these methods):
+back (Algorithm 2's loop is `admission_round`, Appendix C.1's hooks are these methods):
 
 1. `add(request, now)`     a request arrives; may reject it (a reason string, e.g. RPM);
 2. `peek()`                the request the policy would dispatch next, or None (Q is empty);
