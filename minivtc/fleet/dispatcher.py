@@ -109,6 +109,7 @@ class Dispatcher:
         return bound
 
     def dispatched(self, request: Request) -> None:
+        """`request` was just dispatched: its charge to the check, then Lemma 4.3's spread."""
         if self.fairness is not None:
             self.fairness.dispatched(request)
         self.check()
