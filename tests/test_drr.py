@@ -5,9 +5,9 @@ with this suite)."""
 from __future__ import annotations
 
 from minivtc.fairness.drr import DRR
+from minivtc.fairness.scheduler import admission_round
 from minivtc.vocab.params import SamplingParams
 from minivtc.vocab.request import Request
-from tests.test_scheduler import admission_round
 
 
 def request(rid: str, client: str, n_p: int = 10, n_q: int = 4) -> Request:
@@ -88,4 +88,4 @@ def test_abort_requeue_and_forget_keep_the_round_consistent():
     assert list(drr.waiting()) == [a0] and list(drr.active) == ["a"]
     drr.check_invariants()
     drr.remove(a0)
-    assert drr.forget(["a"], 0.0) == ["a"] and "a" not in drr.deficits
+    assert drr.ledger.forget(["a"], 0.0) == ["a"] and "a" not in drr.deficits

@@ -207,7 +207,7 @@ def test_snapshot_counts_waiting_and_running_per_client(make_loop):
     assert snap.clients.keys() == {"a", "b", "c"}
     for client, row in snap.clients.items():
         assert (row.waiting, row.running) == (waiting[client], running[client])
-        assert (row.counter, row.weight) == engine.scheduler.accounts()[client]
+        assert (row.counter, row.weight) == engine.scheduler.ledger.accounts()[client]
         tokens = engine.client_tokens.get(client)
         assert (row.input_tokens, row.output_tokens) == (
             (tokens.num_input, tokens.num_output) if tokens else (0, 0)

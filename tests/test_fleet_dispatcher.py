@@ -22,7 +22,7 @@ def request(i: int, client: str, prompt: int = 2, max_tokens: int = 2, prefix: i
 def fleet(*budgets: int, scheduler=None, route=None) -> Dispatcher:
     backends = [Backend(f"b{k}", b) for k, b in enumerate(budgets)]
     scheduler = scheduler or VTC()
-    return Dispatcher(scheduler, backends, route, check_fairness=scheduler.keeps_counters)
+    return Dispatcher(scheduler, backends, route, check_fairness=scheduler.ledger.keeps_counters)
 
 
 def test_a_request_is_bound_only_where_it_fits_and_the_round_stops_at_the_first_that_does_not():

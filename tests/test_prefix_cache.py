@@ -17,12 +17,12 @@ from minivtc.engine.factory import build_engine
 from minivtc.engine.generate import generate_plain
 from minivtc.engine.prefix_cache import PrefixCachingAllocator
 from minivtc.engine.sampler import SamplingParams
+from minivtc.fairness.scheduler import admission_round
 from minivtc.fairness.vtc import VTC
 from minivtc.harness.sim import simulate
 from minivtc.harness.workloads import TraceRequest
 from minivtc.vocab.request import Request
 from tests.test_engine import memory, run_to_end, tiny  # noqa: F401 (a fixture)
-from tests.test_scheduler import admission_round
 
 PREFIXES = [[7] * 24, [8] * 40, [7] * 16 + [9] * 16]  # the first and third share a block (of 8)
 

@@ -15,13 +15,6 @@ from minivtc.course.graded.driver import Arrival, bound_u, drive, max_gap
 from minivtc.fairness.scheduler import FCFS, RPM
 
 
-def admission_round(scheduler, fits=lambda r: True) -> None:
-    """The engine's admission round (`Engine.schedule`) without memory: dispatch the peeked
-    request while `fits` says it fits; stop at the first that does not."""
-    while (r := scheduler.peek()) is not None and fits(r):
-        scheduler.dispatch(r)
-
-
 def test_fcfs_gap_grows_without_bound():
     def gap(horizon):
         arrivals = [Arrival(t / 2, "A", 8, 8) for t in range(2 * horizon)]  # A sends 2x B's rate

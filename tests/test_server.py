@@ -215,6 +215,13 @@ BAD_INPUT = [  # (what, path, raw body, status, param)
     ("top_p = 0", "/v1/completions", {"prompt": "x", "top_p": 0}, 400, "top_p"),
     ("empty stop sequence", "/v1/completions", {"prompt": "x", "stop": [""]}, 400, "stop"),
     ("logprobs > 20", "/v1/completions", {"prompt": "x", "logprobs": 21}, 400, "logprobs"),
+    (
+        "min_tokens > max_tokens",
+        "/v1/completions",
+        {"prompt": "x", "max_tokens": 2, "min_tokens": 3},
+        400,
+        "min_tokens",
+    ),
     ("an image part", "/v1/chat/completions", IMAGE_CHAT, 400, "messages.0.content.0.type"),
     ("chat without messages", "/v1/chat/completions", {"messages": []}, 400, "messages"),
     (

@@ -450,7 +450,7 @@ def test_the_engine_loop_answers_every_command_even_as_it_dies():
 def test_forgetting_idle_clients_changes_no_decision():
     """The real trace under VTC (and under FCFS and RPM), once as it is and once with the
     engine forgetting every idle client it may after every step: the same requests, served at
-    the same times (the argument is in `VTC.forget`'s docstring)."""
+    the same times (the argument is in `VTCLedger.forget`'s docstring)."""
     from minivtc.engine.engine import Engine, forget_idle_clients
     from minivtc.harness.sim import simulate
     from minivtc.harness.workloads import workload

@@ -24,7 +24,7 @@ def vtc() -> LLM:
 
 
 def counter(llm: LLM, client: str = "default") -> float:
-    return llm.engine.scheduler.accounts()[client][0]
+    return llm.engine.scheduler.ledger.accounts()[client][0]
 
 
 def test_n_samples_are_charged_as_n_separate_requests():

@@ -135,11 +135,11 @@ def test_a_finished_request_refunds_an_over_prediction():
     a = request("a1", "a", n_prompt=10, n_out=20)
     queue.add_request(a)
     queue.pop_request()
-    assert policy.accounts()["a"][0] == W_P * 10 + W_Q * 20  # the prediction, at dispatch
+    assert policy.ledger.accounts()["a"][0] == W_P * 10 + W_Q * 20  # the prediction, at dispatch
     a.output_token_ids += [1, 2]
     queue.charge_outputs([a])
     queue.finish(a, "stop")
-    assert policy.accounts()["a"][0] == W_P * 10 + W_Q * 2
+    assert policy.ledger.accounts()["a"][0] == W_P * 10 + W_Q * 2
 
 
 def test_the_client_comes_from_extra_args_or_is_the_default():
@@ -183,7 +183,7 @@ def test_vtc_counters_stay_within_lemma_4_3s_u_and_service_within_2u():
     loop, queue = overload(make_scheduler("vtc"))
     assert queue.fairness is not None  # checked after every step, nothing preempted
     u = fairness_bound(16, 4 * 24)
-    counters = queue.policy.accounts()
+    counters = queue.policy.ledger.accounts()
     assert abs(counters["heavy"][0] - counters["light"][0]) <= u
     assert abs(loop.served["heavy"] - loop.served["light"]) <= 2 * u  # Theorem 4.4
 
@@ -222,7 +222,7 @@ def test_weights_come_from_a_file(tmp_path):
         queue.add_request(request(f"{client}1", client, n_prompt=10))
     queue.pop_request()
     queue.pop_request()
-    accounts = queue.policy.accounts()
+    accounts = queue.policy.ledger.accounts()
     assert accounts["gold"] == (W_P * 10 / 2, 2.0) and accounts["free"] == (W_P * 10, 1.0)
 
 
@@ -301,13 +301,13 @@ def charged_as_served(llm, outputs, before: float) -> None:
     queue = scheduler_of(llm).waiting
     assert isinstance(queue, PolicyQueue) and not queue.mirrors and not queue
     served = sum(W_P * len(o.prompt_token_ids) + W_Q * len(o.outputs[0].token_ids) for o in outputs)
-    assert queue.policy.accounts()[DEFAULT_CLIENT][0] - before == served
+    assert queue.policy.ledger.accounts()[DEFAULT_CLIENT][0] - before == served
 
 
 def counter_of(llm) -> float:
     from minivtc.vllm_plugin.overload import scheduler_of
 
-    return scheduler_of(llm).waiting.policy.accounts().get(DEFAULT_CLIENT, (0.0, 1.0))[0]
+    return scheduler_of(llm).waiting.policy.ledger.accounts().get(DEFAULT_CLIENT, (0.0, 1.0))[0]
 
 
 @pytest.mark.vllm

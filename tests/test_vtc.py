@@ -16,8 +16,8 @@ import re
 import pytest
 
 from minivtc.course.graded.driver import Arrival, drive
-from minivtc.engine.engine import Engine
 from minivtc.engine.sampler import SamplingParams
+from minivtc.fairness import scheduler as scheduler_module
 from minivtc.fairness import vtc as vtc_module
 from minivtc.fairness.artifact import ArtifactVTC
 from minivtc.fairness.cost import LinearCost, ProfiledCost
@@ -25,9 +25,9 @@ from minivtc.fairness.fairness_check import FairnessCheck
 from minivtc.fairness.least_counter import LeastCounter, LinearScan
 from minivtc.fairness.policies import make_scheduler
 from minivtc.fairness.predictors import MeanOfLast, MovingAverage, Oracle
+from minivtc.fairness.scheduler import admission_round
 from minivtc.fairness.vtc import VTC
 from minivtc.vocab.request import Request
-from tests.test_scheduler import admission_round
 
 W_P, W_Q = 1.0, 2.0  # the paper's weights
 CLIENTS = [f"c{i}" for i in range(5)]
@@ -86,7 +86,7 @@ def test_least_counter_picks_as_linear_scan_under_random_operations(seed):
         elif op == "remove" and waiting:
             vtc.remove(rng.choice(list(vtc.waiting())))
         elif op == "forget":
-            vtc.forget([c for c in vtc.counters if not vtc.queues[c]], 0.0)
+            vtc.ledger.forget([c for c in vtc.counters if not vtc.queues[c]], 0.0)
         agrees_with_linear_scan(vtc)
 
 
@@ -133,7 +133,7 @@ def test_a_forgotten_client_gets_a_fresh_heap_entry():
     assert vtc.least.least() == "y"
     old = [e for e in vtc.least.heap if e[3] == "x"]
     assert old, "the test needs a stale entry of x still in the heap"
-    assert vtc.forget(["x"], 0.0) == ["x"] and "x" not in vtc.least.versions
+    assert vtc.ledger.forget(["x"], 0.0) == ["x"] and "x" not in vtc.least.versions
     vtc.add(request("x2", "x"), 0.0)  # back at the floor, 5: its old key again
     live = [e for e in vtc.least.heap if e[3] == "x" and vtc.least.is_live(e[2], "x")]
     assert len(live) == 1 and live[0][2] > max(e[2] for e in old)
@@ -362,7 +362,7 @@ def test_forget_drops_only_an_idle_client_at_or_below_the_floor():
     vtc = VTC()
     clients = forget_setup(vtc)
     assert vtc.lift_floor() == 0.0 and vtc.counters["above"] == 10
-    assert vtc.forget(clients, 0.0) == ["gone"]
+    assert vtc.ledger.forget(clients, 0.0) == ["gone"]
     assert "gone" not in vtc.counters and "gone" not in vtc.queues
     assert vtc.first_seen["gone"] == 1  # its place among ties is kept
     assert {"above", "waiting", "last"} <= set(vtc.counters)
@@ -376,7 +376,7 @@ def test_forget_drops_only_an_idle_client_at_or_below_the_floor():
 def test_forget_drops_nothing_without_a_floor_that_never_falls(make):
     """LCF has no floor; a predictor's refunds can lower one; the artifact's empty Q has none."""
     vtc = make()
-    assert vtc.forget(forget_setup(vtc), 0.0) == []
+    assert vtc.ledger.forget(forget_setup(vtc), 0.0) == []
 
 
 def hook_run(vtc, plan, forgetful: bool) -> tuple[list[str], int]:
@@ -405,7 +405,7 @@ def hook_run(vtc, plan, forgetful: bool) -> tuple[list[str], int]:
             vtc.on_finish(r)
         if forgetful:
             busy = {r.client_id for r in running} | {r.client_id for r in vtc.waiting()}
-            forgotten += len(vtc.forget([c for c in vtc.counters if c not in busy], 0.0))
+            forgotten += len(vtc.ledger.forget([c for c in vtc.counters if c not in busy], 0.0))
     return order, forgotten
 
 
@@ -415,7 +415,7 @@ def hook_run(vtc, plan, forgetful: bool) -> tuple[list[str], int]:
     ids=["linear", "profiled", "weighted"],
 )
 def test_forgetting_idle_clients_changes_no_decision(make):
-    """VTC.forget's argument, checked: the same arrivals with and without forgetting give the
+    """VTCLedger.forget's argument, checked: the same arrivals with and without forgetting give the
     same dispatches, and every client still known has the same counter."""
     rng = random.Random(7)
     clients = [f"c{i}" for i in range(12)]
@@ -475,7 +475,7 @@ def algorithm_2_methods() -> list[str]:
 @pytest.mark.parametrize("name", algorithm_2_methods())
 def test_the_docstring_maps_algorithm_2_to_methods_that_exist(name):
     owner, _, attr = name.rpartition(".")
-    cls = {"": VTC, "LeastCounter": LeastCounter, "Engine": Engine}[owner]
+    cls = {"": VTC, "LeastCounter": LeastCounter, "scheduler": scheduler_module}[owner]
     assert callable(getattr(cls, attr, None)), f"{cls.__name__} has no method {attr}()"
 
 

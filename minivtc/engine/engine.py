@@ -12,16 +12,16 @@ demand: preempting a victim when they run out). run is one forward pass, a token
 append detokenizes and applies the stop rules (`params.py`); charge is one scheduler call;
 retire gives finished requests' blocks back.
 
-Control flows down: the engine asks the scheduler, the admission policy, the victim and the
-pool; none of them calls back. The runner is the only part that touches tensors; `sim.py`
-replaces it with a step-time model and the clock with a virtual one, so a simulation runs this
-same code, policy and all. A fault in one request's own work (its sampler, its detokenizer)
-ends that request alone, with finish_reason "error"; a fault in shared work propagates, and
-whoever runs the engine must stop. Does not own: the policy (`scheduler.py`), whether blocks may
-be reserved (`admission.py`), blocks (`kv_pool.py`), whom to preempt and what a victim keeps
-(`preemption.py`), the fairness check (`fairness_check.py`), the checks before a request is
-queued (`intake.py`). After the class: the checks, and the server's housekeeping between
-steps (`forget_idle_clients`). Lesson 3.
+Control flows down: the engine asks the scheduler, the admission policy, the victim and the pool;
+none of them calls back (an observer in `on_preempt` is told, not asked). The runner is the only
+part that touches tensors; `sim.py` replaces it with a step-time model and the clock with a virtual
+one, so a simulation runs this same code, policy and all. A fault in one request's own work (its
+sampler, its detokenizer) ends that request alone, with finish_reason "error"; a fault in shared
+work propagates, and whoever runs the engine must stop. Does not own: the policy (`scheduler.py`),
+whether blocks may be reserved (`admission.py`), blocks (`kv_pool.py`), whom to preempt and what a
+victim keeps (`preemption.py`), the fairness check (`fairness_check.py`), the checks before a
+request is queued (`intake.py`). After the class: its reports (`engine_stats`, `blocks_by_client`),
+the checks, and the server's housekeeping between steps (`forget_idle_clients`). Lesson 3.
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from minivtc.engine.admission import make_admission
-from minivtc.engine.intake import RequestRejected, encode, validate
+from minivtc.engine.intake import RequestRejected, checked_params, encode, max_model_len
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
 from minivtc.engine.preemption import Fair, Preemption, make_victim
 from minivtc.engine.text import Texts
 from minivtc.fairness.fairness_check import FairnessCheck
-from minivtc.fairness.scheduler import Scheduler
+from minivtc.fairness.scheduler import Scheduler, admission_round
 from minivtc.vocab.params import SamplingParams, stop_reason
 from minivtc.vocab.request import ClientTokens, Request, Status, StepOutput
 
@@ -72,8 +72,7 @@ class Engine:
         self.runner, self.allocator, self.scheduler = runner, allocator, scheduler
         self.max_positions, self.eos_id, self.options = max_positions, eos_id, options
         self.tokenizer, self.clock = tokenizer, clock
-        # vLLM's name: the most positions one request can hold (the context, or the pool)
-        self.max_model_len = min(max_positions, allocator.num_tokens)
+        self.max_model_len = max_model_len(max_positions, allocator)  # (`intake.py`)
         self.cache = allocator if allocator.caches_prefixes else None  # (None: no prefix cache)
         self.admission = make_admission(options.reservation, allocator)
         self.victim = make_victim(options, scheduler, allocator)  # (fair: sets the policy's gap)
@@ -88,6 +87,7 @@ class Engine:
         self.num_prompt_tokens = 0  # prompt tokens of the requests admitted (once each)
         self.num_cached_tokens = 0  # of which found in the prefix cache: prefill saved
         self.ids = itertools.count()
+        self.on_preempt: list[Callable[[Request], None]] = []  # observers, told before a preemption
 
     def add_request(
         self,
@@ -101,11 +101,10 @@ class Engine:
         """Queue a request, or raise `RequestRejected` and change nothing. `arrival_time`: now,
         or a trace's; `cache_salt`: a prefix cache shares blocks only within one salt."""
         prompt_ids = encode(prompt, self.tokenizer)
-        params = params.with_max_tokens(self.max_model_len - len(prompt_ids))  # None: the room
         request_id = request_id if request_id is not None else f"req-{next(self.ids)}"
         if request_id in self.requests:
             raise RequestRejected(f"request id {request_id!r} is already in use")
-        validate(prompt_ids, params, self.max_positions, self.max_model_len, self.allocator)
+        params = checked_params(prompt_ids, params, self.max_positions, self.allocator)
         arrival = self.clock() if arrival_time is None else arrival_time
         request = Request(request_id, client_id, prompt_ids, params, arrival, cache_salt=cache_salt)
         reason = self.scheduler.add(request, request.arrival_time)
@@ -118,15 +117,10 @@ class Engine:
         return request
 
     def step(self) -> list[Request]:
-        """schedule -> grow -> run -> append -> charge -> retire. The requests that ran, each
-        with its new token; finished ones have a `finish_reason` (a server streams `output`).
-
-        The whole batch is charged, a request whose sampler failed included: `append` ended it
-        ("error") with no token, so a policy that charges the tokens a request holds (VTC's
-        `charge_outputs`) charges it nothing more; it is retired with the finished ones. A
-        step with nothing running returns [] once `grow` is done: no run, no charge, and no
-        `check`, which ends only a step that ran.
-        """
+        """schedule -> grow -> run -> append -> charge -> retire: the requests that ran, each
+        with its new token (a server streams `output`). One whose sampler failed is charged
+        with the batch (`append` gave it no token: nothing more to charge) and retired. With
+        nothing running: [] once `grow` is done, no run, no charge, no `check`."""
         self.schedule()  # Algorithm 2: admit waiting requests while they fit
         self.grow()  # blocks for the positions this step writes
         batch = list(self.running)
@@ -136,8 +130,7 @@ class Engine:
         for request, token in zip(batch, tokens, strict=True):
             self.append(request, token)  # detokenize; the stop rules
         self.charge(batch)  # the step's tokens to their clients
-        for request in batch:
-            # PERF: finish_reason, not `is_finished` (an Enum read per token): -3% instructions
+        for request in batch:  # PERF: finish_reason, not `is_finished` (an Enum read a token)
             if request.finish_reason is not None:
                 self.retire(request)  # its blocks back to the pool
         self.check()
@@ -162,59 +155,32 @@ class Engine:
         """What the last step gave `request` (`StepOutput.take`), for a server to stream."""
         return StepOutput.take(request)
 
-    def stats(self) -> EngineStats:
-        """What the engine has counted since it started (the simulator's result and the
-        server's snapshot take these as they are)."""
-        p = self.preemption
-        return EngineStats(
-            preemptions=self.num_preemptions,
-            recomputed_tokens=p.recomputed_tokens,
-            swapped_tokens=p.swapped_tokens,
-            prompt_tokens=self.num_prompt_tokens,
-            cached_tokens=self.num_cached_tokens,
-            host_tokens=p.host_tokens,
-            swap_tokens=p.swap_tokens if self.options.swaps else 0,
-        )
-
     def has_unfinished(self) -> bool:
         # Not peek(): a policy's peek may begin a turn (DRR), and asking must change nothing.
         return bool(self.running) or next(iter(self.scheduler.waiting()), None) is not None
 
-    def blocks_by_client(self) -> dict[str, int]:
-        """Per client, the KV blocks its live requests hold now (read only; a block that one
-        prefix shares among its requests counts once)."""
-        held: dict[str, set[int]] = {}
-        for request_id, table in self.allocator.block_tables.items():
-            if request_id in self.requests:
-                held.setdefault(self.requests[request_id].client_id, set()).update(table)
-        return {client: len(blocks) for client, blocks in held.items()}
-
     # --- the step's parts ------------------------------------------------------------------------
 
     def schedule(self) -> None:
-        """Algorithm 2's admission round: peek; make room or stop (never skip: Lemma 4.3's "a
-        dispatch raises the minimum by at most w_p L_input" would break); reserve; dispatch.
-        Every step (the artifact: `admit_every` steps after one that grew the batch)."""
+        """Algorithm 2's admission round (`admission_round`), each step (`admit_every`: the
+        artifact's, only that many steps after one that grew the batch)."""
         self.steps_since_admission += 1
         if self.running and self.steps_since_admission < self.options.admit_every:
             return
-        before = len(self.running)
-        while (request := self.scheduler.peek()) is not None and self.make_room(request):
-            self.admit(request)  # running, its blocks reserved
-            self.scheduler.dispatch(request)  # out of Q; its prompt charged (unless readmitted)
-            if self.fairness is not None:
-                self.fairness.dispatched(request)
+        before, check = len(self.running), self.fairness
+        admission_round(self.scheduler, self.make_room, check.dispatched if check else None)
         if len(self.running) > before:
             self.steps_since_admission = 0
 
     def make_room(self, request: Request) -> bool:
-        """Reserve `request`'s blocks if the batch has room and they fit; the fair victim may
-        displace running clients far ahead of it until they do. False: they do not fit."""
+        """Reserve `request`'s blocks and admit it, if the batch has room and they fit (the fair
+        victim may displace running clients far ahead of it until they do); False: they don't."""
         while len(self.running) >= self.options.max_running or not self.admission.reserve(request):
             victim = self.victim.displace(request, self.running) if self.victim else None
             if victim is None:
                 return False
             self.preempt(victim)
+        self.admit(request)
         return True
 
     def admit(self, request: Request) -> None:
@@ -239,7 +205,10 @@ class Engine:
 
     def preempt(self, request: Request) -> None:
         """`request` leaves the batch and waits at the head of its client's queue with what it
-        keeps (`Preemption.keep`), uncharged: recomputing (or copying) is the server's cost."""
+        keeps (`Preemption.keep`), uncharged: recomputing (or copying) is the server's cost.
+        The `on_preempt` observers hear of it first (`backlog.watch_rejoining`)."""
+        for observer in self.on_preempt:
+            observer(request)
         self.running.remove(request)
         self.preemption.keep(request, self.runner)  # before its blocks are freed
         self.admission.release(request)
@@ -257,7 +226,7 @@ class Engine:
             request.fail(token, self.clock())  # (retired with the step)
             return
         try:
-            # PERF: len(), not the num_tokens property, per token: -7% instructions (`bench sim`)
+            # PERF: len(), not the num_tokens property (a property read per token: bench README)
             prefilled = request.num_computed < len(request.prompt_ids)
             request.num_computed = len(request.prompt_ids) + len(request.output_ids)
             if prefilled and self.cache:  # its prompt's blocks are computed: the cache names them
@@ -307,7 +276,7 @@ class Engine:
 
 @dataclass(frozen=True)
 class EngineStats:
-    """The engine's counters (`Engine.stats`)."""
+    """The engine's counters (`engine_stats`)."""
 
     preemptions: int  # requests preempted to make room (reservation "none")
     recomputed_tokens: int  # keys and values computed again after a preemption: waste
@@ -316,6 +285,31 @@ class EngineStats:
     cached_tokens: int  # of which the prefix cache held: prefill saved
     host_tokens: int  # preemption="swap": keys and values on the host now
     swap_tokens: int  # and how many it may hold (0: no swapping)
+
+
+def engine_stats(engine: Engine) -> EngineStats:
+    """What `engine` has counted since it started (the simulator's result and the server's
+    snapshot take these as they are)."""
+    p = engine.preemption
+    return EngineStats(
+        preemptions=engine.num_preemptions,
+        recomputed_tokens=p.recomputed_tokens,
+        swapped_tokens=p.swapped_tokens,
+        prompt_tokens=engine.num_prompt_tokens,
+        cached_tokens=engine.num_cached_tokens,
+        host_tokens=p.host_tokens,
+        swap_tokens=p.swap_tokens if engine.options.swaps else 0,
+    )
+
+
+def blocks_by_client(engine: Engine) -> dict[str, int]:
+    """Per client, the KV blocks its live requests hold now (read only; a block that one
+    prefix shares among its requests counts once)."""
+    held: dict[str, set[int]] = {}
+    for request_id, table in engine.allocator.block_tables.items():
+        if request_id in engine.requests:
+            held.setdefault(engine.requests[request_id].client_id, set()).update(table)
+    return {client: len(blocks) for client, blocks in held.items()}
 
 
 def build_fairness_check(engine: Engine) -> FairnessCheck:
@@ -329,10 +323,10 @@ def build_fairness_check(engine: Engine) -> FairnessCheck:
 
 def forget_idle_clients(engine: Engine) -> dict[str, ClientTokens]:
     """Drop `engine`'s idle clients where the policy says no decision changes
-    (`Scheduler.forget`); return their token counts (a server sums them into its totals)."""
+    (`Ledger.forget`); return their token counts (a server sums them into its totals)."""
     busy = {r.client_id for r in engine.requests.values()}
-    idle = sorted((set(engine.client_tokens) | set(engine.scheduler.accounts())) - busy)
-    gone = engine.scheduler.forget(idle, engine.clock())
+    idle = sorted((set(engine.client_tokens) | set(engine.scheduler.ledger.accounts())) - busy)
+    gone = engine.scheduler.ledger.forget(idle, engine.clock())
     return {c: engine.client_tokens.pop(c, ClientTokens()) for c in gone}
 
 

@@ -1,6 +1,6 @@
-"""The checks before a request is queued: its prompt as token ids, and whether it can ever run
-here. Owns `RequestRejected`, the one error `Engine.add_request` raises for a request it
-refuses (nothing else is disturbed); the server turns it into an HTTP error body.
+"""The checks before a request is queued: its prompt as token ids, its max_tokens resolved, and
+whether it can ever run here. Owns `RequestRejected`, the one error `Engine.add_request` raises for
+a request it refuses (nothing else is disturbed); the server turns it into an HTTP error body.
 """
 
 from __future__ import annotations
@@ -52,6 +52,23 @@ def check_ids(ids: list[int] | tuple[int, ...], vocab_size: int) -> None:
         raise RequestRejected(f"token ids must be ints, got {bad!r}", param="prompt")
     if ids and not (0 <= min(ids) and max(ids) < vocab_size):
         raise RequestRejected(f"token ids must be in [0, {vocab_size})", param="prompt")
+
+
+def checked_params(
+    prompt_ids: list[int], params: SamplingParams, max_positions: int, allocator: BlockAllocator
+) -> SamplingParams:
+    """`params` for this prompt here: max_tokens None resolved to the room the context and the
+    pool leave (the one place it is resolved), and the request refused if it can never run
+    (`validate`). `Engine.add_request` and `LLM.generate`'s checks before queuing call it."""
+    longest = max_model_len(max_positions, allocator)
+    params = params.with_max_tokens(longest - len(prompt_ids))
+    validate(prompt_ids, params, max_positions, longest, allocator)
+    return params
+
+
+def max_model_len(max_positions: int, allocator: BlockAllocator) -> int:
+    """vLLM's name: the most positions one request can hold (the context, or the pool)."""
+    return min(max_positions, allocator.num_tokens)
 
 
 def validate(

@@ -5,7 +5,7 @@ Owns `EngineOptions`. The command line (`minivtc serve`, `minivtc simulate`), `L
 combination of options ("victim without reservation 'none'", "a nan preempt_gap") is written
 once, here, with its message. No I/O, nothing derived from the pool, the model or the policy:
 what depends on them is refused where they meet (the default gap, w_q M / 4, is the policy's,
-`VTC.set_preempt_gap`; a gap too small for the pool's blocks, `preemption.refuse_thrashing`;
+`VTCLedger.set_preempt_gap`; a gap too small for the pool's blocks, `preemption.refuse_thrashing`;
 a bound the policy does not state, `fairness_check.py`).
 """
 

@@ -78,7 +78,7 @@ class Fair:
         return victim if above > self.gap else None
 
     def counters(self) -> dict[str, float]:
-        return {c: n or 0.0 for c, (n, _) in self.scheduler.accounts().items()}
+        return {c: n or 0.0 for c, (n, _) in self.scheduler.ledger.accounts().items()}
 
 
 def make_victim(
@@ -86,14 +86,15 @@ def make_victim(
 ) -> Latest | Fair | None:
     """The victim blocks on demand preempt (None with a reservation: it never preempts). The
     fair victim's gap: the options', else the policy's default (the policy adapts its lift:
-    `Scheduler.set_preempt_gap`)."""
+    `Ledger.set_preempt_gap`)."""
     if options.reservation != "none":
         return None
     if not options.fair_victim:
         return Latest()
     if options.preempt_gap is not None:
         refuse_thrashing(options.preempt_gap, scheduler, allocator.block_size)
-    return Fair(scheduler, scheduler.set_preempt_gap(options.preempt_gap, allocator.num_tokens))
+    gap = scheduler.ledger.set_preempt_gap(options.preempt_gap, allocator.num_tokens)
+    return Fair(scheduler, gap)
 
 
 def refuse_thrashing(gap: float, scheduler: Scheduler, block_size: int) -> None:
@@ -107,9 +108,9 @@ def refuse_thrashing(gap: float, scheduler: Scheduler, block_size: int) -> None:
     + w_q B is untouched: a smaller gap never lowers it below w_p L_input, so a gap under the
     longest prompt's charge buys no bound, only recomputation. A policy without counters
     (FCFS) displaces nothing, whatever the gap."""
-    if not scheduler.keeps_counters:
+    if not scheduler.ledger.keeps_counters:
         return
-    scale = 1.0 / min(min(scheduler.client_weights().values(), default=1.0), 1.0)
+    scale = 1.0 / min(min(scheduler.ledger.client_weights().values(), default=1.0), 1.0)
     least = weights_of(scheduler.cost)[1] * block_size * scale
     if gap < least:
         raise ValueError(

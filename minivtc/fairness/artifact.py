@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from minivtc.fairness.vtc import VTC
+from minivtc.fairness.vtc import VTC, VTCLedger
 from minivtc.vocab.request import Request
 
 
@@ -28,6 +28,7 @@ class ArtifactVTC(VTC):
         self.running: dict[str, Request] = {}  # admitted, not finished: the finish charge
         self.tokens_charged = 0  # output tokens charged so far: tells steps apart
         self.finish_charged_at = -1
+        self.ledger = ArtifactLedger(self)
 
     def lift_floor(self) -> float | None:
         client = self.least.least()  # no floor when Q is empty
@@ -53,5 +54,10 @@ class ArtifactVTC(VTC):
         self.running.pop(request.request_id, None)
         super().on_finish(request)
 
+
+class ArtifactLedger(VTCLedger):
+    """VTC's books, but a client is never forgotten: without the last-left lift an empty queue
+    has no floor, and a forgotten client would rejoin at 0, not where it was."""
+
     def forget(self, idle: list[str], now: float) -> list[str]:
-        return []  # without the last-left lift an empty queue has no floor
+        return []

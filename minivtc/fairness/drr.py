@@ -23,6 +23,7 @@ from collections import deque
 from collections.abc import Iterator
 
 from minivtc.fairness.cost import PAPER_COST, Cost
+from minivtc.fairness.ledger import Ledger
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.vocab.request import Request
 
@@ -40,6 +41,7 @@ class DRR(Scheduler):
         self.deficits: dict[str, float] = {}
         self.turn_begun = False  # has active[0] received this turn's quantum?
         self.charged: dict[str, tuple[int, float]] = {}  # request id -> (n_q, h(n_p, n_q))
+        self.ledger = DRRLedger(self)
 
     def add(self, request: Request, now: float) -> str | None:
         """Queue `request`; a client with nothing waiting joins the round, at its back, with
@@ -98,18 +100,8 @@ class DRR(Scheduler):
     def waiting(self) -> Iterator[Request]:
         return (r for q in self.queues.values() for r in q)
 
-    def accounts(self) -> dict[str, tuple[float | None, float]]:
-        return {c: (None, 1.0) for c in self.deficits}  # deficits are credit, not counters
-
-    def forget(self, idle: list[str], now: float) -> list[str]:
-        gone = [c for c in idle if not self.queues.get(c)]
-        for c in gone:  # idle past the forget horizon: its debt, if any, is forgiven
-            self.queues.pop(c, None)
-            self.deficits.pop(c, None)
-        return gone
-
     def gap_bound(self, u: float) -> float | None:
-        """The service-gap bound 2(U + Q) (see the module docstring)."""
+        """The service-gap bound 2(U + Q) (see the module docstring); its ledger reports it."""
         return 2 * (u + self.quantum)
 
     def check_invariants(self) -> None:
@@ -134,3 +126,24 @@ class DRR(Scheduler):
         if self.active and self.active[0] == client:
             self.turn_begun = False
         self.active.remove(client)
+
+
+class DRRLedger(Ledger):
+    """DRR's books: its clients (deficits are credit, not counters) and the bound it states."""
+
+    def __init__(self, drr: DRR) -> None:
+        self.drr = drr
+
+    def accounts(self) -> dict[str, tuple[float | None, float]]:
+        return {c: (None, 1.0) for c in self.drr.deficits}
+
+    def gap_bound(self, u: float) -> float | None:
+        return self.drr.gap_bound(u)  # the policy's own statement (a capstone states its own)
+
+    def forget(self, idle: list[str], now: float) -> list[str]:
+        drr = self.drr
+        gone = [c for c in idle if not drr.queues.get(c)]
+        for c in gone:  # idle past the forget horizon: its debt, if any, is forgiven
+            drr.queues.pop(c, None)
+            drr.deficits.pop(c, None)
+        return gone

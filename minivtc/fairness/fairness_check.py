@@ -19,7 +19,7 @@ decisions of a run without it. For the VTC family it asserts
   waiting counter.
 
 Counters are compared in counter units: divided by the smallest weight below 1. For another
-policy it reports the bound the policy states (`Scheduler.gap_bound`, e.g. DRR's 2(U + Q)).
+policy it reports the bound the policy states (`Ledger.gap_bound`, e.g. DRR's 2(U + Q)).
 What no stated bound covers is refused with its reason: a policy that states none, a cost h
 that states none, a length predictor's refunds, the artifact's peak check, blocks on demand
 with the latest victim. `BacklogWatch` (harness) measures the gap itself. Plain Python: no
@@ -57,31 +57,31 @@ class FairnessCheck:
         self.scheduler, self.preempt_gap = scheduler, preempt_gap
         w_p, w_q = weights_of(scheduler.cost)
         u = spread_bound(scheduler.cost, max_input, pool_tokens)
-        if u is None and (preempt_gap is None or not scheduler.keeps_counters):
+        if u is None and (preempt_gap is None or not scheduler.ledger.keeps_counters):
             raise ValueError(
                 f"check_fairness: no bound is stated for the cost h {scheduler.cost!r}: Lemma "
                 "4.3's U is proved for the linear h and the profiled one (`cost.spread_bound`)"
             )
         self.u = 0.0 if u is None else u  # (the preemptive bound is the run's own charges)
-        self.counted = scheduler.keeps_counters  # the VTC family: its spread is checked
+        self.counted = scheduler.ledger.keeps_counters  # the VTC family: its spread is checked
         self.bound = 2 * self.u  # (for another policy: what it states, `gap_bound`)
         self.dispatch_charge = 0.0  # the largest dispatch charge so far, in counter units
         self.step_charge = 0.0  # the largest one-step charge of a client so far
         self.step_gain: dict[str, float] = {}  # client -> its charge in the last step
         if not self.counted:
-            if scheduler.gap_bound(self.u) is None:
+            if scheduler.ledger.gap_bound(self.u) is None:
                 raise ValueError(
                     "check_fairness needs a policy that states a bound (the VTC family, DRR), "
                     f"not {scheduler.name}"
                 )
             return
-        if scheduler.refunds():
+        if scheduler.ledger.refunds():
             raise ValueError(
                 "check_fairness: no bound is stated with a length predictor: a prediction above "
                 "the length reached is refunded, lowering a counter after others were lifted to "
                 "it, and Lemma 4.3's U can fail (Lesson 8)"
             )
-        weights = scheduler.client_weights().values()
+        weights = scheduler.ledger.client_weights().values()
         self.scale = 1.0 / min(min(weights, default=1.0), 1.0)
         self.bound = self.u * self.scale  # Lemma 4.3's U in counter units
         if preempt_gap is not None:  # U_P with B = max_running
@@ -94,7 +94,7 @@ class FairnessCheck:
         4.4); with fair preemption 2 (max(gap, w_p L_input) + w_q b) with the run's own
         largest dispatch and one-step charges; another policy's stated bound."""
         if not self.counted:
-            return self.scheduler.gap_bound(self.u) or 0.0
+            return self.scheduler.ledger.gap_bound(self.u) or 0.0
         if self.preempt_gap is None:
             return 2 * self.bound
         return 2 * (max(self.preempt_gap, self.dispatch_charge) + self.step_charge)
@@ -103,7 +103,7 @@ class FairnessCheck:
         """`request`'s prompt was just charged: the largest dispatch charge so far (a request
         back from a preemption was charged at its first dispatch only)."""
         if self.counted and not request.num_preemptions:
-            charge = self.scheduler.dispatch_charge(request)
+            charge = self.scheduler.ledger.dispatch_charge(request)
             self.dispatch_charge = max(self.dispatch_charge, charge)
 
     @contextmanager
@@ -135,7 +135,7 @@ class FairnessCheck:
         the queue: a lift too low would widen it between steps, and the same step's
         dispatches could close it again, unseen). Returns the smallest waiting counter (None:
         not the VTC family, or Q empty)."""
-        waiting = self.scheduler.waiting_counters()
+        waiting = self.scheduler.ledger.waiting_counters()
         if not waiting:
             return None
         least, spread = min(waiting), max(waiting) - min(waiting)
@@ -152,7 +152,7 @@ class FairnessCheck:
         return least
 
     def counter(self, client: str) -> float:
-        counter = self.scheduler.counter(client)
+        counter = self.scheduler.ledger.counter(client)
         assert counter is not None, f"{client!r} ran without a counter"
         return counter
 

@@ -1,7 +1,7 @@
 """Who runs next: the scheduler interface the engine calls, and the policies side by side.
 
 Owns the waiting queue and every policy's state. The engine asks; a scheduler never calls
-back (Algorithm 2's loop is `Engine.schedule`, Appendix C.1's hooks are these methods):
+back (Algorithm 2's loop is `admission_round`, Appendix C.1's hooks are these methods):
 
 1. `add(request, now)`     a request arrives; may reject it (a reason string, e.g. RPM);
 2. `peek()`                the request the policy would dispatch next, or None (Q is empty);
@@ -13,13 +13,13 @@ back (Algorithm 2's loop is `Engine.schedule`, Appendix C.1's hooks are these me
    `requeue(request)`      a running request was preempted: it waits again, first of its client;
    `remove(request)`       a waiting request was aborted.
 
-What reports, checks and the gateway read or correct goes through the same interface, never
-through a policy's own fields: `counter`, `waiting_counters`, `client_weights`, `refunds`,
-`dispatch_charge` (the VTC family's books, read by `fairness_check.py`, the dashboard and the
-fair victim), `settle` and `unadmit` (the gateway's corrections, `fleet/dispatcher.py`).
+What reports, checks, the fair victim, the server and the gateway read or correct is not this
+interface's: it is the policy's books, `scheduler.ledger` (`ledger.py`), never a policy's own
+fields.
 
-The engine stops its admission round at the first peeked request that does not fit
-(head-of-line, as Algorithm 2 and the artifact's `break`), so a policy never has to undo a
+Algorithm 2's admission round is `admission_round`, written once for every caller (the engine,
+the fleet's dispatcher, the course's bench): it stops at the first peeked request that does not
+fit (head-of-line, as Algorithm 2 and the artifact's `break`), so a policy never has to undo a
 pick. A scheduler never sees tensors (importing this module imports no torch; a test checks
 it). The VTC family is `vtc.py`'s, DRR `drr.py`'s, the names on the command line
 `policies.py`'s. Does not own: KV blocks (`kv_pool.py`) or running requests (`engine.py`).
@@ -28,11 +28,11 @@ Lessons 3-5 teach it.
 
 from __future__ import annotations
 
-import math
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from minivtc.fairness.cost import PAPER_COST, Cost
+from minivtc.fairness.ledger import NO_BOOKS, Ledger
 from minivtc.vocab.request import Request
 
 
@@ -41,7 +41,7 @@ class Scheduler:
 
     name = "base"
     cost: Cost = PAPER_COST  # what its service is priced by (`cost.py`): the bound's w_p, w_q
-    keeps_counters = False  # the VTC family: a virtual counter per client (Lemma 4.3's spread)
+    ledger: Ledger = NO_BOOKS  # its books, for the layers that read them (`ledger.py`)
 
     def add(self, request: Request, now: float) -> str | None:
         raise NotImplementedError
@@ -78,62 +78,28 @@ class Scheduler:
     def check_invariants(self) -> None:
         pass
 
-    def accounts(self) -> dict[str, tuple[float | None, float]]:
-        """Per client the policy knows: (counter, weight); counter None for a policy without
-        one. What the server's fairness view shows."""
-        return {}
-
-    def forget(self, idle: list[str], now: float) -> list[str]:
-        """Of `idle` clients (nothing waiting or running), drop those whose state can no longer
-        change a decision, and return them: a server meets unboundedly many clients."""
-        return list(idle)  # no per-client state
-
-    def gap_bound(self, u: float) -> float | None:
-        """The service gap this policy promises two backlogged clients, given Lemma 4.3's U
-        for this run (`cost.fairness_bound`): the engine's check_fairness reports it. None:
-        the policy states no bound (FCFS, RPM)."""
-        return None
-
-    def set_preempt_gap(self, gap: float | None, pool_tokens: int) -> float:
-        """The engine will preempt running clients more than `gap` ahead of a waiting one
-        (blocks on demand, the fair victim); return the gap in effect (None: the policy's
-        default). A policy with counters adapts its lift (`vtc.py`); one without has no
-        client ahead of another, so nothing is displaced."""
-        return math.inf
-
-    def counter(self, client: str) -> float | None:
-        """`client`'s virtual counter (None: the policy keeps none, or never saw it)."""
-        return None
-
-    def waiting_counters(self) -> list[float]:
-        """The counters of the clients with a request in Q (Lemma 4.3 bounds their spread)."""
-        return []
-
-    def client_weights(self) -> dict[str, float]:
-        """The operator-set shares (Section 4.3), by client; {}: every client weighs 1."""
-        return {}
-
-    def refunds(self) -> bool:
-        """Whether a counter may fall (Algorithm 3 refunds an over-prediction): no bound on
-        the spread is then stated."""
-        return False
-
-    def dispatch_charge(self, request: Request) -> float:
-        """What `dispatch` charged for `request`, in counter units (0: nothing)."""
-        return 0.0
-
-    def settle(self, request: Request, num_prompt: int, num_output: int) -> None:
-        """A dispatched request's true size is known (a backend's final usage): correct what
-        was charged for it. A policy without counters has nothing to correct."""
-
-    def unadmit(self, request: Request) -> None:
-        """A dispatched request never ran (its backend gave it back): refund its dispatch and
-        requeue it, as if never dispatched."""
-        self.requeue(request)
-
     @property
     def num_waiting(self) -> int:
         return sum(1 for _ in self.waiting())
+
+
+def admission_round(
+    scheduler: Scheduler,
+    place: Callable[[Request], bool],
+    dispatched: Callable[[Request], None] | None = None,
+) -> Request | None:
+    """Algorithm 2's admission round: peek; `place` the request (reserve its memory; False: it
+    fits nowhere now) or stop, never skipping to one that would fit (Lemma 4.3's "a dispatch
+    raises the minimum by at most w_p L_input" would break); `dispatch` it, charging its
+    prompt now, before the next pick; then `dispatched` (a check's bookkeeping). Returns the
+    request the round stopped at (None: Q is empty)."""
+    while (request := scheduler.peek()) is not None:
+        if not place(request):
+            return request
+        scheduler.dispatch(request)  # out of Q; its prompt charged (unless readmitted)
+        if dispatched is not None:
+            dispatched(request)
+    return None
 
 
 class FCFS(Scheduler):
@@ -186,6 +152,7 @@ class RPM(FCFS):
         self.limit = limit
         self.name = f"rpm:{limit}"
         self.accepted: dict[str, deque[float]] = {}  # client -> arrival times in the window
+        self.ledger = RPMLedger(self.accepted, self.window_s)
 
     def add(self, request: Request, now: float) -> str | None:
         times = self.accepted.setdefault(request.client_id, deque())
@@ -198,6 +165,13 @@ class RPM(FCFS):
             )
         times.append(now)
         return super().add(request, now)
+
+
+class RPMLedger(Ledger):
+    """RPM's books: the accepted requests' times, per client (no counters)."""
+
+    def __init__(self, accepted: dict[str, deque[float]], window_s: float) -> None:
+        self.accepted, self.window_s = accepted, window_s
 
     def forget(self, idle: list[str], now: float) -> list[str]:
         """A client whose window holds no accepted request starts afresh either way."""

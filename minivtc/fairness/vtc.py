@@ -2,7 +2,9 @@
 
 Owns: `VTC` (Algorithm 2, weighted (Section 4.3), with length prediction (Algorithm 3), any
 cost h (Section 4.2)). The waiting client with the smallest counter is found by
-`least_counter.py`; the official artifact's counting is `artifact.py`'s. Lessons 5 and 8.
+`least_counter.py`; the official artifact's counting is `artifact.py`'s. What other layers read
+and correct (counters, accounts, the gateway's corrections) is `VTCLedger`'s, after the class:
+`VTC` is Algorithm 2 and nothing else. Lessons 5 and 8.
 
 Algorithm 2, line by line, and the method that does it:
 
@@ -14,10 +16,10 @@ Algorithm 2, line by line, and the method that does it:
               (with fair preemption, Q empty: FairLift's floor instead,     join_floor()
                within the gap of every client that ran while Q was empty)
         Q <- Q + r                                                          add()
-    each step, while requests may be admitted:                              Engine.schedule()
+    each step, while requests may be admitted:                    scheduler.admission_round()
         k <- the client in Q with the smallest c_k                          LeastCounter.least()
         r <- the earliest request of k in Q                                 peek()
-        if r does not fit in memory: stop admitting (never skip to another) Engine.schedule()
+        if r does not fit: stop admitting (never skip to another) scheduler.admission_round()
         c_k <- c_k + h(n_p(r), 0): the prompt, charged at dispatch          dispatch(r)
     after the forward pass: c_i <- c_i + the cost of i's new tokens         on_decode()
     requests that finished leave the batch                                  on_finish()
@@ -37,9 +39,9 @@ passes the prediction, and the over-prediction is refunded at the end (Algorithm
 A preempted request goes back to the head of its client's queue, nothing charged or refunded
 (`requeue`). Fair preemption's extension of the lift (the paper's Appendix C.3 asks for it;
 Lesson 11) is not Algorithm 2's and is not `VTC`'s: it is a strategy object the engine installs
-(`set_preempt_gap`), `FairLift` at the end of this file, which VTC consults when a client joins
-an empty Q and tells who ran meanwhile. The gateway's corrections (`settle`, `unadmit`) keep the
-lift's promise for refunds: a counter is never lowered below the smallest waiting one.
+(`VTCLedger.set_preempt_gap`), `fair_lift.FairLift`, which VTC consults when a client joins an
+empty Q and tells who ran meanwhile. The gateway's corrections (`VTCLedger.settle`, `unadmit`)
+keep the lift's promise for refunds: a counter is never lowered below the smallest waiting one.
 """
 
 from __future__ import annotations
@@ -48,7 +50,9 @@ from collections import deque
 from collections.abc import Iterator
 
 from minivtc.fairness.cost import PAPER_COST, Cost, cache_discount, check_cached_weight, weights_of
+from minivtc.fairness.fair_lift import FairLift
 from minivtc.fairness.least_counter import LeastCounter
+from minivtc.fairness.ledger import Ledger
 from minivtc.fairness.predictors import Predictor
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.vocab.request import Request
@@ -60,7 +64,6 @@ class VTC(Scheduler):
     `cached_weight`: w_c (`cost.cache_discount`). Ties go to the client seen first."""
 
     Least = LeastCounter  # the selection structure (`LinearScan` in the reference tests)
-    keeps_counters = True
 
     def __init__(
         self,
@@ -80,14 +83,12 @@ class VTC(Scheduler):
         self.least = self.Least(self.counters, self.first_seen, self.queues)
         self.last_left: str | None = None  # the last client whose queue emptied
         self.charged: dict[str, tuple[float, float]] = {}  # id -> (q, h(n_p, q)) charged for
-        self.fair_lift: FairLift | None = None  # fair preemption's strategy (`set_preempt_gap`)
+        self.fair_lift: FairLift | None = None  # fair preemption's (`VTCLedger.set_preempt_gap`)
+        self.ledger = VTCLedger(self)  # the books other layers read and correct
 
     def add(self, request: Request, now: float) -> str | None:
         client = request.client_id
-        if client not in self.counters:  # new, or forgotten (a forgotten counter was <= floor)
-            self.counters[client] = 0.0
-            self.first_seen.setdefault(client, len(self.first_seen))
-            self.queues[client] = deque()
+        self.meet(client)
         if self.queues[client]:
             self.queues[client].append(request)
         else:
@@ -103,15 +104,12 @@ class VTC(Scheduler):
         """Algorithm 2's c_k <- c_k + h(n_p, 0) (with a predictor h(n_p, predicted), Algorithm
         3; a cached prompt token at w_c), now: before the next pick, or the same client would
         stay the minimum and take the whole round. Back from a preemption: charged already,
-        nothing charged or recorded again.
-
-        The record, `charged[request_id] = (predicted, h(n_p, predicted))`, holds the
-        prediction (0.0 without a predictor; a fractional one is used as it is, never rounded)
-        and the cost h itself, not the charge after the cached tokens' discount:
-        `charge_outputs` and `on_finish` count from h. Then the request leaves its client's
-        queue, and if that queue is now empty the client becomes `last_left`, the floor of the
-        next client to join an empty Q (the lift; `remove` does the same).
-        """
+        nothing charged or recorded again. The record `charged[request_id] = (predicted,
+        h(n_p, predicted))` holds the prediction (0.0 without a predictor; a fractional one is
+        used as it is, never rounded) and h itself, not the charge after the cached tokens'
+        discount: `charge_outputs` and `on_finish` count from h. A client whose queue empties
+        becomes `last_left`, the floor of the next client to join an empty Q (the lift;
+        `remove` does the same)."""
         queue = self.queues[request.client_id]
         assert queue[0] is request, "dispatch takes the request peek offered"
         if not request.num_preemptions:
@@ -130,14 +128,12 @@ class VTC(Scheduler):
             self.fair_lift.ran(requests)
 
     def on_finish(self, request: Request) -> None:
-        """Refund output charged but never generated (Algorithm 3); teach the predictor.
-
-        A request whose prediction q exceeds its n_q output tokens is charged h(n_p, n_q) -
-        h(n_p, q), a negative amount, through `charge`, not `lower`: the refund is not stopped
-        at the smallest waiting counter, so it can break Lemma 4.3 (Lesson 8). A request never
-        dispatched has no record and gets nothing. The predictor observes every finished
-        request but an aborted one (`finish_reason == "abort"`).
-        """
+        """Refund output charged but never generated (Algorithm 3); teach the predictor. A
+        request whose prediction q exceeds its n_q output tokens is charged h(n_p, n_q) - h(n_p,
+        q), a negative amount, through `charge`, not the ledger's `lower`: the refund is not
+        stopped at the smallest waiting counter, so it can break Lemma 4.3 (Lesson 8). A request
+        never dispatched has no record and gets nothing. The predictor observes every finished
+        request but an aborted one (`finish_reason == "abort"`)."""
         q, service = self.charged.pop(request.request_id, (0.0, 0.0))
         if q > request.num_output:  # refund the over-prediction (Algorithm 3)
             now = self.cost(request.num_prompt, request.num_output)
@@ -162,63 +158,17 @@ class VTC(Scheduler):
     def waiting(self) -> Iterator[Request]:
         return (r for q in self.queues.values() for r in q)
 
-    def accounts(self) -> dict[str, tuple[float | None, float]]:
-        return {c: (n, self.weights.get(c, 1.0)) for c, n in self.counters.items()}
-
-    def counter(self, client: str) -> float | None:
-        return self.counters.get(client)
-
-    def waiting_counters(self) -> list[float]:
-        return [self.counters[c] for c, q in self.queues.items() if q]
-
-    def client_weights(self) -> dict[str, float]:
-        return dict(self.weights)
-
-    def refunds(self) -> bool:
-        return self.predictor is not None  # Algorithm 3 refunds an over-prediction
-
-    def dispatch_charge(self, request: Request) -> float:
-        """What `dispatch` charged `request`'s client, in counter units (0: none recorded)."""
-        _, service = self.charged.get(request.request_id, (0.0, 0.0))
-        return service / self.weights.get(request.client_id, 1.0)
-
-    def settle(self, request: Request, num_prompt: int, num_output: int) -> None:
-        """Charge `request` as h(num_prompt, num_output), what it truly cost, in place of what
-        was charged (an estimate); a correction downwards stops at the lift floor (`lower`).
-        Call before `on_finish`, with `request.output_ids` `num_output` long (else on_finish
-        refunds the difference, as for an over-prediction)."""
-        if request.request_id not in self.charged:
-            return
-        _, charged = self.charged[request.request_id]
-        actual = self.cost(num_prompt, num_output)
-        self.charged[request.request_id] = (float(num_output), actual)
-        self.lower(request.client_id, charged - actual)
-
-    def unadmit(self, request: Request) -> None:
-        """Refund what `dispatch` charged and requeue `request`: as if never dispatched (no
-        lower than the smallest waiting counter, as `lower`)."""
-        _, service = self.charged.pop(request.request_id, (0.0, 0.0))
-        floor = self.lift_floor() if self.least.least() is not None else None
-        self.charge(request.client_id, -service)
-        self.requeue(request)  # joining an empty Q lifts it to the floor itself
-        self.raise_to(request.client_id, floor)
-
     def check_invariants(self) -> None:
         self.least.check()  # Lemma 4.3 itself is checked by `fairness_check.FairnessCheck`
 
-    def gap_bound(self, u: float) -> float | None:
-        return 2 * u  # Theorem 4.4
-
-    def set_preempt_gap(self, gap: float | None, pool_tokens: int) -> float:
-        """Fair preemption (`FairLift`); default gap w_q M / 4, a quarter of Lemma 4.3's M."""
-        default = weights_of(self.cost)[1] * pool_tokens / 4
-        self.fair_lift = FairLift(default if gap is None else gap)
-        return self.fair_lift.gap
-
-    def forget(self, idle: list[str], now: float) -> list[str]:
-        return forget_below_floor(self, idle)
-
     # helpers
+
+    def meet(self, client: str) -> None:
+        """A client new, or forgotten (a forgotten counter was <= the floor): counter 0."""
+        if client not in self.counters:
+            self.counters[client] = 0.0
+            self.first_seen.setdefault(client, len(self.first_seen))
+            self.queues[client] = deque()
 
     def join(self, request: Request) -> None:
         """`request`'s client, with nothing waiting, joins Q with it: lifted, then selectable."""
@@ -255,24 +205,10 @@ class VTC(Scheduler):
         if amount < 0 and self.queues[client]:
             self.least.push(client)  # the live entry's key is now too high to be a lower bound
 
-    def lower(self, client: str, amount: float) -> None:
-        """Take `amount` of service off `client`'s counter (a negative amount adds it), but no
-        lower than the smallest waiting counter: a refund cannot let a client bank service it
-        never received below the others' level (the lift's reason; Lemma 4.3 holds)."""
-        floor = self.lift_floor() if self.least.least() is not None else None
-        self.charge(client, -amount)
-        self.raise_to(client, floor)
-
-    def raise_to(self, client: str, floor: float | None) -> None:
-        counter = self.counters[client]
-        if floor is not None and counter < floor:
-            self.charge(client, (floor - counter) * self.weights.get(client, 1.0))
-
     def charge_outputs(self, requests: list[Request]) -> None:
         """Each of `requests` got its n_q-th token: charge h(n_p, n_q) - h(n_p, q), q the tokens
         charged for so far (at first the prediction: nothing until n_q passes it)."""
-        # PERF: the simulator's hottest loop (once per token): one cost call per token, charge()
-        # inlined (no heap push), len() not properties: -8% instructions in `minivtc bench sim`.
+        # PERF: once per token, the simulator's hottest loop: charge() inlined, len() not properties
         charged, counters, weights, cost = self.charged, self.counters, self.weights, self.cost
         for request in requests:
             n_q = len(request.output_ids)
@@ -284,56 +220,108 @@ class VTC(Scheduler):
             counters[request.client_id] += (now - service) / weights.get(request.client_id, 1.0)
 
 
-def forget_below_floor(vtc: VTC, idle: list[str]) -> list[str]:
-    """`VTC.forget`: forget idle clients whose counter is at or below the lift floor F: no
-    decision changes. Kept, such a client rejoins at max(counter, F') where F' >= F is the
-    floor then (F never falls: charges raise counters, a joining client is lifted to F, a
-    leaving one leaves a larger minimum); forgotten, it rejoins at max(0, F') = F' -- the same
-    counter, and its place among ties (`first_seen`) is kept. Needs the lift (LCF has no
-    floor) and no refunds (Algorithm 3's refund lowers counters, so F could fall)."""
-    floor = vtc.lift_floor()
-    if not vtc.lift or vtc.predictor is not None or floor is None:
-        return []
-    counters, queues = vtc.counters, vtc.queues
-    gone = [
-        c
-        for c in idle
-        if c in counters and not queues[c] and c != vtc.last_left and counters[c] <= floor
-    ]
-    for c in gone:
-        del counters[c], queues[c]
-        vtc.least.forget(c)
-        if vtc.fair_lift is not None:
-            vtc.fair_lift.ran_since.discard(c)
-    return gone
+class VTCLedger(Ledger):
+    """VTC's books (`ledger.py`): its counters read, and corrected without breaking the lift's
+    promise, a counter never lowered below the smallest waiting one (Lemma 4.3 holds)."""
 
+    keeps_counters = True
 
-class FairLift:
-    """Fair preemption's lift (Lesson 11), the strategy `VTC.set_preempt_gap` installs for the
-    fair victim (`preemption.Fair`): not Algorithm 2's, so not `VTC`'s; VTC consults it when
-    a client joins an empty Q and tells it who ran meanwhile.
+    def __init__(self, vtc: VTC) -> None:
+        self.vtc = vtc
 
-    The engine displaces clients more than `gap` ahead of a waiting one, and a client joining
-    an empty Q is lifted to within `gap` of every client that ran (was charged) since Q
-    emptied. Those clients were served while nobody waited, and the last to leave Q may lie
-    far below them: a client lifted only that far would displace them at once and then take
-    every dispatch until it caught up with all they received meanwhile, a lead that only the
-    memory they held (M) would limit. The preemptive bound needs it limited by `gap`: the
-    waiting counters then stay within U_P = max(gap, w_p L_input) + w_q B
-    (`cost.preemptive_bound`, its proof and what B is).
-    """
+    def counter(self, client: str) -> float | None:
+        return self.vtc.counters.get(client)
 
-    def __init__(self, gap: float) -> None:
-        self.gap = gap
-        self.ran_since: set[str] = set()  # clients charged since Q emptied
+    def waiting_counters(self) -> list[float]:
+        return [self.vtc.counters[c] for c, q in self.vtc.queues.items() if q]
 
-    def ran(self, requests: list[Request]) -> None:
-        """A step charged `requests` while Q was empty."""
-        self.ran_since.update(r.client_id for r in requests)
+    def accounts(self) -> dict[str, tuple[float | None, float]]:
+        weights = self.vtc.weights
+        return {c: (n, weights.get(c, 1.0)) for c, n in self.vtc.counters.items()}
 
-    def floor(self, counters: dict[str, float], floor: float | None) -> float | None:
-        """`floor` (Algorithm 2's, Q empty), raised to within `gap` of those that ran."""
-        if not self.ran_since:
-            return floor
-        top = max(counters[c] for c in self.ran_since) - self.gap
-        return top if floor is None else max(floor, top)
+    def client_weights(self) -> dict[str, float]:
+        return dict(self.vtc.weights)
+
+    def refunds(self) -> bool:
+        return self.vtc.predictor is not None  # Algorithm 3 refunds an over-prediction
+
+    def dispatch_charge(self, request: Request) -> float:
+        """What `dispatch` charged `request`'s client, in counter units (0: none recorded)."""
+        _, service = self.vtc.charged.get(request.request_id, (0.0, 0.0))
+        return service / self.vtc.weights.get(request.client_id, 1.0)
+
+    def gap_bound(self, u: float) -> float | None:
+        return 2 * u  # Theorem 4.4
+
+    def settle(self, request: Request, num_prompt: int, num_output: int) -> None:
+        """Charge `request` as h(num_prompt, num_output), what it truly cost, in place of what
+        was charged (an estimate); a correction downwards stops at the lift floor (`lower`).
+        Call before `on_finish`, with `request.output_ids` `num_output` long (else on_finish
+        refunds the difference, as for an over-prediction)."""
+        charged = self.vtc.charged
+        if request.request_id not in charged:
+            return
+        _, before = charged[request.request_id]
+        actual = self.vtc.cost(num_prompt, num_output)
+        charged[request.request_id] = (float(num_output), actual)
+        self.lower(request.client_id, before - actual)
+
+    def unadmit(self, request: Request) -> None:
+        """Refund what `dispatch` charged, no lower than the smallest waiting counter (as
+        `lower`); the caller requeues it, as if never dispatched (joining an empty Q, it is
+        lifted to the floor then)."""
+        _, service = self.vtc.charged.pop(request.request_id, (0.0, 0.0))
+        self.lower(request.client_id, service)
+
+    def adopt(self, counters: dict[str, float]) -> None:
+        """Set the given clients' counters (a client not seen yet is met first). A counter that
+        fell gets a new heap entry, as a refund's does; one that rose needs none (the heap's
+        keys are lower bounds, re-keyed when they reach the top: `least_counter.py`)."""
+        vtc = self.vtc
+        for client, counter in counters.items():
+            vtc.meet(client)
+            fell = counter < vtc.counters[client]
+            vtc.counters[client] = counter
+            if fell and vtc.queues[client]:
+                vtc.least.push(client)
+
+    def forget(self, idle: list[str], now: float) -> list[str]:
+        """Forget idle clients whose counter is at or below the lift floor F: no decision
+        changes. Kept, such a client rejoins at max(counter, F') where F' >= F is the floor
+        then (F never falls: charges raise counters, a joining client is lifted to F, a
+        leaving one leaves a larger minimum); forgotten, it rejoins at max(0, F') = F' -- the
+        same counter, and its place among ties (`first_seen`) is kept. Needs the lift (LCF has
+        no floor) and no refunds (Algorithm 3's refund lowers counters, so F could fall)."""
+        vtc = self.vtc
+        floor = vtc.lift_floor()
+        if not vtc.lift or vtc.predictor is not None or floor is None:
+            return []
+        counters, queues = vtc.counters, vtc.queues
+        gone = [
+            c
+            for c in idle
+            if c in counters and not queues[c] and c != vtc.last_left and counters[c] <= floor
+        ]
+        for c in gone:
+            del counters[c], queues[c]
+            vtc.least.forget(c)
+            if vtc.fair_lift is not None:
+                vtc.fair_lift.ran_since.discard(c)
+        return gone
+
+    def set_preempt_gap(self, gap: float | None, pool_tokens: int) -> float:
+        """Fair preemption (`fair_lift.py`); default gap w_q M / 4, a quarter of Lemma 4.3's M."""
+        default = weights_of(self.vtc.cost)[1] * pool_tokens / 4
+        self.vtc.fair_lift = FairLift(default if gap is None else gap)
+        return self.vtc.fair_lift.gap
+
+    def lower(self, client: str, amount: float) -> None:
+        """Take `amount` of service off `client`'s counter (a negative amount adds it), but no
+        lower than the smallest waiting counter: a refund cannot let a client bank service it
+        never received below the others' level (the lift's reason; Lemma 4.3 holds)."""
+        vtc = self.vtc
+        floor = vtc.lift_floor() if vtc.least.least() is not None else None
+        vtc.charge(client, -amount)
+        counter = vtc.counters[client]
+        if floor is not None and counter < floor:
+            vtc.charge(client, (floor - counter) * vtc.weights.get(client, 1.0))

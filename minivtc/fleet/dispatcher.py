@@ -48,7 +48,7 @@ minivtc/fleet/README.md; Lesson 14.
 from __future__ import annotations
 
 from minivtc.fairness.fairness_check import FairnessCheck
-from minivtc.fairness.scheduler import Scheduler
+from minivtc.fairness.scheduler import Scheduler, admission_round
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.routing import LeastLoaded, Route
 from minivtc.vocab.request import Request
@@ -91,24 +91,30 @@ class Dispatcher:
         return reason
 
     def bind(self) -> list[tuple[Request, Backend]]:
-        """Algorithm 2's admission round over the fleet (the module docstring); returns what
-        was bound where, for the caller to send."""
-        bound = []
-        while (request := self.scheduler.peek()) is not None:
+        """Algorithm 2's admission round over the fleet (the module docstring, `admission_round`);
+        returns what was bound where, for the caller to send."""
+        bound: list[tuple[Request, Backend]] = []
+
+        def place(request: Request) -> bool:  # a backend with room, or the round stops
             backend = self.route.choose(request, self.room_for(request))
             if backend is None:
                 self.stuck, self.grown = request.request_id, set()
-                break  # head-of-line: never skip to a request that would fit
+                return False
             self.stuck = None
             backend.reserve(request)
-            self.scheduler.dispatch(request)  # out of Q; its prompt charged
             self.route.served(request, backend)
             self.where[request.request_id] = backend
-            if self.fairness is not None:
-                self.fairness.dispatched(request)
-            self.check()
             bound.append((request, backend))
+            return True
+
+        admission_round(self.scheduler, place, self.dispatched)
         return bound
+
+    def dispatched(self, request: Request) -> None:
+        """`request` was just dispatched: its charge to the check, then Lemma 4.3's spread."""
+        if self.fairness is not None:
+            self.fairness.dispatched(request)
+        self.check()
 
     def room_for(self, request: Request) -> list[Backend]:
         """The healthy backends where `request` fits, in the fleet's order (the routes' ties)."""
@@ -174,11 +180,12 @@ class Dispatcher:
 
     def settle(self, request: Request, num_prompt: int, num_output: int) -> None:
         """The backend's final `usage` corrects what was charged: a prompt the gateway
-        estimated with its own tokenizer, output counted from stream chunks (`VTC.settle`: a
+        estimated with its own tokenizer, output counted from stream chunks (`VTCLedger.settle`: a
         correction downwards stops at the smallest waiting counter). Call before
         `on_finish`, with `request.output_ids` as long as `num_output`."""
-        self.scheduler.settle(request, num_prompt, num_output)
+        self.scheduler.ledger.settle(request, num_prompt, num_output)
 
     def uncharge(self, request: Request) -> None:
         """Refund the prompt charged at dispatch and requeue: as if never dispatched."""
-        self.scheduler.unadmit(request)
+        self.scheduler.ledger.unadmit(request)
+        self.scheduler.requeue(request)

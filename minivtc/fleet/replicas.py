@@ -302,7 +302,7 @@ class Fleet:
         served = [s for s, _ in self.served]
         first = min((t.arrival_s for t in trace), default=0.0)
         policy = self.dispatcher.scheduler if self.dispatcher else None
-        counters = {c: n for c, (n, _) in policy.accounts().items()} if policy else {}
+        counters = {c: n for c, (n, _) in policy.ledger.accounts().items()} if policy else {}
         sim = SimResult(
             served=served,
             rejected=self.rejected,

@@ -286,7 +286,7 @@ def fleet_view(gateway: Gateway) -> dict:
             running[client] = running.get(client, 0) + 1
     clients = {
         c: {"counter": n, "weight": w, "waiting": waiting.get(c, 0), "running": running.get(c, 0)}
-        for c, (n, w) in d.scheduler.accounts().items()
+        for c, (n, w) in d.scheduler.ledger.accounts().items()
     }
     backends = [
         {

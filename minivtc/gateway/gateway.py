@@ -77,7 +77,7 @@ class Gateway:
         health_every_s: float = 1.0,
         route: Route | None = None,
     ) -> None:
-        checked = scheduler.keeps_counters  # Lemma 4.3 over the fleet, after every event
+        checked = scheduler.ledger.keeps_counters  # Lemma 4.3 over the fleet, after every event
         self.dispatcher = Dispatcher(scheduler, backends, route, check_fairness=checked)
         self.tokenizer, self.model_name, self.auth = tokenizer, model_name, auth
         self.prompt_limits = PromptLimits.of(self.dispatcher.largest, tokenizer)

@@ -25,7 +25,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from minivtc.engine.engine import Engine
+from minivtc.engine.engine import Engine, engine_stats
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
 from minivtc.engine.spec import EngineSpec
@@ -161,10 +161,10 @@ def simulate(
         total_time=max((s.end_s for s in served), default=first) - first,
         wall_s=time.perf_counter() - start,
         steps=steps,
-        counters={c: n for c, (n, _) in policy.accounts().items() if n is not None},
+        counters={c: n for c, (n, _) in policy.ledger.accounts().items() if n is not None},
         bound=engine.fairness.gap_bound() if engine.fairness else None,
         backlogged_gap=watch.worst if watch else None,
-        **asdict(engine.stats()),
+        **asdict(engine_stats(engine)),
     )
 
 

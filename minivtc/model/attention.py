@@ -62,7 +62,7 @@ def attend_group(
     """Paged attention for one group: gather each request's keys by block table, mask, SDPA."""
     r, n_q, n_heads, _ = q.shape
     _, _, n_kv, d = k_cache.shape
-    # index_select, not k_cache[block_tables]: the same gather, ~6x faster on CPU (measured).
+    # PERF: index_select, not k_cache[block_tables]: the same gather, faster on CPU (bench README)
     blocks = block_tables.flatten()  # (R*NB,)
     k = k_cache.index_select(0, blocks).view(r, -1, n_kv, d).transpose(1, 2)  # (R, K, L, D)
     v = v_cache.index_select(0, blocks).view(r, -1, n_kv, d).transpose(1, 2)  # (R, K, L, D)
@@ -72,8 +72,7 @@ def attend_group(
         # Decoding: the G query heads that share a KV head are G queries of that head, and
         # (R, 1, H, D) -> (R, K, G, D) is a view (query head h reads KV head h // G, as in
         # `transformers`' repeat_kv). PERF: enable_gqa copies each key and value G times on
-        # CPU; this reads them once. Bundled model's shape, 160 keys, 1 thread, CPU time per
-        # layer: 403 -> 186 us at batch 16, 1833 -> 950 us at batch 64 (same at batch 1).
+        # CPU; this reads them once (what it measured: minivtc/bench/README.md).
         out = F.scaled_dot_product_attention(q.view(r, n_kv, -1, d), k, v, attn_mask=mask)
         return out.reshape(r, 1, n_heads, d)  # (R, K, G, D) -> (R, Q, H, D)
     out = F.scaled_dot_product_attention(
@@ -111,8 +110,7 @@ class PagedAttention:
         self.groups = groups
         self.attend = attend
         # PERF: the mask is the same in every layer: made once per step, not once per layer
-        # (bundled model, 1 thread, CPU time of a decode step's attention: -0.09 / -0.27 /
-        # -0.63 ms at batch 1 / 16 / 64, about 1-3% of the step).
+        # (what it measured: minivtc/bench/README.md)
         block_size = k_cache.shape[2]
         self.masks = [
             visibility_mask(g.query_positions, g.block_tables.shape[1] * block_size, k_cache.dtype)

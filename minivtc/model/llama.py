@@ -71,9 +71,8 @@ class Llama(nn.Module):
 
         PERF: the table is made once (`rotary_cos_sin` of positions 0..max_positions-1, cast
         once), so a step looks up two rows instead of rebuilding them from the frequencies and
-        casting them in every layer; the values are the same ones. With the packed path's one
-        rotation for q and k and the unpadded groups' skipped gathers: 1.13x at bf16 batch 1
-        on the bundled model (interleaved before/after, `minivtc/bench/README.md`)."""
+        casting them in every layer; the values are the same ones (what it measured:
+        `minivtc/bench/README.md`)."""
         table = self._rotary
         if table is None or (table[0].device, table[0].dtype) != (positions.device, dtype):
             every = torch.arange(self.config.max_positions, device=positions.device)

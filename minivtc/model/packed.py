@@ -8,12 +8,11 @@ reference, and `tests/test_packed.py` compares the two.
 
 Why: on a CPU, `nn.Linear` in fp32 calls the BLAS PyTorch was built with (MKL), which takes the
 weight as it lies in memory and repacks panels of it on every call; oneDNN can pack a weight once
-and then stream it in the order its AVX-512 kernels consume. One product of a 2048 x 5632 weight,
-CPU time on one thread of this 2-core AMD EPYC, at 1 / 16 / 64 tokens: fp32 2.1 / 6.9 / 17.6 ms
-plain, 1.7 / 2.6 / 7.3 ms packed; bf16 1.2 / 1.8 / 4.2 ms plain, 0.5 / 1.2 / 3.6 ms packed.
-A call also costs some microseconds whatever its size, so the products that read the same input
-are made one: q, k and v, and gate and up (21 calls a step for the bundled model, not 36).
-`minivtc bench peer --minivtc-plain` measures the whole engine both ways.
+and then stream it in the order its AVX-512 kernels consume (one product, and the whole engine,
+measured both ways: `minivtc/bench/README.md`). A call also costs some microseconds whatever its
+size, so the products that read the same input are made one: q, k and v, and gate and up (21 calls a
+step for the bundled model, not 36). `minivtc bench peer --minivtc-plain` measures the whole engine
+both ways.
 
 The results differ from the plain path by float rounding only (the sums are taken in another
 order): about 1e-6 relative in fp32, so a greedy token whose two best logits are that close

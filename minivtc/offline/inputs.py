@@ -20,12 +20,12 @@ was. Lesson 3.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from minivtc.engine.engine import Engine
-from minivtc.engine.intake import encode, validate
-from minivtc.vocab.params import MAX_SEED, SamplingParams
+from minivtc.engine.intake import checked_params, encode
+from minivtc.vocab.params import SamplingParams
 
 PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}
 
@@ -53,8 +53,7 @@ def plan(
     samples = []
     for i, (prompt, p) in enumerate(zip(parsed, params, strict=True)):
         for k in range(p.n):
-            one = sample_params(p, k, engine.max_model_len - len(prompt.ids))
-            validate(prompt.ids, one, engine.max_positions, engine.max_model_len, engine.allocator)
+            one = checked_params(prompt.ids, p.sample(k), engine.max_positions, engine.allocator)
             samples.append(Sample(i, k, one))
     return parsed, params, samples
 
@@ -118,10 +117,3 @@ def params_list(sampling_params: Any, count: int, default: SamplingParams) -> li
         if all(isinstance(p, SamplingParams) for p in sampling_params):
             return list(sampling_params)
     raise ValueError("sampling_params must be a SamplingParams or a list of one per prompt")
-
-
-def sample_params(params: SamplingParams, k: int, room: int) -> SamplingParams:
-    """Sample k of a prompt's n: n=1, its own seed (seed + k), max_tokens None resolved."""
-    seed = None if params.seed is None else (params.seed + k) % (MAX_SEED + 1)
-    one = replace(params, n=1, seed=seed) if params.n != 1 or k else params
-    return one.with_max_tokens(room)

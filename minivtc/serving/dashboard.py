@@ -124,7 +124,7 @@ class Setup:
             "max_model_len": engine.max_model_len,
         }
         bound, name = spread_bound(engine)
-        weights = engine.scheduler.client_weights()
+        weights = engine.scheduler.ledger.client_weights()
         return cls(time.time(), engine.scheduler.name, options, weights, bound, name)
 
 
@@ -136,7 +136,7 @@ def fair_gap(engine: Engine) -> float | None:
 def spread_bound(engine: Engine) -> tuple[float | None, str]:
     """The ceiling the VTC family keeps the waiting counters under, as the engine's own
     check_fairness states it (`fairness_check.FairnessCheck`), or why there is none."""
-    if not engine.scheduler.keeps_counters:
+    if not engine.scheduler.ledger.keeps_counters:
         return None, f"{engine.scheduler.name} keeps no counters: there is no spread to bound"
     try:
         check = engine.fairness or build_fairness_check(engine)

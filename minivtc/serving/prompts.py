@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from minivtc.engine.intake import RequestRejected, check_ids
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.serving.openai_api import (
     MAX_N,
@@ -24,7 +25,7 @@ from minivtc.serving.openai_api import (
     parse_json,
     validate,
 )
-from minivtc.vocab.params import SamplingParams
+from minivtc.vocab.params import ParamError, SamplingParams
 
 # The most logprob entries one response may carry (completions x tokens x (top + 1)): ~70
 # bytes each in JSON, so ~5 MB
@@ -124,7 +125,10 @@ def completion_inputs(
     ids = []
     for p in prompts:
         if isinstance(p, list):
-            check_ids(tokenizer, p)
+            try:  # the engine's own check (`intake.check_ids`), before anything is queued
+                check_ids(p, tokenizer.vocab_size)
+            except RequestRejected as e:
+                raise APIError(400, e.reason, e.param) from None
             ids.append(p)
         else:
             check_length(limits, len(p), "prompt")
@@ -162,27 +166,25 @@ def check_fan_out(count: int) -> None:
         raise APIError(400, f"{count} completions in one request: at most {MAX_N}", "n")
 
 
-def check_ids(tokenizer: Tokenizer, prompt: list[int]) -> None:
-    vocab = tokenizer.vocab_size
-    if any(not 0 <= t < vocab for t in prompt):
-        raise APIError(400, f"prompt token ids must be in [0, {vocab})", "prompt")
-
-
-def sampling_params(body: Sampling, max_tokens: int, logprobs: int | None) -> SamplingParams:
-    """The body's sampling fields as `SamplingParams` (vLLM's meanings); a value they refuse is
-    a 400 naming it."""
+def sampling_params(
+    body: Sampling, max_tokens: int | None, logprobs: int | None, room: int = 1
+) -> SamplingParams:
+    """The body's sampling fields as `SamplingParams` (vLLM's meanings), max_tokens None
+    resolved to `room` (`SamplingParams.with_max_tokens`); a value they refuse
+    (`params.check_ranges`) is a 400 naming it."""
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if any(not s for s in stop):
         raise APIError(400, "stop sequences must be non-empty strings", "stop")
-    if body.min_tokens > max_tokens:
-        raise APIError(400, f"min_tokens must be <= max_tokens ({max_tokens})", "min_tokens")
     fields: tuple[str, ...] = ("temperature", "top_p", "top_k", "min_p", "seed", "ignore_eos", "n")
     fields += ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens")
     fields += ("skip_special_tokens", "include_stop_str_in_output")
-    return SamplingParams(
-        max_tokens=max_tokens,
-        stop=stop,
-        stop_token_ids=tuple(body.stop_token_ids or ()),
-        logprobs=logprobs,
-        **{name: getattr(body, name) for name in fields},
-    )
+    try:
+        return SamplingParams(
+            max_tokens=max_tokens,
+            stop=stop,
+            stop_token_ids=tuple(body.stop_token_ids or ()),
+            logprobs=logprobs,
+            **{name: getattr(body, name) for name in fields},
+        ).with_max_tokens(room)
+    except ParamError as e:
+        raise APIError(400, str(e), e.param) from None

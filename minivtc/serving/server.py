@@ -148,8 +148,8 @@ async def completions(http: Request):
     ids, echoes = await asyncio.to_thread(
         completion_inputs, state.prompt_limits, state.tokenizer, body
     )
-    params = sampling_params(body, body.max_tokens or 16, body.logprobs)
-    check_logprob_volume(len(ids) * params.n, body.max_tokens or 16, body.logprobs)
+    params = sampling_params(body, body.max_tokens or 16, body.logprobs)  # (OpenAI's default)
+    check_logprob_volume(len(ids) * params.n, params.limit, body.logprobs)
     state.in_flight.take(http.scope, caller.client, len(ids) * params.n)  # else 429
     return await respond(state, http, body, ids, params, caller, False, echoes)
 
@@ -167,13 +167,12 @@ async def chat_completions(http: Request):
         prompt_ids = await render(state, messages)
     except ValueError as e:  # (the template refused them)
         raise APIError(400, str(e), "messages") from None
-    room = state.prompt_limits.tokens - len(prompt_ids)
-    max_tokens = body.max_completion_tokens or body.max_tokens or max(room, 1)
+    room = state.prompt_limits.tokens - len(prompt_ids)  # (`Engine.max_model_len`'s)
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-    params = sampling_params(body, max_tokens, logprobs)
-    check_logprob_volume(params.n, max_tokens, logprobs)
+    params = sampling_params(body, body.max_completion_tokens or body.max_tokens, logprobs, room)
+    check_logprob_volume(params.n, params.limit, logprobs)
     state.in_flight.take(http.scope, caller.client, params.n)  # else 429
     return await respond(state, http, body, [prompt_ids], params, caller, True)
 

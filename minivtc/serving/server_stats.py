@@ -15,7 +15,7 @@ import bisect
 import time
 from dataclasses import asdict, dataclass, field
 
-from minivtc.engine.engine import Engine
+from minivtc.engine.engine import Engine, blocks_by_client, engine_stats
 from minivtc.serving.snapshot import OTHER, ClientRow, FirstTokens, Snapshot
 from minivtc.vocab.request import ClientTokens, Request
 
@@ -106,7 +106,7 @@ class ServerStats:
             forgotten=ClientRow(
                 None, 1.0, 0, 0, self.forgotten.input_tokens, self.forgotten.output_tokens
             ),
-            **asdict(engine.stats()),  # preemptions; prompt, cached, recomputed, swapped tokens
+            **asdict(engine_stats(engine)),  # preemptions; prompt, cached, recomputed, swapped
             tenants=tuple(self.tenants),
             first_tokens={c: f.copy() for c, f in self.first_tokens.items()},
             taken=time.monotonic(),
@@ -116,7 +116,7 @@ class ServerStats:
         """Per client: the scheduler's counter and weight, tokens (a tenant's kept totals
         added), requests waiting and running, and the KV blocks its requests hold."""
         rows: dict[str, ClientRow] = {}
-        for client, (counter, weight) in engine.scheduler.accounts().items():
+        for client, (counter, weight) in engine.scheduler.ledger.accounts().items():
             rows[client] = ClientRow(counter, weight)
         for client, tokens in engine.client_tokens.items():
             row = rows.setdefault(client, ClientRow())
@@ -129,6 +129,6 @@ class ServerStats:
             rows.setdefault(r.client_id, ClientRow()).waiting += 1
         for r in engine.running:
             rows.setdefault(r.client_id, ClientRow()).running += 1
-        for client, blocks in engine.blocks_by_client().items():
+        for client, blocks in blocks_by_client(engine).items():
             rows.setdefault(client, ClientRow()).blocks = blocks
         return rows

@@ -24,7 +24,6 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minivtc.engine.engine import RequestRejected
 from minivtc.model.tokenizer import Tokenizer
-from minivtc.offline.inputs import sample_params
 from minivtc.serving.api_keys import Caller
 from minivtc.serving.engine_loop import EngineLoop, Stream
 from minivtc.serving.logprob_format import chat_logprobs, completion_logprobs
@@ -97,7 +96,7 @@ async def queue_all(
     try:
         for i, ids in enumerate(prompts):
             for k in range(params.n):
-                one = sample_params(params, k, params.max_tokens or 1)
+                one = params.sample(k)  # (max_tokens resolved by the engine, `checked_params`)
                 index = i * params.n + k
                 rid = request_id if index == 0 else f"{request_id}-{index}"
                 stream = await loop.add(ids, one, caller.client, rid, caller.cache_salt)

@@ -186,7 +186,7 @@ def finish_run(llm: Any, policy: str, workload: Overload, clients, wall_s: float
     scheduler = scheduler_of(llm)
     queue = scheduler.waiting
     fair = isinstance(queue, PolicyQueue)  # FairScheduler's; vLLM's own FCFS deque else
-    accounts = queue.policy.accounts() if fair else {}
+    accounts = queue.policy.ledger.accounts() if fair else {}
     return OverloadRun(
         policy=policy,
         clients=clients,

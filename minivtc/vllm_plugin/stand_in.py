@@ -112,7 +112,7 @@ def run_overload(policy_name: str, chunk: int | None = None, steps: int = STEPS)
     `served` and the clients waiting after each step."""
     policy = make_scheduler(policy_name)
     queue = PolicyQueue(policy)
-    if policy.keeps_counters:
+    if policy.ledger.keeps_counters:
         queue.watch(FairnessCheck(policy, L_INPUT, POOL, MAX_RUNNING, "full", None))
     loop, history, waiting = Loop(queue, chunk=chunk), [], []
     for step in range(steps):

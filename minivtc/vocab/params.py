@@ -69,6 +69,12 @@ class SamplingParams:
         """These params with max_tokens None resolved to `room` (what the context leaves)."""
         return self if self.max_tokens is not None else replace(self, max_tokens=max(room, 1))
 
+    def sample(self, k: int) -> SamplingParams:
+        """Sample k of these params' n, as one request of its own: n=1 and, seeded, the seed
+        seed + k (vLLM's), so each sample differs and each run repeats."""
+        seed = None if self.seed is None else (self.seed + k) % (MAX_SEED + 1)
+        return replace(self, n=1, seed=seed) if self.n != 1 or k else self
+
     @property
     def penalized(self) -> bool:
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1)
@@ -128,30 +134,69 @@ def check_types(p: SamplingParams) -> None:
         raise ValueError(f"stop_token_ids must be token ids, got {list(p.stop_token_ids)}")
 
 
+class ParamError(ValueError):
+    """A sampling param out of its range (`check_ranges`); `param` names it, for a server's
+    400 (`prompts.sampling_params`)."""
+
+    def __init__(self, param: str, message: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
 def check_ranges(p: SamplingParams) -> None:
+    """Each field's range, and min_tokens <= max_tokens: the one place these are checked."""
     rules = [
-        (p.n >= 1, f"n must be >= 1, got {p.n}"),
-        (0 <= p.temperature and is_finite(p.temperature), "temperature must be >= 0 and finite"),
-        (0 < p.top_p <= 1, f"top_p must be in (0, 1], got {p.top_p}"),
-        (p.top_k >= -1, f"top_k must be -1 (off), 0 (off) or more, got {p.top_k}"),
-        (0 <= p.min_p <= 1, f"min_p must be in [0, 1], got {p.min_p}"),
-        (-2 <= p.presence_penalty <= 2, "presence_penalty must be in [-2, 2]"),
-        (-2 <= p.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
-        (0 < p.repetition_penalty and is_finite(p.repetition_penalty), "repetition_penalty > 0"),
-        (p.max_tokens is None or p.max_tokens >= 1, f"max_tokens must be >= 1, got {p.max_tokens}"),
-        (p.min_tokens >= 0, f"min_tokens must be >= 0, got {p.min_tokens}"),
-        (p.max_tokens is None or p.min_tokens <= p.max_tokens, "min_tokens must be <= max_tokens"),
-        (p.logprobs is None or 0 <= p.logprobs <= MAX_LOGPROBS, "logprobs must be in [0, 20]"),
-        (p.prompt_logprobs is None or 0 <= p.prompt_logprobs <= MAX_LOGPROBS, "prompt_logprobs"),
+        (p.n >= 1, "n", f"n must be >= 1, got {p.n}"),
+        (
+            0 <= p.temperature and is_finite(p.temperature),
+            "temperature",
+            "temperature must be >= 0 and finite",
+        ),
+        (0 < p.top_p <= 1, "top_p", f"top_p must be in (0, 1], got {p.top_p}"),
+        (p.top_k >= -1, "top_k", f"top_k must be -1 (off), 0 (off) or more, got {p.top_k}"),
+        (0 <= p.min_p <= 1, "min_p", f"min_p must be in [0, 1], got {p.min_p}"),
+        (-2 <= p.presence_penalty <= 2, "presence_penalty", "presence_penalty must be in [-2, 2]"),
+        (
+            -2 <= p.frequency_penalty <= 2,
+            "frequency_penalty",
+            "frequency_penalty must be in [-2, 2]",
+        ),
+        (
+            0 < p.repetition_penalty and is_finite(p.repetition_penalty),
+            "repetition_penalty",
+            "repetition_penalty > 0",
+        ),
+        (
+            p.max_tokens is None or p.max_tokens >= 1,
+            "max_tokens",
+            f"max_tokens must be >= 1, got {p.max_tokens}",
+        ),
+        (p.min_tokens >= 0, "min_tokens", f"min_tokens must be >= 0, got {p.min_tokens}"),
+        (
+            p.max_tokens is None or p.min_tokens <= p.max_tokens,
+            "min_tokens",
+            f"min_tokens must be <= max_tokens ({p.max_tokens})",
+        ),
+        (
+            p.logprobs is None or 0 <= p.logprobs <= MAX_LOGPROBS,
+            "logprobs",
+            "logprobs must be in [0, 20]",
+        ),
+        (
+            p.prompt_logprobs is None or 0 <= p.prompt_logprobs <= MAX_LOGPROBS,
+            "prompt_logprobs",
+            "prompt_logprobs",
+        ),
         # torch.Generator.manual_seed takes 64 bits; vLLM asks for the same range.
         (
             p.seed is None or 0 <= p.seed <= MAX_SEED,
+            "seed",
             f"seed must be in [0, 2**63 - 1], got {p.seed}",
         ),
     ]
-    for ok, message in rules:
+    for ok, param, message in rules:
         if not ok:
-            raise ValueError(message)
+            raise ParamError(param, message)
 
 
 def context_error(num_prompt: int, max_tokens: int, max_positions: int) -> str | None:

@@ -132,7 +132,7 @@ def test_theorem_4_8_the_bound_is_tight_within_2x():
             "construction, where no work-conserving policy can do better: could be a charge "
             "counted twice or the pick serving G before it arrived"
         )
-        if policy.keeps_counters:
+        if policy.ledger.keeps_counters:
             # so VTC's 2U is within 2x of what any such policy must allow
             assert gap <= 2 * u, (
                 f"VTC's service gap {gap} > 2U = {2 * u} on Theorem 4.8's construction, first "

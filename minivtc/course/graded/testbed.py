@@ -32,7 +32,7 @@ from collections.abc import Callable
 
 from minivtc.course.graded.driver import W_P, W_Q, Arrival, Step
 from minivtc.fairness.fairness_check import FairnessCheck
-from minivtc.fairness.scheduler import Scheduler
+from minivtc.fairness.scheduler import Scheduler, admission_round
 from minivtc.vocab.params import SamplingParams
 from minivtc.vocab.request import Request, Status
 
@@ -92,17 +92,10 @@ class Bench:
 
     def step(self) -> list[Request]:
         """Admit while the peeked request fits; one token each; charge; release the finished."""
-        while (r := self.scheduler.peek()) is not None and self.fits(r):
-            self.free -= r.max_num_tokens
-            r.status, r.admitted_time = Status.RUNNING, self.clock
-            self.running.append(r)
-            self.waiting_ids.discard(r.request_id)
-            self.queued[r.client_id] -= 1
-            self.tokens.setdefault(r.client_id, [0, 0])[0] += r.num_prompt
-            self.scheduler.dispatch(r)
-            if self.check is not None:
-                self.check.dispatched(r)
-        self.unoffered += r is None and bool(self.waiting_ids)
+        stopped = admission_round(
+            self.scheduler, self.admit, self.check.dispatched if self.check else None
+        )
+        self.unoffered += stopped is None and bool(self.waiting_ids)
         if not self.running:
             return []  # nothing to serve: the time does not move
         batch = list(self.running)
@@ -124,8 +117,17 @@ class Bench:
             self.check.check()
         return batch
 
-    def fits(self, request: Request) -> bool:
-        return len(self.running) < self.max_running and request.max_num_tokens <= self.free
+    def admit(self, r: Request) -> bool:
+        """Reserve prompt + max_tokens and run `r`, if the batch and the pool have room."""
+        if len(self.running) >= self.max_running or r.max_num_tokens > self.free:
+            return False
+        self.free -= r.max_num_tokens
+        r.status, r.admitted_time = Status.RUNNING, self.clock
+        self.running.append(r)
+        self.waiting_ids.discard(r.request_id)
+        self.queued[r.client_id] -= 1
+        self.tokens.setdefault(r.client_id, [0, 0])[0] += r.num_prompt
+        return True
 
     def finish(self, request: Request, reason: str) -> None:
         request.end(Status.FINISHED, reason, self.clock)
