@@ -78,7 +78,7 @@ def run(policy, arrivals: list[Arrival], m: int, reservation: str = "full") -> f
             continue
         engine.step()
         check.check()
-        waiting = policy.waiting_counters()
+        waiting = policy.ledger.waiting_counters()
         widest = max(widest, max(waiting) - min(waiting)) if waiting else widest
     return widest
 
