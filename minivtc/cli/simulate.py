@@ -55,9 +55,9 @@ def add_memory_options(p, default: str) -> None:
         "--reservation",
         choices=["full", "peak", "none"],
         default=default,
-        help="KV admission: 'full' reserves prompt + max_tokens (the paper's model), 'peak' "
-        "the artifact's peak check, 'none' allocates blocks on demand and preempts a --victim "
-        f"when they run out (default {default})",
+        help="KV admission: 'full' reserves prompt + max_tokens (Lemma 4.3's proof condition), "
+        "'peak' the artifact's peak check, 'none' allocates blocks on demand and preempts a "
+        f"--victim when they run out (default {default})",
     )
     p.add_argument(
         "--victim",

@@ -2,8 +2,9 @@
 
 Owns the checks the engine can make, each a small policy object over the block allocator:
 
-- `FullReservation` (the paper's model): reserve a request's whole length, prompt +
-  max_tokens, when it is admitted. Decode can then never run out of blocks, and the M of
+- `FullReservation` (the course's condition for Lemma 4.3's proof; the paper admits a request
+  "if it fits in memory"): reserve a request's whole length, prompt + max_tokens, when it is
+  admitted. Decode can then never run out of blocks, and the M of
   Lemma 4.3 and Theorem 4.4 is the pool's size. Most of a generous reservation is never used.
 - `PeakReservation` (the official artifact's check; lessons/artifact_deviations.md): admit if
   the pool's *peak* fits, with every running request growing to its max_tokens in order of

@@ -22,7 +22,7 @@ PREEMPTIONS = ("recompute", "swap")
 class EngineOptions:
     """How the engine admits, preempts and checks (Lessons 3 and 10).
 
-    - `reservation`: "full" reserves prompt + max_tokens at admission (the paper's model),
+    - `reservation`: "full" reserves prompt + max_tokens at admission (Lemma 4.3's proof condition),
       "peak" admits if the batch's peak fits (the artifact's check), "none" allocates blocks
       on demand and preempts a `victim` when they run out (`admission.py`);
     - `victim` (reservation "none"; default "latest", vLLM's): "fair" preempts the client

@@ -8,13 +8,13 @@ charge as it comes, and a deficit may go negative (a debt, paid by waiting turns
 that rejoins has no credit, as VTC's lift keeps a returning client from banking service. The
 method docstrings say the rest.
 
-Its bound: two clients backlogged over an interval receive service within 2(U + Q) of each
-other (`gap_bound`; U = max(w_p L_input, w_q M) as for VTC). Over whole rounds both receive Q
-per round; within a round a client can be ahead by its quantum, one dispatch's overshoot (at
-most w_p L_input) and the decode charges its running requests build up while the other waits
-for memory (at most w_q M). As Q shrinks below one token's cost, DRR tends to VTC (Appendix
-C.2). In the coursework it is one answer to the capstone (`course/capstone.py`: a fair policy
-of the student's own), kept in the instructor's edition only. Plain Python: no tensors.
+Its bound: two clients backlogged over an interval receive service within 2(U + Q) of each other
+(`gap_bound`; U is Lemma 4.3's, as for VTC: `cost.fairness_bound`). Over whole rounds both
+receive Q per round; within a round a client can be ahead by its quantum, one dispatch's
+overshoot (at most w_p L_input) and the decode charges its running requests build up while the
+other waits for memory (at most w_q M). As Q shrinks below one token's cost, DRR tends to VTC
+(Appendix C.2). In the coursework it is one answer to the capstone (`course/capstone.py`: a fair
+policy of the student's own), kept in the instructor's edition only. Plain Python: no tensors.
 """
 
 from __future__ import annotations

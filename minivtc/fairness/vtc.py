@@ -25,11 +25,15 @@ Algorithm 2, line by line, and the method that does it:
     requests that finished leave the batch                                  on_finish()
 
 The counter is the service a client has received (divided by its weight) *plus its lifts*: a
-client back from idle is raised to the others' level, so it cannot bank idle time. With
-U = max(w_p L_input, w_q M) (`cost.fairness_bound`), the waiting clients' counters stay within
-U of each other (Lemma 4.3), so two clients backlogged over an interval receive service within
-2U of each other (Theorem 4.4); the engine's check_fairness asserts Lemma 4.3 after every step
-(`fairness_check.py`). `VTC(lift=False)` is LCF, the paper's broken baseline.
+client back from idle is raised to the others' level, so it cannot bank idle time. With full
+reservation (the course's proof condition, not the paper's model) and no refunds, the waiting
+clients' counters stay within U of each other (Lemma 4.3), U the bound the cost h states
+(`cost.spread_bound`): for the linear h, U = max(w_p L_input, w_q M) when w_p <= w_q (the
+paper's) and max(w_p L_input, w_q M + (w_p - w_q) min(L_input, M)) when w_p > w_q (ours;
+`cost.fairness_bound`, with the proof); the profiled h's is ours too. So two clients
+backlogged over an interval receive service within 2U of each other (Theorem 4.4); the
+engine's check_fairness asserts Lemma 4.3 after every step and refuses what no stated bound
+covers (`fairness_check.py`). `VTC(lift=False)` is LCF, the paper's broken baseline.
 
 The general cost's rule: a request with n_p prompt tokens that has n_q output tokens has
 received h(n_p, n_q), so its n_q-th token is charged h(n_p, n_q) - h(n_p, n_q - 1) (w_q for the

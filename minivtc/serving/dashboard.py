@@ -144,7 +144,7 @@ def spread_bound(engine: Engine) -> tuple[float | None, str]:
         return None, str(e).removeprefix("check_fairness: ")
     if check.preempt_gap is not None:
         return check.bound, "U_P = max(gap, w_p L_input) + w_q B (fair preemption)"
-    return check.bound, "U = max(w_p L_input, w_q M) (Lemma 4.3)"
+    return check.bound, "U = max(w_p L_input, w_q M), w_p <= w_q (Lemma 4.3; cost.fairness_bound)"
 
 
 def server_data(snap: Snapshot, setup: Setup, caller: Caller) -> dict:
