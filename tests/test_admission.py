@@ -12,8 +12,8 @@ from minivtc.engine.engine import Engine
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
 from minivtc.fairness.scheduler import FCFS
-from minivtc.vocab.params import SamplingParams
-from minivtc.vocab.request import Request
+from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import Request
 from tests.test_engine import ScriptedRunner
 
 

@@ -18,7 +18,7 @@ from minivtc.model.attention import (
     attend_group,
     visibility_mask,
 )
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 H, K, D = 4, 2, 8  # grouped-query: 2 query heads per KV head
 

@@ -14,8 +14,8 @@ from minivtc.engine.engine import Engine
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
 from minivtc.fairness.vtc import VTC
-from minivtc.harness.backlog import BacklogWatch, watch_rejoining
-from minivtc.vocab.params import SamplingParams
+from minivtc.requests.params import SamplingParams
+from minivtc.sim.backlog import BacklogWatch, watch_rejoining
 from tests.test_engine import memory
 
 

@@ -27,7 +27,7 @@ from minivtc.fairness.cost import LinearCost, ProfiledCost, fairness_bound, spre
 from minivtc.fairness.fairness_check import FairnessCheck
 from minivtc.fairness.predictors import MeanOfLast
 from minivtc.fairness.vtc import VTC
-from minivtc.vocab.params import SamplingParams
+from minivtc.requests.params import SamplingParams
 
 CASES = 300  # runs with a stated bound (derandomized: the same cases every run)
 REFUSALS = 40  # configurations refused

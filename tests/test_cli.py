@@ -269,7 +269,7 @@ def test_serve_warns_when_open_to_the_network_without_keys():
 
 
 def test_reproduce_only_takes_commas_and_repeats_alike(tmp_path, monkeypatch):
-    import minivtc.paper.report as report
+    import minivtc.experiments.report as report
 
     chosen = []
     monkeypatch.setattr(report, "reproduce", lambda out, only: chosen.append(only) or out)

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minivtc.fairness.cost import PAPER_COST, W_P, W_Q, LinearCost, ProfiledCost, fairness_bound
-from minivtc.harness.workloads import DATA_DIR
+from minivtc.sim.workloads import DATA_DIR
 
 COSTS = [LinearCost(), ProfiledCost()]
 lengths = st.integers(0, 4096)

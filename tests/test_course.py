@@ -492,7 +492,7 @@ def test_a_student_tests_one_assignment_on_their_edition_as_it_stands(tmp_path, 
     assert main(["course", "test", "a5", str(edition)]) == 1
     out = capsys.readouterr().out
     assert "a5_metric" in out and "failed: Table 2's FCFS and VTC rows" in out, out
-    metrics = "harness/metrics.py"
+    metrics = "sim/metrics.py"
     (edition / "minivtc" / metrics).write_text((PACKAGE / metrics).read_text())
     assert main(["course", "test", "a5_metric", str(edition)]) == 0
     assert not (edition / "report.xml").exists()

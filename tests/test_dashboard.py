@@ -322,9 +322,9 @@ def test_demo_dashboard_refuses_a_taken_port_before_loading_anything(tmp_path, c
 
 @pytest.mark.slow
 def test_each_demo_run_serves_its_dashboard_at_the_same_address(bundled):
-    from minivtc.harness.workloads import TraceRequest
     from minivtc.serving import demo
     from minivtc.serving.dashboard import dashboard_url
+    from minivtc.sim.workloads import TraceRequest
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -18,10 +18,10 @@ import httpx
 import pytest
 
 from minivtc.engine.factory import build_engine
-from minivtc.harness.workloads import TraceRequest
 from minivtc.serving.hosting import BackgroundServer
 from minivtc.serving.loadgen import run_replay
 from minivtc.serving.server import make_app
+from minivtc.sim.workloads import TraceRequest
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 if CHROMIUM is None:

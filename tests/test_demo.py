@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from minivtc.harness.metrics import Served
 from minivtc.serving import demo
 from minivtc.serving.loadgen import ReplayResult
+from minivtc.sim.metrics import Served
 
 
 @pytest.mark.parametrize("duration", [60.0, 120.0])

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from minivtc.fairness.drr import DRR
 from minivtc.fairness.scheduler import admission_round
-from minivtc.vocab.params import SamplingParams
-from minivtc.vocab.request import Request
+from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import Request
 
 
 def request(rid: str, client: str, n_p: int = 10, n_q: int = 4) -> Request:

@@ -18,7 +18,7 @@ from minivtc.model.config import LlamaConfig
 from minivtc.model.llama import Llama
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.model.weights import BUNDLED_WEIGHTS
-from minivtc.vocab.request import Status
+from minivtc.requests.request import Status
 from tests.conftest import TINY_GQA
 
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)

@@ -1,10 +1,9 @@
-"""minivtc/harness/fair_memory.py's pieces that Lesson 11 spells out: the sweep's run against
+"""minivtc/experiments/fair_memory.py's pieces that Lesson 11 spells out: the sweep's run against
 `simulate` on the same configuration, and the report's table read back."""
 
 from __future__ import annotations
 
-from minivtc.harness import metrics
-from minivtc.harness.fair_memory import (
+from minivtc.experiments.fair_memory import (
     POOL,
     full_speed,
     gap_run,
@@ -12,7 +11,8 @@ from minivtc.harness.fair_memory import (
     number,
     table_rows,
 )
-from minivtc.harness.sim import simulate
+from minivtc.sim import metrics
+from minivtc.sim.simulator import simulate
 
 TRACE = long_trace()[:150]  # the first requests: seconds, not a minute
 

@@ -32,7 +32,7 @@ from minivtc.engine.options import EngineOptions
 from minivtc.fairness.cost import preemptive_bound
 from minivtc.fairness.policies import make_scheduler
 from minivtc.fairness.vtc import VTC
-from minivtc.vocab.params import SamplingParams
+from minivtc.requests.params import SamplingParams
 
 
 @settings(max_examples=60, deadline=None)
@@ -238,9 +238,9 @@ def test_the_artifacts_peak_check_can_break_theorem_4_4_so_no_bound_is_checked_u
     """Under the peak check, requests that finish early free room for the others to grow: the
     batch running at a dispatch generates more than M, and two backlogged clients drift more
     than 2U apart (full reservation keeps 2U). check_fairness refuses it."""
-    from minivtc.harness.fair_memory import UNIT_STEP
-    from minivtc.harness.sim import simulate
-    from minivtc.harness.workloads import TraceRequest
+    from minivtc.experiments.fair_memory import UNIT_STEP
+    from minivtc.sim.simulator import simulate
+    from minivtc.sim.workloads import TraceRequest
 
     m = 1000
     trace = [TraceRequest("A", 0.0, 1, m // j - 2) for j in range(1, 13)]

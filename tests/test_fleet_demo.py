@@ -16,13 +16,13 @@ from fastapi.responses import StreamingResponse
 from minivtc.cli.main import main
 from minivtc.engine.factory import build_engine
 from minivtc.gateway import demo_replicas
-from minivtc.harness.workloads import TraceRequest
 from minivtc.model.weights import load_model
 from minivtc.serving import demo
 from minivtc.serving.connections import Limits
 from minivtc.serving.hosting import BackgroundServer
 from minivtc.serving.loadgen import run_replay
 from minivtc.serving.server import make_app
+from minivtc.sim.workloads import TraceRequest
 
 
 @contextlib.contextmanager

@@ -11,8 +11,8 @@ from minivtc.fairness.vtc import VTC
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.dispatcher import Dispatcher
 from minivtc.fleet.routing import LeastLoaded, PrefixAware, RoundRobin, make_route
-from minivtc.vocab.params import SamplingParams
-from minivtc.vocab.request import Request
+from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import Request
 
 
 def request(i: int, client: str, prompt: int = 2, max_tokens: int = 2, prefix: int = 0):

@@ -1,9 +1,10 @@
-"""`reproduce --only replicas` (`fleet/experiment.py`): its verdicts read its own rows. (The
-runs themselves are `test_fleet_replicas.py`'s at four replicas; this section's take minutes.)"""
+"""`reproduce --only replicas` (`experiments/across_replicas.py`): its verdicts read its own
+rows. (The runs themselves are `test_fleet_replicas.py`'s at four replicas; this section's
+take minutes.)"""
 
 from __future__ import annotations
 
-from minivtc.fleet.experiment import Row, run_row, table, verdicts
+from minivtc.experiments.across_replicas import Row, run_row, table, verdicts
 
 
 def row(label: str, first: float, second: float, gap: float, bound: float | None) -> Row:

@@ -1,4 +1,4 @@
-"""The simulated fleet (`fleet/replicas.py`, `fleet/runs.py`): real engines behind the
+"""The simulated fleet (`fleet/replicas.py`, `experiments/fleet_runs.py`): real engines behind the
 dispatcher on one virtual clock, against the field's per-replica routing."""
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ import pytest
 from minivtc.cli.main import main
 from minivtc.fleet.replica_workloads import FLEET_WORKLOADS, scaled
 from minivtc.fleet.replicas import simulate_fleet
-from minivtc.harness import metrics
-from minivtc.harness.sim import simulate
-from minivtc.harness.workloads import workload
+from minivtc.sim import metrics
+from minivtc.sim.simulator import simulate
+from minivtc.sim.workloads import workload
 
 END = 75.0  # the constructed workloads' first 75 s: both tenants backlogged from 30 s on
 

@@ -7,6 +7,7 @@ Each check runs in a fresh interpreter, so what another test imported does not c
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -24,14 +25,14 @@ TORCH_FREE = [  # the scheduler sees requests, counters and a memory budget, nev
     "minivtc.fairness.policies",
     "minivtc.fairness.predictors",
     "minivtc.fairness.cost",
-    "minivtc.vocab.params",
-    "minivtc.vocab.request",
+    "minivtc.requests.params",
+    "minivtc.requests.request",
     "minivtc.engine.admission",
     "minivtc.engine.engine",
-    "minivtc.harness.sim",
-    "minivtc.harness.step_time",
-    "minivtc.harness.workloads",
-    "minivtc.harness.metrics",
+    "minivtc.sim.simulator",
+    "minivtc.sim.step_time",
+    "minivtc.sim.workloads",
+    "minivtc.sim.metrics",
     "minivtc.cli.main",
 ]
 
@@ -128,16 +129,60 @@ def test_the_walk_sees_imports_inside_functions():
     assert "minivtc.engine.factory" in package_imports(inside_functions=True)["minivtc.cli.serve"]
 
 
-CORE = ("minivtc.vocab", "minivtc.fairness", "minivtc.model", "minivtc.engine")
+CORE = ("minivtc.requests", "minivtc.fairness", "minivtc.model", "minivtc.engine")
 
 
 def test_the_core_does_not_import_the_layers_above_it():
     for module, deps in package_imports(inside_functions=True).items():
         if module.startswith(
-            ("minivtc.vocab", "minivtc.fairness", "minivtc.model", "minivtc.engine")
+            ("minivtc.requests", "minivtc.fairness", "minivtc.model", "minivtc.engine")
         ):
-            above = [d for d in deps if d.startswith(("minivtc.serving", "minivtc.harness"))]
+            above = [d for d in deps if d.startswith(("minivtc.serving", "minivtc.sim"))]
             assert not above, f"{module} imports {above}"
+
+
+# The package's wings (README, "Where things are"): the core computes, the front doors serve it,
+# the experiments run it, the tooling measures and teaches it. The core imports none of the rest.
+WINGS = {
+    "core": ("requests", "model", "fairness", "engine", "sim", "fleet"),
+    "front doors": ("offline", "serving", "gateway", "vllm_plugin", "cli"),
+    "experiments": ("experiments",),
+    "tooling": ("bench", "course"),
+}
+
+
+def test_the_core_wing_imports_no_front_door_experiment_or_tool():
+    core = WINGS["core"]
+    rest = {f for wing, folders in WINGS.items() if wing != "core" for f in folders}
+    for module, deps in package_imports(inside_functions=True).items():
+        if folder(module) in core:
+            above = sorted(d for d in deps if folder(d) in rest)
+            assert not above, f"{module} (the core) imports {above}"
+
+
+# The README's table, from the bottom up: a folder imports only folders before it here
+LAYERS = (
+    *("requests", "model", "fairness", "engine", "sim", "fleet", "experiments"),
+    *("offline", "serving", "gateway", "vllm_plugin", "bench", "course", "cli"),
+)
+
+
+def test_a_folder_imports_only_the_folders_below_it_and_the_readme_lists_them_so():
+    for module, deps in package_imports(inside_functions=True).items():
+        if folder(module) in LAYERS:
+            here = LAYERS.index(folder(module))
+            above = sorted(d for d in deps if folder(d) in LAYERS[here + 1 :])
+            assert not above, f"{module} imports {above}, above it"
+    readme = (Path(minivtc.__file__).parent.parent / "README.md").read_text()
+    listed = re.findall(r"^\| [a-z ]+ \| `minivtc/(\w+)/` \|", readme, re.M)
+    assert tuple(f for f in listed if f in LAYERS) == LAYERS
+
+
+def test_every_folder_belongs_to_one_wing():
+    root = Path(minivtc.__file__).parent
+    folders = {p.parent.name for p in root.glob("*/__init__.py")}
+    named = [f for folders_ in WINGS.values() for f in folders_]
+    assert sorted(named) == sorted(folders), "a folder outside the wings, or one named twice"
 
 
 def folder(module: str) -> str:

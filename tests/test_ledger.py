@@ -13,8 +13,8 @@ from minivtc.fairness.drr import DRR
 from minivtc.fairness.ledger import NO_BOOKS
 from minivtc.fairness.scheduler import FCFS, RPM, Scheduler, admission_round
 from minivtc.fairness.vtc import VTC
-from minivtc.vocab.params import SamplingParams
-from minivtc.vocab.request import Request
+from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import Request
 
 LOOP = {"add", "peek", "dispatch", "on_decode", "on_finish", "requeue", "remove"}
 LOOP |= {"waiting", "num_waiting", "check_invariants"}

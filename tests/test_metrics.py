@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from minivtc.course.graded.test_a5_metric import run  # a measured run, by name
-from minivtc.harness import metrics
-from minivtc.harness.metrics import Served
+from minivtc.sim import metrics
+from minivtc.sim.metrics import Served
 
 
 def test_service_is_spread_over_the_decode_span():

@@ -14,6 +14,7 @@ from openai.types import Completion
 from openai.types.chat import ChatCompletion, ChatCompletionChunk
 from pydantic import ValidationError
 
+from minivtc.requests.params import MAX_SEED
 from minivtc.serving.openai_api import (
     APIError,
     ChatBody,
@@ -23,7 +24,6 @@ from minivtc.serving.openai_api import (
     usage,
     validation_error,
 )
-from minivtc.vocab.params import MAX_SEED
 
 MODEL = "minivtc-tiny"
 

@@ -8,7 +8,7 @@ from minivtc.engine.factory import build_engine
 from minivtc.model.llama import CausalSequences
 from minivtc.model.packed import PackedLinear, can_pack
 from minivtc.model.weights import load_model
-from minivtc.vocab.params import SamplingParams
+from minivtc.requests.params import SamplingParams
 
 pytestmark = pytest.mark.skipif(not can_pack(), reason="this PyTorch build has no oneDNN")
 

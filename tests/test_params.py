@@ -13,7 +13,7 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from minivtc.vocab.params import (
+from minivtc.requests.params import (
     MAX_SEED,
     SamplingParams,
     context_error,
@@ -147,10 +147,10 @@ def test_importing_params_imports_no_torch():
     torch-free, greedy params included."""
     script = textwrap.dedent("""
         import sys
-        from minivtc.vocab.params import SamplingParams, stop_reason
+        from minivtc.requests.params import SamplingParams, stop_reason
         params = SamplingParams(temperature=0, stop=".", max_tokens=3)
         assert params.generator() is None and stop_reason(5, 3, "ab", params, 2) == "length"
-        assert "torch" not in sys.modules, "importing minivtc.vocab.params imported torch"
+        assert "torch" not in sys.modules, "importing minivtc.requests.params imported torch"
     """)
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr

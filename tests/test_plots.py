@@ -1,10 +1,10 @@
-"""minivtc/harness/plots.py: the lessons' side-by-side panels."""
+"""minivtc/experiments/plots.py: the lessons' side-by-side panels."""
 
 from __future__ import annotations
 
 import pytest
 
-from minivtc.harness.plots import panels_plot
+from minivtc.experiments.plots import panels_plot
 
 
 def test_panels_plot_draws_one_panel_a_title_into_a_png(tmp_path):
@@ -18,7 +18,7 @@ def test_panels_plot_draws_one_panel_a_title_into_a_png(tmp_path):
 def test_the_gap_sweep_and_the_difference_curves_draw(tmp_path):
     from types import SimpleNamespace
 
-    from minivtc.harness.plots import difference_plot, gap_sweep_plot
+    from minivtc.experiments.plots import difference_plot, gap_sweep_plot
 
     sweep = {
         g: SimpleNamespace(gap=g / 2, bound=2 * g, throughput=100.0, recomputed=0.5)

@@ -16,7 +16,7 @@ from minivtc.fairness.policies import SCHEDULERS, make_scheduler
 from minivtc.fairness.predictors import MeanOfLast, MovingAverage, Oracle
 from minivtc.fairness.scheduler import FCFS, RPM
 from minivtc.fairness.vtc import VTC
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 from tests.test_vtc import finished
 
 # name (N and P as SCHEDULERS writes them) -> (class, lift, predictor class, oracle spread)

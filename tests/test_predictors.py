@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from minivtc.engine.sampler import SamplingParams
 from minivtc.fairness.predictors import MeanOfLast, MovingAverage, Oracle
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 
 def test_predictors():

@@ -19,9 +19,9 @@ from minivtc.engine.prefix_cache import PrefixCachingAllocator
 from minivtc.engine.sampler import SamplingParams
 from minivtc.fairness.scheduler import admission_round
 from minivtc.fairness.vtc import VTC
-from minivtc.harness.sim import simulate
-from minivtc.harness.workloads import TraceRequest
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
+from minivtc.sim.simulator import simulate
+from minivtc.sim.workloads import TraceRequest
 from tests.test_engine import memory, run_to_end, tiny  # noqa: F401 (a fixture)
 
 PREFIXES = [[7] * 24, [8] * 40, [7] * 16 + [9] * 16]  # the first and third share a block (of 8)
@@ -195,8 +195,8 @@ def test_lemma_4_3_holds_with_a_prefix_cache_for_every_cached_weight(seed, w_c, 
 
 
 def test_a_trace_with_prefixes_round_trips_and_the_simulator_reports_hits(tmp_path):
-    from minivtc.harness.metrics import charged_cost, read_requests, service, write_requests
-    from minivtc.harness.workloads import read_trace, write_trace
+    from minivtc.sim.metrics import charged_cost, read_requests, service, write_requests
+    from minivtc.sim.workloads import read_trace, write_trace
 
     trace = [TraceRequest("a", i / 10, 2048 + i, 8, None, "sys", 2000) for i in range(10)]
     trace.append(TraceRequest("b", 0.0, 20, 8))

@@ -13,9 +13,8 @@ from collections import Counter
 import pytest
 
 from minivtc.engine.spec import EngineSpec
-from minivtc.fairness.policies import make_scheduler
-from minivtc.harness import metrics, plots
-from minivtc.harness.experiments import (
+from minivtc.experiments import plots
+from minivtc.experiments.paper_table import (
     EXPERIMENTS,
     gap_verdict,
     lcf_verdict,
@@ -25,10 +24,13 @@ from minivtc.harness.experiments import (
     table2_verdict,
     ttft_verdict,
 )
-from minivtc.harness.metrics import Served
-from minivtc.harness.sim import SimResult
-from minivtc.harness.summary import summarize
-from minivtc.harness.workloads import (
+from minivtc.experiments.report import SPECIAL, measured_trace, simulate_to_dir
+from minivtc.experiments.summary import summarize
+from minivtc.fairness.policies import make_scheduler
+from minivtc.sim import metrics
+from minivtc.sim.metrics import Served
+from minivtc.sim.simulator import SimResult
+from minivtc.sim.workloads import (
     A10G_RUNS,
     TraceRequest,
     read_trace,
@@ -36,7 +38,6 @@ from minivtc.harness.workloads import (
     workload,
     write_trace,
 )
-from minivtc.paper.report import SPECIAL, measured_trace, simulate_to_dir
 
 RUNS = A10G_RUNS
 
@@ -247,7 +248,7 @@ def test_jain_index_falls_when_one_client_is_starved():
 
 
 def test_simulate_to_dir_writes_its_files_and_numbers_from_its_requests(tmp_path):
-    """metrics.json holds what minivtc.harness.metrics computes from the requests.csv beside it."""
+    """metrics.json holds what minivtc.sim.metrics computes from the requests.csv beside it."""
     trace = uniform([1.0, 2.0], 120, lengths=(200, 100))  # both clients above their share
     write_trace(tmp_path / "t.csv", trace)
     out = tmp_path / "out"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from minivtc.engine.sampler import SamplingParams
-from minivtc.vocab.request import Request, Status
+from minivtc.requests.request import Request, Status
 
 
 def make(prompt=(11, 12, 13), output=(), max_tokens=5, **kw) -> Request:

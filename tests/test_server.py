@@ -19,11 +19,11 @@ import pytest
 from minivtc.engine.engine import Engine
 from minivtc.engine.factory import build_engine
 from minivtc.engine.sampler import SamplingParams
-from minivtc.harness.workloads import TraceRequest
 from minivtc.offline.llm import LLM
 from minivtc.serving.hosting import BackgroundServer
 from minivtc.serving.loadgen import replay
 from minivtc.serving.server import make_app
+from minivtc.sim.workloads import TraceRequest
 
 openai = pytest.importorskip("openai")
 
@@ -465,8 +465,8 @@ def test_loadgen_command_records_every_request(bundled, tmp_path, capsys):
     """c0's requests share a 40-token prefix: the server's prefix cache finds its first two
     blocks of 16 in every c0 request after the first, and requests.csv records them."""
     from minivtc.cli.main import main
-    from minivtc.harness.metrics import read_requests
-    from minivtc.harness.workloads import write_trace
+    from minivtc.sim.metrics import read_requests
+    from minivtc.sim.workloads import write_trace
 
     trace = [TraceRequest(f"c{i % 3}", 0.1 * i, 8, 6) for i in range(1, 12) if i % 3]
     trace += [TraceRequest("c0", 0.6 * i, 48, 6, None, "system", 40) for i in range(4)]

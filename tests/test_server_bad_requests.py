@@ -452,8 +452,8 @@ def test_forgetting_idle_clients_changes_no_decision():
     engine forgetting every idle client it may after every step: the same requests, served at
     the same times (the argument is in `VTCLedger.forget`'s docstring)."""
     from minivtc.engine.engine import Engine, forget_idle_clients
-    from minivtc.harness.sim import simulate
-    from minivtc.harness.workloads import workload
+    from minivtc.sim.simulator import simulate
+    from minivtc.sim.workloads import workload
 
     trace = workload("real").make()[:600]
     forgets = []
@@ -465,7 +465,7 @@ def test_forgetting_idle_clients_changes_no_decision():
 
     for policy in ("vtc", "fcfs", "rpm:5", "vtc-predict"):
         kept = simulate(trace, policy)
-        import minivtc.harness.sim as sim
+        import minivtc.sim.simulator as sim
 
         original, sim.Engine = sim.Engine, Forgetful
         try:

@@ -11,9 +11,9 @@ from minivtc.bench.policy import ScanVTC
 from minivtc.cli.main import main
 from minivtc.fairness.predictors import MeanOfLast
 from minivtc.fairness.vtc import VTC
-from minivtc.harness import metrics
-from minivtc.harness.sim import simulate
-from minivtc.harness.workloads import (
+from minivtc.sim import metrics
+from minivtc.sim.simulator import simulate
+from minivtc.sim.workloads import (
     A10G_RUNS,
     WORKLOADS,
     TraceRequest,
@@ -122,7 +122,7 @@ def test_simulate_command_writes_its_files(tmp_path):
 
 @pytest.mark.slow
 def test_rpm_thresholds_waste_capacity_as_in_figures_13_and_14(tmp_path):
-    from minivtc.paper.report import reproduce
+    from minivtc.experiments.report import reproduce
 
     report = reproduce(tmp_path, only=["fig13"]).read_text()
     assert "stays below VTC's): yes" in report
@@ -134,7 +134,7 @@ def test_rpm_thresholds_waste_capacity_as_in_figures_13_and_14(tmp_path):
 
 @pytest.mark.slow
 def test_reproduce_writes_a_report_with_verdicts(tmp_path):
-    from minivtc.paper.report import reproduce
+    from minivtc.experiments.report import reproduce
 
     report = reproduce(tmp_path, only=["fig3"]).read_text()
     assert "## Figure 3: VTC vs FCFS under overload" in report
@@ -149,7 +149,7 @@ def test_reproduce_writes_a_report_with_verdicts(tmp_path):
 def test_reproduce_validates_against_every_measured_a10g_run(tmp_path):
     """`reproduce --only validate`: all seven measured A10G runs, simulated with the scheduler
     and cadence they ran under, within 10% in throughput and in each client's service."""
-    from minivtc.paper.report import reproduce
+    from minivtc.experiments.report import reproduce
 
     report = reproduce(tmp_path, only=["validate"]).read_text()
     a10g = report.split("## Validation: the simulator against the measured A100")[0]
@@ -164,7 +164,7 @@ def test_reproduce_fair_memory_compares_reservation_with_blocks_on_demand(tmp_pa
     """`reproduce --only fair_memory`: the real trace with max_tokens 1024 under five memory
     configurations (each asserting its bound every step, where one is stated), then Theorem
     4.8's construction and the latest victim's counterexample; the three goals are met."""
-    from minivtc.paper.report import reproduce
+    from minivtc.experiments.report import reproduce
 
     report = reproduce(tmp_path, only=["fair_memory"]).read_text()
     real = report.split("### Theorem 4.8")[0]
@@ -197,7 +197,7 @@ def test_reproduce_prefix_caching_prices_cached_tokens_three_ways(tmp_path):
     and with one at w_c = w_p, w_p/2, 0 (Lemma 4.3 asserted every step); the cache serves
     >= 1.5x the tokens/s, every gap within 2U; with w_c = w_p every client gets the same
     service, with w_c = 0 the clients that miss the cache get less than with w_c = w_p."""
-    from minivtc.paper.report import reproduce
+    from minivtc.experiments.report import reproduce
 
     report = reproduce(tmp_path, only=["prefix_caching"]).read_text()
     assert "(goal >= 1.5x), every gap within 2U: yes" in report
@@ -242,8 +242,8 @@ def test_simulate_command_takes_the_prefix_options(tmp_path):
 
 
 def test_calibrate_fit_recovers_a_known_step_cost_and_round_trips(tmp_path):
-    from minivtc.harness.calibrate import MeasuredStepTime, fit
-    from minivtc.harness.step_time import StepShape, step_time_model
+    from minivtc.sim.calibrate import MeasuredStepTime, fit
+    from minivtc.sim.step_time import StepShape, step_time_model
 
     truth = MeasuredStepTime("truth", 0.002, 3e-5, 4e-4, 1e-6)
     shapes = [StepShape(p, n, c) for p in (0, 64, 512) for n in (1, 8, 32) for c in (100, 5000)]
@@ -257,7 +257,7 @@ def test_calibrate_fit_recovers_a_known_step_cost_and_round_trips(tmp_path):
 
 
 def test_calibrate_measures_the_real_engine_and_simulate_uses_it(bundled, tmp_path):
-    from minivtc.harness.calibrate import fit, measure_steps
+    from minivtc.sim.calibrate import fit, measure_steps
 
     model, tokenizer = bundled
     samples = measure_steps(model, tokenizer, quick=True)
@@ -377,8 +377,8 @@ def test_fit_runs_recovers_a_known_step_time_from_client_records_alone(tmp_path)
     """Runs simulated with a known step time, squares included, written as the artifact's
     records (arrival, first and last token, lengths): `fit_runs` finds the step time back from
     them, and its formula is the sum of its coefficients times `terms`, the fit's columns."""
-    from minivtc.harness.calibrate import fit_coefficients, fit_error, fit_runs, terms
-    from minivtc.harness.step_time import MeasuredStepTime, StepShape
+    from minivtc.sim.calibrate import fit_coefficients, fit_error, fit_runs, terms
+    from minivtc.sim.step_time import MeasuredStepTime, StepShape
 
     true = MeasuredStepTime("true", 0.02, 5e-5, 2e-4, 4e-7, 5e-6, 1e-10)
     index = []
@@ -405,8 +405,8 @@ def test_the_a100_preset_is_the_fit_of_the_measured_ablation_runs():
     not edited by hand), and it times those runs' steps as well as stated: mean error under 2%,
     worst 20% (the last requests, as the batch drains: 7 requests took 43 ms a step, the fit
     says 34)."""
-    from minivtc.harness.calibrate import fit_coefficients, fit_error, fit_runs
-    from minivtc.harness.step_time import A100_RUNS, STEP_TIME_MODELS
+    from minivtc.sim.calibrate import fit_coefficients, fit_error, fit_runs
+    from minivtc.sim.step_time import A100_RUNS, STEP_TIME_MODELS
 
     pools = {run["run"].split("_")[1] for run in json.loads((A100_RUNS / "index.json").read_text())}
     assert pools == {"35000", "65000"}
@@ -422,9 +422,9 @@ def test_figure_15_from_the_simulator_matches_the_measured_a100_runs(tmp_path):
     client's share within 5 points on every run; each gap (max and mean) within 20% on the
     35000-token runs (the 65000-token run's gap is not reproduced: the report shows it); both of
     Figure 15's verdicts."""
-    from minivtc.paper.figures import A100_RUNS, ABLATION, fig15
-    from minivtc.paper.figures import simulate_ablation as replay
-    from minivtc.paper.validation import compare
+    from minivtc.experiments.figures import A100_RUNS, ABLATION, fig15
+    from minivtc.experiments.figures import simulate_ablation as replay
+    from minivtc.experiments.validation import compare
 
     wall = {r["run"]: r["total_time_s"] for r in json.loads((A100_RUNS / "index.json").read_text())}
     runs = [run for run in ABLATION.values() if run.measured]
@@ -444,7 +444,7 @@ def test_the_a100_step_time_holds_on_the_65000_token_runs_it_was_not_fitted_to()
     """The artifact's other 65000-token runs (FCFS and VTC at 256 tokens, VTC at 768), which
     `a100-llama13b` never saw: throughput within 10% and each client's share within 5 points;
     `validate_held_out` puts them in the report."""
-    from minivtc.paper.validation import HELD_OUT, held_out_errors, simulate_stored
+    from minivtc.experiments.validation import HELD_OUT, held_out_errors, simulate_stored
 
     assert {(run.scheduler, run.length) for run in HELD_OUT.values()} == {
         ("fcfs", 256),

@@ -26,9 +26,9 @@ from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
 from minivtc.engine.prefix_cache import PrefixCachingAllocator
 from minivtc.fairness.policies import make_scheduler
-from minivtc.harness.sim import StepTimeRunner, VirtualClock
-from minivtc.harness.step_time import step_time_model
-from minivtc.vocab.params import SamplingParams
+from minivtc.requests.params import SamplingParams
+from minivtc.sim.simulator import StepTimeRunner, VirtualClock
+from minivtc.sim.step_time import step_time_model
 
 PACKAGE = Path(minivtc.__file__).parent
 
@@ -40,10 +40,10 @@ PAPER_ROOMS = {
     "fairness/vtc.py",
     "fairness/least_counter.py",
     "fairness/cost.py",
-    "vocab/request.py",
-    "vocab/params.py",
+    "requests/request.py",
+    "requests/params.py",
     "engine/text.py",
-    "harness/sim.py",  # the runner (its step-time model not followed) and the virtual clock
+    "sim/simulator.py",  # the runner (its step-time model not followed) and the virtual clock
 }
 # Blocks on demand, the fair victim and a prefix cache: the prefix-caching allocator too.
 FAIR_MEMORY_ROOMS = PAPER_ROOMS | {"engine/prefix_cache.py"}
@@ -54,7 +54,7 @@ FAIR_MEMORY_ROOMS = PAPER_ROOMS | {"engine/prefix_cache.py"}
 # forward pass and sampling enter: the model (its rotary table made at the first step, so the
 # traced step, the second, does not read the config), attention, the sampler with its
 # penalties and log-probabilities (each asked, none needed here), the tokenizer's detokenizer.
-REAL_ROOMS = (PAPER_ROOMS - {"harness/sim.py"}) | {
+REAL_ROOMS = (PAPER_ROOMS - {"sim/simulator.py"}) | {
     "engine/runner.py",
     "model/llama.py",
     "model/attention.py",

@@ -12,15 +12,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from minivtc.engine.sampler import SamplingParams
-from minivtc.harness import step_time
-from minivtc.harness.step_time import (
+from minivtc.requests.request import Request
+from minivtc.sim import step_time
+from minivtc.sim.step_time import (
     STEP_TIME_MODELS,
     MeasuredStepTime,
     Roofline,
     StepShape,
     step_time_model,
 )
-from minivtc.vocab.request import Request
 
 shapes = st.builds(StepShape, st.integers(0, 10**5), st.integers(0, 512), st.integers(0, 10**6))
 

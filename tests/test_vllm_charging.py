@@ -11,7 +11,7 @@ import pytest
 from minivtc.model.weights import BUNDLED_WEIGHTS
 from minivtc.offline.inputs import plan
 from minivtc.offline.llm import LLM
-from minivtc.vocab.params import SamplingParams
+from minivtc.requests.params import SamplingParams
 
 PROMPT = "The list"
 EACH = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)

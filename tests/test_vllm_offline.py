@@ -10,7 +10,7 @@ import torch
 from minivtc.model.chat import encode_with_specials
 from minivtc.model.weights import BUNDLED_WEIGHTS
 from minivtc.offline.llm import LLM
-from minivtc.vocab.params import SamplingParams
+from minivtc.requests.params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "A list is"}]

@@ -12,8 +12,8 @@ from minivtc.engine.sampler import min_p_filter
 from minivtc.model.weights import BUNDLED_WEIGHTS
 from minivtc.offline.llm import LLM
 from minivtc.offline.outputs import completion
-from minivtc.vocab.params import SamplingParams
-from minivtc.vocab.request import Request
+from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import Request
 
 transformers = pytest.importorskip("transformers")
 PROMPTS = ["The list", "A module is"]

@@ -27,7 +27,7 @@ from minivtc.fairness.policies import make_scheduler
 from minivtc.fairness.predictors import MeanOfLast, MovingAverage, Oracle
 from minivtc.fairness.scheduler import admission_round
 from minivtc.fairness.vtc import VTC
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 W_P, W_Q = 1.0, 2.0  # the paper's weights
 CLIENTS = [f"c{i}" for i in range(5)]

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from minivtc.harness.workloads import (
+from minivtc.sim.workloads import (
     REAL_TRACE,
     WORKLOADS,
     TraceRequest,

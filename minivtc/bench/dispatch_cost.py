@@ -18,9 +18,9 @@ import time
 from minivtc.fairness.vtc import VTC
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.dispatcher import Dispatcher
-from minivtc.harness.sim import gc_paused
-from minivtc.vocab.params import SamplingParams
-from minivtc.vocab.request import Request
+from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import Request
+from minivtc.sim.simulator import gc_paused
 
 NUM_BACKENDS = 64
 PER_BACKEND = 4  # requests of 16 tokens each backend holds

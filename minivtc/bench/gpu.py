@@ -19,7 +19,7 @@ import torch
 from minivtc.engine.factory import build_engine
 from minivtc.model.config import preset
 from minivtc.model.llama import Llama
-from minivtc.vocab.params import SamplingParams
+from minivtc.requests.params import SamplingParams
 
 PROMPT_LEN = 32  # as `bench engine`
 

@@ -16,8 +16,8 @@ import subprocess
 import sys
 
 from minivtc.gateway.launch import wait_healthy
-from minivtc.harness.workloads import poisson
 from minivtc.serving.loadgen import ReplayResult, run_replay
+from minivtc.sim.workloads import poisson
 
 PROMPT_LEN, TURN_S = 32, 20.0
 PORTS = {"minivtc": 18431, "vllm": 18432}

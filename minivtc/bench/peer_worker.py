@@ -98,7 +98,7 @@ def load_minivtc(args: argparse.Namespace) -> Run:
 
     from minivtc.engine.factory import build_engine
     from minivtc.model.weights import load_model
-    from minivtc.vocab.params import SamplingParams
+    from minivtc.requests.params import SamplingParams
 
     torch.set_grad_enabled(False)
     model, _ = load_model(args.weights, dtype=args.dtype, packed=not args.plain)

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 from minivtc.bench.timing import interleaved, ratios, spread
 from minivtc.fairness.least_counter import LinearScan
 from minivtc.fairness.vtc import VTC
-from minivtc.vocab.params import SamplingParams
-from minivtc.vocab.request import Request
+from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import Request
 
 if TYPE_CHECKING:
-    from minivtc.harness.sim import SimResult
+    from minivtc.sim.simulator import SimResult
 
 
 # --- scheduler: heap vs linear scan ----------------------------------------------------------
@@ -33,7 +33,7 @@ class ScanVTC(VTC):
 
 
 def bench_scheduler(quick: bool, rounds: int) -> int:
-    from minivtc.harness.sim import gc_paused
+    from minivtc.sim.simulator import gc_paused
 
     sizes = [10, 1000] if quick else [10, 1000, 10_000, 100_000]
     print(
@@ -120,7 +120,7 @@ def million_trace(n: int = 1_000_000, clients: int = 1000, rate: float = 200.0, 
     """n requests of 64 prompt / 16 output tokens from `clients` clients, Poisson at `rate`
     per second: about 4x what the a10g-llama7b model serves (~52 requests/s), so the waiting
     queue grows to hundreds of thousands and every admission meets a full pool."""
-    from minivtc.harness.workloads import TraceRequest
+    from minivtc.sim.workloads import TraceRequest
 
     rng = random.Random(seed)
     trace, t = [], 0.0
@@ -135,7 +135,7 @@ def bench_sim(quick: bool, million: bool = False, repeat: int = 5) -> int:
     drifts from minute to minute, and turns give both the same spells) after a warm-up round
     (not with --million: each run is a minute); rates use the median wall time, and the VTC /
     FCFS ratio is taken round by round, by wall time and by process CPU time."""
-    from minivtc.harness.workloads import workload
+    from minivtc.sim.workloads import workload
 
     names = ["1M"] if million else ["overload"] if quick else ["real", "overload"]
     print(
@@ -172,6 +172,6 @@ def bench_sim(quick: bool, million: bool = False, repeat: int = 5) -> int:
 
 
 def simulate_into(results: dict[str, SimResult], trace, policy: str, progress: bool) -> None:
-    from minivtc.harness.sim import simulate
+    from minivtc.sim.simulator import simulate
 
     results[policy] = simulate(trace, policy, progress=progress)

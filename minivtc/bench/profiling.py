@@ -51,7 +51,7 @@ from minivtc.model.config import preset
 from minivtc.model.llama import Llama
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.model.weights import load_model
-from minivtc.vocab.params import SamplingParams
+from minivtc.requests.params import SamplingParams
 
 COLUMNS = [
     "matmuls",

@@ -66,7 +66,7 @@ from typing import TYPE_CHECKING
 
 from minivtc.bench.peer import add_arguments as add_peer_arguments
 from minivtc.bench.timing import interleaved, load_line, ratios, spread
-from minivtc.vocab.params import SamplingParams
+from minivtc.requests.params import SamplingParams
 
 if TYPE_CHECKING:
     import torch

@@ -151,8 +151,8 @@ def add_loadgen(sub) -> None:
 def run_loadgen(args) -> int:
     import asyncio
 
-    from minivtc.harness.workloads import read_trace, workload
     from minivtc.serving.loadgen import replay, write_run
+    from minivtc.sim.workloads import read_trace, workload
 
     trace = workload(args.workload).make() if args.workload else read_trace(args.trace)
     result = asyncio.run(

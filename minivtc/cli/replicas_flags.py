@@ -51,7 +51,7 @@ def add_fleet_options(p) -> None:
 
 def run_simulate_fleet(args) -> int:
     from minivtc.engine.spec import EngineSpec
-    from minivtc.fleet.runs import simulate_fleet_to_dir
+    from minivtc.experiments.fleet_runs import simulate_fleet_to_dir
 
     refused = [
         flag
@@ -83,7 +83,7 @@ def run_simulate_fleet(args) -> int:
         args.route_by,
         staleness=args.staleness,
     )
-    for key, value in summary.items():  # as `harness.cli.print_summary`, then each replica
+    for key, value in summary.items():  # as `cli.simulate.print_summary`, then each replica
         if not isinstance(value, dict | list):
             print(f"{key:>22}: {value}")
     for row in summary["per_replica"]:

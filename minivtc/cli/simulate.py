@@ -1,4 +1,4 @@
-"""The paper harness's commands: `minivtc simulate`, `minivtc reproduce`, `minivtc calibrate`.
+"""The simulator's commands: `minivtc simulate`, `minivtc reproduce`, `minivtc calibrate`.
 
 Owns their argument parsing and terminal output, and two helpers the load generator's command
 shares (`add_trace_source`: --workload or --trace; `print_summary`). `minivtc.cli.main` gathers
@@ -11,7 +11,7 @@ from __future__ import annotations
 def add_simulate(sub) -> None:
     from minivtc.fairness.policies import SCHEDULERS
     from minivtc.fleet.replica_workloads import FLEET_WORKLOADS
-    from minivtc.harness.step_time import STEP_TIME_MODELS
+    from minivtc.sim.step_time import STEP_TIME_MODELS
 
     p = sub.add_parser(
         "simulate",
@@ -150,7 +150,7 @@ def add_prefix_options(p) -> None:
 
 
 def run_simulate(args) -> int:
-    from minivtc.paper.report import simulate_to_dir
+    from minivtc.experiments.report import simulate_to_dir
 
     if args.replicas is not None:
         from minivtc.cli.replicas_flags import run_simulate_fleet
@@ -172,7 +172,7 @@ def add_fleet_options(p) -> None:
 def add_trace_source(p, extra: tuple[str, ...] = ()) -> None:
     """--workload NAME or --trace FILE.csv, exactly one (simulate and loadgen); `extra`:
     more workload names the command knows (simulate: the fleet's)."""
-    from minivtc.harness.workloads import WORKLOADS
+    from minivtc.sim.workloads import WORKLOADS
 
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument(
@@ -218,7 +218,7 @@ def add_reproduce(sub) -> None:
 
 
 def run_reproduce(args) -> int:
-    from minivtc.paper.report import reproduce
+    from minivtc.experiments.report import reproduce
 
     # --only a,b and --only a --only b alike (a repeated option must not drop the first)
     only = [k.strip() for keys in args.only for k in keys.split(",")] if args.only else None
@@ -227,7 +227,7 @@ def run_reproduce(args) -> int:
 
 
 def add_calibrate(sub) -> None:
-    from minivtc.harness.step_time import DEFAULT_PATH
+    from minivtc.sim.step_time import DEFAULT_PATH
 
     p = sub.add_parser(
         "calibrate",
@@ -245,7 +245,7 @@ def add_calibrate(sub) -> None:
 
 
 def run_calibrate(args) -> int:
-    from minivtc.harness import calibrate
+    from minivtc.sim import calibrate
 
     calibrate.main(args.out, args.quick)
     return 0

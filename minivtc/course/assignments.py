@@ -230,7 +230,7 @@ ASSIGNMENTS = (
     Assignment(
         "a5_metric",
         "The paper's metric: Table 2's Max / Avg / Var Diff",
-        (("harness/metrics.py", "table_metrics"),),
+        (("sim/metrics.py", "table_metrics"),),
         (
             line("Table 2's rows, from the artifact's runs", "test_table_2_rows"),
             line(

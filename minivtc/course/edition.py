@@ -81,7 +81,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from minivtc.fairness.cost import PAPER_COST, Cost
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 from minivtc.fairness.scheduler import Scheduler
 
 

@@ -24,7 +24,7 @@ ALLOC, GROW, FREE, SLOTS = (
 )
 RESERVE = ("engine/admission.py", "FullReservation.reserve")
 STEP = ("engine/engine.py", "Engine.step")
-METRIC = ("harness/metrics.py", "table_metrics")
+METRIC = ("sim/metrics.py", "table_metrics")
 
 A1 = [
     wrong("a1_llama", "RMSNorm without eps", replace(RMS, "_a + _.eps", "_a")),

@@ -24,7 +24,7 @@ running (`engine.py`). Plain Python: no tensors. Lessons 3 and 10.
 from __future__ import annotations
 
 from minivtc.engine.kv_pool import BlockAllocator
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 
 class FullReservation:

@@ -41,8 +41,8 @@ from minivtc.engine.preemption import Fair, Preemption, make_victim
 from minivtc.engine.text import Texts
 from minivtc.fairness.fairness_check import FairnessCheck
 from minivtc.fairness.scheduler import Scheduler, admission_round
-from minivtc.vocab.params import SamplingParams, stop_reason
-from minivtc.vocab.request import ClientTokens, Request, Status, StepOutput
+from minivtc.requests.params import SamplingParams, stop_reason
+from minivtc.requests.request import ClientTokens, Request, Status, StepOutput
 
 if TYPE_CHECKING:  # the engine only calls them: the simulator runs without torch or tokenizer
     from minivtc.engine.runner import Runner

@@ -15,7 +15,7 @@ import torch
 from minivtc.engine.sampler import sample
 from minivtc.model.attention import ContiguousAttention
 from minivtc.model.llama import Llama
-from minivtc.vocab.params import SamplingParams, context_error
+from minivtc.requests.params import SamplingParams, context_error
 
 
 @torch.inference_mode()

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from minivtc.engine.kv_pool import BlockAllocator
-from minivtc.vocab.params import SamplingParams, context_error
+from minivtc.requests.params import SamplingParams, context_error
 
 if TYPE_CHECKING:
     from minivtc.model.tokenizer import Tokenizer

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
 from minivtc.fairness.cost import weights_of
 from minivtc.fairness.scheduler import Scheduler
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 if TYPE_CHECKING:
     from minivtc.engine.runner import Runner

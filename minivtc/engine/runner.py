@@ -30,12 +30,12 @@ from minivtc.engine.penalties import penalize
 from minivtc.engine.sampler import sample_each
 from minivtc.model.attention import AttentionGroup, PagedAttention, attend_group
 from minivtc.model.llama import Llama
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 
 class Runner(Protocol):
     """What the engine asks of a runner: this module's `ModelRunner`, or the simulator's
-    step-time model (`harness/sim.py`), which the engine cannot tell apart."""
+    step-time model (`sim/simulator.py`), which the engine cannot tell apart."""
 
     def run(self, requests: list[Request], allocator: BlockAllocator) -> Sequence[int | Exception]:
         """One new token per request, or the exception that ended that request's own part."""

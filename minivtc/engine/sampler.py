@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from minivtc.vocab.params import SamplingParams as SamplingParams  # re-exported: vLLM's home
+from minivtc.requests.params import SamplingParams as SamplingParams  # re-exported: vLLM's home
 
 
 class SamplingFailed(RuntimeError):

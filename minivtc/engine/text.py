@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from minivtc.vocab.params import cut_stop
-from minivtc.vocab.request import Request
+from minivtc.requests.params import cut_stop
+from minivtc.requests.request import Request
 
 if TYPE_CHECKING:
     from minivtc.model.tokenizer import Detokenizer, Tokenizer

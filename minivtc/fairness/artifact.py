@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from minivtc.fairness.vtc import VTC, VTCLedger
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 
 class ArtifactVTC(VTC):

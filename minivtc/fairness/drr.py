@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from minivtc.fairness.cost import PAPER_COST, Cost
 from minivtc.fairness.ledger import Ledger
 from minivtc.fairness.scheduler import Scheduler
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 
 class DRR(Scheduler):

@@ -8,7 +8,7 @@ Appendix C.3 asks for such an extension. Plain Python: no tensors.
 
 from __future__ import annotations
 
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 
 class FairLift:

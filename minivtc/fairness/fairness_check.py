@@ -22,7 +22,7 @@ Counters are compared in counter units: divided by the smallest weight below 1. 
 policy it reports the bound the policy states (`Ledger.gap_bound`, e.g. DRR's 2(U + Q)).
 What no stated bound covers is refused with its reason: a policy that states none, a cost h
 that states none, a length predictor's refunds, the artifact's peak check, blocks on demand
-with the latest victim. `BacklogWatch` (harness) measures the gap itself. Plain Python: no
+with the latest victim. `BacklogWatch` (`sim/backlog.py`) measures the gap itself. Plain Python: no
 tensors. Lessons 5 and 11.
 """
 
@@ -33,7 +33,7 @@ from contextlib import contextmanager
 
 from minivtc.fairness.cost import spread_bound, weights_of
 from minivtc.fairness.scheduler import Scheduler
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 SLACK = 1e-6  # float sums of charges: a spread may exceed the bound by rounding only
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import heapq
 from collections import deque
 
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 
 class LeastCounter:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 
 class Ledger:

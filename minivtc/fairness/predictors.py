@@ -12,7 +12,7 @@ import random
 from collections import deque
 from typing import Protocol
 
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 
 class Predictor(Protocol):

@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 
 from minivtc.fairness.cost import PAPER_COST, Cost
 from minivtc.fairness.ledger import NO_BOOKS, Ledger
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 
 class Scheduler:

@@ -59,7 +59,7 @@ from minivtc.fairness.least_counter import LeastCounter
 from minivtc.fairness.ledger import Ledger
 from minivtc.fairness.predictors import Predictor
 from minivtc.fairness.scheduler import Scheduler
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 
 class VTC(Scheduler):

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 
 @dataclass(eq=False)  # a backend is itself, not its numbers: two empty ones are not equal

@@ -51,7 +51,7 @@ from minivtc.fairness.fairness_check import FairnessCheck
 from minivtc.fairness.scheduler import Scheduler, admission_round
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.routing import LeastLoaded, Route
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 
 class Dispatcher:

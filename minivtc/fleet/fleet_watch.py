@@ -2,7 +2,7 @@
 interval in which both were backlogged at the fleet's level (a request waiting somewhere:
 at the dispatcher, or in any replica's queue).
 
-Owns `FleetWatch`, the fleet's counterpart of `harness/backlog.py`'s `BacklogWatch` (the same
+Owns `FleetWatch`, the fleet's counterpart of `sim/backlog.py`'s `BacklogWatch` (the same
 tracker, `PairGaps`): that one wraps one engine; this one is told, event by event (an arrival, a
 dispatch round, a replica's step), which clients were waiting before it and what service each
 received in it, measured by the linear price of the tokens processed (w_p per prompt token, w_q per
@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections import Counter
 
 from minivtc.fairness.cost import linear_price
-from minivtc.harness.backlog import PairGaps
+from minivtc.sim.backlog import PairGaps
 
 
 class FleetWatch(PairGaps):

@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from minivtc.harness.workloads import WORKLOADS, TraceRequest, client_name, uniform
+from minivtc.sim.workloads import WORKLOADS, TraceRequest, client_name, uniform
 
 SYSTEM_PROMPT_TOKENS = 128  # of each "system" request's 256 prompt tokens, shared
 
@@ -85,7 +85,7 @@ FLEET_WORKLOADS: dict[str, FleetWorkload] = {
 
 def fleet_workload(name: str, n: int) -> tuple[list[TraceRequest], float, dict | None]:
     """(trace, horizon, weights) at n replicas: one of `FLEET_WORKLOADS`, or a paper workload
-    (`harness/workloads.py`) `scaled` by n."""
+    (`sim/workloads.py`) `scaled` by n."""
     if name in FLEET_WORKLOADS:
         fleet = FLEET_WORKLOADS[name]
         return fleet.make(n), fleet.duration, fleet.weights

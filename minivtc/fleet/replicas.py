@@ -2,7 +2,7 @@
 field's routers with a scheduler per replica.
 
 Owns `simulate_fleet()`. Each replica is a real `Engine` (with its own step-time model and its
-own clock: the time its current step ends), exactly as `harness/sim.py` runs one. Events are
+own clock: the time its current step ends), exactly as `sim/simulator.py` runs one. Events are
 handled in time order: the next arrival, or the replica whose step ends first. Two ways to run:
 
 - `routing="global"`: the `Dispatcher` holds every client's queue and counter; a request is
@@ -40,8 +40,10 @@ from minivtc.fleet.dispatcher import Dispatcher
 from minivtc.fleet.fleet_watch import FleetWatch
 from minivtc.fleet.routing import make_route
 from minivtc.fleet.staleness import News
-from minivtc.harness.metrics import Served
-from minivtc.harness.sim import (
+from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import Request
+from minivtc.sim.metrics import Served
+from minivtc.sim.simulator import (
     SIM_EOS,
     SimResult,
     StepTimeRunner,
@@ -49,10 +51,8 @@ from minivtc.harness.sim import (
     gc_paused,
     record,
 )
-from minivtc.harness.step_time import step_time_model
-from minivtc.harness.workloads import TraceRequest
-from minivtc.vocab.params import SamplingParams
-from minivtc.vocab.request import Request
+from minivtc.sim.step_time import step_time_model
+from minivtc.sim.workloads import TraceRequest
 
 DEFAULTS = EngineOptions()
 ROUTINGS = ("global", "round-robin", "least-loaded", "random", "prefix")

@@ -23,7 +23,7 @@ import random
 from collections.abc import Callable, Hashable
 
 from minivtc.fleet.backend import Backend
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 PREFIX_TOKENS = 16  # a prompt's first 16 tokens name its prefix (one KV block of 16)
 

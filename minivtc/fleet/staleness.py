@@ -23,7 +23,7 @@ import heapq
 import itertools
 from dataclasses import dataclass
 
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 
 @dataclass(frozen=True, slots=True)

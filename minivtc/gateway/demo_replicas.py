@@ -42,14 +42,14 @@ from minivtc.fleet.routing import RoundRobin
 from minivtc.gateway.app import make_gateway
 from minivtc.gateway.gateway import Gateway
 from minivtc.gateway.launch import backends_of, free_port, wait_healthy
-from minivtc.harness import metrics
-from minivtc.harness.workloads import TraceRequest
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.model.weights import bundled_weights_dir
 from minivtc.serving import demo
 from minivtc.serving.api_keys import Auth
 from minivtc.serving.hosting import BackgroundServer
 from minivtc.serving.loadgen import ReplayResult, run_replay
+from minivtc.sim import metrics
+from minivtc.sim.workloads import TraceRequest
 
 RUNS = ("gateway", "round-robin")
 UNLIMITED = 1 << 40  # the round-robin router's budgets: it never holds a request back

@@ -45,12 +45,12 @@ from minivtc.gateway.proxy import (
     send_stream,
 )
 from minivtc.model.tokenizer import Tokenizer
+from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import Request
 from minivtc.serving.api_keys import Auth
 from minivtc.serving.connections import Limits
 from minivtc.serving.openai_api import APIError
 from minivtc.serving.prompts import PromptLimits
-from minivtc.vocab.params import SamplingParams
-from minivtc.vocab.request import Request
 
 DEFAULT_MAX_TOKENS = 16  # a completion's, as OpenAI's and `minivtc serve`'s
 DEFAULT_CHAT_MAX_TOKENS = 256  # a chat's: the gateway must reserve something finite

@@ -25,7 +25,7 @@ from typing import Any
 
 from minivtc.engine.engine import Engine
 from minivtc.engine.intake import checked_params, encode
-from minivtc.vocab.params import SamplingParams
+from minivtc.requests.params import SamplingParams
 
 PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}
 

@@ -37,8 +37,8 @@ from minivtc.model.weights import bundled_weights_dir, load_model
 from minivtc.offline.args import VLLMArgs, check_known, resolve_dtype
 from minivtc.offline.inputs import Prompt, Sample, plan
 from minivtc.offline.outputs import CompletionOutput, RequestOutput, request_output
-from minivtc.vocab.params import MAX_SEED
-from minivtc.vocab.request import Request
+from minivtc.requests.params import MAX_SEED
+from minivtc.requests.request import Request
 
 __all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "build_engine"]
 # vLLM's constructor arguments that LLM takes through **engine_options (`llm_args.VLLMArgs`)

@@ -17,7 +17,7 @@ from typing import cast
 from minivtc.engine.logprobs import Logprob
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.offline.inputs import Prompt
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 FINISH_REASONS = {"eos": "stop"}  # the engine's word -> vLLM's (the others are the same)
 

@@ -33,14 +33,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from minivtc.engine.factory import build_engine
-from minivtc.harness import metrics
-from minivtc.harness.workloads import TraceRequest
 from minivtc.model.weights import load_model
 from minivtc.serving.connections import Limits
 from minivtc.serving.dashboard import announce, dashboard_url
 from minivtc.serving.hosting import BackgroundServer
 from minivtc.serving.loadgen import ReplayResult, run_replay
 from minivtc.serving.server import make_app
+from minivtc.sim import metrics
+from minivtc.sim.workloads import TraceRequest
 
 INPUT_TOKENS, OUTPUT_TOKENS = 32, 96  # per request: the demo's cost is 32 + 2 * 96 = 224
 BATCH = 16  # the KV pool holds this many requests: the server's capacity is small and clear
@@ -267,7 +267,7 @@ def format_table(rows: dict[str, dict[str, str]]) -> str:
 def plot(runs: dict[str, ReplayResult], plan: Plan, path: Path) -> Path:
     """Top: service rate per client (10 s windows), offered rate dotted. Bottom: each request's
     time to first token at its arrival time."""
-    from minivtc.harness.plots import plt, save
+    from minivtc.experiments.plots import plt, save
 
     fig, axes = plt.subplots(2, len(runs), figsize=(11, 6.5), sharex=True, sharey="row")
     offered = {"heavy": plan.heavy_rate, "light": plan.light_rate}

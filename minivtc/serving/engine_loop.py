@@ -29,9 +29,9 @@ import torch
 
 from minivtc.engine.engine import Engine, forget_idle_clients
 from minivtc.engine.sampler import SamplingParams
+from minivtc.requests.request import Request, StepOutput
 from minivtc.serving.server_stats import ServerStats
 from minivtc.serving.snapshot import Snapshot
-from minivtc.vocab.request import Request, StepOutput
 
 
 @dataclass

@@ -35,10 +35,10 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from minivtc.harness import metrics
-from minivtc.harness.metrics import Served
-from minivtc.harness.workloads import TraceRequest
 from minivtc.serving.openai_api import sse_lines
+from minivtc.sim import metrics
+from minivtc.sim.metrics import Served
+from minivtc.sim.workloads import TraceRequest
 
 
 @dataclass
@@ -258,7 +258,7 @@ def counts(tasks: list[asyncio.Task], result: ReplayResult, done: bool = False) 
 
 def write_run(result: ReplayResult, out: str | Path) -> dict:
     """requests.csv, metrics.json and the plots of a real run, as `minivtc simulate` writes."""
-    from minivtc.harness import plots
+    from minivtc.experiments import plots
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ from typing import Annotated, Literal, TypeVar
 from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
-from minivtc.vocab.params import MAX_LOGPROBS, MAX_SEED
+from minivtc.requests.params import MAX_LOGPROBS, MAX_SEED
 
 MAX_CLIENT_ID_CHARS = 128  # a client id is a name, not a payload: longer ones are refused
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort"}

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from minivtc.engine.intake import RequestRejected, check_ids
 from minivtc.model.tokenizer import Tokenizer
+from minivtc.requests.params import ParamError, SamplingParams
 from minivtc.serving.openai_api import (
     MAX_N,
     APIError,
@@ -25,7 +26,6 @@ from minivtc.serving.openai_api import (
     parse_json,
     validate,
 )
-from minivtc.vocab.params import ParamError, SamplingParams
 
 # The most logprob entries one response may carry (completions x tokens x (top + 1)): ~70
 # bytes each in JSON, so ~5 MB

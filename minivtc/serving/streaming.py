@@ -24,13 +24,13 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minivtc.engine.engine import RequestRejected
 from minivtc.model.tokenizer import Tokenizer
+from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import StepOutput
 from minivtc.serving.api_keys import Caller
 from minivtc.serving.engine_loop import EngineLoop, Stream
 from minivtc.serving.logprob_format import chat_logprobs, completion_logprobs
 from minivtc.serving.openai_api import FINISH_REASONS, APIError, ChunkShape, Sampling, usage
 from minivtc.serving.server_state import ServerState
-from minivtc.vocab.params import SamplingParams
-from minivtc.vocab.request import StepOutput
 
 
 @dataclass(frozen=True)

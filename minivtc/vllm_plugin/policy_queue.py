@@ -41,8 +41,8 @@ from typing import Any, Protocol
 
 from minivtc.fairness.fairness_check import FairnessCheck
 from minivtc.fairness.scheduler import Scheduler
-from minivtc.vocab.params import SamplingParams
-from minivtc.vocab.request import Request, Status
+from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import Request, Status
 
 DEFAULT_CLIENT = "default"  # an unnamed caller, as minivtc's server names one
 CLIENT_KEY = "client"  # SamplingParams.extra_args[CLIENT_KEY]: the request's client

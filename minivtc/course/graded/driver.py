@@ -23,9 +23,9 @@ from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
 from minivtc.fairness.cost import W_P, W_Q
 from minivtc.fairness.scheduler import admission_round as admission_round  # the graded tests'
-from minivtc.harness.backlog import watch_rejoining
-from minivtc.vocab.params import SamplingParams
-from minivtc.vocab.request import Request
+from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import Request
+from minivtc.sim.backlog import watch_rejoining
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from minivtc.engine.generate import generate_plain
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.model.config import LlamaConfig
 from minivtc.model.llama import Llama
-from minivtc.vocab.params import SamplingParams
+from minivtc.requests.params import SamplingParams
 
 
 def test_allocate_grow_free_and_slots():

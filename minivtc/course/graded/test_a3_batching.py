@@ -21,8 +21,8 @@ from minivtc.fairness.scheduler import FCFS
 from minivtc.fairness.vtc import VTC
 from minivtc.model.config import LlamaConfig
 from minivtc.model.llama import Llama
-from minivtc.vocab.params import SamplingParams
-from minivtc.vocab.request import Request, Status
+from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import Request, Status
 
 
 def test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing():

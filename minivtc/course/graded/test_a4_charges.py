@@ -24,8 +24,8 @@ from minivtc.course.graded.vtc_moves import (
 from minivtc.fairness.cost import PAPER_COST, ProfiledCost
 from minivtc.fairness.predictors import Oracle
 from minivtc.fairness.vtc import VTC
-from minivtc.vocab.params import SamplingParams
-from minivtc.vocab.request import Request
+from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import Request
 
 
 def test_dispatch_charges_the_prompt_at_once():

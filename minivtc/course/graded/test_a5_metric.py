@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from minivtc.harness import metrics
-from minivtc.harness.metrics import Served
-from minivtc.harness.workloads import A10G_RUNS
+from minivtc.sim import metrics
+from minivtc.sim.metrics import Served
+from minivtc.sim.workloads import A10G_RUNS
 
 
 def run(name: str) -> tuple[list[Served], float]:

@@ -227,8 +227,8 @@ def test_a_request_back_from_a_preemption_is_not_charged_again():
     """A request preempted and readmitted costs its client nothing more: two clients with
     equal prompt-heavy requests, one of whose every request is preempted once right after its
     admission, are still admitted equally often."""
-    from minivtc.vocab.params import SamplingParams
-    from minivtc.vocab.request import Request, Status
+    from minivtc.requests.params import SamplingParams
+    from minivtc.requests.request import Request, Status
 
     policy = FairPolicy()
     for i in range(60):

@@ -33,8 +33,8 @@ from collections.abc import Callable
 from minivtc.course.graded.driver import W_P, W_Q, Arrival, Step
 from minivtc.fairness.fairness_check import FairnessCheck
 from minivtc.fairness.scheduler import Scheduler, admission_round
-from minivtc.vocab.params import SamplingParams
-from minivtc.vocab.request import Request, Status
+from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import Request, Status
 
 MAX_RUNNING = 256  # the engine's default batch limit (EngineOptions.max_running)
 
@@ -194,9 +194,9 @@ def idle_then_return(policy: Scheduler) -> tuple[Bench, list[Step], list[tuple[A
 
 def on_a10g(policy: Scheduler, name: str) -> tuple[Bench, list[Step]]:
     """The paper's workload `name` (Section 5.2) served by the bench with the simulator's step
-    times (A10G, Llama-2-7b; `harness/step_time.py`), a pool of 10,000 tokens, no batch limit."""
-    from minivtc.harness.step_time import StepShape, step_time_model
-    from minivtc.harness.workloads import workload
+    times (A10G, Llama-2-7b; `sim/step_time.py`), a pool of 10,000 tokens, no batch limit."""
+    from minivtc.sim.step_time import StepShape, step_time_model
+    from minivtc.sim.workloads import workload
 
     model = step_time_model("a10g-llama7b")
     trace = workload(name).make()

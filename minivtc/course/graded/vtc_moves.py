@@ -9,8 +9,8 @@ from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
 from minivtc.engine.preemption import make_victim
 from minivtc.fairness.vtc import VTC
-from minivtc.vocab.params import SamplingParams
-from minivtc.vocab.request import Request, Status
+from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import Request, Status
 
 
 def request(client: str, prompt: int, max_tokens: int = 50, name: str = "") -> Request:

@@ -13,10 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from minivtc.experiments import plots
 from minivtc.fleet.replica_workloads import FLEET_WORKLOADS
 from minivtc.fleet.replicas import simulate_fleet
-from minivtc.harness import metrics, plots
-from minivtc.harness.metrics import Served
+from minivtc.sim import metrics
+from minivtc.sim.metrics import Served
 
 ROUTES = [
     ("global", "least-loaded"),

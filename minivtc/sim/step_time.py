@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Protocol
 
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 DEFAULT_PATH = Path.home() / ".cache" / "minivtc" / "measured_cost.json"
 # The artifact's measured runs of the ablation (Section 5.4), and the A100 step time fitted to

@@ -18,16 +18,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from minivtc.engine.spec import EngineSpec
-from minivtc.fleet.experiment import replicas
-from minivtc.harness import metrics, plots
-from minivtc.harness.experiments import EXPERIMENTS, TWO_U_10K, Experiment
-from minivtc.harness.fair_memory import fair_memory
-from minivtc.harness.prefix_caching import prefix_caching
-from minivtc.harness.sim import progress_bar, simulate
-from minivtc.harness.summary import summarize
-from minivtc.harness.workloads import A10G_RUNS, WORKLOADS, TraceRequest, read_trace, workload
-from minivtc.paper.figures import fig12, fig13_14, fig15
-from minivtc.paper.validation import validate_a100
+from minivtc.experiments import plots
+from minivtc.experiments.across_replicas import replicas
+from minivtc.experiments.fair_memory import fair_memory
+from minivtc.experiments.figures import fig12, fig13_14, fig15
+from minivtc.experiments.paper_table import EXPERIMENTS, TWO_U_10K, Experiment
+from minivtc.experiments.prefix_caching import prefix_caching
+from minivtc.experiments.summary import summarize
+from minivtc.experiments.validation import validate_a100
+from minivtc.sim import metrics
+from minivtc.sim.simulator import progress_bar, simulate
+from minivtc.sim.workloads import A10G_RUNS, WORKLOADS, TraceRequest, read_trace, workload
 
 
 def simulate_to_dir(source: str, spec: EngineSpec, step_time: str, out: str | Path) -> dict:
@@ -77,7 +78,7 @@ def simulate_to_dir(source: str, spec: EngineSpec, step_time: str, out: str | Pa
 
 def measured_trace(config: dict) -> list[TraceRequest]:
     """The trace the artifact generated for a measured run, from its config (index.json)."""
-    from minivtc.harness.workloads import uniform
+    from minivtc.sim.workloads import uniform
 
     if config["num_adapters"] == -1:
         return workload("real").make()

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from minivtc.fairness.cost import fairness_bound
-from minivtc.harness import metrics
+from minivtc.sim import metrics
 
 TWO_U_10K = 2 * fairness_bound(1024, 10000)  # the paper's pool (M = 10000), prompts < 1024
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 import itertools
 
 from minivtc.fairness.cost import W_P, W_Q, LinearCost, linear_price
-from minivtc.vocab.request import Request
+from minivtc.requests.request import Request
 
 
 class PairGaps:

@@ -30,13 +30,14 @@ from types import SimpleNamespace
 from minivtc.engine.engine import Engine
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
+from minivtc.experiments import plots
 from minivtc.fairness.cost import W_Q, fairness_bound
 from minivtc.fairness.vtc import VTC
-from minivtc.harness import metrics, plots
-from minivtc.harness.backlog import BacklogWatch
-from minivtc.harness.sim import SIM_EOS, SimResult, StepTimeRunner, VirtualClock, replay, simulate
-from minivtc.harness.step_time import MeasuredStepTime, step_time_model
-from minivtc.harness.workloads import TraceRequest, workload
+from minivtc.sim import metrics
+from minivtc.sim.backlog import BacklogWatch
+from minivtc.sim.simulator import SIM_EOS, SimResult, StepTimeRunner, VirtualClock, replay, simulate
+from minivtc.sim.step_time import MeasuredStepTime, step_time_model
+from minivtc.sim.workloads import TraceRequest, workload
 
 MAX_TOKENS = 1024
 POOL = 10000

@@ -30,17 +30,17 @@ from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.options import EngineOptions
 from minivtc.engine.spec import EngineSpec
 from minivtc.fairness.scheduler import Scheduler
-from minivtc.harness.backlog import BacklogWatch
-from minivtc.harness.metrics import Served
-from minivtc.harness.step_time import (
+from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import Request
+from minivtc.sim.backlog import BacklogWatch
+from minivtc.sim.metrics import Served
+from minivtc.sim.step_time import (
     SWAP_S_PER_TOKEN,
     StepShape,
     StepTimeModel,
     step_time_model,
 )
-from minivtc.harness.workloads import TraceRequest
-from minivtc.vocab.params import SamplingParams
-from minivtc.vocab.request import Request
+from minivtc.sim.workloads import TraceRequest
 
 DEFAULT_RUNNING = EngineOptions().max_running
 SIM_TOKEN = 3  # the token every simulated step "generates"

@@ -17,11 +17,12 @@ import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
+from minivtc.experiments import plots
 from minivtc.fairness.cost import fairness_bound
-from minivtc.harness import metrics, plots
-from minivtc.harness.sim import SimResult, simulate
-from minivtc.harness.step_time import A100_RUNS
-from minivtc.harness.workloads import TraceRequest, uniform, workload
+from minivtc.sim import metrics
+from minivtc.sim.simulator import SimResult, simulate
+from minivtc.sim.step_time import A100_RUNS
+from minivtc.sim.workloads import TraceRequest, uniform, workload
 
 
 def fig12(out: Path, show: bool = False) -> list[str]:
@@ -78,7 +79,7 @@ RPM_PAPER = {
 
 def fig13_14(out: Path, show: bool = False) -> list[str]:
     """RPM thresholds on the real trace: response time (Fig. 13) and throughput (Fig. 14)."""
-    from minivtc.harness.plots import plt, save
+    from minivtc.experiments.plots import plt, save
 
     trace = workload("real").make()
     lines = [

@@ -35,16 +35,16 @@ import torch
 
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.runner import Runner
-from minivtc.harness.metrics import Served, read_requests
-from minivtc.harness.sim import progress_bar
-from minivtc.harness.step_time import (
+from minivtc.requests.request import Request
+from minivtc.sim.metrics import Served, read_requests
+from minivtc.sim.simulator import progress_bar
+from minivtc.sim.step_time import (
     A100_FIT,
     A100_RUNS,
     DEFAULT_PATH,
     MeasuredStepTime,
     StepShape,
 )
-from minivtc.vocab.request import Request
 
 A100_MACHINE = "A100-80G, Llama-2-13B fp16, the artifact's server: fitted to data/a100_runs"
 
@@ -139,8 +139,8 @@ def check(model, tokenizer, cost: MeasuredStepTime, seed: int = 1) -> tuple[floa
     """A held-out workload (24 requests, mixed lengths, all at t = 0), real vs simulated s."""
     from minivtc.engine.factory import build_engine
     from minivtc.engine.sampler import SamplingParams
-    from minivtc.harness.sim import simulate
-    from minivtc.harness.workloads import TraceRequest
+    from minivtc.sim.simulator import simulate
+    from minivtc.sim.workloads import TraceRequest
 
     rng = random.Random(seed)
     trace = [

@@ -18,8 +18,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from minivtc.harness import metrics  # noqa: E402
-from minivtc.harness.metrics import Served  # noqa: E402
+from minivtc.sim import metrics
+from minivtc.sim.metrics import Served  # noqa: E402
 
 MAX_LINES = 8  # more clients than this: plot the busiest ones, say so in the title
 

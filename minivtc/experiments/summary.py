@@ -2,14 +2,15 @@
 
 Table 2's metrics (Section 5.1), the paper's Figure 3 gap, Theorem 4.4's backlogged gap beside
 the bound the configuration guarantees, and the run's size; one engine's run
-(`paper/report.py`) and each replica of a fleet's (`fleet/runs.py`) are summarized alike.
+(`experiments/report.py`) and each replica of a fleet's (`experiments/fleet_runs.py`) are
+summarized alike.
 """
 
 from __future__ import annotations
 
 from minivtc.fairness.cost import fairness_bound
-from minivtc.harness import metrics
-from minivtc.harness.sim import SimResult
+from minivtc.sim import metrics
+from minivtc.sim.simulator import SimResult
 
 
 def summarize(

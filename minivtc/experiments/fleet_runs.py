@@ -1,7 +1,7 @@
 """A fleet simulation with its outputs on disk: `minivtc simulate --replicas N`.
 
 Owns which files a fleet run writes: requests.csv (the single-engine columns and `replica`,
-the replica each request ran on), metrics.json (the fleet as one, as `paper/report.py`
+the replica each request ran on), metrics.json (the fleet as one, as `experiments/report.py`
 summarizes a single engine's run, plus the routing and a table per replica) and the service
 and gap plots. The simulation itself is `replicas.py`'s. minivtc/fleet/README.md; Lesson 14.
 """
@@ -14,12 +14,13 @@ from dataclasses import replace
 from pathlib import Path
 
 from minivtc.engine.spec import EngineSpec
+from minivtc.experiments import plots
+from minivtc.experiments.summary import summarize
 from minivtc.fleet.replica_workloads import FLEET_WORKLOADS, fleet_workload, scaled
 from minivtc.fleet.replicas import FleetResult, simulate_fleet
-from minivtc.harness import metrics, plots
-from minivtc.harness.metrics import Served
-from minivtc.harness.summary import summarize
-from minivtc.harness.workloads import WORKLOADS, read_trace
+from minivtc.sim import metrics
+from minivtc.sim.metrics import Served
+from minivtc.sim.workloads import WORKLOADS, read_trace
 
 
 def simulate_fleet_to_dir(

@@ -13,11 +13,11 @@ import json
 from dataclasses import dataclass
 from statistics import fmean
 
-from minivtc.harness import metrics
-from minivtc.harness.sim import SimResult, simulate
-from minivtc.harness.step_time import A100_RUNS
-from minivtc.harness.workloads import uniform
-from minivtc.paper.figures import ABLATION, Ablation, ablation_gap, simulate_ablation
+from minivtc.experiments.figures import ABLATION, Ablation, ablation_gap, simulate_ablation
+from minivtc.sim import metrics
+from minivtc.sim.simulator import SimResult, simulate
+from minivtc.sim.step_time import A100_RUNS
+from minivtc.sim.workloads import uniform
 
 # What the A100 validation allows: gap (relative), throughput (relative), share (points)
 LIMITS = (0.20, 0.05, 0.05)

@@ -16,10 +16,11 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from minivtc.experiments import plots
 from minivtc.fairness.cost import W_P
-from minivtc.harness import metrics, plots
-from minivtc.harness.sim import simulate
-from minivtc.harness.workloads import TraceRequest
+from minivtc.sim import metrics
+from minivtc.sim.simulator import simulate
+from minivtc.sim.workloads import TraceRequest
 
 SYSTEM_PROMPT = 1500  # tokens
 RATE = 4.0  # requests per second per client: all three stay backlogged

@@ -28,7 +28,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from minivtc.vocab.params import SamplingParams, releasable
+from minivtc.requests.params import SamplingParams, releasable
 
 
 class Status(enum.Enum):
