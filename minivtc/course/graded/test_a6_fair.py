@@ -279,9 +279,15 @@ def test_a_request_back_from_a_preemption_is_not_charged_again():
         policy.on_finish(r)
         done.append(r.client_id)
     a = done.count("A")
-    assert 32 <= a <= 48, (
+    assert a >= 32, (
         f"of 80 requests run, {a} were A's (each preempted once and readmitted) and {80 - a} "
-        "B's: a readmitted request must not pay its prompt again"
+        "B's: A fell behind, so a readmitted request paid its prompt again (dispatch: a request "
+        "with num_preemptions > 0 was charged already)"
+    )
+    assert a <= 48, (
+        f"of 80 requests run, {a} were A's (each preempted once and readmitted) and {80 - a} "
+        "B's: A ran ahead, though its requests cost what B's do: charge every request its prompt "
+        "once (dispatch) and its tokens (on_decode), and pass the turn to whoever is owed (peek)"
     )
 
 
