@@ -30,7 +30,6 @@ def stated_bound(what: str, bound: str) -> Wrong:
     return wrong("a6_fair", what, rewrite(FAIR, "_s.name = _n", statement))
 
 
-
 # A capstone that types VTC (Algorithm 2) from scratch: allowed, and graded as any policy is
 # (`graded/test_a6_fair.py`); the catalogue's entry is this with one mistake in the lift.
 RETYPED_VTC = '''"""My capstone: Algorithm 2, typed from the paper."""
