@@ -16,6 +16,7 @@ import pytest
 
 from minivtc.course.assignments import ASSIGNMENTS
 from minivtc.course.wrong import WRONG
+from minivtc.course.wrong_policies import RETYPED_VTC
 
 NAMED_IN_THE_ISSUE = {  # the wrong answers that once got full marks
     "a4_vtc": [
@@ -31,6 +32,9 @@ NAMED_IN_THE_ISSUE = {  # the wrong answers that once got full marks
         "each client's queue served last in, first out",
         "Algorithm 3's refund written linear, w_q (predicted - actual), whatever h",
         "Algorithm 3's dispatch charge written linear, w_p n_p + w_q predicted, whatever h",
+        "ties go to the client with the longest queue",
+        "Algorithm 3's refund through lower(), stopped at the smallest waiting counter",
+        "output charges sent to the wrong client",
     ],
     "a6_fair": [
         "never charges prompts",
@@ -38,6 +42,7 @@ NAMED_IN_THE_ISSUE = {  # the wrong answers that once got full marks
         "charges each request's whole max_tokens at dispatch and never refunds",
         "states 4U, the loosest bound allowed, whatever the policy does",
         "FairPolicy subclasses the reference VTC (three lines)",
+        "VTC typed from scratch whose lift sets the counter to the floor, so can lower it",
     ],
 }
 
@@ -60,3 +65,18 @@ def test_every_wrong_solution_loses_points(tmp_path):
     kept = [f"{r['assignment']}: {r['wrong']}" for r in rows if r["points"] >= r["max"]]
     assert not kept, f"full marks for wrong solutions: {kept}"
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+
+
+@pytest.mark.slow
+def test_a_capstone_typing_vtc_from_scratch_keeps_full_marks(tmp_path):
+    """Allowed (the capstone's task says what it must add: the argument); the catalogue's
+    capstone with the lift that sets the counter is this one with that mistake."""
+    from minivtc.course.check import CHECK_LIMIT_S, assignment, write_edition
+    from minivtc.course.edits import Wrong
+    from minivtc.course.grade import How, grade_one
+
+    retyped = Wrong("a6_fair", "VTC typed from scratch", own_file=RETYPED_VTC)
+    g = grade_one(assignment("a6_fair"), write_edition(retyped, tmp_path), How(CHECK_LIMIT_S))
+    assert g.points == g.max_points, (g.note, g.failures)
+    broken = [w.own_file for w in WRONG if w.what.startswith("VTC typed from scratch")]
+    assert broken and broken != [RETYPED_VTC], "the catalogue's entry must change the lift"

@@ -94,8 +94,10 @@ A4_RUBRIC = (
     line(
         "the output charge under any h, the prediction and its refund (Algorithm 3)",
         "test_output_charges_follow_any_cost_the_profiled_one_too",
+        "test_each_output_token_is_charged_to_its_own_client",
         "test_the_predictor_learns_each_finished_request_and_no_aborted_one",
         "test_an_over_predicted_length_is_refunded",
+        "test_a_refund_may_take_a_counter_below_the_waiting_ones",
         "test_a_request_costs_h_in_the_end_whatever_the_cost_and_the_prediction",
     ),
     line(
@@ -125,9 +127,11 @@ A6_RUBRIC = (
         "test_clients_whose_requests_stop_early_still_share_equally",
     ),
     line(
-        "a bounded gap, on random and adversarial workloads",
+        "a bounded gap on random and adversarial workloads, and an always-waiting client never "
+        "out-served by more than 4U (Theorem 4.9)",
         "test_the_gap_stays_within_your_bound_on_random_workloads",
         "test_the_gap_stays_within_your_bound_on_adversarial_workloads",
+        "test_a_client_that_always_waits_is_never_out_served_by_more_than_4u",
     ),
     line(
         "no starvation, no take-over, no second charge on readmission",
@@ -225,7 +229,7 @@ ASSIGNMENTS = (
         "the profiled h), 10 (readmission), 11 (fair preemption's lift) and 13 (w_c, cached "
         "prompt tokens); graded by exact counters for each mechanism, Lemma 4.3, Theorems 4.4, "
         "4.8 and 4.9 and the LCF counterexample",
-        graded=("test_a4_pick.py", "test_a4_charges.py", "test_a4_theorems.py"),
+        graded=("test_a4_charges.py", "test_a4_pick.py", "test_a4_theorems.py"),
     ),
     Assignment(
         "a5_metric",

@@ -27,6 +27,9 @@ and goes, one that leaves the queue at every dispatch), served by the course's b
   policy comes near: on the adversarial workloads its worst gap reaches at least a third of
   it (`course test a6` and the grader report the slack, your bound over that gap, whether
   the test passes or fails);
+- what a client that always waits keeps: over any interval in which it is backlogged
+  throughout, it receives at least what any other client receives, less 4U (Theorem 4.9's
+  bound for VTC), even beside clients that come and go, whom the backlogged gap never watches;
 - no starvation: a client back from a long idle stretch is served soon, and does not then take
   the server over (the LCF counterexample of Lesson 5);
 - on the paper's workloads (Section 5, with the A10G's step times), side by side with VTC and
@@ -37,6 +40,13 @@ Your own policy, through the `Scheduler` interface: the package's policies (VTC 
 family, DRR, the official artifact's) are out of reach while the capstone is graded, and a
 capstone that imports one (or `make_scheduler`, or imports by name at run time) is refused,
 by name, by `minivtc course test a6` as by the grader.
+
+Typing VTC (Algorithm 2) from the paper is allowed, and graded as any design is: the checks
+above are what every fair policy must pass, so a VTC typed correctly passes them. What the
+capstone asks beyond VTC is the argument, which no test can grade: `BOUND` argues the bound for
+your code (where your lift and your charges give Lemma 4.3's step, or what replaces it in your
+design) and what a client that always waits keeps. The instructor grades it; a statement
+copied from the paper that says nothing of your code earns none of its marks.
 
 The instructor's answer is Deficit Round Robin as Appendix C.2 adapts it (`fairness/drr.py`), one
 answer among many; the student edition has this statement and an empty `FairPolicy`.

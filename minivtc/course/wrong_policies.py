@@ -30,6 +30,65 @@ def stated_bound(what: str, bound: str) -> Wrong:
     return wrong("a6_fair", what, rewrite(FAIR, "_s.name = _n", statement))
 
 
+# A capstone that types VTC (Algorithm 2) from scratch: allowed, and graded as any policy is
+# (`graded/test_a6_fair.py`); the catalogue's entry is this with one mistake in the lift.
+RETYPED_VTC = '''"""My capstone: Algorithm 2, typed from the paper."""
+
+from collections import deque
+
+from minivtc.fairness.cost import PAPER_COST
+from minivtc.fairness.scheduler import Scheduler
+
+
+class FairPolicy(Scheduler):
+    BOUND = ("Theorem 4.4: two clients backlogged over an interval receive service within 2U "
+             "of each other, as the lift keeps the waiting counters within U (Lemma 4.3).")
+
+    def __init__(self, cost=PAPER_COST):
+        self.cost, self.counters, self.queues, self.last_left = cost, {}, {}, None
+
+    def add(self, request, now):
+        c = request.client_id
+        self.queues.setdefault(c, deque())
+        if not self.queues[c]:
+            waiting = [self.counters[k] for k, q in self.queues.items() if q]
+            floor = min(waiting) if waiting else self.counters.get(self.last_left)
+            if floor is not None:
+                self.counters[c] = max(self.counters.get(c, 0.0), floor)
+        self.counters.setdefault(c, 0.0)
+        self.queues[c].append(request)
+
+    def peek(self):
+        waiting = [c for c, q in self.queues.items() if q]
+        least = min(waiting, key=self.counters.__getitem__, default=None)
+        return None if least is None else self.queues[least][0]
+
+    def dispatch(self, request):
+        if not request.num_preemptions:
+            self.counters[request.client_id] += self.cost(request.num_prompt, 0)
+        self.remove(request)
+
+    def on_decode(self, requests):
+        for r in requests:
+            n_p, n_q = r.num_prompt, len(r.output_ids)
+            self.counters[r.client_id] += self.cost(n_p, n_q) - self.cost(n_p, n_q - 1)
+
+    def remove(self, request):
+        self.queues[request.client_id].remove(request)
+        if not self.queues[request.client_id]:
+            self.last_left = request.client_id
+
+    def requeue(self, request):
+        self.add(request, 0.0)
+        self.queues[request.client_id].rotate(1)
+
+    def waiting(self):
+        return (r for q in self.queues.values() for r in q)
+
+    def gap_bound(self, u):
+        return 2 * u
+'''
+
 A4 = [
     wrong(
         "a4_vtc",
@@ -133,6 +192,32 @@ A4 = [
         "output charges ignore the weights",
         replace(CHARGE, "_a / _w.get(_c, 1.0)", "_a"),
     ),
+    wrong(
+        "a4_vtc",
+        "ties go to the client with the longest queue",
+        rewrite(
+            PEEK,
+            "_c = _.least()",
+            """
+            waiting = [c for c, q in self.queues.items() if q]
+            _c = min(
+                waiting,
+                key=lambda c: (self.counters[c], -len(self.queues[c])),
+                default=None,
+            )
+            """,
+        ),
+    ),
+    wrong(
+        "a4_vtc",
+        "Algorithm 3's refund through lower(), stopped at the smallest waiting counter",
+        replace(FINISH, "_o.charge(_c, _a - _b)", "_o.lower(_c, _b - _a)"),
+    ),
+    wrong(
+        "a4_vtc",
+        "output charges sent to the wrong client",
+        replace(CHARGE, "_w[_r.client_id]", "_w[requests[0].client_id]"),
+    ),
 ]
 # Not here: decode charges valid only for the linear cost (the capstone prices service with the
 # linear cost: not wrong for the task as stated); a client that keeps its leftover deficit while
@@ -190,6 +275,11 @@ A6 = [
     ),
     stated_bound("states 4U, the loosest bound allowed, whatever the policy does", "4 * u"),
     stated_bound("states a bound looser than 4U", "5 * u"),
+    Wrong(
+        "a6_fair",
+        "VTC typed from scratch whose lift sets the counter to the floor, so can lower it",
+        own_file=RETYPED_VTC.replace("max(self.counters.get(c, 0.0), floor)", "floor"),
+    ),
     Wrong(
         "a6_fair",
         "FairPolicy subclasses the reference VTC (three lines)",

@@ -20,19 +20,9 @@ M = the sum of the backends' budgets, L_input the longest admissible prompt, w_p
 at all times the waiting clients' counters are within U = max(w_p L_input, w_q M) of each
 other, and two clients backlogged throughout [t1, t2) receive service within 2U.
 
-Proof: Lemma 4.3's, with the fleet's memory for one engine's. The smallest waiting counter m
-never falls (charges raise counters; a joining client is lifted to m; a leaving one leaves a
-larger minimum). Take a waiting client i at time t and t0 the last time before t it was
-dispatched or joined Q. Just before t0, c_i <= m(t0): dispatched, it was the minimum; joining,
-it was lifted to max(c_i, m), and if it stayed above m that is because of an earlier dispatch,
-to which the same argument applies. After t0, i is not dispatched again before t, so its
-counter grows only by the prompt dispatched at t0 (w_p n_p) and by output tokens of requests
-already bound at t0, and each of those reserves its prompt + max_tokens on some backend:
-together at most M tokens, so the growth is at most w_q M (w_p <= w_q). Hence c_i(t) <= m(t0)
-+ max(w_p L_input, w_q M) <= m(t) + U. Theorem 4.4 then follows as in Lesson 5's sketch (the
-course's argument; the paper's proof is not reproduced): while both are
-backlogged neither is lifted, so each one's service is its counter's growth (times its weight),
-and two counters within U of each other at t1 and at t2 grew by amounts within 2U. With
+Proof: Lemma 4.3's and Theorem 4.4's, with the fleet's memory for one engine's (the course's
+argument, problem set 1, Problem 2; the paper's proof is not reproduced): every request bound
+holds its prompt + max_tokens on some backend, so the fleet's M plays one engine's. With
 w_p > w_q the same argument gives w_p n_p + w_q (M - n_p), at most the course's U (not the
 paper's; `cost.fairness_bound`), which the check asserts. Weighted (Section 4.3), the bound holds
 in counter units (`fairness_check.py` scales by the smallest weight).

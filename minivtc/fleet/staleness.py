@@ -6,15 +6,11 @@ the dispatcher `staleness` seconds after the step ends, as over a network or a p
 A request's tokens are charged when their news arrives, and a finished request's room is freed
 then, so the dispatcher never books room that is not free.
 
-The bound with a view up to tau seconds stale. The dispatcher's counters are the exact
-dispatcher's for a run whose tokens arrive late, so Lemma 4.3's argument holds for them as it
-stands (`dispatcher.py`): the waiting counters it sees stay within U. What a client has
-received differs from what its counter says by the output not yet seen: between 0 and w_q G,
-G the most output tokens one client receives in any tau seconds. Two backlogged clients'
-service then differs by at most 2U + 2 w_q G (each end of the interval may be off by w_q G).
-G is at most the client's running requests times the steps a replica makes in tau seconds;
-`News.most_unseen` is the largest G the run met, and the reported bound uses it. Plain
-Python. minivtc/fleet/README.md; Lesson 14.
+The bound with a view up to tau seconds stale: two backlogged clients' service differs by
+at most 2U + 2 w_q G, G the most output tokens one client had generated and not yet been
+charged for, at any moment (the course's bound, not the paper's; problem set 2, Problem 5,
+proves it and bounds G). `News.most_unseen` is the largest G the run met, and the reported
+bound uses it. Plain Python. minivtc/fleet/README.md; Lesson 14.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Assignment a4, graded (2 of 3): what each request is charged (Lessons 5, 8, 10 and 13).
+"""Assignment a4, graded (1 of 3): what each request is charged (Lessons 5, 8, 10 and 13).
 
 Graded by mechanism (`assignments.A4_RUBRIC`): exact counters against Algorithm 2's and
 Algorithm 3's arithmetic on small hand-built cases, under the linear and the profiled cost,
@@ -80,6 +80,25 @@ def test_dispatch_charges_the_prompt_at_once_under_the_profiled_cost():
     )
 
 
+def test_each_output_token_is_charged_to_its_own_client():
+    """A step that decodes several clients' requests charges each token to its own client."""
+    vtc = VTC()
+    ra, rb = request("a", 10), request("b", 4)
+    for r in (ra, rb):
+        vtc.add(r, 0.0)
+    dispatch_next(vtc), dispatch_next(vtc)  # a: 10, b: 4
+    for _ in range(3):
+        for r in (ra, rb):
+            r.output_ids.append(1)
+        vtc.on_decode([ra, rb])
+    got = {c: vtc.counters[c] for c in "ab"}
+    want = {"a": W_P * 10 + W_Q * 3, "b": W_P * 4 + W_Q * 3}
+    assert got == want, (
+        f"a (10 prompt tokens) and b (4) decoded 3 tokens each, in the same steps: counters "
+        f"{got}, not {want} (VTC.charge_outputs: each request's tokens go to its own client)"
+    )
+
+
 def test_the_predictor_learns_each_finished_request_and_no_aborted_one():
     """on_finish teaches the predictor the finished request's length (not an aborted one's)."""
     predictor = Recording()
@@ -135,6 +154,26 @@ def test_an_over_predicted_length_is_refunded():
         f"finished after 20 of the 50 predicted tokens: the counter is {vtc.counters['a']}, "
         f"not h(10, 20) = {W_P * 10 + W_Q * 20} (VTC.on_finish refunds h(n_p, predicted) - "
         "h(n_p, n_q), the output charged but never generated)"
+    )
+
+
+def test_a_refund_may_take_a_counter_below_the_waiting_ones():
+    """Algorithm 3's refund is a charge of h(n_p, n_q) - h(n_p, predicted), not stopped at the
+    smallest waiting counter: a refunded client may fall below a client that waits."""
+    vtc = VTC(predictor=Fixed(50.0))
+    r = request("a", 10)
+    vtc.add(r, 0.0)
+    vtc.add(request("b", 150, name="b1"), 0.0)
+    vtc.add(request("b", 150, name="b2"), 0.0)
+    dispatch_next(vtc), dispatch_next(vtc)  # a: h(10, 50); b: h(150, 50), and b2 waits
+    waiting = vtc.counters["b"]
+    decode(vtc, r, 20)
+    finish(vtc, r, "eos")
+    assert vtc.counters["a"] == W_P * 10 + W_Q * 20 < waiting, (
+        f"a, predicted 50 tokens, finished after 20 while b waited at {waiting}: a's counter is "
+        f"{vtc.counters['a']}, not h(10, 20) = {W_P * 10 + W_Q * 20} (VTC.on_finish: the "
+        "refund is a charge, `charge`, not `lower`, which stops at the smallest waiting "
+        "counter: Algorithm 3 refunds the whole over-prediction, Lesson 8)"
     )
 
 

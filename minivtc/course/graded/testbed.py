@@ -238,6 +238,22 @@ def worst_gap(steps: list[Step], clients: list[str]) -> tuple[float, str, str]:
     return best
 
 
+def worst_shortfall(steps: list[Step], clients: list[str]) -> tuple[float, str, str]:
+    """What Theorem 4.9 bounds: the most by which a client g was served more than a client f
+    over an interval in which f was backlogged throughout (g need not be), and who (f, g)."""
+    best = (0.0, "", "")
+    for f, g in itertools.permutations(clients, 2):
+        lead = lowest = 0.0  # g's lead over f since f's stretch began, and its least since
+        for s in steps:
+            if f not in s.backlogged:
+                lead = lowest = 0.0
+                continue
+            lead += s.service.get(g, 0.0) - s.service.get(f, 0.0)
+            lowest = min(lowest, lead)
+            best = max(best, (lead - lowest, f, g))
+    return best
+
+
 def clients_of(bench: Bench) -> list[str]:
     return sorted({r.client_id for r in bench.requests})
 
