@@ -177,7 +177,7 @@ def test_a_lesson_s_code_pasted_as_an_answer_gains_no_point(tmp_path):
 @pytest.mark.slow
 def test_the_reference_answer_pasted_from_a_cell_is_found_and_scores(tmp_path):
     reference = ast.unparse(
-        find(ast.parse((PACKAGE / "harness/metrics.py").read_text()), "table_metrics")
+        find(ast.parse((PACKAGE / "sim/metrics.py").read_text()), "table_metrics")
     )
     (found,) = asked_by(ast.parse(reference))
     a, qualname, code = found

@@ -211,7 +211,7 @@ A4 = [
     wrong(
         "a4_vtc",
         "Algorithm 3's refund through lower(), stopped at the smallest waiting counter",
-        replace(FINISH, "_o.charge(_c, _a - _b)", "_o.lower(_c, _b - _a)"),
+        replace(FINISH, "_o.charge(_c, _a - _b)", "_o.ledger.lower(_c, _b - _a)"),
     ),
     wrong(
         "a4_vtc",
