@@ -32,9 +32,10 @@ from minivtc.sim.step_time import step_time_model
 
 PACKAGE = Path(minivtc.__file__).parent
 
-# VTC, full reservation, no prefix cache, checks off: the paper's model.
+# VTC, full reservation, no prefix cache, checks off: the paper's setting.
 PAPER_ROOMS = {
     "engine/engine.py",
+    "fairness/scheduler.py",  # the admission round, Algorithm 2's loop
     "engine/admission.py",
     "engine/kv_pool.py",
     "fairness/vtc.py",
