@@ -46,8 +46,9 @@ PAPER_ROOMS = {
     "engine/text.py",
     "sim/simulator.py",  # the runner (its step-time model not followed) and the virtual clock
 }
-# Blocks on demand, the fair victim and a prefix cache: the prefix-caching allocator too.
-FAIR_MEMORY_ROOMS = PAPER_ROOMS | {"engine/prefix_cache.py"}
+# Blocks on demand, the fair victim and a prefix cache: the prefix-caching allocator and the
+# fair lift too.
+FAIR_MEMORY_ROOMS = PAPER_ROOMS | {"engine/prefix_cache.py", "fairness/fair_lift.py"}
 
 
 # The student's real step (`build_engine`: VTC, full reservation; the bundled model on the
