@@ -151,7 +151,9 @@ def simulate(
     prefix_caching, cached_weight = engine_spec.prefix_caching, engine_spec.cached_weight
     start = time.perf_counter()
     watch = BacklogWatch(engine, w_c=cached_weight) if watch_backlog else None
-    with gc_paused():  # PERF: 15-20% of a long simulation went to full collections
+    # PERF: a long simulation makes millions of objects that live to its end, and the collector
+    # would walk them all again and again (what it cost: the bench README, `minivtc bench sim`)
+    with gc_paused():
         step = watch.step if watch else engine.step
         served, rejected, steps = replay(engine, runner, trace, progress, step, prefix_caching)
     first = trace[0].arrival_s if trace else 0.0
