@@ -171,12 +171,14 @@ def test_with_w_p_above_w_q_the_spread_reaches_the_courses_u_not_the_papers():
 
 
 def test_the_profiled_h_states_its_own_bound_and_keeps_it():
-    """The issue's case: two clients, M = 1000, prompts and outputs of 100, spread 101 > 100.8
-    (max(w_p L_input, w_q M) with the profiled h's linear terms); its own bound holds."""
+    """Two clients, M = 1000, 30 requests each of 100 + 100 tokens: the spread, about 418,
+    passes the U of the profiled h's linear terms (w_p = 0.21 > w_q = 0.10, so the course's
+    U, 111.7 at L_input = 100; the paper's formula gives 100.8) and stays within h's own."""
     h, m = ProfiledCost(), 1000
-    arrivals = [Arrival(0.0, c, 100, 100) for c in "ab" for _ in range(12)]
+    arrivals = [Arrival(0.0, c, 100, 100) for c in "ab" for _ in range(30)]
     widest = run(VTC(cost=h), arrivals, m)
-    assert widest > max(h.w_p * 100, h.w_q * m)  # the linear terms' U: exceeded
+    assert h.w_p > h.w_q and fairness_bound(100, m, h.w_p, h.w_q) > max(h.w_p * 100, h.w_q * m)
+    assert widest > fairness_bound(100, m, h.w_p, h.w_q)  # the linear terms' U: exceeded
     assert widest <= spread_bound(h, 100, m)
 
 

@@ -120,7 +120,7 @@ def test_the_edition_s_lessons_have_no_solutions_and_their_checks_fail_untouched
     client = nbclient.NotebookClient(book, timeout=120, kernel_name="python3", resources=resources)
     with pytest.raises(nbclient.exceptions.CellExecutionError) as failure:
         client.execute()
-    assert "got = bound_u(*setting)" in str(failure.value)  # exercise 1
+    assert "trace = prompt_heavy(M)" in str(failure.value)  # exercise 1
 
 
 def test_the_grep_finds_every_reference_body_where_it_is():

@@ -138,16 +138,18 @@ def fairness_bound(max_input: int, pool_tokens: int, w_p: float = W_P, w_q: floa
     M; `admission.FullReservation`), no refunds (no predictor) and the lift. The smallest
     waiting counter F never falls: charges only raise counters, a client joining Q is lifted
     to F or above, one leaving Q leaves a minimum at least as large, and with Q empty the
-    floor is the last to leave, whose counter was >= F. Take a waiting client i at its last
-    dispatch, of n <= min(L_input, M) prompt tokens: c_i was then the smallest, <= F now.
-    Since then it was charged w_p n, and w_q for each token its running requests generated;
-    those requests were all dispatched by then and reserve, with the new prompt, at most M,
-    so they generate at most M - n tokens. So c_i - F <= w_p n + w_q (M - n), largest at
-    n = 0 if w_p <= w_q, at n = min(L_input, M) otherwise. A client never dispatched sits at
-    a lift, <= F. (w_p L_input counts only for an L_input above M, which full reservation
-    never admits; it keeps the paper's form.) Weights divide both terms by the client's.
-    Without full reservation it can fail: the artifact's peak check lets requests outgrow
-    what was reserved (Problem set 1), and blocks on demand have `preemptive_bound`."""
+    floor is the last to leave, whose counter was >= F. Take a waiting client i and the last
+    instant c_i was set from the floor (a dispatch at the smallest counter, or a lift that
+    raised it): c_i was then F at that instant, <= F now. Since then it was charged w_p n for
+    the prompt dispatched then (n <= min(L_input, M); n = 0 at a lift), and w_q for each token
+    its running requests generated; those requests were all dispatched by then and reserve,
+    with the new prompt, at most M, so they generate at most M - n tokens. So
+    c_i - F <= w_p n + w_q (M - n), largest at n = 0 if w_p <= w_q, at n = min(L_input, M)
+    otherwise. A client never set from the floor never ran and sits at 0, <= F. (w_p L_input
+    counts only for an L_input above M, which full reservation never admits; it keeps the
+    paper's form.) Weights divide both terms by the client's. Without full reservation it can
+    fail: the artifact's peak check admits requests whose full lengths add up past M (Problem
+    set 1), and blocks on demand have `preemptive_bound`."""
     surplus = max(w_p - w_q, 0.0) * min(max_input, pool_tokens)
     return max(w_p * max_input, w_q * pool_tokens + surplus)
 
