@@ -30,13 +30,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from minivtc.course import warm
+from minivtc.course import sandbox, warm
 from minivtc.course.assignments import ASSIGNMENTS, Assignment
 from minivtc.course.edition import PACKAGE, RELEASED, REPOSITORY, placeholder, take
-from minivtc.course.feedback import read_report, read_reported
+from minivtc.course.feedback import read_regular, read_report, read_reported
 from minivtc.course.rules import REFERENCE_POLICIES, out_of_reach, refusals
 
 TIME_LIMIT_S = 240  # per assignment: its tests take seconds; a hang is cut off here
+REPORT_BYTES = 4 << 20  # a report larger than this is not read (the reference's: ~20 KB)
+OUTPUT_BYTES = 1 << 20  # the tests' output kept for --verbose
 
 
 @dataclass
@@ -64,6 +66,7 @@ class How:
     time_limit_s: float = TIME_LIMIT_S
     forked: bool = False
     first_failure: bool = False
+    trusted: bool = False  # the instructor's own code (the reference, check-grader): no sandbox
 
 
 def grade(
@@ -72,14 +75,23 @@ def grade(
     time_limit_s: float = TIME_LIMIT_S,
     only: list[str] | None = None,
     echo: Callable[[str, str], None] | None = None,
+    trust_submissions: bool = False,
 ) -> dict:
     """Grade `edition` (a directory made by `release`, with the student's work) or, with None,
     the reference; write `out/grades.json` and return its contents. `echo(key, output)` is
-    given each assignment's full pytest output (`--verbose`)."""
+    given each assignment's full pytest output (`--verbose`). A student's code runs in a
+    sandbox (`sandbox.py`); where none starts, an edition is graded only with
+    `trust_submissions`."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     chosen = [a for a in ASSIGNMENTS if only is None or a.key in only]
-    how = How(time_limit_s)
+    how = How(time_limit_s, trusted=edition is None or trust_submissions)
+    if not how.trusted and (why := sandbox.why_not()) is not None:
+        raise ValueError(
+            f"cannot sandbox a student's code on this machine: {why}. Grading runs it; "
+            "without a sandbox it could read and write what you can. Grade only work you "
+            "trust with --trust-submissions"
+        )
+    out.mkdir(parents=True, exist_ok=True)
     grades = []
     for a in chosen:
         grades.append(grade_one(a, Path(edition) if edition else None, how))
@@ -108,13 +120,21 @@ def grade_one(
         root = Path(scratch)
         ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
         shutil.copytree(PACKAGE, root / "minivtc", ignore=ignore)
-        (root / "weights").symlink_to(REPOSITORY / "weights")  # the bundled model, read-only
+        if how.trusted:
+            (root / "weights").symlink_to(REPOSITORY / "weights")  # the bundled model
         if edition is None:
             return run_tests(a, root, how)
         return submit(a, edition, root, how, whole)
 
 
-def submit(a: Assignment, edition: Path, root: Path, how: How, whole: tuple[str, ...]) -> Grade:
+def submit(
+    a: Assignment,
+    edition: Path,
+    root: Path,
+    how: How,
+    whole: tuple[str, ...],
+    weights: Path | None = None,
+) -> Grade:
     """`a`'s code from `edition` put into the package at `root` (`take_submission`), then its
     tests: a submission refused by a rule scores 0, the rule named in the note."""
     try:
@@ -124,7 +144,7 @@ def submit(a: Assignment, edition: Path, root: Path, how: How, whole: tuple[str,
     refused = [n for n in notes if n.startswith("refused: ")]
     if refused:
         return zero(a, "; ".join(refused))
-    grade = run_tests(a, root, how)
+    grade = run_tests(a, root, how, weights)
     grade.note = "; ".join([grade.note] * bool(grade.note) + notes)
     return grade
 
@@ -156,25 +176,61 @@ def take_submission(a: Assignment, edition: Path, root: Path, whole: tuple[str, 
     return notes
 
 
-def run_tests(a: Assignment, root: Path, how: How, work: Path | None = None) -> Grade:
-    """`a`'s graded tests on the package in `root`; the report and output go to `work`."""
-    report, log = (work or root) / "report.xml", (work or root) / "output.txt"
-    tests = root / "minivtc" / "course" / "graded" / f"test_{a.key}.py"
-    args = ["-q", "-p", "no:cacheprovider", f"--junitxml={report}", str(tests)]
+def run_tests(a: Assignment, root: Path, how: How, weights: Path | None = None) -> Grade:
+    """`a`'s graded tests on the package in `root`: in a sandbox unless `how.trusted`
+    (`weights`: the bundled model it sees, read-only). The report is read only once the
+    sandbox is gone, and only if it is a regular file of bounded size."""
+    with tempfile.TemporaryDirectory(prefix=f"minivtc-exchange-{a.key}-") as exchange:
+        work = Path(exchange)
+        if how.trusted:
+            timed_out, output = launch(pytest_args(a, root, work, how), root, work, how)
+        else:
+            box = sandbox.Sandbox(root, work, weights or REPOSITORY / "weights")
+            args = pytest_args(a, sandbox.INSIDE, sandbox.EXCHANGE, how)
+            timed_out, output = boxed(box, args, how.time_limit_s)
+        if timed_out:
+            return zero(a, f"timed out after {how.time_limit_s:g} s", output)
+        tests = root / "minivtc" / "course" / "graded" / f"test_{a.key}.py"
+        try:
+            report = read_regular(work / "report.xml", REPORT_BYTES)
+            ran, failures = read_report(report, tests)
+            reported = read_reported(report)
+        except (OSError, SyntaxError, AttributeError, TypeError, ValueError):
+            return zero(a, "the tests did not run to the end", output)
+    return scored(a, ran, failures, output, reported)
+
+
+def pytest_args(a: Assignment, package: Path, work: Path, how: How) -> list[str]:
+    """pytest's arguments: `a`'s tests in `package`, the report to `work` (both as the
+    process that runs them sees them)."""
+    tests = package / "minivtc" / "course" / "graded" / f"test_{a.key}.py"
+    args = ["-q", "-p", "no:cacheprovider", f"--junitxml={work / 'report.xml'}", str(tests)]
     args += ["-o", "junit_family=xunit1"]  # xunit2 drops what the tests report (`reported`)
-    args += ["-x"] * how.first_failure
+    return args + ["-x"] * how.first_failure
+
+
+def launch(args: list[str], root: Path, work: Path, how: How) -> tuple[bool, str]:
+    """Trusted code's tests, unsandboxed: (timed out?, their output)."""
+    log = work / "output.txt"
     if how.forked:
         timed_out = warm.run_pytest(args, root, log, how.time_limit_s)
     else:
         timed_out = run_pytest(args, root, log, how.time_limit_s)
-    output = log.read_text(errors="replace") if log.exists() else ""
-    if timed_out:
-        return zero(a, f"timed out after {how.time_limit_s:g} s", output)
-    try:
-        ran, failures = read_report(report, tests)
-        reported = read_reported(report)
-    except (OSError, SyntaxError, AttributeError, TypeError, ValueError):
-        return zero(a, "the tests did not run to the end", output)
+    return timed_out, read_regular(log, OUTPUT_BYTES).decode(errors="replace")
+
+
+def boxed(box: sandbox.Sandbox, args: list[str], time_limit_s: float) -> tuple[bool, str]:
+    """The tests in `box`: (timed out?, their output). The limit covers everything; the
+    sandbox is gone when it returns."""
+    with tempfile.TemporaryDirectory(prefix="minivtc-log-") as logs:
+        log = Path(logs) / "output.txt"
+        timed_out = box.run([sys.executable, "-m", "pytest", *args], log, time_limit_s)
+        return timed_out, read_regular(log, OUTPUT_BYTES).decode(errors="replace")
+
+
+def scored(
+    a: Assignment, ran: list[str], failures: list, output: str, reported: list[str]
+) -> Grade:
     total = len(ran)
     failed = [{**asdict(f), "mechanism": mechanism(a, f.test)} for f in failures]
     lines = rubric(a, ran, failed)
@@ -229,8 +285,10 @@ def test_edition(key: str, edition: str | Path, time_limit_s: float = TIME_LIMIT
         shutil.copytree(
             edition / "minivtc", root / "minivtc", ignore=shutil.ignore_patterns("__pycache__")
         )
-        if (edition / "weights").is_dir():
-            (root / "weights").symlink_to(edition / "weights")
+        weights = edition / "weights" if (edition / "weights").is_dir() else None
+        how = How(time_limit_s, trusted=sandbox.why_not() is not None)  # the student's own
+        if how.trusted and weights is not None:
+            (root / "weights").symlink_to(weights)
         released = edition / RELEASED
         for file in {f for f, _ in a.functions}:
             if not (released / file).is_file():
@@ -240,7 +298,7 @@ def test_edition(key: str, edition: str | Path, time_limit_s: float = TIME_LIMIT
                     "grader does"
                 )
             shutil.copyfile(released / file, root / "minivtc" / file)
-        return summary([submit(a, edition, root, How(time_limit_s), ())])
+        return summary([submit(a, edition, root, how, (), weights)])
 
 
 def run_pytest(args: list[str], root: Path, log: Path, time_limit_s: float) -> bool:
