@@ -21,24 +21,35 @@ bound over its worst gap), printed under the assignment in the table.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from minivtc.course import sandbox, warm
+from minivtc.course import sandbox
 from minivtc.course.assignments import ASSIGNMENTS, Assignment
 from minivtc.course.edition import PACKAGE, RELEASED, REPOSITORY, placeholder, take
 from minivtc.course.feedback import read_regular, read_report, read_reported
 from minivtc.course.rules import REFERENCE_POLICIES, out_of_reach, refusals
+from minivtc.course.runs import (
+    SPEC,
+    TIME_LIMIT_S,
+    How,
+    boxed,
+    launch,
+    pytest_args,
+    spec,
+)
 
-TIME_LIMIT_S = 240  # per assignment: its tests take seconds; a hang is cut off here
+# The assignments whose tests run outside the sandbox, each call of a student's function sent
+# to it through the channel (`proxy.py`): their tests call those functions a few thousand times
+# on small state. a4's and a6's call them tens of thousands of times with the policy's whole
+# state (every waiting request), which the channel copies both ways at each call: 100 times
+# slower than in one process (a4's Lemma 4.3 test: 0.4 s -> 150 s), so their tests run in the
+# sandbox with the student's code, and their report is taken as written there.
+CHANNEL = frozenset({"a1_llama", "a2_blocks", "a3_batching", "a5_metric", "a6_fair"})
 REPORT_BYTES = 4 << 20  # a report larger than this is not read (the reference's: ~20 KB)
-OUTPUT_BYTES = 1 << 20  # the tests' output kept for --verbose
 
 
 @dataclass
@@ -55,18 +66,6 @@ class Grade:
     )  # {"mechanism", "points", "max_points", "failed"}
     output: str = field(default="", repr=False)  # pytest's, for --verbose (not saved)
     reported: list[str] = field(default_factory=list)  # the tests' numbers, pass or fail
-
-
-@dataclass(frozen=True)
-class How:
-    """How to run an assignment's tests: `forked` from a warm process (`warm.py`);
-    `first_failure`: stop at the first failed test (the grader's own checks only ask whether
-    a submission loses points)."""
-
-    time_limit_s: float = TIME_LIMIT_S
-    forked: bool = False
-    first_failure: bool = False
-    trusted: bool = False  # the instructor's own code (the reference, check-grader): no sandbox
 
 
 def grade(
@@ -112,19 +111,30 @@ def summary(grades: list[Grade]) -> dict:
 
 
 def grade_one(
-    a: Assignment, edition: Path | None, how: How = How(), whole: tuple[str, ...] = ()
+    a: Assignment, edition: Path | None, how: How | None = None, whole: tuple[str, ...] = ()
 ) -> Grade:
     """`whole`: files (under minivtc/) taken from `edition` as they are, besides the
     assignment's own (the grader's check: a mutated answer beside the file that uses it)."""
+    how = how or How()
     with tempfile.TemporaryDirectory(prefix=f"minivtc-grade-{a.key}-") as scratch:
-        root = Path(scratch)
-        ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-        shutil.copytree(PACKAGE, root / "minivtc", ignore=ignore)
-        if how.trusted:
-            (root / "weights").symlink_to(REPOSITORY / "weights")  # the bundled model
+        tests = copy_package(PACKAGE, Path(scratch) / "tests", REPOSITORY / "weights")
         if edition is None:
-            return run_tests(a, root, how)
-        return submit(a, edition, root, how, whole)
+            return run_tests(a, tests, how)
+        if how.trusted:  # the student's functions put into the tests' own package
+            return submit(a, edition, tests, how, whole)
+        student = copy_package(PACKAGE, Path(scratch) / "student", None)
+        return submit(a, edition, student, how, whole, tests, REPOSITORY / "weights")
+
+
+def copy_package(package: Path, root: Path, weights: Path | None) -> Path:
+    """A scratch copy of `package` at root/minivtc; `weights` linked beside it (for the
+    tests' side only: never into the sandbox, where a link would show the checkout)."""
+    shutil.copytree(
+        package, root / "minivtc", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
+    if weights is not None and weights.is_dir():
+        (root / "weights").symlink_to(weights)
+    return root
 
 
 def submit(
@@ -133,10 +143,13 @@ def submit(
     root: Path,
     how: How,
     whole: tuple[str, ...],
+    tests: Path | None = None,
     weights: Path | None = None,
 ) -> Grade:
     """`a`'s code from `edition` put into the package at `root` (`take_submission`), then its
-    tests: a submission refused by a rule scores 0, the rule named in the note."""
+    tests: on `tests`, the student's code running in a sandbox over `root` (`CHANNEL`), or
+    the tests with it in the sandbox (`weights` seen there), or, trusted, on `root` itself.
+    A submission refused by a rule scores 0, the rule named in the note."""
     try:
         notes = take_submission(a, edition, root, whole)
     except (OSError, ValueError, SyntaxError, UnicodeDecodeError) as e:
@@ -144,7 +157,12 @@ def submit(
     refused = [n for n in notes if n.startswith("refused: ")]
     if refused:
         return zero(a, "; ".join(refused))
-    grade = run_tests(a, root, how, weights)
+    if tests is None:
+        grade = run_tests(a, root, how)
+    elif a.key in CHANNEL:
+        grade = run_tests(a, tests, how, root)
+    else:
+        grade = run_in_sandbox(a, root, how, weights)
     grade.note = "; ".join([grade.note] * bool(grade.note) + notes)
     return grade
 
@@ -176,56 +194,47 @@ def take_submission(a: Assignment, edition: Path, root: Path, whole: tuple[str, 
     return notes
 
 
-def run_tests(a: Assignment, root: Path, how: How, weights: Path | None = None) -> Grade:
-    """`a`'s graded tests on the package in `root`: in a sandbox unless `how.trusted`
-    (`weights`: the bundled model it sees, read-only). The report is read only once the
-    sandbox is gone, and only if it is a regular file of bounded size."""
-    with tempfile.TemporaryDirectory(prefix=f"minivtc-exchange-{a.key}-") as exchange:
-        work = Path(exchange)
-        if how.trusted:
-            timed_out, output = launch(pytest_args(a, root, work, how), root, work, how)
-        else:
-            box = sandbox.Sandbox(root, work, weights or REPOSITORY / "weights")
-            args = pytest_args(a, sandbox.INSIDE, sandbox.EXCHANGE, how)
-            timed_out, output = boxed(box, args, how.time_limit_s)
-        if timed_out:
-            return zero(a, f"timed out after {how.time_limit_s:g} s", output)
-        tests = root / "minivtc" / "course" / "graded" / f"test_{a.key}.py"
-        try:
-            report = read_regular(work / "report.xml", REPORT_BYTES)
-            ran, failures = read_report(report, tests)
-            reported = read_reported(report)
-        except (OSError, SyntaxError, AttributeError, TypeError, ValueError):
-            return zero(a, "the tests did not run to the end", output)
+def run_tests(a: Assignment, root: Path, how: How, student: Path | None = None) -> Grade:
+    """`a`'s graded tests on the package in `root`, in a process of their own outside any
+    sandbox. With `student` (a package copy holding the student's code), each function the
+    assignment asks for runs there, in a sandbox, called through the channel (`proxy.py`):
+    the tests, their verdicts and their report stay out of the student's code's reach."""
+    with tempfile.TemporaryDirectory(prefix=f"minivtc-report-{a.key}-") as scratch:
+        work = Path(scratch)
+        args = pytest_args(a, root, work, how)
+        env = {}
+        if student is not None:
+            args = ["-p", "minivtc.course.proxy", *args]
+            env[SPEC] = json.dumps(spec(a, student, how))
+        timed_out, output = launch(args, root, work, how, env)
+        return verdict(a, root, work, how.time_limit_s if timed_out else None, output)
+
+
+def verdict(a: Assignment, root: Path, work: Path, timed_out: float | None, output: str) -> Grade:
+    """The grade from the tests' report in `work` (read as a bounded regular file);
+    `timed_out`: the limit they were cut off at."""
+    if timed_out is not None:
+        return zero(a, f"timed out after {timed_out:g} s", output)
+    tests = root / "minivtc" / "course" / "graded" / f"test_{a.key}.py"
+    try:
+        report = read_regular(work / "report.xml", REPORT_BYTES)
+        ran, failures = read_report(report, tests)
+        reported = read_reported(report)
+    except (OSError, SyntaxError, AttributeError, TypeError, ValueError):
+        return zero(a, "the tests did not run to the end", output)
     return scored(a, ran, failures, output, reported)
 
 
-def pytest_args(a: Assignment, package: Path, work: Path, how: How) -> list[str]:
-    """pytest's arguments: `a`'s tests in `package`, the report to `work` (both as the
-    process that runs them sees them)."""
-    tests = package / "minivtc" / "course" / "graded" / f"test_{a.key}.py"
-    args = ["-q", "-p", "no:cacheprovider", f"--junitxml={work / 'report.xml'}", str(tests)]
-    args += ["-o", "junit_family=xunit1"]  # xunit2 drops what the tests report (`reported`)
-    return args + ["-x"] * how.first_failure
-
-
-def launch(args: list[str], root: Path, work: Path, how: How) -> tuple[bool, str]:
-    """Trusted code's tests, unsandboxed: (timed out?, their output)."""
-    log = work / "output.txt"
-    if how.forked:
-        timed_out = warm.run_pytest(args, root, log, how.time_limit_s)
-    else:
-        timed_out = run_pytest(args, root, log, how.time_limit_s)
-    return timed_out, read_regular(log, OUTPUT_BYTES).decode(errors="replace")
-
-
-def boxed(box: sandbox.Sandbox, args: list[str], time_limit_s: float) -> tuple[bool, str]:
-    """The tests in `box`: (timed out?, their output). The limit covers everything; the
-    sandbox is gone when it returns."""
-    with tempfile.TemporaryDirectory(prefix="minivtc-log-") as logs:
-        log = Path(logs) / "output.txt"
-        timed_out = box.run([sys.executable, "-m", "pytest", *args], log, time_limit_s)
-        return timed_out, read_regular(log, OUTPUT_BYTES).decode(errors="replace")
+def run_in_sandbox(a: Assignment, root: Path, how: How, weights: Path | None) -> Grade:
+    """`a`'s graded tests run in the sandbox with the student's code (the assignments not in
+    `CHANNEL`): nothing outside it is reached or left running, but the tests' report is
+    written in there, where the student's code could forge it."""
+    with tempfile.TemporaryDirectory(prefix=f"minivtc-exchange-{a.key}-") as scratch:
+        work = Path(scratch)
+        box = sandbox.Sandbox(root, work, weights if weights and weights.is_dir() else None)
+        args = pytest_args(a, sandbox.INSIDE, sandbox.EXCHANGE, how)
+        timed_out, output = boxed(box, args, how.time_limit_s)
+        return verdict(a, root, work, how.time_limit_s if timed_out else None, output)
 
 
 def scored(
@@ -275,20 +284,16 @@ def rubric(a: Assignment, ran: list[str], failed: list[dict]) -> list[dict]:
 
 def test_edition(key: str, edition: str | Path, time_limit_s: float = TIME_LIMIT_S) -> dict:
     """`key`'s graded tests on `edition`'s own package (`minivtc course test`), taken as the
-    grader takes it: the edition's files as released (`released/`, kept by `release`) with the
-    student's functions and helpers put in by the same rules (`take_submission`), the rest of
-    the package the student's own. Nothing of the reference's is used."""
+    grader takes it, through the same sandbox and channel: the edition's files as released
+    (`released/`, kept by `release`) with the student's functions and helpers put in by the
+    same rules (`take_submission`), the rest of the package the student's own. Nothing of the
+    reference's is used. Where no sandbox starts, the student's own code runs unsandboxed."""
     (a,) = [a for a in ASSIGNMENTS if a.key == key]
     edition = Path(edition).resolve()
+    how = How(time_limit_s, trusted=sandbox.why_not() is not None)
     with tempfile.TemporaryDirectory(prefix=f"minivtc-test-{key}-") as scratch:
-        root = Path(scratch)
-        shutil.copytree(
-            edition / "minivtc", root / "minivtc", ignore=shutil.ignore_patterns("__pycache__")
-        )
-        weights = edition / "weights" if (edition / "weights").is_dir() else None
-        how = How(time_limit_s, trusted=sandbox.why_not() is not None)  # the student's own
-        if how.trusted and weights is not None:
-            (root / "weights").symlink_to(weights)
+        tests = copy_package(edition / "minivtc", Path(scratch) / "tests", edition / "weights")
+        student = copy_package(edition / "minivtc", Path(scratch) / "student", None)
         released = edition / RELEASED
         for file in {f for f, _ in a.functions}:
             if not (released / file).is_file():
@@ -297,27 +302,11 @@ def test_edition(key: str, edition: str | Path, time_limit_s: float = TIME_LIMIT
                     "there (made by `minivtc course release`), to take your code as the "
                     "grader does"
                 )
-            shutil.copyfile(released / file, root / "minivtc" / file)
-        return summary([submit(a, edition, root, how, (), weights)])
-
-
-def run_pytest(args: list[str], root: Path, log: Path, time_limit_s: float) -> bool:
-    """pytest in a fresh process, the scratch package first on its path; True: it timed out."""
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    with log.open("wb") as sink:
-        try:
-            command = [sys.executable, "-m", "pytest", *args]
-            subprocess.run(
-                command,
-                cwd=root,
-                env=env,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                timeout=time_limit_s,
-            )
-        except subprocess.TimeoutExpired:
-            return True
-    return False
+            for root in (tests, student):
+                shutil.copyfile(released / file, root / "minivtc" / file)
+        if how.trusted:
+            return summary([submit(a, edition, tests, how, ())])
+        return summary([submit(a, edition, student, how, (), tests, edition / "weights")])
 
 
 def table(result: dict) -> str:
