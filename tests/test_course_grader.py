@@ -14,7 +14,10 @@ import sys
 
 import pytest
 
+from minivtc.course import sandbox
 from minivtc.course.assignments import ASSIGNMENTS
+from minivtc.course.check import CHECK_LIMIT_S, answer_files, assignment, write_edition
+from minivtc.course.grade import CHANNEL, How, grade_one
 from minivtc.course.wrong import WRONG
 
 NAMED_IN_THE_ISSUE = {  # the wrong answers that once got full marks
@@ -60,3 +63,18 @@ def test_every_wrong_solution_loses_points(tmp_path):
     kept = [f"{r['assignment']}: {r['wrong']}" for r in rows if r["points"] >= r["max"]]
     assert not kept, f"full marks for wrong solutions: {kept}"
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sandbox.why_not() is not None, reason=str(sandbox.why_not()))
+@pytest.mark.parametrize("key", sorted(CHANNEL))
+def test_wrong_solutions_lose_points_through_the_sandbox_and_its_channel(key, tmp_path):
+    """The catalogue's check runs the instructor's code unsandboxed; graded as a student's
+    (the tests outside the sandbox, the wrong functions inside it), the first two wrong
+    solutions of each assignment whose tests call through the channel lose points too."""
+    a = assignment(key)
+    for i, wrong in enumerate([w for w in WRONG if w.key == key][:2]):
+        edition = write_edition(wrong, tmp_path / str(i))
+        whole = answer_files(a) if wrong.own_file is None else ()
+        g = grade_one(a, edition, How(CHECK_LIMIT_S), whole)
+        assert g.points < g.max_points, (wrong.what, g)

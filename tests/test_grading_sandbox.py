@@ -8,6 +8,7 @@ seen the instructor's machine would write it. Skipped where bubblewrap cannot st
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import subprocess
@@ -18,39 +19,45 @@ from pathlib import Path
 import pytest
 
 from minivtc.course import sandbox
-from minivtc.course.assignments import ASSIGNMENTS
+from minivtc.course.assignments import ASSIGNMENTS, Assignment
 from minivtc.course.edition import PACKAGE, REPOSITORY, stub
-from minivtc.course.grade import grade
+from minivtc.course.grade import CHANNEL, grade
 
 pytestmark = pytest.mark.skipif(sandbox.why_not() is not None, reason=str(sandbox.why_not()))
 (A4,) = [a for a in ASSIGNMENTS if a.key == "a4_vtc"]
+(A5,) = [a for a in ASSIGNMENTS if a.key == "a5_metric"]
 
 
 def a4_edition(out: Path, constant: str = "", body: str = "") -> Path:
-    """An edition whose a4 file has every function left a stub (or given `body`, NAME in it
-    the function's name) and `constant` (a statement at module level, carried as a student's
-    constant)."""
-    file = A4.functions[0][0]
+    return edition(A4, out, constant, body)
+
+
+def edition(a: Assignment, out: Path, constant: str = "", body: str = "") -> Path:
+    """An edition whose file for `a` has every function left a stub (or given `body`, NAME in
+    it the function's name) and `constant` (a statement after the imports, carried as a
+    student's constant)."""
+    file = a.functions[0][0]
     source = (PACKAGE / file).read_text()
-    for _, qualname in A4.functions:
+    for _, qualname in a.functions:
         message = f"stub {qualname}"
         source = stub(source, qualname, message)
         if body:
             name = repr(qualname.rpartition(".")[2])
-            source = source.replace(
-                f"raise NotImplementedError({message!r})", body.replace("NAME", name)
-            )
+            stubbed = f"raise NotImplementedError({message!r})"
+            source = source.replace(stubbed, body.replace("NAME", name))
     if constant:
-        last_import = source.index("\n\n", source.index("\nfrom minivtc"))
-        source = source[:last_import] + "\n" + constant + source[last_import:]
+        imports = [n for n in ast.parse(source).body if isinstance(n, (ast.Import, ast.ImportFrom))]
+        lines = source.splitlines(keepends=True)
+        at = max(n.end_lineno or 0 for n in imports)
+        source = "".join(lines[:at] + ["\n", constant + "\n"] + lines[at:])
     path = out / "minivtc" / file
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(source)
     return out
 
 
-def graded(edition: Path, out: Path, **options) -> dict:
-    return grade(edition, out, only=["a4_vtc"], **options)["assignments"][0]
+def graded(edition: Path, out: Path, key: str = "a4_vtc") -> dict:
+    return grade(edition, out, only=[key])["assignments"][0]
 
 
 # The atexit hook: every failure removed from the junit XML the grader used to read
@@ -70,8 +77,15 @@ REWRITE = (
 )
 
 
-@pytest.mark.xfail(strict=True, reason="the tests still run beside the student's code")
 def test_an_atexit_hook_that_rewrites_the_report_changes_nothing(tmp_path):
+    """a5's tests run outside the sandbox (`grade.CHANNEL`): the hook runs in the sandbox,
+    where no report is."""
+    g = graded(edition(A5, tmp_path / "ed", REWRITE), tmp_path / "out", A5.key)
+    assert A5.key in CHANNEL and g["points"] == 0, g
+
+
+@pytest.mark.xfail(strict=True, reason="a4's tests run in the sandbox, beside the student's code")
+def test_an_atexit_hook_cannot_rewrite_a4_s_report(tmp_path):
     g = graded(a4_edition(tmp_path / "ed", REWRITE), tmp_path / "out")
     assert g["points"] == 0, g
 
@@ -254,3 +268,33 @@ def test_the_sandbox_sees_no_home_no_checkout_and_no_network(tmp_path):
     assert "network: no" in said, said
     if os.geteuid() == 0:
         assert f"uid: {sandbox.NOBODY}" in said, said
+
+
+def test_the_capstone_cannot_reach_the_reference_drr(tmp_path):
+    """A capstone that is the reference DRR, exec'd from wherever it can be found (the names
+    the capstone's rule refuses appear only in strings): the sandbox holds none."""
+    capstone = (
+        '"""A capstone."""\n\n'
+        "import pathlib\n\n\n"
+        "def _reference():\n"
+        "    here = pathlib.Path(__file__).resolve().parents[2]\n"
+        f"    roots = ((here / 'weights').resolve().parent, pathlib.Path({str(REPOSITORY)!r}))\n"
+        "    for root in (*roots, here):\n"
+        "        path = root / 'minivtc' / 'fairness' / 'drr.py'\n"
+        "        space = {'__name__': 'reference'}\n"
+        "        if path.is_file():\n"
+        "            exec(compile(path.read_text(), str(path), 'exec'), space)\n"
+        "            policy = space['D' + 'RR']\n"
+        "            try:\n"
+        "                policy()\n"
+        "                return policy\n"
+        "            except NotImplementedError:\n"
+        "                continue\n"
+        "    raise FileNotFoundError('no reference')\n\n\n"
+        "FairPolicy = _reference()\n"
+    )
+    path = tmp_path / "ed" / "minivtc" / "course" / "capstone.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(capstone)
+    g = graded(tmp_path / "ed", tmp_path / "out", "a6_fair")
+    assert g["points"] == 0, g

@@ -76,13 +76,18 @@ def describe(module: Any) -> dict:
     classes, functions, constants = {}, [], {}
     codec = Codec(trusted=False)
     for name, value in vars(module).items():
-        if inspect.isclass(value) and value.__module__ == module.__name__:
+        if inspect.isclass(value) and not another_modules(value, module.__name__):
             classes[name] = describe_class(value, codec)
         elif inspect.isfunction(value) and value.__module__ == module.__name__:
             functions.append(name)
         elif not name.startswith("__") and isinstance(value, (bool, int, float, str)):
             constants[name] = value
     return {"classes": classes, "functions": functions, "constants": constants}
+
+
+def another_modules(cls: type, module: str) -> bool:
+    """Is `cls` another module of the package's (which the grader's side has too)?"""
+    return cls.__module__ != module and cls.__module__.split(".")[0] in ("minivtc", "builtins")
 
 
 def describe_class(cls: type, codec: Codec) -> dict:
