@@ -5,7 +5,7 @@ Owns the framing (`send`, `receive`: a length, then the JSON; every read has a d
 size cap, so that nothing the sandbox does can stall the grader), `ChannelError` (what the
 sandbox sent cannot be taken: the test that called fails with it), and the values that stand
 for what cannot travel (`Foreign`, `Opaque`). Turning values into JSON and back is
-`codec.py`'s; running calls is `proxy.py`'s (the grader's side) and `worker.py`'s (the
+`codec.py`'s; running calls is `caller.py`'s (the grader's side) and `worker.py`'s (the
 sandbox's).
 """
 

@@ -7,7 +7,7 @@ imported. Each side names what it sent by an id, and what comes back under that 
 original in place (a Request the test holds sees what the student's `dispatch` did to it); a
 tensor or a container of plain values the other side holds unchanged travels as its id alone.
 What cannot be rebuilt (a lambda) travels as an opaque id, which the sandbox may call back
-(`Opaque`; `proxy.py` allows it for a function of the package only: a test's clock).
+(`Opaque`; `caller.py` allows it for a function of the package only: a test's clock).
 """
 
 from __future__ import annotations

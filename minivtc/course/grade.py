@@ -32,7 +32,7 @@ from minivtc.course.assignments import ASSIGNMENTS, Assignment
 from minivtc.course.edition import PACKAGE, RELEASED, REPOSITORY, placeholder, take
 from minivtc.course.feedback import read_regular, read_report, read_reported
 from minivtc.course.rules import REFERENCE_POLICIES, out_of_reach, refusals
-from minivtc.course.runs import (
+from minivtc.course.testrun import (
     SPEC,
     TIME_LIMIT_S,
     How,
@@ -43,14 +43,14 @@ from minivtc.course.runs import (
 )
 
 # The assignments whose tests run outside the sandbox, each call of a student's function sent
-# to it through the channel (`proxy.py`): their tests call those functions a few thousand times
+# to it through the channel (`caller.py`): their tests call those functions a few thousand times
 # on small state. a4's and a6's call them tens of thousands of times with the policy's whole
 # state (every waiting request), which the channel copies both ways at each call: 100 times
 # slower than in one process (a4's Lemma 4.3 test: 0.4 s -> 150 s), so their tests run in the
 # sandbox with the student's code, and their report is taken as written there.
 CHANNEL = frozenset({"a1_llama", "a2_blocks", "a3_batching", "a5_metric", "a6_fair"})
 # The tests' side's copy of a file the student writes whole: empty (its classes and functions
-# are the worker's, `proxy.Session.stand_ins`), so nothing of the reference's answer is there
+# are the worker's, `caller.Session.stand_ins`), so nothing of the reference's answer is there
 OWN_FILE = '"""The student\'s file: what it defines runs in the sandbox."""\n'
 REPORT_BYTES = 4 << 20  # a report larger than this is not read (the reference's: ~20 KB)
 
@@ -202,14 +202,14 @@ def take_submission(a: Assignment, edition: Path, root: Path, whole: tuple[str, 
 def run_tests(a: Assignment, root: Path, how: How, student: Path | None = None) -> Grade:
     """`a`'s graded tests on the package in `root`, in a process of their own outside any
     sandbox. With `student` (a package copy holding the student's code), each function the
-    assignment asks for runs there, in a sandbox, called through the channel (`proxy.py`):
+    assignment asks for runs there, in a sandbox, called through the channel (`caller.py`):
     the tests, their verdicts and their report stay out of the student's code's reach."""
     with tempfile.TemporaryDirectory(prefix=f"minivtc-report-{a.key}-") as scratch:
         work = Path(scratch)
         args = pytest_args(a, root, work, how)
         env = {}
         if student is not None:
-            args = ["-p", "minivtc.course.proxy", *args]
+            args = ["-p", "minivtc.course.caller", *args]
             env[SPEC] = json.dumps(spec(a, student, how))
         timed_out, output = launch(args, root, work, how, env)
         return verdict(a, root, work, how.time_limit_s if timed_out else None, output)

@@ -7,7 +7,7 @@ student's code with them, and describe the classes and functions of a file the s
 writes whole, the capstone), `call` (run one function on the arguments sent, and send back
 its result and what it did to its arguments) and, while a call runs, it may ask the grader to
 call back one of the test's own functions (`Opaque`). Decides nothing: whatever it sends is
-checked by the grader's tests (`proxy.py`).
+checked by the grader's tests (`caller.py`).
 """
 
 from __future__ import annotations

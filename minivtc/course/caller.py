@@ -1,6 +1,6 @@
 """The grader's end of the channel: the graded tests run here, a student's code in a sandbox.
 
-A pytest plugin (`-p minivtc.course.proxy`), active when the grader sets `SPEC` in the
+A pytest plugin (`-p minivtc.course.caller`), active when the grader sets `SPEC` in the
 environment. It starts the worker (`worker.py`) in a sandbox over the package copy that holds
 the student's code (`sandbox.py`), and replaces each function the assignment asks for, in
 this process's package, by a proxy: a call ships (arguments, self) to the worker, which runs
@@ -33,7 +33,7 @@ import pytest
 from minivtc.course import sandbox
 from minivtc.course.channel import ChannelError, receive, resolve, send
 from minivtc.course.codec import Codec
-from minivtc.course.runs import SPEC  # {"root", "modules", "functions", "own", "deadline"}
+from minivtc.course.testrun import SPEC  # {"root", "modules", "functions", "own", "deadline"}
 
 CALL_LIMIT_S = 60.0  # one call of a student's function (a step, a dispatch) takes far less
 START_LIMIT_S = 120.0  # the worker's start: importing torch and the student's modules

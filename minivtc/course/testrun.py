@@ -3,7 +3,7 @@
 Owns `How` (the options of one run), `launch` (pytest in a fresh process, or forked from this
 one for the grader's own checks, cut off at the time limit), `boxed` (pytest inside the
 sandbox) and `spec` (what the tests' side needs to start a student's code in the sandbox and
-call it: `proxy.py`). Does not read reports or give points (`grade.py`).
+call it: `caller.py`). Does not read reports or give points (`grade.py`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from minivtc.course.feedback import read_regular
 
 TIME_LIMIT_S = 240  # per assignment: its tests take seconds; a hang is cut off here
 OUTPUT_BYTES = 1 << 20  # the tests' output kept for --verbose
-SPEC = "MINIVTC_SANDBOXED"  # the environment variable `proxy.py` reads its settings from
+SPEC = "MINIVTC_SANDBOXED"  # the environment variable `caller.py` reads its settings from
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class How:
 
 
 def spec(a: Assignment, student: Path, how: How) -> dict:
-    """What the tests' side needs to start the student's code (`proxy.SPEC`): the package
+    """What the tests' side needs to start the student's code (`caller.SPEC`): the package
     copy, the modules to import, the functions to replace, the file written whole, and when
     every call must be answered by (a margin before the grader's own limit, so the tests
     still end and report)."""
