@@ -31,7 +31,7 @@ from typing import Any
 import pytest
 
 from minivtc.course import sandbox
-from minivtc.course.channel import ChannelError, receive, resolve, send
+from minivtc.course.channel import TIMED_OUT, ChannelError, receive, resolve, send
 from minivtc.course.codec import Codec
 from minivtc.course.testrun import SPEC  # {"root", "modules", "functions", "own", "deadline"}
 
@@ -155,7 +155,7 @@ class Session:
     def start(self) -> dict:
         """The worker, in a fresh sandbox; its description of the student's own file."""
         if time.monotonic() >= self.deadline:
-            raise ChannelError("the time limit for this assignment is spent")
+            raise ChannelError(f"{TIMED_OUT}: the time limit for this assignment is spent")
         inbox, theirs_out = os.pipe()
         theirs_in, outbox = os.pipe()
         box = sandbox.Sandbox(Path(self.spec["root"]), weights=self.weights())

@@ -26,6 +26,7 @@ from typing import Any
 
 import torch
 
+TIMED_OUT = "no answer within the time limit"  # a failure's note that `grade.py` looks for
 MAX_MESSAGE = 256 << 20  # bytes: a1's and a3's tensors fit many times over
 HEADER = struct.Struct(">Q")
 DTYPES = {
@@ -171,7 +172,7 @@ def read_exactly(fd: int, size: int, deadline: float) -> bytes:
     while left:
         wait = None if deadline == float("inf") else deadline - time.monotonic()
         if wait is not None and (wait <= 0 or not select.select([fd], [], [], wait)[0]):
-            raise ChannelError("no answer within the time limit")
+            raise ChannelError(TIMED_OUT)
         chunk = os.read(fd, min(left, 1 << 20))
         if not chunk:
             raise ChannelError("the sandbox is gone (it crashed or exited)")

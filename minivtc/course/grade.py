@@ -29,6 +29,7 @@ from pathlib import Path
 
 from minivtc.course import sandbox
 from minivtc.course.assignments import ASSIGNMENTS, Assignment
+from minivtc.course.channel import TIMED_OUT
 from minivtc.course.edition import PACKAGE, RELEASED, REPOSITORY, placeholder, take
 from minivtc.course.feedback import read_regular, read_report, read_reported
 from minivtc.course.rules import REFERENCE_POLICIES, out_of_reach, refusals
@@ -212,7 +213,10 @@ def run_tests(a: Assignment, root: Path, how: How, student: Path | None = None) 
             args = ["-p", "minivtc.course.caller", *args]
             env[SPEC] = json.dumps(spec(a, student, how))
         timed_out, output = launch(args, root, work, how, env)
-        return verdict(a, root, work, how.time_limit_s if timed_out else None, output)
+        grade = verdict(a, root, work, how.time_limit_s if timed_out else None, output)
+    if any(TIMED_OUT in f["message"] for f in grade.failures):  # a call hung: as a hang
+        return zero(a, f"timed out after {how.time_limit_s:g} s (your code did not answer)", output)
+    return grade
 
 
 def verdict(a: Assignment, root: Path, work: Path, timed_out: float | None, output: str) -> Grade:
