@@ -23,7 +23,7 @@ from minivtc.course.assignments import ASSIGNMENTS, Assignment
 from minivtc.course.edition import PACKAGE, REPOSITORY, stub
 from minivtc.course.grade import CHANNEL, grade
 
-pytestmark = pytest.mark.skipif(sandbox.why_not() is not None, reason=str(sandbox.why_not()))
+needs_sandbox = pytest.mark.skipif(sandbox.why_not() is not None, reason=str(sandbox.why_not()))
 (A4,) = [a for a in ASSIGNMENTS if a.key == "a4_vtc"]
 (A5,) = [a for a in ASSIGNMENTS if a.key == "a5_metric"]
 
@@ -77,6 +77,7 @@ REWRITE = (
 )
 
 
+@needs_sandbox
 def test_an_atexit_hook_that_rewrites_the_report_changes_nothing(tmp_path):
     """a5's tests run outside the sandbox (`grade.CHANNEL`): the hook runs in the sandbox,
     where no report is."""
@@ -84,12 +85,14 @@ def test_an_atexit_hook_that_rewrites_the_report_changes_nothing(tmp_path):
     assert A5.key in CHANNEL and g["points"] == 0, g
 
 
+@needs_sandbox
 @pytest.mark.xfail(strict=True, reason="a4's tests run in the sandbox, beside the student's code")
 def test_an_atexit_hook_cannot_rewrite_a4_s_report(tmp_path):
     g = graded(a4_edition(tmp_path / "ed", REWRITE), tmp_path / "out")
     assert g["points"] == 0, g
 
 
+@needs_sandbox
 def test_the_reference_is_out_of_reach(tmp_path):
     """Each a4 function execs the reference's vtc.py, found through the grading copy's
     `weights` (once a link into the checkout) or at the checkout's own path."""
@@ -112,6 +115,7 @@ def test_the_reference_is_out_of_reach(tmp_path):
     assert g["points"] == 0, g
 
 
+@needs_sandbox
 def test_a_file_of_the_instructor_never_reaches_the_feedback(tmp_path):
     secret = tmp_path / "home" / ".bashrc"
     secret.parent.mkdir()
@@ -123,6 +127,7 @@ def test_a_file_of_the_instructor_never_reaches_the_feedback(tmp_path):
     assert "4711" not in (tmp_path / "out" / "grades.json").read_text()
 
 
+@needs_sandbox
 def test_a_daemon_cannot_rewrite_grades_after_the_grader_exits(tmp_path):
     out = tmp_path / "out"
     forged = json.dumps({"assignments": [], "total": 30, "max_total": 30})
@@ -147,6 +152,7 @@ def test_a_daemon_cannot_rewrite_grades_after_the_grader_exits(tmp_path):
     assert json.loads((out / "grades.json").read_text())["total"] == 0
 
 
+@needs_sandbox
 def test_nothing_outside_the_sandbox_is_written(tmp_path):
     """The checkout stands in: a file outside the sandbox, at a path the student knows."""
     canary = tmp_path / "checkout" / "feedback.py"
@@ -158,6 +164,7 @@ def test_nothing_outside_the_sandbox_is_written(tmp_path):
     assert canary.read_text() == "untouched\n"
 
 
+@needs_sandbox
 def test_a_named_pipe_for_a_report_cannot_stall_the_grader(tmp_path):
     """The report replaced by a fifo when the tests end: the grader returns within its limit
     and the next submission is graded (a child process, in case it does not)."""
@@ -190,6 +197,7 @@ def test_a_named_pipe_for_a_report_cannot_stall_the_grader(tmp_path):
     assert time.monotonic() - start < 90
 
 
+@needs_sandbox
 def test_no_process_outlives_grading(tmp_path):
     marker = f"minivtc-leftover-{os.getpid()}"
     spawn = (
@@ -220,6 +228,7 @@ def run_boxed(tmp_path: Path, code: str, limits: sandbox.Limits) -> str:
     return log.read_text()
 
 
+@needs_sandbox
 def test_memory_processes_and_file_size_are_limited(tmp_path):
     code = (
         "import os, subprocess\n"
@@ -251,6 +260,7 @@ def test_memory_processes_and_file_size_are_limited(tmp_path):
     assert "file: refused" in said, said
 
 
+@needs_sandbox
 def test_the_sandbox_sees_no_home_no_checkout_and_no_network(tmp_path):
     code = (
         "import os, socket\n"
@@ -270,6 +280,7 @@ def test_the_sandbox_sees_no_home_no_checkout_and_no_network(tmp_path):
         assert f"uid: {sandbox.NOBODY}" in said, said
 
 
+@needs_sandbox
 def test_the_capstone_cannot_reach_the_reference_drr(tmp_path):
     """A capstone that is the reference DRR, exec'd from wherever it can be found (the names
     the capstone's rule refuses appear only in strings): the sandbox holds none."""
@@ -298,3 +309,20 @@ def test_the_capstone_cannot_reach_the_reference_drr(tmp_path):
     path.write_text(capstone)
     g = graded(tmp_path / "ed", tmp_path / "out", "a6_fair")
     assert g["points"] == 0, g
+
+
+def test_without_a_sandbox_an_edition_is_graded_only_when_trusted(tmp_path):
+    """bwrap out of reach (an empty PATH): `course grade` refuses and says why;
+    `--trust-submissions` grades unsandboxed."""
+    ed = edition(A5, tmp_path / "ed")
+    env = {**os.environ, "PATH": str(tmp_path), "PYTHONPATH": str(REPOSITORY)}
+    command = [sys.executable, "-m", "minivtc", "course", "grade", str(ed), "--only", A5.key]
+    refused = subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+    assert refused.returncode != 0 and "bubblewrap" in refused.stderr, refused.stderr
+    assert "--trust-submissions" in refused.stderr
+    assert not (ed / "grades.json").exists()
+    trusted = subprocess.run(
+        [*command, "--trust-submissions"], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert trusted.returncode == 0, trusted.stderr[-2000:]
+    assert json.loads((ed / "grades.json").read_text())["total"] == 0  # a5 left as stubs
