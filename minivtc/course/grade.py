@@ -44,11 +44,10 @@ from minivtc.course.testrun import (
 )
 
 # The assignments whose tests run outside the sandbox, each call of a student's function sent
-# to it through the channel (`caller.py`): their tests call those functions a few thousand times
-# on small state. a4's and a6's call them tens of thousands of times with the policy's whole
-# state (every waiting request), which the channel copies both ways at each call: 100 times
-# slower than in one process (a4's Lemma 4.3 test: 0.4 s -> 150 s), so their tests run in the
-# sandbox with the student's code, and their report is taken as written there.
+# to it through the channel (`caller.py`). a4's tests call VTC's methods tens of thousands of
+# times with the policy's whole state, which the channel copies both ways at each call (too
+# slow to grade: the course README says how much), so they run in the sandbox with the
+# student's code, and their report is taken as written there.
 CHANNEL = frozenset({"a1_llama", "a2_blocks", "a3_batching", "a5_metric", "a6_fair"})
 # The tests' side's copy of a file the student writes whole: empty (its classes and functions
 # are the worker's, `caller.Session.stand_ins`), so nothing of the reference's answer is there
