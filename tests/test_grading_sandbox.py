@@ -116,19 +116,21 @@ def test_the_reference_is_out_of_reach(tmp_path):
 
 
 @needs_sandbox
-def test_a_file_of_the_instructor_never_reaches_the_feedback(tmp_path):
+@pytest.mark.parametrize("a", [A4, A5], ids=["a4 in the sandbox", "a5 through the channel"])
+def test_a_file_of_the_instructor_never_reaches_the_feedback(a, tmp_path):
     secret = tmp_path / "home" / ".bashrc"
     secret.parent.mkdir()
     secret.write_text("export TOKEN=instructor-secret-4711\n")
     body = f"raise AssertionError(open({str(secret)!r}).read())"
-    g = graded(a4_edition(tmp_path / "ed", body=body), tmp_path / "out")
+    g = graded(edition(a, tmp_path / "ed", body=body), tmp_path / "out", a.key)
     assert g["points"] == 0
     assert "4711" not in json.dumps(g)
     assert "4711" not in (tmp_path / "out" / "grades.json").read_text()
 
 
 @needs_sandbox
-def test_a_daemon_cannot_rewrite_grades_after_the_grader_exits(tmp_path):
+@pytest.mark.parametrize("a", [A4, A5], ids=["a4 in the sandbox", "a5 through the channel"])
+def test_a_daemon_cannot_rewrite_grades_after_the_grader_exits(a, tmp_path):
     out = tmp_path / "out"
     forged = json.dumps({"assignments": [], "total": 30, "max_total": 30})
     daemon = (
@@ -146,21 +148,22 @@ def test_a_daemon_cannot_rewrite_grades_after_the_grader_exits(tmp_path):
         "    os._exit(0)\n"
     )
     constant = f"_DAEMON = exec({daemon!r})"
-    g = graded(a4_edition(tmp_path / "ed", constant), out)
+    g = graded(edition(a, tmp_path / "ed", constant), out, a.key)
     time.sleep(1.0)  # the daemon wrote within 0.25 s of grades.json appearing
     assert g["points"] == 0
     assert json.loads((out / "grades.json").read_text())["total"] == 0
 
 
 @needs_sandbox
-def test_nothing_outside_the_sandbox_is_written(tmp_path):
+@pytest.mark.parametrize("a", [A4, A5], ids=["a4 in the sandbox", "a5 through the channel"])
+def test_nothing_outside_the_sandbox_is_written(a, tmp_path):
     """The checkout stands in: a file outside the sandbox, at a path the student knows."""
     canary = tmp_path / "checkout" / "feedback.py"
     canary.parent.mkdir()
     canary.write_text("untouched\n")
     write = f"open({str(canary)!r}, 'w').write('rewritten')"
     constant = f"_WRITE = exec({write!r})"
-    graded(a4_edition(tmp_path / "ed", constant), tmp_path / "out")
+    graded(edition(a, tmp_path / "ed", constant), tmp_path / "out", a.key)
     assert canary.read_text() == "untouched\n"
 
 
@@ -198,7 +201,8 @@ def test_a_named_pipe_for_a_report_cannot_stall_the_grader(tmp_path):
 
 
 @needs_sandbox
-def test_no_process_outlives_grading(tmp_path):
+@pytest.mark.parametrize("a", [A4, A5], ids=["a4 in the sandbox", "a5 through the channel"])
+def test_no_process_outlives_grading(a, tmp_path):
     marker = f"minivtc-leftover-{os.getpid()}"
     spawn = (
         "import subprocess, sys\n"
@@ -206,7 +210,7 @@ def test_no_process_outlives_grading(tmp_path):
         "    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', "
         f"{marker!r}], start_new_session=True)\n"
     )
-    graded(a4_edition(tmp_path / "ed", f"_SPAWN = exec({spawn!r})"), tmp_path / "out")
+    graded(edition(a, tmp_path / "ed", f"_SPAWN = exec({spawn!r})"), tmp_path / "out", a.key)
     time.sleep(0.5)
     assert not [p for p in Path("/proc").glob("[0-9]*") if marker in cmdline(p)]
 

@@ -1,7 +1,9 @@
 """What a student reads about a graded run: each failed test by a name written for them, and
 its first assertion message.
 
-Owns `read_report` (a pytest JUnit XML report: how many tests ran, which failed and why),
+Owns `read_regular` (a report or a log, read only if it is a regular file, and only so much of
+it: what a sandbox left behind cannot make the grader wait or read elsewhere), `read_report`
+(a pytest JUnit XML report: how many tests ran, which failed and why),
 `read_reported` (what the tests reported beside passing or failing, e.g. a6's slack) and
 `describe` (a test's name for a student: the first sentence of its docstring, else its function
 name in words, with its parameters). Does not run anything (`grade.py` does).

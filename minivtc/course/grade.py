@@ -1,10 +1,13 @@
 """Grading: each assignment's graded tests, run on the reference with the student's functions.
 
 Owns `grade(edition, out)`. For each assignment it builds a scratch copy of the reference
-package, puts in the edition's versions of that assignment's functions and the helpers the
-student added beside them (`edition.take`), and runs `graded/test_<key>.py` there with a time
-limit: in a fresh Python process, or (`warm.py`, for the grader's own checks) in a process
-forked from one that has the heavy libraries loaded. The points are the sum of its rubric's
+package for the tests and another for the student's code, puts in the latter the edition's
+versions of that assignment's functions and the helpers the student added beside them
+(`edition.take`), and runs `graded/test_<key>.py` with a time limit, in a fresh Python
+process: on the tests' copy, each of the student's functions running in a sandbox over the
+student's copy and called through the channel (`CHANNEL`: `caller.py`, `sandbox.py`), or for a4
+in the sandbox with the student's code. The instructor's own code (the reference; the grader's
+own checks, which fork from a warm process: `warm.py`) runs without a sandbox. The points are the sum of its rubric's
 lines (`assignments.Line`: a mechanism, its points, its tests) whose tests all passed: a
 mechanism's points are lost when any of its tests fails, or does not run. A submission that
 does not parse, lacks a function, crashes the interpreter, hangs or prints garbage scores 0 for
