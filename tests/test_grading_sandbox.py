@@ -330,3 +330,25 @@ def test_without_a_sandbox_an_edition_is_graded_only_when_trusted(tmp_path):
     )
     assert trusted.returncode == 0, trusted.stderr[-2000:]
     assert json.loads((ed / "grades.json").read_text())["total"] == 0  # a5 left as stubs
+
+
+@needs_sandbox
+def test_a_capstone_built_on_the_reference_drr_runs_none_of_it(tmp_path):
+    """FairPolicy subclasses DRR, reached by a name the capstone's rule does not see: its
+    methods, inherited ones included, run in the sandbox, where DRR refuses to be built (never
+    the reference DRR the tests' side holds)."""
+    capstone = (
+        '"""A capstone."""\n\n'
+        "import importlib\n\n"
+        "load = getattr(importlib, 'import_' + 'module')\n"
+        "BASE = getattr(load('minivtc.fairness.' + 'drr'), 'D' + 'RR')\n\n\n"
+        "class FairPolicy(BASE):\n"
+        "    BOUND = 'twice the quantum plus U, as DRR: each turn ends within a quantum'\n\n"
+        "    def gap_bound(self, u):\n"
+        "        return 2 * (u + 64)\n"
+    )
+    path = tmp_path / "ed" / "minivtc" / "course" / "capstone.py"
+    path.parent.mkdir(parents=True)
+    path.write_text(capstone)
+    g = graded(tmp_path / "ed", tmp_path / "out", "a6_fair")
+    assert g["points"] == 0, g

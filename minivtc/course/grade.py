@@ -5,11 +5,12 @@ package for the tests and another for the student's code, puts in the latter the
 versions of that assignment's functions and the helpers the student added beside them
 (`edition.take`), and runs `graded/test_<key>.py` with a time limit, in a fresh Python
 process: on the tests' copy, each of the student's functions running in a sandbox over the
-student's copy and called through the channel (`CHANNEL`: `caller.py`, `sandbox.py`), or for a4
-in the sandbox with the student's code. The instructor's own code (the reference; the grader's
-own checks, which fork from a warm process: `warm.py`) runs without a sandbox. The points are the sum of its rubric's
-lines (`assignments.Line`: a mechanism, its points, its tests) whose tests all passed: a
-mechanism's points are lost when any of its tests fails, or does not run. A submission that
+student's copy and called through the channel (`CHANNEL`: `caller.py`, `sandbox.py`), or
+for a4 in the sandbox with the student's code. The instructor's own code (the reference; the
+grader's own checks, forked from a warm process: `warm.py`) runs without a sandbox. The points
+are the sum of its rubric's lines (`assignments.Line`: a mechanism, its points, its tests)
+whose tests all passed: a mechanism's points are lost when any of its tests fails, or does
+not run. A submission that
 does not parse, lacks a function, crashes the interpreter, hangs or prints garbage scores 0 for
 that assignment, with the reason in its note, and never stops the grader. Each failed test is
 reported by a name written for the student, its rubric line and its first assertion message

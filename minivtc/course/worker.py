@@ -91,16 +91,30 @@ def another_modules(cls: type, module: str) -> bool:
 
 
 def describe_class(cls: type, codec: Codec) -> dict:
-    methods, properties, constants = [], [], {}
-    for name, value in vars(cls).items():
-        if inspect.isfunction(value):
-            methods.append(name)
-        elif isinstance(value, property) and value.fget is not None:
-            properties.append(name)
-        elif not name.startswith("__") and isinstance(value, (bool, int, float, str)):
-            constants[name] = codec.encode(value)
+    """Its methods and properties, its bases' included (all run here: a base the grader's
+    side also has, a reference policy say, must not run there in its place), and its
+    constants."""
+    methods, properties, constants = {}, {}, {}
+    for klass in reversed(cls.__mro__[:-1]):  # object's own stay the grader's
+        for name, value in vars(klass).items():
+            if inspect.isfunction(value) and name not in KEPT:
+                methods[name] = True
+            elif isinstance(value, property) and value.fget is not None:
+                properties[name] = True
+            elif not name.startswith("__") and isinstance(value, (bool, int, float, str)):
+                constants[name] = codec.encode(getattr(cls, name))
     bases = [name_of(b) for b in cls.__bases__]
-    return {"bases": bases, "methods": methods, "properties": properties, "constants": constants}
+    return {
+        "bases": bases,
+        "methods": list(methods),
+        "properties": list(properties),
+        "constants": constants,
+    }
+
+
+# Methods that make the class itself work on the grader's side, never sent
+KEPT = {"__getattribute__", "__getattr__", "__setattr__", "__delattr__", "__new__"}
+KEPT |= {"__init_subclass__", "__class_getitem__", "__subclasshook__"}
 
 
 if __name__ == "__main__":
