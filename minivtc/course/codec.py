@@ -169,7 +169,7 @@ class Codec:
         return found
 
     def decode(self, node: Any) -> Any:
-        try:
+        try:  # (anything malformed raises one of these, which the tests see as a ChannelError)
             return self.dec(node, {})
         except (KeyError, TypeError, ValueError, AttributeError, IndexError, RecursionError) as e:
             raise ChannelError(f"a malformed answer ({type(e).__name__}: {e})") from None
@@ -329,15 +329,13 @@ class Codec:
             found = None
         return self.keep(n["id"], found) if found is not None else Opaque(n["id"], self.callback)
 
-    def keep(self, ident: int, copy: Any) -> Any:
-        """The sandbox's copy of the grader's object `ident`."""
+    def keep(self, ident: int, copy: Any) -> Any:  # the sandbox's copy of the grader's `ident`
         self.objects[ident] = copy
         self.names[id(copy)] = ident
         return copy
 
     def known(self, ident: int, kind: type) -> Any:
-        found = self.objects.get(ident)
-        if found is None or not isinstance(found, kind):
+        if not isinstance(found := self.objects.get(ident), kind) or found is None:
             raise ChannelError(f"a reference to nothing that was sent ({ident})")
         return found
 
