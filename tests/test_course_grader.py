@@ -14,7 +14,10 @@ import sys
 
 import pytest
 
+from minivtc.course import sandbox
 from minivtc.course.assignments import ASSIGNMENTS
+from minivtc.course.check import CHECK_LIMIT_S, answer_files, assignment, write_edition
+from minivtc.course.grade import CHANNEL, How, grade_one
 from minivtc.course.wrong import WRONG
 from minivtc.course.wrong_policies import RETYPED_VTC
 
@@ -71,12 +74,25 @@ def test_every_wrong_solution_loses_points(tmp_path):
 def test_a_capstone_typing_vtc_from_scratch_keeps_full_marks(tmp_path):
     """Allowed (the capstone's task says what it must add: the argument); the catalogue's
     capstone with the lift that sets the counter is this one with that mistake."""
-    from minivtc.course.check import CHECK_LIMIT_S, assignment, write_edition
     from minivtc.course.edits import Wrong
-    from minivtc.course.grade import How, grade_one
 
     retyped = Wrong("a6_fair", "VTC typed from scratch", own_file=RETYPED_VTC)
     g = grade_one(assignment("a6_fair"), write_edition(retyped, tmp_path), How(CHECK_LIMIT_S))
     assert g.points == g.max_points, (g.note, g.failures)
     broken = [w.own_file for w in WRONG if w.what.startswith("VTC typed from scratch")]
     assert broken and broken != [RETYPED_VTC], "the catalogue's entry must change the lift"
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(sandbox.why_not() is not None, reason=str(sandbox.why_not()))
+@pytest.mark.parametrize("key", sorted(CHANNEL))
+def test_wrong_solutions_lose_points_through_the_sandbox_and_its_channel(key, tmp_path):
+    """The catalogue's check runs the instructor's code unsandboxed; graded as a student's
+    (the tests outside the sandbox, the wrong functions inside it), the first two wrong
+    solutions of each assignment whose tests call through the channel lose points too."""
+    a = assignment(key)
+    for i, wrong in enumerate([w for w in WRONG if w.key == key][:2]):
+        edition = write_edition(wrong, tmp_path / str(i))
+        whole = answer_files(a) if wrong.own_file is None else ()
+        g = grade_one(a, edition, How(CHECK_LIMIT_S), whole)
+        assert g.points < g.max_points, (wrong.what, g)

@@ -1,7 +1,9 @@
 """What a student reads about a graded run: each failed test by a name written for them, and
 its first assertion message.
 
-Owns `read_report` (a pytest JUnit XML report: how many tests ran, which failed and why),
+Owns `read_regular` (a report or a log, read only if it is a regular file, and only so much of
+it: what a sandbox left behind cannot make the grader wait or read elsewhere), `read_report`
+(a pytest JUnit XML report: how many tests ran, which failed and why),
 `read_reported` (what the tests reported beside passing or failing, e.g. a6's slack) and
 `describe` (a test's name for a student: the first sentence of its docstring, else its function
 name in words, with its parameters). Does not run anything (`grade.py` does).
@@ -10,6 +12,8 @@ name in words, with its parameters). Does not run anything (`grade.py` does).
 from __future__ import annotations
 
 import ast
+import os
+import stat
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,11 +29,24 @@ class Failure:
     message: str  # the first line of its assertion's message
 
 
-def read_report(report: Path, *tests_files: Path) -> tuple[list[str], list[Failure]]:
-    """(the tests that ran, by pytest's name; the failed ones) from the report; raises
-    ValueError if it is unreadable.
+def read_regular(path: Path, limit: int) -> bytes:
+    """At most `limit` bytes of `path`, if it is a regular file (not a link, a pipe or a
+    device: what a sandbox leaves behind is opened without waiting on it); else b""."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return b""
+    try:
+        return os.read(fd, limit) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+    finally:
+        os.close(fd)
+
+
+def read_report(report: bytes | Path, *tests_files: Path) -> tuple[list[str], list[Failure]]:
+    """(the tests that ran, by pytest's name; the failed ones) from the report (its bytes,
+    or a file); raises ValueError if it is unreadable.
     A skipped test counts as failed (its reason is the message)."""
-    root = ET.parse(report).getroot()
+    root = ET.fromstring(report if isinstance(report, bytes) else report.read_bytes())
     suite = root if root.tag == "testsuite" else root.find("testsuite")
     if suite is None:
         raise ValueError("no testsuite in the report")
@@ -48,10 +65,10 @@ def read_report(report: Path, *tests_files: Path) -> tuple[list[str], list[Failu
     return [case.get("name", "?") for case in cases], failures
 
 
-def read_reported(report: Path) -> list[str]:
+def read_reported(report: bytes) -> list[str]:
     """What the tests recorded for the student, pass or fail (`record_property("reported",
     text)`; the report needs junit_family xunit1 to hold it), in the order they ran."""
-    root = ET.parse(report).getroot()
+    root = ET.fromstring(report)
     return [
         prop.get("value", "")
         for case in root.iter("testcase")

@@ -1,12 +1,16 @@
 """Grading: each assignment's graded tests, run on the reference with the student's functions.
 
 Owns `grade(edition, out)`. For each assignment it builds a scratch copy of the reference
-package, puts in the edition's versions of that assignment's functions and the helpers the
-student added beside them (`surgery.take`), and runs its `test_files` there with a time
-limit: in a fresh Python process, or (`warm.py`, for the grader's own checks) in a process
-forked from one that has the heavy libraries loaded. The points are the sum of its rubric's
-lines (`assignments.Line`: a mechanism, its points, its tests) whose tests all passed: a
-mechanism's points are lost when any of its tests fails, or does not run. A submission that
+package for the tests and another for the student's code, puts in the latter the edition's
+versions of that assignment's functions and the helpers the student added beside them
+(`surgery.take`), and runs its `test_files` with a time limit, in a fresh Python
+process: on the tests' copy, each of the student's functions running in a sandbox over the
+student's copy and called through the channel (`CHANNEL`: `caller.py`, `sandbox.py`), or
+for a4 in the sandbox with the student's code. The instructor's own code (the reference; the
+grader's own checks, forked from a warm process: `warm.py`) runs without a sandbox. The points
+are the sum of its rubric's lines (`assignments.Line`: a mechanism, its points, its tests)
+whose tests all passed: a mechanism's points are lost when any of its tests fails, or does
+not run. A submission that
 does not parse, lacks a function, crashes the interpreter, hangs or prints garbage scores 0 for
 that assignment, with the reason in its note, and never stops the grader. Each failed test is
 reported by a name written for the student, its rubric line and its first assertion message
@@ -21,23 +25,39 @@ bound over its worst gap), printed under the assignment in the table.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from minivtc.course import warm
+from minivtc.course import sandbox
 from minivtc.course.assignments import ASSIGNMENTS, Assignment
+from minivtc.course.channel import TIMED_OUT
 from minivtc.course.edition import PACKAGE, RELEASED, REPOSITORY, placeholder
-from minivtc.course.feedback import read_report, read_reported
+from minivtc.course.feedback import read_regular, read_report, read_reported
 from minivtc.course.rules import REFERENCE_POLICIES, out_of_reach, refusals
 from minivtc.course.surgery import take
+from minivtc.course.testrun import (
+    SPEC,
+    TIME_LIMIT_S,
+    How,
+    boxed,
+    launch,
+    pytest_args,
+    spec,
+)
 
-TIME_LIMIT_S = 240  # per assignment: its tests take seconds; a hang is cut off here
+# The assignments whose tests run outside the sandbox, each call of a student's function sent
+# to it through the channel (`caller.py`). a4's tests call VTC's methods tens of thousands of
+# times with the policy's whole state, which the channel copies both ways at each call (too
+# slow to grade: the course README says how much), so they run in the sandbox with the
+# student's code, and their report is taken as written there.
+CHANNEL = frozenset({"a1_llama", "a2_blocks", "a3_batching", "a5_metric", "a6_fair"})
+# The tests' side's copy of a file the student writes whole: empty (its classes and functions
+# are the worker's, `caller.Session.stand_ins`), so nothing of the reference's answer is there
+OWN_FILE = '"""The student\'s file: what it defines runs in the sandbox."""\n'
+REPORT_BYTES = 4 << 20  # a report larger than this is not read (the reference's: ~20 KB)
 
 
 @dataclass
@@ -56,31 +76,29 @@ class Grade:
     reported: list[str] = field(default_factory=list)  # the tests' numbers, pass or fail
 
 
-@dataclass(frozen=True)
-class How:
-    """How to run an assignment's tests: `forked` from a warm process (`warm.py`);
-    `first_failure`: stop at the first failed test (the grader's own checks only ask whether
-    a submission loses points)."""
-
-    time_limit_s: float = TIME_LIMIT_S
-    forked: bool = False
-    first_failure: bool = False
-
-
 def grade(
     edition: str | Path | None,
     out: str | Path,
     time_limit_s: float = TIME_LIMIT_S,
     only: list[str] | None = None,
     echo: Callable[[str, str], None] | None = None,
+    trust_submissions: bool = False,
 ) -> dict:
     """Grade `edition` (a directory made by `release`, with the student's work) or, with None,
     the reference; write `out/grades.json` and return its contents. `echo(key, output)` is
-    given each assignment's full pytest output (`--verbose`)."""
+    given each assignment's full pytest output (`--verbose`). A student's code runs in a
+    sandbox (`sandbox.py`); where none starts, an edition is graded only with
+    `trust_submissions`."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
     chosen = [a for a in ASSIGNMENTS if only is None or a.key in only]
-    how = How(time_limit_s)
+    how = How(time_limit_s, trusted=edition is None or trust_submissions)
+    if not how.trusted and (why := sandbox.why_not()) is not None:
+        raise ValueError(
+            f"cannot sandbox a student's code on this machine: {why}. Grading runs it; "
+            "without a sandbox it could read and write what you can. Grade only work you "
+            "trust with --trust-submissions"
+        )
+    out.mkdir(parents=True, exist_ok=True)
     grades = []
     for a in chosen:
         grades.append(grade_one(a, Path(edition) if edition else None, how))
@@ -101,23 +119,45 @@ def summary(grades: list[Grade]) -> dict:
 
 
 def grade_one(
-    a: Assignment, edition: Path | None, how: How = How(), whole: tuple[str, ...] = ()
+    a: Assignment, edition: Path | None, how: How | None = None, whole: tuple[str, ...] = ()
 ) -> Grade:
     """`whole`: files (under minivtc/) taken from `edition` as they are, besides the
     assignment's own (the grader's check: a mutated answer beside the file that uses it)."""
+    how = how or How()
     with tempfile.TemporaryDirectory(prefix=f"minivtc-grade-{a.key}-") as scratch:
-        root = Path(scratch)
-        ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-        shutil.copytree(PACKAGE, root / "minivtc", ignore=ignore)
-        (root / "weights").symlink_to(REPOSITORY / "weights")  # the bundled model, read-only
+        tests = copy_package(PACKAGE, Path(scratch) / "tests", REPOSITORY / "weights")
         if edition is None:
-            return run_tests(a, root, how)
-        return submit(a, edition, root, how, whole)
+            return run_tests(a, tests, how)
+        if how.trusted:  # the student's functions put into the tests' own package
+            return submit(a, edition, tests, how, whole)
+        student = copy_package(PACKAGE, Path(scratch) / "student", None)
+        return submit(a, edition, student, how, whole, tests, REPOSITORY / "weights")
 
 
-def submit(a: Assignment, edition: Path, root: Path, how: How, whole: tuple[str, ...]) -> Grade:
+def copy_package(package: Path, root: Path, weights: Path | None) -> Path:
+    """A scratch copy of `package` at root/minivtc; `weights` linked beside it (for the
+    tests' side only: never into the sandbox, where a link would show the checkout)."""
+    shutil.copytree(
+        package, root / "minivtc", ignore=shutil.ignore_patterns("__pycache__", "*.pyc")
+    )
+    if weights is not None and weights.is_dir():
+        (root / "weights").symlink_to(weights)
+    return root
+
+
+def submit(
+    a: Assignment,
+    edition: Path,
+    root: Path,
+    how: How,
+    whole: tuple[str, ...],
+    tests: Path | None = None,
+    weights: Path | None = None,
+) -> Grade:
     """`a`'s code from `edition` put into the package at `root` (`take_submission`), then its
-    tests: a submission refused by a rule scores 0, the rule named in the note."""
+    tests: on `tests`, the student's code running in a sandbox over `root` (`CHANNEL`), or
+    the tests with it in the sandbox (`weights` seen there), or, trusted, on `root` itself.
+    A submission refused by a rule scores 0, the rule named in the note."""
     try:
         notes = take_submission(a, edition, root, whole)
     except (OSError, ValueError, SyntaxError, UnicodeDecodeError) as e:
@@ -125,7 +165,14 @@ def submit(a: Assignment, edition: Path, root: Path, how: How, whole: tuple[str,
     refused = [n for n in notes if n.startswith("refused: ")]
     if refused:
         return zero(a, "; ".join(refused))
-    grade = run_tests(a, root, how)
+    if tests is None:
+        grade = run_tests(a, root, how)
+    elif a.key in CHANNEL:
+        if a.own_file is not None:  # the tests meet only what the worker says the file holds
+            (tests / "minivtc" / a.own_file).write_text(OWN_FILE)
+        grade = run_tests(a, tests, how, root)
+    else:
+        grade = run_in_sandbox(a, root, how, weights)
     grade.note = "; ".join([grade.note] * bool(grade.note) + notes)
     return grade
 
@@ -157,25 +204,55 @@ def take_submission(a: Assignment, edition: Path, root: Path, whole: tuple[str, 
     return notes
 
 
-def run_tests(a: Assignment, root: Path, how: How, work: Path | None = None) -> Grade:
-    """`a`'s graded tests on the package in `root`; the report and output go to `work`."""
-    report, log = (work or root) / "report.xml", (work or root) / "output.txt"
+def run_tests(a: Assignment, root: Path, how: How, student: Path | None = None) -> Grade:
+    """`a`'s graded tests on the package in `root`, in a process of their own outside any
+    sandbox. With `student` (a package copy holding the student's code), each function the
+    assignment asks for runs there, in a sandbox, called through the channel (`caller.py`):
+    the tests, their verdicts and their report stay out of the student's code's reach."""
+    with tempfile.TemporaryDirectory(prefix=f"minivtc-report-{a.key}-") as scratch:
+        work = Path(scratch)
+        args = pytest_args(a, root, work, how)
+        env = {}
+        if student is not None:
+            args = ["-p", "minivtc.course.caller", *args]
+            env[SPEC] = json.dumps(spec(a, student, how))
+        timed_out, output = launch(args, root, work, how, env)
+        grade = verdict(a, root, work, how.time_limit_s if timed_out else None, output)
+    if any(TIMED_OUT in f["message"] for f in grade.failures):  # a call hung: as a hang
+        return zero(a, f"timed out after {how.time_limit_s:g} s (your code did not answer)", output)
+    return grade
+
+
+def verdict(a: Assignment, root: Path, work: Path, timed_out: float | None, output: str) -> Grade:
+    """The grade from the tests' report in `work` (read as a bounded regular file);
+    `timed_out`: the limit they were cut off at."""
+    if timed_out is not None:
+        return zero(a, f"timed out after {timed_out:g} s", output)
     tests = [root / "minivtc" / file for file in a.test_files]
-    args = ["-q", "-p", "no:cacheprovider", f"--junitxml={report}", *map(str, tests)]
-    args += ["-o", "junit_family=xunit1"]  # xunit2 drops what the tests report (`reported`)
-    args += ["-x"] * how.first_failure
-    if how.forked:
-        timed_out = warm.run_pytest(args, root, log, how.time_limit_s)
-    else:
-        timed_out = run_pytest(args, root, log, how.time_limit_s)
-    output = log.read_text(errors="replace") if log.exists() else ""
-    if timed_out:
-        return zero(a, f"timed out after {how.time_limit_s:g} s", output)
     try:
+        report = read_regular(work / "report.xml", REPORT_BYTES)
         ran, failures = read_report(report, *tests)
         reported = read_reported(report)
     except (OSError, SyntaxError, AttributeError, TypeError, ValueError):
         return zero(a, "the tests did not run to the end", output)
+    return scored(a, ran, failures, output, reported)
+
+
+def run_in_sandbox(a: Assignment, root: Path, how: How, weights: Path | None) -> Grade:
+    """`a`'s graded tests run in the sandbox with the student's code (the assignments not in
+    `CHANNEL`): nothing outside it is reached or left running, but the tests' report is
+    written in there, where the student's code could forge it."""
+    with tempfile.TemporaryDirectory(prefix=f"minivtc-exchange-{a.key}-") as scratch:
+        work = Path(scratch)
+        box = sandbox.Sandbox(root, work, weights if weights and weights.is_dir() else None)
+        args = pytest_args(a, sandbox.INSIDE, sandbox.EXCHANGE, how)
+        timed_out, output = boxed(box, args, how.time_limit_s)
+        return verdict(a, root, work, how.time_limit_s if timed_out else None, output)
+
+
+def scored(
+    a: Assignment, ran: list[str], failures: list, output: str, reported: list[str]
+) -> Grade:
     total = len(ran)
     failed = [{**asdict(f), "mechanism": mechanism(a, f.test)} for f in failures]
     lines = rubric(a, ran, failed)
@@ -220,18 +297,16 @@ def rubric(a: Assignment, ran: list[str], failed: list[dict]) -> list[dict]:
 
 def test_edition(key: str, edition: str | Path, time_limit_s: float = TIME_LIMIT_S) -> dict:
     """`key`'s graded tests on `edition`'s own package (`minivtc course test`), taken as the
-    grader takes it: the edition's files as released (`released/`, kept by `release`) with the
-    student's functions and helpers put in by the same rules (`take_submission`), the rest of
-    the package the student's own. Nothing of the reference's is used."""
+    grader takes it, through the same sandbox and channel: the edition's files as released
+    (`released/`, kept by `release`) with the student's functions and helpers put in by the
+    same rules (`take_submission`), the rest of the package the student's own. Nothing of the
+    reference's is used. Where no sandbox starts, the student's own code runs unsandboxed."""
     (a,) = [a for a in ASSIGNMENTS if a.key == key]
     edition = Path(edition).resolve()
+    how = How(time_limit_s, trusted=sandbox.why_not() is not None)
     with tempfile.TemporaryDirectory(prefix=f"minivtc-test-{key}-") as scratch:
-        root = Path(scratch)
-        shutil.copytree(
-            edition / "minivtc", root / "minivtc", ignore=shutil.ignore_patterns("__pycache__")
-        )
-        if (edition / "weights").is_dir():
-            (root / "weights").symlink_to(edition / "weights")
+        tests = copy_package(edition / "minivtc", Path(scratch) / "tests", edition / "weights")
+        student = copy_package(edition / "minivtc", Path(scratch) / "student", None)
         released = edition / RELEASED
         for file in {f for f, _ in a.functions}:
             if not (released / file).is_file():
@@ -240,27 +315,11 @@ def test_edition(key: str, edition: str | Path, time_limit_s: float = TIME_LIMIT
                     "there (made by `minivtc course release`), to take your code as the "
                     "grader does"
                 )
-            shutil.copyfile(released / file, root / "minivtc" / file)
-        return summary([submit(a, edition, root, How(time_limit_s), ())])
-
-
-def run_pytest(args: list[str], root: Path, log: Path, time_limit_s: float) -> bool:
-    """pytest in a fresh process, the scratch package first on its path; True: it timed out."""
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    with log.open("wb") as sink:
-        try:
-            command = [sys.executable, "-m", "pytest", *args]
-            subprocess.run(
-                command,
-                cwd=root,
-                env=env,
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                timeout=time_limit_s,
-            )
-        except subprocess.TimeoutExpired:
-            return True
-    return False
+            for root in (tests, student):
+                shutil.copyfile(released / file, root / "minivtc" / file)
+        if how.trusted:
+            return summary([submit(a, edition, tests, how, ())])
+        return summary([submit(a, edition, student, how, (), tests, edition / "weights")])
 
 
 def table(result: dict) -> str:

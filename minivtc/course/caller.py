@@ -1,0 +1,223 @@
+"""The grader's end of the channel: the graded tests run here, a student's code in a sandbox.
+
+A pytest plugin (`-p minivtc.course.caller`), active when the grader sets `SPEC` in the
+environment. It starts the worker (`worker.py`) in a sandbox over the package copy that holds
+the student's code (`sandbox.py`), and replaces each function the assignment asks for, in
+this process's package, by a proxy: a call ships (arguments, self) to the worker, which runs
+the student's function there, and copies back the result and the arguments' new state onto
+the originals (`channel.Codec`). A file the student writes whole (the capstone) is met by
+stand-in classes and functions made from the worker's description of it, each method a proxy.
+So the tests, their assertions and their report stay in a process the student's code cannot
+reach: what it sends is data the tests judge, never a verdict.
+
+A worker that does not answer in time, sends what cannot be taken, or dies fails the test
+that called it with a `ChannelError` saying so; it is killed and, for the next test, started
+afresh (until the grader's deadline). Does not decide points (`grade.py`).
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import json
+import os
+import sys
+import tempfile
+import time
+import types
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from minivtc.course import sandbox
+from minivtc.course.channel import TIMED_OUT, ChannelError, receive, resolve, send
+from minivtc.course.codec import Codec
+from minivtc.course.testrun import SPEC  # {"root", "modules", "functions", "own", "deadline"}
+
+CALL_LIMIT_S = 60.0  # one call of a student's function (a step, a dispatch) takes far less
+START_LIMIT_S = 120.0  # the worker's start: importing torch and the student's modules
+KEY = pytest.StashKey["Session"]()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    text = os.environ.get(SPEC)
+    if text is not None:
+        session = Session(json.loads(text))
+        config.stash[KEY] = session
+        session.install()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    session = config.stash.get(KEY, None)
+    if session is not None:
+        session.close()
+
+
+class Session:
+    """One worker in one sandbox, for one assignment's tests; restarted after a failure."""
+
+    def __init__(self, spec: dict) -> None:
+        self.spec = spec
+        self.deadline = float(spec["deadline"])  # time.monotonic(), shared with the grader
+        self.codec = Codec(trusted=True)
+        self.process: Any = None
+        self.scratch = tempfile.TemporaryDirectory(prefix="minivtc-worker-")
+        self.description: dict = {}
+
+    def install(self) -> None:
+        """Each asked-for function replaced by its proxy; a whole file by stand-ins."""
+        for target in self.spec["functions"]:
+            module, _, qualname = target.partition(":")
+            *path, name = qualname.split(".")
+            holder = resolve(":".join([module, ".".join(path)])) if path else resolve(module + ":")
+            original = getattr(holder, name)
+            setattr(holder, name, functools.wraps(original)(self.proxy(target)))
+        if self.spec.get("own"):
+            self.stand_ins(self.spec["own"])
+
+    def stand_ins(self, own: str) -> None:
+        module = sys.modules.get(own) or __import__(own, fromlist=["_"])
+        described = self.start()
+        for name, value in described.get("constants", {}).items():
+            setattr(module, name, value)
+        for name in described.get("functions", []):
+            setattr(module, name, self.proxy(f"{own}:{name}"))
+        for name, cls in described.get("classes", {}).items():
+            setattr(module, name, self.stand_in(own, name, cls))
+
+    def stand_in(self, own: str, name: str, cls: dict) -> type:
+        """A class whose methods run the student's, in the sandbox."""
+        bases = tuple(self.base(b) for b in cls["bases"]) or (object,)
+        space: dict[str, Any] = {"__module__": own, "__qualname__": name}
+        space |= {k: self.codec.decode(v) for k, v in cls["constants"].items()}
+        space |= {m: self.proxy(f"{own}:{name}.{m}") for m in cls["methods"]}
+        space |= {p: property(self.proxy(f"{own}:{name}.{p}.fget")) for p in cls["properties"]}
+        return types.new_class(name, bases, {}, lambda ns: ns.update(space))
+
+    def base(self, name: str) -> type:
+        try:
+            found = self.codec.allowed(name)
+        except ChannelError:
+            return object  # a base of the student's own: its methods come with the class
+        return found if isinstance(found, type) else object
+
+    def proxy(self, target: str):
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self.call(target, args, kwargs)
+
+        call.__qualname__ = call.__name__ = target.rpartition(".")[2].rpartition(":")[2]
+        return call
+
+    def call(self, target: str, args: tuple, kwargs: dict) -> Any:
+        if self.process is None:
+            self.start()
+        sent = list(args)
+        send(self.outbox, {"call": target, "args": self.codec.encode([sent, kwargs])})
+        try:
+            reply = self.await_reply()
+            if "raised" in reply:
+                if "state" in reply:
+                    self.codec.decode(reply["state"])
+                raise rebuilt(reply["raised"])
+            result, _, _ = self.codec.decode(reply["ok"])
+        except ChannelError as e:
+            self.stop()
+            raise ChannelError(f"grading stopped your code in the sandbox: {e}") from None
+        return result
+
+    def await_reply(self) -> dict:
+        """The worker's answer, calling back the test's functions it asks for meanwhile."""
+        while True:
+            limit = min(self.deadline, time.monotonic() + CALL_LIMIT_S)
+            message = receive(self.inbox, limit)
+            if type(message) is not dict:
+                raise ChannelError("an answer that is not a message")
+            if "callback" not in message:
+                return message
+            send(self.outbox, self.callback(message))
+
+    def callback(self, message: dict) -> dict:
+        """Call the test's function the worker holds as opaque: only a function of the
+        package (a test's clock), never anything else the grader's side holds."""
+        function = self.codec.known(message["callback"], object)
+        inner = getattr(function, "__func__", function)
+        if not isinstance(inner, types.FunctionType) or not (inner.__module__ or "").startswith(
+            "minivtc."
+        ):
+            raise ChannelError(f"asked to call {type(function).__name__}, not a function")
+        args, kwargs = self.codec.decode(message["args"])
+        try:
+            return {"ok": self.codec.encode(function(*args, **kwargs))}
+        except Exception as e:
+            return {"raised": f"{type(e).__name__}: {e}"[:500]}
+
+    def start(self) -> dict:
+        """The worker, in a fresh sandbox; its description of the student's own file."""
+        if time.monotonic() >= self.deadline:
+            raise ChannelError(f"{TIMED_OUT}: the time limit for this assignment is spent")
+        inbox, theirs_out = os.pipe()
+        theirs_in, outbox = os.pipe()
+        box = sandbox.Sandbox(Path(self.spec["root"]), weights=self.weights())
+        argv = [sys.executable, "-m", "minivtc.course.worker", str(theirs_in), str(theirs_out)]
+        log = Path(self.scratch.name) / "worker.txt"
+        self.process = box.start(argv, log, pass_fds=(theirs_in, theirs_out))
+        os.close(theirs_in)
+        os.close(theirs_out)
+        self.inbox, self.outbox = inbox, outbox
+        self.codec.versions.clear()  # a new worker holds no tensor, no container
+        self.codec.synced.clear()
+        send(outbox, {"hello": self.spec["modules"], "own": self.spec.get("own")})
+        try:
+            reply = receive(inbox, min(self.deadline, time.monotonic() + START_LIMIT_S))
+        except ChannelError as e:
+            self.stop()
+            raise ChannelError(f"your code did not start in the sandbox: {e}") from None
+        if "raised" in reply:
+            self.stop()
+            raise rebuilt(reply["raised"])
+        self.description = reply.get("ok") or {}
+        return self.description
+
+    def weights(self) -> Path | None:
+        weights = self.spec.get("weights")
+        return Path(weights) if weights else None
+
+    def stop(self) -> None:
+        if self.process is not None:
+            sandbox.stop(self.process)
+            os.close(self.inbox)
+            os.close(self.outbox)
+            self.process = None
+
+    def close(self) -> None:
+        self.stop()
+        log = Path(self.scratch.name) / "worker.txt"
+        if log.is_file() and not log.is_symlink():
+            with log.open("rb") as f:
+                said = f.read(20000).decode(errors="replace")
+            print(f"\n--- the sandboxed code's output ---\n{said}")
+        self.scratch.cleanup()
+
+
+def rebuilt(raised: Any) -> BaseException:
+    """The exception the student's code raised, as the grader may make it: a built-in or the
+    package's exception class with its message, else a RuntimeError naming it."""
+    if type(raised) is not dict:
+        return ChannelError("a malformed exception")
+    name, message = str(raised.get("type")), str(raised.get("message"))[:2000]
+    module, _, qualname = name.partition(":")
+    cls: Any = None
+    if module == "builtins":
+        cls = getattr(builtins, qualname, None)
+    elif module.startswith("minivtc.") and not module.startswith("minivtc.course"):
+        try:
+            cls = resolve(name)
+        except (ImportError, AttributeError):
+            cls = None
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(message)
+        except Exception:
+            pass
+    return RuntimeError(f"{qualname}: {message}")

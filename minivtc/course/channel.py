@@ -1,0 +1,181 @@
+"""The channel between the grader's tests and a student's code in the sandbox: calls in,
+results out, as JSON on a pair of pipes.
+
+Owns the framing (`send`, `receive`: a length, then the JSON; every read has a deadline and a
+size cap, so that nothing the sandbox does can stall the grader), `ChannelError` (what the
+sandbox sent cannot be taken: the test that called fails with it), and the values that stand
+for what cannot travel (`Foreign`, `Opaque`). Turning values into JSON and back is
+`codec.py`'s; running calls is `caller.py`'s (the grader's side) and `worker.py`'s (the
+sandbox's).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import importlib
+import json
+import os
+import select
+import struct
+import time
+import types
+from collections import deque
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+TIMED_OUT = "no answer within the time limit"  # a failure's note that `grade.py` looks for
+MAX_MESSAGE = 256 << 20  # bytes: a1's and a3's tensors fit many times over
+HEADER = struct.Struct(">Q")
+DTYPES = {
+    str(t).removeprefix("torch."): t
+    for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64)
+    + (torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)
+}
+
+
+class ChannelError(RuntimeError):
+    """What the sandbox sent cannot be taken: malformed, too large, too late, or the
+    sandbox is gone. The test that saw it fails with this message."""
+
+
+class Foreign:
+    """An object of a class the grader's side does not load (a student's own class): its
+    class's name and state, sent back as they came."""
+
+    def __init__(self, name: str, state: dict) -> None:
+        self.name, self.state = name, state
+
+    def __repr__(self) -> str:
+        return f"<{self.name} (the student's class)>"
+
+
+class Opaque:
+    """The sandbox's stand-in for a value the grader could not send: calling it asks the
+    grader's side to call the original (`callback`)."""
+
+    def __init__(self, ident: int, callback: Any) -> None:
+        self.ident, self.callback = ident, callback
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.callback(self.ident, args, kwargs)
+
+
+def name_of(cls: type) -> str:
+    return f"{cls.__module__}:{cls.__qualname__}"
+
+
+def resolve(name: str) -> Any:
+    module, _, qualname = name.partition(":")
+    found: Any = importlib.import_module(module)
+    for part in [p for p in qualname.split(".") if p]:
+        found = getattr(found, part)
+    return found
+
+
+PLAIN = (bool, int, float, str)
+FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
+
+
+def importable(name: str) -> bool:
+    """May the grader's side rebuild `name`? The package's classes, not the grading code's."""
+    module = name.partition(":")[0]
+    return module.startswith("minivtc.") and not (
+        module.startswith("minivtc.course.") and not module.startswith("minivtc.course.graded")
+    )
+
+
+def tensor_fields(t: torch.Tensor) -> dict:
+    """A tensor's dtype, shape and raw bytes (base64), and whether it is a parameter."""
+    data = t.detach().contiguous().cpu()
+    raw = data.reshape(-1).view(torch.uint8).numpy().tobytes()
+    return {
+        "dtype": str(data.dtype).removeprefix("torch."),
+        "shape": list(data.shape),
+        "data": base64.b64encode(raw).decode(),
+        "param": isinstance(t, torch.nn.Parameter),
+        "grad": t.requires_grad,
+    }
+
+
+def tensor_of(n: dict) -> torch.Tensor:
+    """The tensor `tensor_fields` described, its bytes checked against its shape and dtype."""
+    dtype = DTYPES[n["dtype"]]
+    shape = [int(s) for s in n["shape"]]
+    raw = bytearray(base64.b64decode(n["data"]))
+    if len(raw) != torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size():
+        raise ChannelError("a tensor's bytes do not match its shape")
+    if not raw:
+        return torch.empty(shape, dtype=dtype)
+    return torch.frombuffer(raw, dtype=torch.uint8).view(dtype).reshape(shape)
+
+
+def version_of(t: torch.Tensor) -> int | None:
+    """How many times `t` was changed in place (None: an inference tensor keeps no count)."""
+    try:
+        return t._version
+    except RuntimeError:
+        return None
+
+
+def is_plain(v: Any) -> bool:
+    """Holds `v` plain values only (None, bool, int, float, str; a dict's keys too)?"""
+    if isinstance(v, dict):
+        return all(type(k) in PLAIN and (x is None or type(x) in PLAIN) for k, x in v.items())
+    return all(x is None or type(x) in PLAIN for x in v)
+
+
+def snapshot_of(v: Any) -> Any:
+    """What a plain container holds, to compare with what was sent (types count: 1 != 1.0)."""
+    items = tuple(v.items()) if isinstance(v, dict) else tuple(v)
+    return type(v), items, tuple(map(type, items)) if len(items) < 64 else None
+
+
+@functools.cache
+def slots_of(cls: Any) -> tuple[str, ...]:
+    """The slots of a class and its bases (a Request keeps its fields there)."""
+    return tuple(s for c in cls.__mro__ for s in getattr(c, "__slots__", ()) if s != "__dict__")
+
+
+def items_of(result: Any) -> Any:
+    """A generator's items, which can travel (a list); anything else as it is."""
+    return (
+        list(result) if isinstance(result, Iterator) and not isinstance(result, deque) else result
+    )
+
+
+# -- framing ---------------------------------------------------------------------------------
+
+
+def send(fd: int, message: Any) -> None:
+    data = json.dumps(message, separators=(",", ":")).encode()
+    view = memoryview(HEADER.pack(len(data)) + data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+def receive(fd: int, deadline: float) -> Any:
+    """One message from `fd` by `deadline` (time.monotonic()); ChannelError otherwise."""
+    (size,) = HEADER.unpack(read_exactly(fd, HEADER.size, deadline))
+    if size > MAX_MESSAGE:
+        raise ChannelError(f"an answer of {size} bytes (at most {MAX_MESSAGE})")
+    try:
+        return json.loads(read_exactly(fd, size, deadline))
+    except (ValueError, RecursionError) as e:
+        raise ChannelError(f"an answer that is not JSON ({e})") from None
+
+
+def read_exactly(fd: int, size: int, deadline: float) -> bytes:
+    chunks, left = [], size
+    while left:
+        wait = None if deadline == float("inf") else deadline - time.monotonic()
+        if wait is not None and (wait <= 0 or not select.select([fd], [], [], wait)[0]):
+            raise ChannelError(TIMED_OUT)
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            raise ChannelError("the sandbox is gone (it crashed or exited)")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)

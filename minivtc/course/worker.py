@@ -1,0 +1,121 @@
+"""The sandbox's end of the channel: a student's functions, called by the grader's tests.
+
+Run as `python -m minivtc.course.worker IN OUT` inside the sandbox (`sandbox.py`), in the
+package copy that holds the student's code; IN and OUT are the channel's file descriptors
+(`channel.py`). It answers three messages: `hello` (import the assignment's modules, the
+student's code with them, and describe the classes and functions of a file the student
+writes whole, the capstone), `call` (run one function on the arguments sent, and send back
+its result and what it did to its arguments) and, while a call runs, it may ask the grader to
+call back one of the test's own functions (`Opaque`). Decides nothing: whatever it sends is
+checked by the grader's tests (`caller.py`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sys
+from typing import Any
+
+from minivtc.course.channel import items_of, name_of, receive, resolve, send
+from minivtc.course.codec import Codec
+
+MESSAGE_CHARS = 2000  # an exception's message sent back is cut here
+
+
+def main(argv: list[str]) -> int:
+    inbox, outbox = int(argv[0]), int(argv[1])
+
+    def callback(ident: int, args: tuple, kwargs: dict) -> Any:
+        send(outbox, {"callback": ident, "args": codec.encode([list(args), kwargs])})
+        answer = receive(inbox, float("inf"))
+        if "raised" in answer:
+            raise RuntimeError(f"the test's function raised: {answer['raised']}")
+        return codec.decode(answer["ok"])
+
+    codec = Codec(trusted=False, callback=callback)
+    while True:
+        try:
+            message = receive(inbox, float("inf"))
+        except Exception:  # the grader is gone: so is this
+            return 0
+        send(outbox, answer(codec, message))
+
+
+def answer(codec: Codec, message: dict) -> dict:
+    if "hello" in message:
+        return hello(message["hello"], message.get("own"))
+    args: list = []
+    kwargs: dict = {}
+    try:
+        function = resolve(message["call"])
+        args, kwargs = codec.decode(message["args"])
+        result = items_of(function(*args, **kwargs))
+        return {"ok": codec.encode([result, args, kwargs])}
+    except BaseException as e:  # noqa: BLE001 (the student's code may raise anything)
+        raised = {"type": name_of(type(e)), "message": str(e)[:MESSAGE_CHARS]}
+        try:
+            return {"raised": raised, "state": codec.encode([None, args, kwargs])}
+        except Exception:
+            return {"raised": raised}
+
+
+def hello(modules: list[str], own: str | None) -> dict:
+    """Import the assignment's modules (the student's code runs here first); describe `own`,
+    the module the student writes whole: its classes' methods, properties and constants,
+    and its functions."""
+    try:
+        for module in modules + ([own] if own else []):
+            importlib.import_module(module)
+    except BaseException as e:  # noqa: BLE001
+        return {"raised": {"type": name_of(type(e)), "message": str(e)[:MESSAGE_CHARS]}}
+    return {"ok": describe(importlib.import_module(own)) if own else {}}
+
+
+def describe(module: Any) -> dict:
+    classes, functions, constants = {}, [], {}
+    codec = Codec(trusted=False)
+    for name, value in vars(module).items():
+        if inspect.isclass(value) and not another_modules(value, module.__name__):
+            classes[name] = describe_class(value, codec)
+        elif inspect.isfunction(value) and value.__module__ == module.__name__:
+            functions.append(name)
+        elif not name.startswith("__") and isinstance(value, (bool, int, float, str)):
+            constants[name] = value
+    return {"classes": classes, "functions": functions, "constants": constants}
+
+
+def another_modules(cls: type, module: str) -> bool:
+    """Is `cls` another module of the package's (which the grader's side has too)?"""
+    return cls.__module__ != module and cls.__module__.split(".")[0] in ("minivtc", "builtins")
+
+
+def describe_class(cls: type, codec: Codec) -> dict:
+    """Its methods and properties, its bases' included (all run here: a base the grader's
+    side also has, a reference policy say, must not run there in its place), and its
+    constants."""
+    methods, properties, constants = {}, {}, {}
+    for klass in reversed(cls.__mro__[:-1]):  # object's own stay the grader's
+        for name, value in vars(klass).items():
+            if inspect.isfunction(value) and name not in KEPT:
+                methods[name] = True
+            elif isinstance(value, property) and value.fget is not None:
+                properties[name] = True
+            elif not name.startswith("__") and isinstance(value, (bool, int, float, str)):
+                constants[name] = codec.encode(getattr(cls, name))
+    bases = [name_of(b) for b in cls.__bases__]
+    return {
+        "bases": bases,
+        "methods": list(methods),
+        "properties": list(properties),
+        "constants": constants,
+    }
+
+
+# Methods that make the class itself work on the grader's side, never sent
+KEPT = {"__getattribute__", "__getattr__", "__setattr__", "__delattr__", "__new__"}
+KEPT |= {"__init_subclass__", "__class_getitem__", "__subclasshook__"}
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
