@@ -49,11 +49,12 @@ from minivtc.course.testrun import (
 )
 
 # The assignments whose tests run outside the sandbox, each call of a student's function sent
-# to it through the channel (`caller.py`). a4's tests call VTC's methods tens of thousands of
-# times with the policy's whole state, which the channel copies both ways at each call (too
-# slow to grade: the course README says how much), so they run in the sandbox with the
-# student's code, and their report is taken as written there.
-CHANNEL = frozenset({"a1_llama", "a2_blocks", "a3_batching", "a5_metric", "a6_fair"})
+# to it through the channel (`caller.py`). a4's and a6's tests call the policy's methods
+# thousands of times with its whole state, which the channel copies both ways at each call (too
+# slow to grade: a4 ran past 390 s, a correct capstone holding 360 waiting requests past its
+# limit; the course README says how much), so they run in the sandbox with the student's code,
+# and their report is taken as written there.
+CHANNEL = frozenset({"a1_llama", "a2_blocks", "a3_batching", "a5_metric"})
 # The tests' side's copy of a file the student writes whole: empty (its classes and functions
 # are the worker's, `caller.Session.stand_ins`), so nothing of the reference's answer is there
 OWN_FILE = '"""The student\'s file: what it defines runs in the sandbox."""\n'
