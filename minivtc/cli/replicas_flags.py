@@ -47,6 +47,42 @@ def add_fleet_options(p) -> None:
         "after it ends (tokens charged, rooms freed then); the bound gains 2 w_q G, G the most "
         "output tokens one client received unseen (default 0: an exact view)",
     )
+    p.add_argument(
+        "--gateways",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --routing global: K gateways in front of the replicas, each with its own "
+        "policy, sharing a store (--sync) or not (--no-store: each alone on a 1/K slice of every "
+        "replica); the bound (ours) is 2U + 2 Delta (minivtc/fleet/README.md)",
+    )
+    p.add_argument(
+        "--sync",
+        type=float,
+        default=0.05,
+        metavar="TAU",
+        help="with --gateways: seconds between each gateway's syncs with the store (default 0.05)",
+    )
+    p.add_argument("--no-store", action="store_true", help="with --gateways: no shared store")
+    p.add_argument(
+        "--ingress",
+        choices=["balanced", "skewed", "swapped"],
+        default="balanced",
+        help="with --gateways: each client's requests through the gateways in turn, or each "
+        "client through one gateway (skewed: the first client seen through gateway 0; swapped: "
+        "the reverse) (default balanced)",
+    )
+
+
+def gateways_of(args) -> tuple[int, str, float | None] | None:
+    """(k, ingress, tau or None for no store) from --gateways, --ingress, --sync, --no-store."""
+    if args.gateways is None:
+        if args.no_store or args.ingress != "balanced":
+            raise ValueError("--no-store and --ingress need --gateways")
+        return None
+    if args.gateways < 1 or not args.sync >= 0:
+        raise ValueError(f"--gateways {args.gateways} >= 1 and --sync {args.sync} >= 0, please")
+    return args.gateways, args.ingress, None if args.no_store else args.sync
 
 
 def run_simulate_fleet(args) -> int:
@@ -82,6 +118,7 @@ def run_simulate_fleet(args) -> int:
         args.routing,
         args.route_by,
         staleness=args.staleness,
+        gateways=gateways_of(args),
     )
     for key, value in summary.items():  # as `harness.cli.print_summary`, then each replica
         if not isinstance(value, dict | list):

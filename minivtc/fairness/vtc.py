@@ -283,6 +283,16 @@ class VTC(Scheduler):
             charged[request.request_id] = (n_q, now)
             counters[request.client_id] += (now - service) / weights.get(request.client_id, 1.0)
 
+    def adopt(self, counters: dict[str, float]) -> None:
+        """Ours, not the paper's: these counters become the fleet's (`shared_store.py`)."""
+        for client, value in counters.items():
+            if client not in self.counters:
+                self.first_seen.setdefault(client, len(self.first_seen))
+                self.queues[client] = deque()
+            fell, self.counters[client] = value < self.counters.get(client, value), value
+            if fell and self.queues[client]:
+                self.least.push(client)  # (a heap key must stay a lower bound)
+
 
 def forget_below_floor(vtc: VTC, idle: list[str]) -> list[str]:
     """`VTC.forget`: forget idle clients whose counter is at or below the lift floor F: no

@@ -45,11 +45,23 @@ minivtc/fleet/README.md; Lesson 14.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from minivtc.fairness.fairness_check import FairnessCheck
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.routing import LeastLoaded, Route
 from minivtc.vocab.request import Request
+
+
+class Member(Protocol):
+    """What the round asks a gateway that shares a store with others (`fleet_member.Member`)."""
+
+    def may_dispatch(self, request: Request) -> bool: ...
+
+    def book(self, request: Request, backend: Backend) -> bool: ...
+
+    def rooms_grew(self) -> bool: ...
 
 
 class Dispatcher:
@@ -62,11 +74,13 @@ class Dispatcher:
         backends: list[Backend],
         route: Route | None = None,
         check_fairness: bool = False,
+        member: Member | None = None,
     ) -> None:
         if not backends:
             raise ValueError("a dispatcher needs at least one backend")
         self.scheduler, self.backends = scheduler, list(backends)
         self.route = route or LeastLoaded()
+        self.member = member  # one of k gateways sharing a store (`fleet_member.py`), or alone
         self.where: dict[str, Backend] = {}  # request id -> the backend it is bound to
         self.order = {b: k for k, b in enumerate(self.backends)}  # a backend -> its place
         self.stuck: str | None = None  # the head that fitted nowhere when a round stopped
@@ -93,11 +107,17 @@ class Dispatcher:
         was bound where, for the caller to send."""
         bound = []
         while (request := self.scheduler.peek()) is not None:
+            if self.member is not None and not self.member.may_dispatch(request):
+                break  # a smaller counter waits at another gateway (`fleet_member.py`)
             backend = self.route.choose(request, self.room_for(request))
             if backend is None:
+                if self.member is not None and self.member.rooms_grew():
+                    continue  # other gateways freed room since the last sync
                 self.stuck, self.grown = request.request_id, set()
                 break  # head-of-line: never skip to a request that would fit
             self.stuck = None
+            if self.member is not None and not self.member.book(request, backend):
+                continue  # another gateway took that room first: look again
             backend.reserve(request)
             self.scheduler.dispatch(request)  # out of Q; its prompt charged
             self.route.served(request, backend)
@@ -120,7 +140,7 @@ class Dispatcher:
         # PERF: `Backend.fits` inlined (need computed once): the scan is half of a decision
         # with 64 backends, and this halves it (`minivtc bench route`)
         need = request.max_num_tokens
-        return [b for b in pool if b.healthy and b.reserved + need <= b.budget]
+        return [b for b in pool if b.healthy and b.reserved + b.elsewhere + need <= b.budget]
 
     def on_decode(self, requests: list[Request]) -> None:
         """Each of `requests` got one more output token (already in its `output_ids`)."""

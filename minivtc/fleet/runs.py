@@ -31,6 +31,7 @@ def simulate_fleet_to_dir(
     routing: str,
     route_by: str,
     staleness: float = 0.0,
+    gateways: tuple[int, str, float | None] | None = None,
 ) -> dict:
     """Simulate `source` (a workload's name, `replica_workloads.fleet_workload`, or a trace
     file's path; arrivals scaled by the number of replicas) on `replicas` replicas, write the
@@ -43,7 +44,7 @@ def simulate_fleet_to_dir(
         trace, weights = scaled(read_trace(source), replicas), None
         horizon = float(int(trace[-1].arrival_s))
     scheduler, kv_tokens = str(spec.policy), spec.pool_tokens
-    checked = routing == "global" and scheduler.startswith(("vtc", "wvtc"))
+    checked = routing == "global" and scheduler.startswith(("vtc", "wvtc")) and not gateways
     options = replace(spec.options, check_fairness=checked)
     fleet = simulate_fleet(
         trace,
@@ -54,6 +55,7 @@ def simulate_fleet_to_dir(
         step_time,
         watch_backlog=True,
         staleness=staleness,
+        gateways=gateways,
     )
     write_requests(out / "requests.csv", fleet)
     summary = summarize(
@@ -68,6 +70,9 @@ def simulate_fleet_to_dir(
         step_time=step_time,
         kv_tokens_per_replica=kv_tokens,
         staleness_s=staleness,
+        gateways=None
+        if gateways is None
+        else dict(zip(("k", "ingress", "sync_s"), gateways, strict=True)),
         per_replica=per_replica(fleet),
     )
     # the constructed workloads' comparison window: from 30 s (both backlogged) to the horizon
