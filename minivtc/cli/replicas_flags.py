@@ -72,6 +72,13 @@ def add_fleet_options(p) -> None:
         "client through one gateway (skewed: the first client seen through gateway 0; swapped: "
         "the reverse) (default balanced)",
     )
+    p.add_argument(
+        "--dynamo-table",
+        action="store_true",
+        help="with --gateways K: print Dynamo's two-router table (its issue #15187) for the "
+        "'pair' workload at --replicas N: one gateway; K with balanced, skewed and swapped "
+        "ingress; each without and with the store at --sync (writes DIR/table.md)",
+    )
 
 
 def gateways_of(args) -> tuple[int, str, float | None] | None:
@@ -108,6 +115,8 @@ def run_simulate_fleet(args) -> int:
         )
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+    if args.dynamo_table:
+        return print_dynamo_table(args)
     spec = EngineSpec.of(args.scheduler, kv_tokens=args.kv_tokens, block_size=1, seed=args.seed)
     summary = simulate_fleet_to_dir(
         args.workload or args.trace,
@@ -128,4 +137,18 @@ def run_simulate_fleet(args) -> int:
     print(
         f"wrote {args.out}/requests.csv (with a replica column), metrics.json, service.png, gap.png"
     )
+    return 0
+
+
+def print_dynamo_table(args) -> int:
+    from pathlib import Path
+
+    from minivtc.fleet.gateways import dynamo_table
+
+    if args.gateways is None or args.workload != "pair":
+        raise ValueError("--dynamo-table runs --workload pair with --gateways K")
+    table = dynamo_table(args.replicas, args.gateways, args.sync, args.step_time)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "table.md").write_text(table + "\n")
+    print(table)
     return 0
