@@ -121,10 +121,10 @@ def test_each_gateway_publishes_who_waits_there(make_store):
     assert got.waiting == {"g1": set(), "g2": {"b", "c"}} and got.gateways == 2
 
 
-def members(k: int, store: MemoryStore, clock: Clock, budget: int = 100):
+def members(k: int, store: MemoryStore, clock: Clock, budget: int = 100, first: int = 0):
     """k gateways in front of one backend, each a dispatcher with its own VTC."""
     out = []
-    for g in range(k):
+    for g in range(first, first + k):
         backends = [Backend("b", budget)]
         vtc = VTC()
         member = Member(f"g{g}", store, PolicyBooks(vtc), backends, 0.05, clock)
@@ -191,3 +191,17 @@ def test_a_dead_store_leaves_each_gateway_its_slice_and_its_return_loses_no_char
     m1.sync()
     assert m1.down is None and store.counters["a"] == charged  # its charges, none reset
     assert store.booked_now(["b"]) == {"b": 40}  # its booking, known to the fleet again
+
+
+def test_a_gateway_started_late_lifts_and_lowers_no_one():
+    clock = Clock()
+    store = MemoryStore(clock)
+    ((d1, m1, v1),) = members(1, store, clock)
+    m1.add(d1, request(0, "a"), 0.0)
+    v1.adopt({"a": 30.0, "b": 12.0})
+    m1.sync()
+    before = dict(store.counters)
+    ((d2, m2, v2),) = members(1, store, clock)  # a fresh gateway (or one restarted)
+    m2.sync()
+    assert store.counters == before  # its empty books changed nobody's counter
+    assert v2.counter("a") == 30.0 and v2.counter("b") == 12.0  # and it decides on the fleet's

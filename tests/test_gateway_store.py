@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import time
 
 import httpx
@@ -81,6 +82,12 @@ def gateway_app(urls: list[str], store, sync_s: float = 0.02, per_backend: int =
         member = Member(f"gw-{id(vtc)}", store, PolicyBooks(vtc), backends, sync_s)
     gateway = Gateway(vtc, backends, tokenizer, "m", Auth(KEYS), 0.2, member=member)
     return make_gateway(gateway), gateway
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def complete(url: str, key: str) -> int:
@@ -192,3 +199,62 @@ def test_a_bad_store_is_a_clear_error_at_start(redis_url, capsys):
     assert "refused the password" in err and "Traceback" not in err
     assert main([*args, "--store", "redis://:x@127.0.0.1:notaport/0"]) == 2
     assert "--store" in capsys.readouterr().err
+
+
+def redis_server(port: int, password: str):
+    import shutil
+    import subprocess
+
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server)")
+    args = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
+    proc = subprocess.Popen(
+        [*args, "no", "--requirepass", password],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            return proc
+        except OSError:
+            time.sleep(0.05)
+    raise RuntimeError("redis-server did not start")
+
+
+def test_the_store_killed_and_restarted_empty_loses_no_counter():
+    """The store dies: the gateway serves on, saying so; it comes back empty (no
+    persistence): the gateway's counters go back in as floors, none reset."""
+    port = free_port()
+    proc = redis_server(port, "pw-restart")
+    url = f"redis://:pw-restart@127.0.0.1:{port}/0"
+    store = RedisStore(parse_store_url(url), "restart", lease_s=1.0, timeout_s=0.2)
+    try:
+        with BackgroundServer(standin()) as b:
+            app, gateway = gateway_app([b], store)
+            with BackgroundServer(app) as gw:
+                assert complete(gw, "sk-w1-tenant") == CHUNKS
+                proc.kill()
+                proc.wait()
+                assert complete(gw, "sk-w1-tenant") == CHUNKS  # served on its own counters
+                time.sleep(0.5)
+                assert "down" in httpx.get(gw + "/health").json()["store"]
+                counter = gateway.dispatcher.scheduler.counter("w1")
+                assert counter == 2 * (4 + 2 * CHUNKS)
+                proc = redis_server(port, "pw-restart")
+                deadline = time.monotonic() + 5
+                while gateway.member.down is not None:  # tried again every second
+                    assert time.monotonic() < deadline, "the gateway did not see the store again"
+                    time.sleep(0.1)
+                time.sleep(0.2)
+                assert httpx.get(gw + "/health").json() == {"status": "ok"}
+                fresh = RedisStore(parse_store_url(url), "restart")
+                assert fresh.booked_now([b]) == {b: 0}
+                assert gateway.dispatcher.scheduler.counter("w1") == counter
+                got = fresh.redis.hget("restart:counters", "w1")
+                assert float(got) == counter
+    finally:
+        proc.kill()
+        proc.wait()

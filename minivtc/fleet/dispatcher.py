@@ -39,7 +39,10 @@ M is the whole fleet's memory, as Appendix C.3 expects: the bound grows with N, 
 may hold requests on every backend at once, and routing changes no counter, so prefix-aware
 routing keeps it. `check_fairness` asserts Lemma 4.3 over the fleet after every arrival,
 dispatch and step, reusing the engine's `FairnessCheck` with M = the sum of the budgets.
-Plain Python: the simulator (`replicas.py`) and the gateway (`gateway.py`) both run it.
+Plain Python: the simulator (`replicas.py`) and the gateway (`gateway.py`) both run it. One of
+k gateways sharing a store also asks its `member` (`fleet_member.py`) in the round: whether
+its head may go (no smaller counter waits at another gateway), and to book the room in the
+store (refused: another gateway took it, look again); its bound is stated there.
 minivtc/fleet/README.md; Lesson 14.
 """
 

@@ -16,7 +16,9 @@ request back to the queue uncharged, and (unless 429) is skipped until its `/hea
 200 again; one that fails mid-stream ends only the requests it was serving, each with an error
 event. Requests waiting at the gateway are never lost to a backend's failure. The tenant is
 the API key's (`serving/api_keys.py`), as in `minivtc serve`. `/fairness` and `/metrics` report
-the fleet (`app.py`). README: "Fair across replicas"; Lesson 14.
+the fleet (`app.py`). With `--store`, one of k gateways sharing the counters and the rooms
+(`member`, `fleet/fleet_member.py`; `watch_store` syncs it). README: "Fair across replicas";
+Lesson 14.
 """
 
 from __future__ import annotations
