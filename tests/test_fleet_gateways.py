@@ -12,6 +12,7 @@ from hypothesis import Phase, given, settings
 from hypothesis import strategies as st
 
 from minivtc.cli.main import main
+from minivtc.fleet.gateways import GatewaySpec
 from minivtc.fleet.replica_workloads import FLEET_WORKLOADS
 from minivtc.fleet.replicas import simulate_fleet
 from minivtc.harness import metrics
@@ -29,9 +30,9 @@ def ratio(run, start: float, end: float) -> float:
 
 
 def run(n, end, gateways, seed=0):
-    return simulate_fleet(
-        pair(n, end), n, "global", weights=WEIGHTS, seed=seed, watch_backlog=True, gateways=gateways
-    )
+    """`gateways`: (k, ingress, tau or None for no store), or None for the one dispatcher."""
+    routing = "global" if gateways is None else GatewaySpec(*gateways)
+    return simulate_fleet(pair(n, end), n, routing, weights=WEIGHTS, seed=seed, watch_backlog=True)
 
 
 @settings(max_examples=6, deadline=None, derandomize=True, phases=(Phase.generate,))

@@ -81,15 +81,17 @@ def add_fleet_options(p) -> None:
     )
 
 
-def gateways_of(args) -> tuple[int, str, float | None] | None:
-    """(k, ingress, tau or None for no store) from --gateways, --ingress, --sync, --no-store."""
+def routing_of(args):
+    """--routing, or with --gateways the gateways' spec (--ingress, --sync, --no-store)."""
+    from minivtc.fleet.gateways import GatewaySpec
+
     if args.gateways is None:
         if args.no_store or args.ingress != "balanced":
             raise ValueError("--no-store and --ingress need --gateways")
-        return None
-    if args.gateways < 1 or not args.sync >= 0:
-        raise ValueError(f"--gateways {args.gateways} >= 1 and --sync {args.sync} >= 0, please")
-    return args.gateways, args.ingress, None if args.no_store else args.sync
+        return args.routing
+    if args.routing != "global":
+        raise ValueError("--gateways: each gateway is a global dispatcher (--routing global)")
+    return GatewaySpec(args.gateways, args.ingress, None if args.no_store else args.sync)
 
 
 def run_simulate_fleet(args) -> int:
@@ -124,10 +126,9 @@ def run_simulate_fleet(args) -> int:
         args.step_time,
         args.out,
         args.replicas,
-        args.routing,
+        routing_of(args),
         args.route_by,
         staleness=args.staleness,
-        gateways=gateways_of(args),
     )
     for key, value in summary.items():  # as `harness.cli.print_summary`, then each replica
         if not isinstance(value, dict | list):
@@ -143,7 +144,7 @@ def run_simulate_fleet(args) -> int:
 def print_dynamo_table(args) -> int:
     from pathlib import Path
 
-    from minivtc.fleet.gateways import dynamo_table
+    from minivtc.fleet.runs import dynamo_table
 
     if args.gateways is None or args.workload != "pair":
         raise ValueError("--dynamo-table runs --workload pair with --gateways K")

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from minivtc.engine.spec import EngineSpec
 from minivtc.fairness.scheduler import Scheduler
@@ -33,6 +34,24 @@ from minivtc.fleet.shared_store import MemoryStore, PolicyBooks
 from minivtc.vocab.request import Request
 
 INGRESS = ("balanced", "skewed", "swapped")
+
+
+@dataclass(frozen=True)
+class GatewaySpec:
+    """k gateways in front of the replicas (`simulate_fleet`'s routing): `ingress`, and the
+    store's `sync_s` (tau; None: no store, each gateway alone on its slice)."""
+
+    k: int
+    ingress: str = "balanced"
+    sync_s: float | None = 0.05
+
+    def __post_init__(self) -> None:
+        if self.k < 1:
+            raise ValueError(f"gateways must be >= 1, got {self.k}")
+        if self.ingress not in INGRESS:
+            raise ValueError(f"ingress must be one of {', '.join(INGRESS)}, not {self.ingress!r}")
+        if self.sync_s is not None and not self.sync_s >= 0:
+            raise ValueError(f"the sync interval must be >= 0 seconds, got {self.sync_s}")
 
 
 class Gateways:
@@ -77,10 +96,9 @@ class Gateways:
         self.budgets, self.weights = [Backend(n, t) for n, t in budgets], dict(weights or {})
 
     @classmethod
-    def of(cls, spec: tuple[int, str, float | None], budgets, engine: EngineSpec, route_by, clock):
-        """`simulate_fleet`'s: spec = (k, ingress, tau or None), each gateway's policy the
-        engine spec's, its route `route_by`."""
-        k, ingress, sync_s = spec
+    def of(cls, spec: GatewaySpec, budgets, engine: EngineSpec, route_by, clock):
+        """`simulate_fleet`'s: each gateway's policy the engine spec's, its route `route_by`."""
+        k, ingress, sync_s = spec.k, spec.ingress, spec.sync_s
         weights = None if engine.weights is None else dict(engine.weights)
         route = lambda: make_route(route_by, engine.seed)  # noqa: E731
         return cls(k, engine.scheduler, budgets, route, ingress, sync_s, clock, weights)
@@ -157,45 +175,3 @@ class Gateways:
             n = len(self.entry)
             self.entry[client] = n % k if self.ingress == "skewed" else (k - 1 - n) % k
         return self.entry[client]
-
-
-ROWS = [("one gateway", 1, "balanced"), ("balanced", 0, "balanced")]
-ROWS += [("skewed", 0, "skewed"), ("swapped", 0, "swapped")]
-
-
-def dynamo_table(n: int, k: int, sync_s: float, step_time: str = "a10g-llama7b") -> str:
-    """Dynamo's two-router experiment (its issue #15187) at n replicas and k gateways: the
-    "pair" workload (w4 : w1 weighted 4:1, equal-cost requests), rows one gateway, k with
-    balanced, skewed and swapped ingress, each without and with the store. A markdown table:
-    service in tokens/s over 30-120 s (both backlogged), the worst backlogged gap, the bound."""
-    from minivtc.fleet.replica_workloads import FLEET_WORKLOADS
-    from minivtc.fleet.replicas import simulate_fleet
-    from minivtc.harness import metrics
-
-    work = FLEET_WORKLOADS["pair"]
-    trace, horizon = work.make(n), work.duration
-    lines = [
-        f"| {n} replicas, gateways | store (tau {sync_s:g} s) | w4 : w1 (tokens/s) | ratio "
-        "| backlogged gap | bound 2U + 2 Delta |",
-        "| --- | --- | --- | --- | --- | --- |",
-    ]
-    for name, rows_k, ingress in ROWS:
-        for store in (None, sync_s):
-            fleet = simulate_fleet(
-                trace,
-                n,
-                "global",
-                step_time=step_time,
-                weights=work.weights,
-                watch_backlog=True,
-                gateways=(rows_k or k, ingress, store),
-            )
-            got = metrics.service(fleet.result.served, 30.0, horizon)
-            w4, w1 = (got[c] / (horizon - 30.0) for c in ("w4", "w1"))
-            bound = fleet.result.bound
-            lines.append(
-                f"| {name if rows_k else f'{k}, {name}'} | {'yes' if store is not None else 'no'} "
-                f"| {w4:.0f} : {w1:.0f} | {w4 / w1:.2f} | {fleet.result.backlogged_gap:,.0f} "
-                f"| {'none claimed' if bound is None else f'{bound:,.0f}'} |"
-            )
-    return "\n".join(lines)

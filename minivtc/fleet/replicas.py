@@ -38,7 +38,7 @@ from minivtc.fairness.scheduler import FCFS
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.dispatcher import Dispatcher
 from minivtc.fleet.fleet_watch import FleetWatch
-from minivtc.fleet.gateways import Gateways
+from minivtc.fleet.gateways import Gateways, GatewaySpec
 from minivtc.fleet.routing import make_route
 from minivtc.fleet.staleness import News
 from minivtc.harness.metrics import Served
@@ -77,21 +77,22 @@ class Replica:
 def simulate_fleet(
     trace: list[TraceRequest],
     num_replicas: int,
-    routing: str = "global",
+    routing: str | GatewaySpec = "global",
     route_by: str = "least-loaded",
     scheduler: str | EngineSpec = "vtc",
     step_time: str = "a10g-llama7b",
     *,
     watch_backlog: bool = False,
     staleness: float = 0.0,
-    gateways: tuple[int, str, float | None] | None = None,
     **spec: Any,
 ) -> FleetResult:
     """Replay `trace` on `num_replicas` replicas of `kv_tokens` each (the module docstring).
     `scheduler`: an `EngineSpec`, or a policy name with the spec's keywords (`fleet_spec`:
     kv_tokens, weights, seed, check_fairness). `staleness` (global): the dispatcher hears of
-    each step that many seconds after it ends. `gateways` (global): (k, ingress, tau or None
-    for no store), k gateways in front of the replicas (`gateways.py`)."""
+    each step that many seconds after it ends. `routing` a `GatewaySpec`: k gateways in front of
+    the replicas, each a global dispatcher of its own, sharing a store or not (`gateways.py`)."""
+    gateways = routing if isinstance(routing, GatewaySpec) else None
+    routing = "global" if gateways else routing
     if routing not in ROUTINGS:
         raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
     if route_by not in ("least-loaded", "prefix"):
@@ -101,7 +102,7 @@ def simulate_fleet(
     engine_spec = fleet_spec(scheduler, spec)
     fleet = Fleet(num_replicas, routing, route_by, engine_spec, step_time)
     check_fairness, weights = engine_spec.options.check_fairness, engine_spec.weights
-    if routing == "global" and gateways is not None:
+    if gateways is not None:
         if staleness:
             raise ValueError("with gateways, the view's staleness is their sync interval")
         budgets = [(b.name, b.budget) for b in fleet.backends()]
@@ -111,8 +112,8 @@ def simulate_fleet(
         policy = engine_spec.scheduler()
         fleet.dispatcher = Dispatcher(policy, fleet.backends(), fleet.route, check_fairness)
         fleet.news = News(staleness) if staleness else None
-    elif staleness or gateways is not None:
-        raise ValueError("staleness and gateways: only with routing 'global'")
+    elif staleness:
+        raise ValueError("staleness is the global dispatcher's view: only with routing 'global'")
     fleet.watch = FleetWatch(None if weights is None else dict(weights)) if watch_backlog else None
     start = time.perf_counter()
     with gc_paused():  # PERF: as `simulate`: millions of objects, no cycles
