@@ -40,8 +40,8 @@ CHUNKS, CHUNK_S = 4, 0.05  # a stand-in's answer: 4 one-token chunks, 50 ms apar
 NEED = 4 + CHUNKS  # tokens a request books: its prompt ("Hi there" is 4 here) + max_tokens
 
 
-def standin() -> FastAPI:
-    """A backend that streams CHUNKS chunks, then its usage; it counts the streams it holds
+def standin(chunks: int = CHUNKS, chunk_s: float = CHUNK_S) -> FastAPI:
+    """A backend that streams `chunks` chunks, then its usage; it counts the streams it holds
     at once (`app.state.most`): more than its budget allows means it was over-booked."""
     app = FastAPI()
     app.state.open, app.state.most = 0, 0
@@ -51,14 +51,14 @@ def standin() -> FastAPI:
     async def completions():
         head = {"id": "c", "object": "text_completion", "created": 0, "model": "m"}
         choice = {"index": 0, "text": "x", "logprobs": None, "finish_reason": None}
-        usage = {"prompt_tokens": 4, "completion_tokens": CHUNKS, "total_tokens": 4 + CHUNKS}
+        usage = {"prompt_tokens": 4, "completion_tokens": chunks, "total_tokens": 4 + chunks}
 
         async def lines():
             app.state.open += 1
             app.state.most = max(app.state.most, app.state.open)
             try:
-                for _ in range(CHUNKS):
-                    await asyncio.sleep(CHUNK_S)
+                for _ in range(chunks):
+                    await asyncio.sleep(chunk_s)
                     yield f"data: {json.dumps(head | {'choices': [choice]})}\n\n"
                 yield f"data: {json.dumps(head | {'choices': [], 'usage': usage})}\n\n"
                 yield "data: [DONE]\n\n"
@@ -258,3 +258,54 @@ def test_the_store_killed_and_restarted_empty_loses_no_counter():
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_a_gateway_killed_mid_stream_frees_its_room_by_its_lease(redis_url):
+    """Two `minivtc route --store` processes; the one streaming is killed (SIGKILL: no goodbye).
+    The other serves on: the dead one's booking expires after its lease (1 s), and what the
+    dead one charged before its last sync stays charged."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MINIVTC_STORE": redis_url}
+    with BackgroundServer(standin(chunks=20, chunk_s=0.1)) as backend:
+        prefix = f"kill-{time.monotonic_ns()}"
+        args = [sys.executable, "-m", "minivtc", "route", "--backend", f"{backend}={4 + 20}"]
+        args += ["--store-prefix", prefix, "--lease", "1", "--sync", "0.05"]
+        ports = [free_port(), free_port()]
+        procs = [subprocess.Popen([*args, "--port", str(p)], env=env) for p in ports]
+        try:
+            urls = [f"http://127.0.0.1:{p}" for p in ports]
+            for url, proc in zip(urls, procs, strict=True):
+                deadline = time.monotonic() + 60
+                while not healthy(url):
+                    assert time.monotonic() < deadline and proc.poll() is None, "no gateway"
+                    time.sleep(0.2)
+            body = {"prompt": "Hi there", "max_tokens": 20, "stream": True}
+            who = {"x-client-id": "tenant"}
+            with httpx.stream("POST", urls[0] + "/v1/completions", json=body, headers=who) as r:
+                lines = (line for line in r.iter_lines() if '"text"' in line)
+                next(lines), next(lines), next(lines)
+                time.sleep(0.2)  # (a sync carries its charges)
+                procs[0].send_signal(signal.SIGKILL)
+                procs[0].wait()
+            start = time.monotonic()
+            r = httpx.post(urls[1] + "/v1/completions", json=body, headers=who, timeout=30)
+            assert r.status_code == 200 and r.text.count('"text"') == 20  # served whole
+            waited = time.monotonic() - start
+            assert waited > 0.3  # it waited for the dead one's lease, not forever
+            counter = httpx.get(urls[1] + "/fairness").json()["clients"]["tenant"]["counter"]
+            assert counter >= 4 + 2 * 3  # the dead one's prompt and the tokens it had passed on
+        finally:
+            for proc in procs:
+                proc.kill()
+                proc.wait()
+
+
+def healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
