@@ -137,6 +137,9 @@ def test_two_gateways_share_one_counter_and_never_over_book_a_backend(store):
             assert asyncio.run(both()) == [CHUNKS] * 6
             time.sleep(0.2)  # a few syncs
             views = [httpx.get(u + "/fairness", headers=ADMIN).json() for u in (u1, u2)]
+            tenant = {"authorization": "Bearer sk-w1-tenant"}
+            own = httpx.get(u1 + "/fairness", headers=tenant).json()
+    assert list(own["clients"]) == ["w1"] and "waiting_elsewhere" not in own["fleet"]
     assert backend.state.most == 1  # one request's room: never two at once, whoever booked
     counters = {v["clients"]["w1"]["counter"] for v in views}
     assert counters == {6 * (4 + 2 * CHUNKS)}  # all six, in both gateways' views

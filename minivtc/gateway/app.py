@@ -276,6 +276,8 @@ def view_for(view: dict, caller: Caller) -> dict:
     if not caller.admin:  # (nor the fleet's totals: `serve` hides its totals from tenants)
         view["clients"] = {c: r for c, r in view["clients"].items() if c == caller.client}
         del view["backends"], view["requests"]
+        if view.get("fleet"):  # (other tenants' names)
+            del view["fleet"]["waiting_elsewhere"]
     return view
 
 
