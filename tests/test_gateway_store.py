@@ -190,6 +190,9 @@ def test_a_dead_gateways_bookings_expire_and_a_dead_store_is_said(store):
             assert complete(url, "sk-w1-tenant") == CHUNKS  # served on its own counters
             scraped = httpx.get(url + "/metrics", headers=ADMIN).text
             assert "minivtc_gateway_store_up 0.0" in scraped
+            assert "minivtc_gateway_fleet_bound NaN" in scraped
+            view = httpx.get(url + "/fairness", headers=ADMIN).json()
+            assert view["bound"] is None and "down" in view["fleet"]["bound_is"]
 
 
 def test_a_bad_store_is_a_clear_error_at_start(redis_url, capsys):

@@ -44,9 +44,10 @@ service is its counter's growth (times its weight): within 2U + 2 Delta (Theorem
 With tau -> 0, Delta is what two gateways dispatch for one client at the same moment. The
 simulation (`gateways.py`) measures Delta exactly and checks the gap against the bound over
 every backlogged interval, the first 2 tau included. A store that is down (`StoreDown`): each
-gateway serves on its own counters and a 1/k slice of each backend's budget, the bound of one
-dispatcher per gateway (k of them: per-replica counters' lack of any), until the store is back;
-the counters then re-converge by adding what each gateway charged meanwhile, none reset.
+gateway serves on its own counters and a 1/k slice of each backend's budget, and no fleet-wide
+bound is claimed meanwhile (k dispatchers on their own counters: the skewed collapse may come
+back); when it is back, the counters re-converge by adding what each gateway charged
+meanwhile, none reset.
 minivtc/fleet/README.md; Lesson 14.
 """
 
@@ -202,6 +203,7 @@ class Member:
 
     def view(self) -> dict:
         """For /fairness and /health: the store, the fleet as last seen, the bound's terms."""
+        lag = self.most_lag
         return {
             "gateway": self.name,
             "store": str(getattr(self.store, "address", "in memory")),
@@ -211,8 +213,10 @@ class Member:
             "sync_s": self.sync_s,
             "waiting_elsewhere": sorted(self.others_waiting),
             "most_lag": round(self.most_lag, 3),
-            "bound": fleet_bound(self.backends, self.books.weights(), self.most_lag),
-            "bound_is": "2U + 2 Delta, Delta the most lag seen (ours: fleet/fleet_member.py)",
+            "bound": None if self.down else fleet_bound(self.backends, self.books.weights(), lag),
+            "bound_is": "none while the store is down: each gateway on its own counters"
+            if self.down
+            else "2U + 2 Delta, Delta the most lag seen (ours: fleet/fleet_member.py)",
             "store_operations": self.store.operations,
         }
 
