@@ -210,6 +210,13 @@ class RedisStore:
             raise StoreDown(f"{self.address}: {e}") from None
         self.operations += 1
 
+    def answers(self) -> bool:
+        """Whether the store answers now (a gateway serving alone asks, off its event loop)."""
+        try:
+            return bool(self.redis.ping())
+        except self.errors:
+            return False
+
     def call(self, script, args: list):
         try:
             answer = script(args=args)

@@ -145,6 +145,9 @@ class MemoryStore:
         self.answer()
         self.rooms.get(backend, {}).pop(booking, None)
 
+    def answers(self) -> bool:
+        return self.up
+
     def booked(self, backend: str, now: float) -> int:
         room = self.rooms.get(backend, {})
         for i in [i for i, (_, expiry) in room.items() if expiry <= now]:

@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, Response
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.dispatcher import Dispatcher
-from minivtc.fleet.fleet_member import Member
+from minivtc.fleet.fleet_member import RETRY_S, Member
 from minivtc.fleet.routing import Route
 from minivtc.gateway.proxy import (
     Answered,
@@ -281,6 +281,11 @@ class Gateway:
         gateways (`Member.sync`), then a round on what changed."""
         assert self.member is not None, "with --store only"
         while True:
+            # a store found down is asked again off the loop: an unreachable host would make
+            # every try wait its whole timeout here, and every stream with it
+            if self.member.down and not await asyncio.to_thread(self.member.store.answers):
+                await asyncio.sleep(RETRY_S)
+                continue
             if self.member.sync():
                 self.dispatcher.wake()  # other gateways released room
             self.pump()
