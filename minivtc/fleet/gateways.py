@@ -14,8 +14,9 @@ would over-book them, and the replicas' own queues would decide the order instea
 gateways in turn), "skewed" (each client through
 one gateway: the first client seen through gateway 0, the next through gateway 1, ...),
 "swapped" (the reverse order). Delta, the bound's lag term (`fleet_member.py`), is measured
-exactly here at every round: the true counters are the store's plus what each gateway has not
-sent yet. minivtc/fleet/README.md; Lesson 14.
+exactly here after every round that dispatched (the proof uses the views at dispatches): the
+true counters are the store's plus what each gateway has not sent yet, less the gateway's
+view (its own charges are in both). minivtc/fleet/README.md; Lesson 14.
 """
 
 from __future__ import annotations
@@ -127,8 +128,10 @@ class Gateways:
                 member = self.members[g]
                 if member.due(self.clock()) and member.sync():
                     d.wake()  # others released room: look again
-                self.measure_lag(g)
-            bound += d.bind()
+            now = d.bind()
+            if now and self.members:
+                self.measure_lag(g)  # the proof uses the views at dispatches only
+            bound += now
         return bound
 
     def on_decode(self, requests: list[Request]) -> None:
