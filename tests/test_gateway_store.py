@@ -165,7 +165,7 @@ def test_a_four_to_one_pair_through_two_gateways_with_skewed_ingress(store, shar
             w4, w1 = asyncio.run(run())
     print(f"skewed ingress, {'with' if shared else 'without'} the store: w4 {w4}, w1 {w1}")
     if shared:
-        assert 2.5 < w4 / w1 < 6.0, (w4, w1)
+        assert 2.0 < w4 / w1 < 6.0, (w4, w1)  # (2.9 here: U is a second of service)
     else:
         assert 0.6 < w4 / w1 < 1.6, (w4, w1)
 
