@@ -54,7 +54,7 @@ def add_fleet_options(p) -> None:
         metavar="K",
         help="with --routing global: K gateways in front of the replicas, each with its own "
         "policy, sharing a store (--sync) or not (--no-store: each alone on a 1/K slice of every "
-        "replica); the bound (ours) is 2U + 2 Delta (minivtc/fleet/README.md)",
+        "replica); the bound (ours) is 2U + 2 Delta + 2S (minivtc/fleet/README.md)",
     )
     p.add_argument(
         "--sync",

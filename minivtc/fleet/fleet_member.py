@@ -9,45 +9,53 @@ deciding on its view of the counters, refreshed every tau seconds:
     add(r):  its client waits at no gateway we know of: lifted to the fleet's    add()
              smallest waiting counter; waiting at another one: no lift (backlogged)
     round:   i <- our waiting client with the smallest counter (the policy's)    bind()
-             hold while one waiting at another gateway has a smaller counter     may_dispatch()
+             hold while one waiting at another gateway has a counter below       may_dispatch()
+             i's by more than S, the lag our last sync revealed
              book i's room in the store; refused (others booked it): again       book()
     each tau: our charges out (atomic adds), every counter in (`adopt`),         sync()
              who waits where, each backend's booked tokens; leases renewed
 
-Without a store a gateway is the one dispatcher of `dispatcher.py`, exactly.
+Without a store a gateway is the one dispatcher of `dispatcher.py`, exactly. Why the slack S:
+a gateway sees its own client's counter fresh and the others' up to a sync late, so without it
+two gateways each see their own client ahead, both hold, and each dispatches about one request
+per sync (4 replicas, 2 gateways, skewed ingress: 1,131 tokens/s of 5,243 at tau = 1 s). S is
+what the others charged one client between our last two syncs: if our client is the one
+starved, the others charged little, S is small, and we hold as strictly as before.
 
 The bound (ours). Assumptions: (A1) each gateway syncs at least every tau seconds; (A2) a client
 backlogged in the fleet is, at every moment, in the latest snapshot of who waits that some
 gateway published (true when each client's requests come through one gateway, or when it
-keeps a request waiting at each gateway it uses); (A3) bookings are
-atomic (`book`: the backends never queue, the premise of `dispatcher.py`'s proof); (A4) the
-cost is linear, w_p <= w_q. Let C be the true counters (every charge at every gateway, sent
-or not) and Delta the most a gateway's view of a counter lags C: at most what the others charge
-one client between two syncs (its prompts, w_p L_input each, and its output, w_q a token,
-within 2 tau). Then for two clients a, b backlogged throughout [t1, t2), at any t in it at
-which a's last dispatch was at t0 >= t1 + 2 tau, C_a(t) <= C_b(t) + U + Delta, with Lemma 4.3's
-U = max(w_p L_input, w_q M), M the backends' budgets, and their service gap over an interval
-after both such dispatches is within 2U + 2 Delta.
+keeps a request waiting at each gateway it uses); (A3) bookings are atomic (`book`: the
+backends never queue, the premise of `dispatcher.py`'s proof); (A4) the cost is linear, w_p
+<= w_q. Let C be the true counters (every charge at every gateway, sent or not), Delta the
+most a gateway's view of a counter lags C at a dispatch (at most what the others charge one
+client within 2 tau: its prompts, w_p L_input each, and its output, w_q a token), and S the
+largest slack used (S <= Delta: a lag a sync revealed). Then for two clients a, b backlogged
+throughout [t1, t2), at any t in it at which a's last dispatch was at t0 >= t1 + 2 tau,
+C_a(t) <= C_b(t) + U + Delta + S, with Lemma 4.3's U = max(w_p L_input, w_q M), M the backends'
+budgets, and their service gap over an interval after both such dispatches is within
+2U + 2 Delta + 2S (<= 2U + 4 Delta).
 
 Proof. At t0 the gateway g that dispatched a saw b waiting (A2: b waits at g, or g's last
 sync, at most tau old, read b in another gateway's snapshot), and dispatched a only if its
-view had V_a <= V_b (the policy's peek at g, or `may_dispatch`; ties allowed, so two
-gateways may both pick the same smallest counter at once: the second's view lacks the first's
-charge, which Delta counts).
-Views lag and never lead: C_a(t0) - Delta <= V_a <= V_b <= C_b(t0) <= C_b(t) (b, backlogged, is
-never lifted: `add` keeps the counter of a client waiting elsewhere, and charges only raise).
-After t0, a is not dispatched before t, so C_a grows by the prompt dispatched at t0 and the
-output of requests already bound, each holding prompt + max_tokens on a backend (A3): at most
-U, as in Lemma 4.3's proof. So C_a(t) <= C_b(t) + U + Delta, and by symmetry the counters are
-within U + Delta at both ends of the interval; while backlogged neither is lifted, so each one's
-service is its counter's growth (times its weight): within 2U + 2 Delta (Theorem 4.4's step).
-With tau -> 0, Delta is what two gateways dispatch for one client at the same moment. The
-simulation (`gateways.py`) measures Delta exactly and checks the gap against the bound over
-every backlogged interval, the first 2 tau included. A store that is down (`StoreDown`): each
-gateway serves on its own counters and a 1/k slice of each backend's budget, and no fleet-wide
-bound is claimed meanwhile (k dispatchers on their own counters: the skewed collapse may come
-back); when it is back, the counters re-converge by adding what each gateway charged
-meanwhile, none reset.
+view had V_a <= V_b + S (the policy's peek at g, with no slack, or `may_dispatch`; ties
+allowed, so two gateways may both pick the same smallest counter at once: the second's view
+lacks the first's charge, which Delta counts). Views lag and never lead: C_a(t0) - Delta <=
+V_a <= V_b + S <= C_b(t0) + S <= C_b(t) + S (b, backlogged, is never lifted: `add` keeps the
+counter of a client waiting elsewhere, and charges only raise). After t0, a is not dispatched
+before t, so C_a grows by the prompt dispatched at t0 and the output of requests already
+bound, each holding prompt + max_tokens on a backend (A3): at most U, as in Lemma 4.3's proof.
+So C_a(t) <= C_b(t) + U + Delta + S, and by symmetry the counters are that close at both ends
+of the interval; while backlogged neither is lifted, so each one's service is its counter's
+growth (times its weight): within 2U + 2 Delta + 2S (Theorem 4.4's step). With tau -> 0, Delta
+and S are what two gateways dispatch for one client at the same moment. The simulation
+(`gateways.py`) measures Delta exactly and checks the gap against the bound over every
+backlogged interval, the first 2 tau included; a live gateway states 2U + 4 Delta' with
+Delta' the largest lag its syncs revealed. A store that is down (`StoreDown`): each gateway
+serves on its own counters and a 1/k slice of each backend's budget, and no fleet-wide bound
+is claimed meanwhile (k dispatchers on their own counters: the skewed collapse may come back);
+when it is back, the counters re-converge by adding what each gateway charged meanwhile, none
+reset.
 minivtc/fleet/README.md; Lesson 14.
 """
 
@@ -67,13 +75,15 @@ from minivtc.vocab.request import Request
 RETRY_S = 1.0  # a store found down is tried again this often (each try may wait its timeout)
 
 
-def fleet_bound(backends: list[Backend], weights: dict[str, float], lag: float) -> float:
-    """2U + 2 Delta in counter units (the module docstring): U = max(w_p L_input, w_q M), M
+def fleet_bound(
+    backends: list[Backend], weights: dict[str, float], lag: float, slack: float
+) -> float:
+    """2U + 2 Delta + 2S in counter units (the module docstring): U = max(w_p L_input, w_q M), M
     the backends' budgets, L_input the largest less one, scaled by 1 / the smallest weight
     (at most 1: a weight below 1 charges more per token), as `FairnessCheck` does."""
     largest, total = max(b.budget for b in backends), sum(b.budget for b in backends)
     scale = 1.0 / min(min(weights.values(), default=1.0), 1.0)
-    return 2 * fairness_bound(largest - 1, total) * scale + 2 * lag
+    return 2 * fairness_bound(largest - 1, total) * scale + 2 * lag + 2 * slack
 
 
 class Member:
@@ -97,6 +107,7 @@ class Member:
         self.others_waiting: set[str] = set()  # clients waiting at other gateways (last sync)
         self.gateways = 1  # with an unexpired lease, at the last sync
         self.most_lag = 0.0  # Delta as the syncs reveal it (others' charges we had not seen)
+        self.slack = 0.0  # the hold's: the lag the last sync revealed (the module docstring)
         self.down: str | None = None  # why the store is unreachable (None: it is up)
         self.next_sync = -math.inf  # when `due` says to sync again
 
@@ -122,11 +133,12 @@ class Member:
         return None
 
     def may_dispatch(self, request: Request) -> bool:
-        """Our head goes only if no client waiting elsewhere has a smaller counter (ties go)."""
+        """Our head goes unless a client waiting elsewhere has a counter below its by more
+        than the slack (the module docstring)."""
         mine = self.books.counter(request.client_id)
         for client in self.others_waiting:
             other = self.books.counter(client)
-            if other is not None and mine is not None and other < mine:
+            if other is not None and mine is not None and other + self.slack < mine:
                 return False
         return True
 
@@ -195,6 +207,7 @@ class Member:
         if got.epoch == self.epoch:  # others' charges we had not seen: the view's lag
             lag = max((v - counters.get(c, 0.0) for c, v in got.counters.items()), default=0.0)
             self.most_lag = max(self.most_lag, lag)
+            self.slack = max(lag, 0.0)
         self.epoch, self.down, self.pulled = got.epoch, None, got.counters
         self.books.adopt(got.counters)
         self.others_waiting = set().union(*(c for g, c in got.waiting.items() if g != self.name))
@@ -213,10 +226,12 @@ class Member:
             "sync_s": self.sync_s,
             "waiting_elsewhere": sorted(self.others_waiting),
             "most_lag": round(self.most_lag, 3),
-            "bound": None if self.down else fleet_bound(self.backends, self.books.weights(), lag),
+            "bound": None
+            if self.down
+            else fleet_bound(self.backends, self.books.weights(), lag, lag),
             "bound_is": "none while the store is down: each gateway on its own counters"
             if self.down
-            else "2U + 2 Delta, Delta the most lag seen (ours: fleet/fleet_member.py)",
+            else "2U + 4 Delta, Delta the most lag a sync revealed (ours: fleet/fleet_member.py)",
             "store_operations": self.store.operations,
         }
 

@@ -149,11 +149,12 @@ class Gateways:
         return backend
 
     def gap_bound(self) -> float | None:
-        """2U + 2 Delta in counter units, with the store (`fleet_member.py`); without one,
-        none is claimed."""
+        """2U + 2 Delta + 2S in counter units, with the store (`fleet_member.py`: S the
+        largest slack a gateway used); without one, none is claimed."""
         if self.store is None:
             return None
-        return fleet_bound(self.budgets, self.weights, self.most_lag)
+        slack = max(m.most_lag for m in self.members)  # (each slack is a lag a sync revealed)
+        return fleet_bound(self.budgets, self.weights, self.most_lag, slack)
 
     def measure_lag(self, g: int) -> None:
         """Delta at gateway g now: the true counters (the store's plus every gateway's unsent

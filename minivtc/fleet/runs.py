@@ -137,7 +137,7 @@ def dynamo_table(n: int, k: int, sync_s: float, step_time: str = "a10g-llama7b")
     trace, horizon = work.make(n), work.duration
     lines = [
         f"| {n} replicas, gateways | store (tau {sync_s:g} s) | w4 : w1 (tokens/s) | ratio "
-        "| backlogged gap | bound 2U + 2 Delta |",
+        "| backlogged gap | bound 2U + 2 Delta + 2S |",
         "| --- | --- | --- | --- | --- | --- |",
     ]
     for name, rows_k, ingress in ROWS:

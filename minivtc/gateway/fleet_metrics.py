@@ -58,7 +58,7 @@ def store_families(fleet: dict, counts: dict[str, int]):
         ("minivtc_gateway_store_up", "1 while the shared store answers.", fleet["store_up"]),
         ("minivtc_gateway_fleet_gateways", "Gateways with a live lease.", fleet["gateways"]),
         ("minivtc_gateway_view_lag", "Delta: the most lag seen (counter).", fleet["most_lag"]),
-        ("minivtc_gateway_fleet_bound", "2U + 2 Delta; NaN: store down.", fleet["bound"]),
+        ("minivtc_gateway_fleet_bound", "2U + 4 Delta; NaN: store down.", fleet["bound"]),
         ("minivtc_gateway_store_operations", "Round trips made.", fleet["store_operations"]),
         (
             "minivtc_gateway_store_operations_per_request",
