@@ -30,10 +30,11 @@ def request(i: int, client: str, prompt: int = 10, out: int = 10) -> Request:
     return Request(f"r{i}", client, [0] * prompt, SamplingParams(max_tokens=out), 0.0)
 
 
-def sync_in(gateway, epoch, charges=None, counters=None, waiting=(), bookings=None):
+def sync_in(gateway, epoch, charges=None, counters=None, waiting=(), bookings=None, lifts=None):
     charges = charges or {}
+    counters = counters or charges
     return SyncIn(
-        gateway, epoch, charges, counters or charges, list(waiting), bookings or {}, ["b"]
+        gateway, epoch, charges, lifts or {}, counters, list(waiting), bookings or {}, ["b"]
     )
 
 
@@ -94,6 +95,17 @@ def test_charges_from_two_gateways_add_up_and_a_late_gateway_changes_no_one(make
     assert late.counters == {"a": 5.0, "b": 1.0, "z": 0.0}
     lost = store.sync(sync_in("g1", "another epoch", {"a": 1.0}, {"a": 9.0}))  # store was reset
     assert lost.counters["a"] == 9.0  # the larger of the two, never a sum
+
+
+def test_two_gateways_lifting_one_client_at_once_raise_it_once(make_store):
+    """A lift is a max: sent as adds, two gateways' lifts of one client would sum (and
+    compound as clients leapfrog)."""
+    store = make_store()
+    e = store.sync(sync_in("g1", None, {"a": 10.0})).epoch
+    store.sync(sync_in("g1", e, {"a": 10.0}))
+    store.sync(sync_in("g1", e, lifts={"a": 50.0}, charges={"a": 2.0}))
+    got = store.sync(sync_in("g2", e, lifts={"a": 50.0}, charges={"a": 3.0}))
+    assert got.counters["a"] == 55.0  # lifted once to 50, then both gateways' charges
 
 
 def test_two_gateways_never_over_book_a_backend_and_dead_leases_expire(make_store):

@@ -12,7 +12,8 @@ deciding on its view of the counters, refreshed every tau seconds:
              hold while one waiting at another gateway has a counter below       may_dispatch()
              i's by more than S, the lag our last sync revealed
              book i's room in the store; refused (others booked it): again       book()
-    each tau: our charges out (atomic adds), every counter in (`adopt`),         sync()
+    each tau: our charges out (atomic adds), lifts as floors (max), every        sync()
+             counter in (`adopt`),
              who waits where, each backend's booked tokens; leases renewed
 
 Without a store a gateway is the one dispatcher of `dispatcher.py`, exactly. Why the slack S:
@@ -110,6 +111,7 @@ class Member:
         self.slack = 0.0  # the hold's: the lag the last sync revealed (the module docstring)
         self.down: str | None = None  # why the store is unreachable (None: it is up)
         self.next_sync = -math.inf  # when `due` says to sync again
+        self.lifts: dict[str, tuple[float, float]] = {}  # client -> (its floor, lifted by)
 
     # --- what the dispatcher and the gateway call -------------------------------------------
 
@@ -130,7 +132,28 @@ class Member:
         floors = [v for c in waiting if (v := self.books.counter(c)) is not None]
         if floors:  # (none waiting: the policy's own rule, the last to leave)
             self.books.adopt({client: max(before or 0.0, min(floors))})
+        self.note_lift(client, before or 0.0)
         return None
+
+    def note_lift(self, client: str, before: float) -> None:
+        """A lift is a max, not a charge: sent as a floor (`SyncIn.lifts`), since two gateways
+        lifting one client to the same level at once must raise it once, not twice (sent as
+        adds, such lifts compound: 16 replicas, 4 gateways, balanced ingress blew the counters
+        up to 2e10 in 60 s)."""
+        after = self.books.counter(client)
+        if after is not None and after > before:
+            _, amount = self.lifts.get(client, (after, 0.0))
+            self.lifts[client] = (after, amount + after - before)
+
+    def unsent(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+        """(our counters, the charges not yet sent, the lifts' floors not yet sent)."""
+        counters = self.books.counters()
+        charges = {}
+        for c, v in counters.items():
+            amount = v - self.pulled.get(c, 0.0) - self.lifts.get(c, (0.0, 0.0))[1]
+            if amount:
+                charges[c] = amount
+        return counters, charges, {c: target for c, (target, _) in self.lifts.items()}
 
     def may_dispatch(self, request: Request) -> bool:
         """Our head goes unless a client waiting elsewhere has a counter below its by more
@@ -185,13 +208,12 @@ class Member:
         grew (others released bookings): the dispatcher should look again (`wake`)."""
         now = self.clock()
         self.next_sync = now + (self.sync_s if self.down is None else max(self.sync_s, RETRY_S))
-        counters = self.books.counters()
+        counters, charges, lifts = self.unsent()
         sent = SyncIn(
             gateway=self.name,
             epoch=self.epoch,
-            charges={
-                c: v - was for c, v in counters.items() if v != (was := self.pulled.get(c, 0.0))
-            },
+            charges=charges,
+            lifts=lifts,
             counters=counters,
             waiting=sorted(self.books.waiting_clients()),
             bookings={
@@ -208,7 +230,7 @@ class Member:
             lag = max((v - counters.get(c, 0.0) for c, v in got.counters.items()), default=0.0)
             self.most_lag = max(self.most_lag, lag)
             self.slack = max(lag, 0.0)
-        self.epoch, self.down, self.pulled = got.epoch, None, got.counters
+        self.epoch, self.down, self.pulled, self.lifts = got.epoch, None, got.counters, {}
         self.books.adopt(got.counters)
         self.others_waiting = set().union(*(c for g, c in got.waiting.items() if g != self.name))
         self.gateways = max(got.gateways, 1)

@@ -161,9 +161,13 @@ class Gateways:
         charges) less g's view of them."""
         assert self.store is not None, "measured with a store"
         true = dict(self.store.counters)
-        for member in self.members:
-            for c, v in member.books.counters().items():
-                true[c] = true.get(c, 0.0) + v - member.pulled.get(c, 0.0)
+        unsent = [member.unsent() for member in self.members]
+        for _, _, lifts in unsent:
+            for c, floor in lifts.items():
+                true[c] = max(true.get(c, 0.0), floor)
+        for _, charges, _ in unsent:
+            for c, amount in charges.items():
+                true[c] = true.get(c, 0.0) + amount
         view = self.members[g].books
         for c, v in true.items():
             seen = view.counter(c)

@@ -70,6 +70,10 @@ local lease = tonumber(ARGV[3])
 redis.call('SET', p .. ':epoch', ARGV[4], 'NX')
 local epoch = redis.call('GET', p .. ':epoch')
 if a.epoch == epoch then
+  for c, v in pairs(a.lifts) do
+    local old = redis.call('HGET', p .. ':counters', c)
+    if not old or tonumber(old) < v then redis.call('HSET', p .. ':counters', c, v) end
+  end
   for c, d in pairs(a.charges) do redis.call('HINCRBYFLOAT', p .. ':counters', c, d) end
 else
   for c, v in pairs(a.counters) do

@@ -9,8 +9,9 @@ against the other's expectations):
 - `MemoryStore`: the same in one process, on a clock it is given: the simulator's store
   (`minivtc simulate --gateways k`) and the tests'.
 
-Three operations. `sync` (every tau seconds per gateway): add its charges since its last sync
-to the counters (an atomic add each: they commute, so no charge is ever lost or counted twice),
+Three operations. `sync` (every tau seconds per gateway): raise the counters it lifted to
+their floors (a max), add its charges since its last sync (an atomic add each: they commute,
+so no charge is ever lost or counted twice),
 publish the clients waiting at it, renew its bookings' leases, and read back every counter,
 who waits at the other gateways and each backend's booked tokens. `book`: reserve a request's
 prompt + max_tokens on a backend only if the backend's bookings, all gateways' together, stay
@@ -50,7 +51,8 @@ class SyncIn:
 
     gateway: str
     epoch: str | None  # the store's epoch it last saw (None: never synced)
-    charges: dict[str, float]  # client -> its counter's growth here since the last sync
+    charges: dict[str, float]  # client -> what it was charged here since the last sync
+    lifts: dict[str, float]  # client -> the floor it was lifted to here (a max, not an add)
     counters: dict[str, float]  # client -> its counter here (the floors after a lost store)
     waiting: list[str]  # the clients with a request waiting at this gateway
     bookings: dict[str, dict[str, int]]  # backend -> booking id -> tokens (renewed)
@@ -113,6 +115,8 @@ class MemoryStore:
     def sync(self, it: SyncIn) -> SyncOut:
         now = self.answer()
         if it.epoch == self.epoch:
+            for c, floor in it.lifts.items():
+                self.counters[c] = max(self.counters.get(c, 0.0), floor)
             for c, amount in it.charges.items():
                 self.counters[c] = self.counters.get(c, 0.0) + amount
         else:  # first contact, or the store lost its data: floors, never sums
