@@ -184,7 +184,10 @@ def test_a_dead_gateways_bookings_expire_and_a_dead_store_is_said(store):
         app, gateway = gateway_app([b], memory)
         with BackgroundServer(app) as url:
             memory.up = False
-            time.sleep(0.3)
+            deadline = time.monotonic() + 10
+            while gateway.member.down is None:  # (its next sync finds out)
+                assert time.monotonic() < deadline, "the gateway did not notice"
+                time.sleep(0.05)
             health = httpx.get(url + "/health").json()
             assert "store" in health and "down" in health["store"]
             assert complete(url, "sk-w1-tenant") == CHUNKS  # served on its own counters

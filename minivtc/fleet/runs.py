@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 from dataclasses import asdict, replace
 from pathlib import Path
 
@@ -151,7 +152,8 @@ def dynamo_table(n: int, k: int, sync_s: float, step_time: str = "a10g-llama7b")
             bound = fleet.result.bound
             lines.append(
                 f"| {name if rows_k else f'{k}, {name}'} | {'yes' if store is not None else 'no'} "
-                f"| {w4:.0f} : {w1:.0f} | {w4 / w1:.2f} | {fleet.result.backlogged_gap:,.0f} "
+                f"| {w4:.0f} : {w1:.0f} | {w4 / w1 if w1 else math.inf:.2f} "
+                f"| {fleet.result.backlogged_gap:,.0f} "
                 f"| {'none claimed' if bound is None else f'{bound:,.0f}'} |"
             )
     return "\n".join(lines)
