@@ -143,7 +143,10 @@ class Member:
         after = self.books.counter(client)
         if after is not None and after > before:
             _, amount = self.lifts.get(client, (after, 0.0))
-            self.lifts[client] = (after, amount + after - before)
+            # the store raises to the floor, then adds every charge sent: those made here
+            # before the lift come off the floor, or they would count twice
+            charged = before - self.pulled.get(client, 0.0) - amount
+            self.lifts[client] = (after - charged, amount + after - before)
 
     def unsent(self) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
         """(our counters, the charges not yet sent, the lifts' floors not yet sent)."""
