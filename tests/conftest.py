@@ -86,3 +86,34 @@ def start_serve(*options: str):
             pass
         assert time.monotonic() < deadline, "the server did not come up in 60 s"
         time.sleep(0.2)
+
+
+@pytest.fixture(scope="module")
+def redis_url():
+    """A Redis server of the test's own on a free loopback port, with a password:
+    `redis://:PASSWORD@127.0.0.1:PORT/0` (the gateways' shared store; `.ci/run` installs
+    Debian's redis-server). Stopped at the end of the module."""
+    import socket
+    import subprocess
+    import time
+
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed (Debian: apt-get install redis-server)")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    password = "test-store-password"
+    args = [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly"]
+    args += ["no", "--requirepass", password]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    yield f"redis://:{password}@127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(timeout=10)

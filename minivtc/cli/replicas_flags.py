@@ -47,6 +47,51 @@ def add_fleet_options(p) -> None:
         "after it ends (tokens charged, rooms freed then); the bound gains 2 w_q G, G the most "
         "output tokens one client received unseen (default 0: an exact view)",
     )
+    p.add_argument(
+        "--gateways",
+        type=int,
+        default=None,
+        metavar="K",
+        help="with --routing global: K gateways in front of the replicas, each with its own "
+        "policy, sharing a store (--sync) or not (--no-store: each alone on a 1/K slice of every "
+        "replica); the bound (ours) is 2U + 2 Delta + 2S (minivtc/fleet/README.md)",
+    )
+    p.add_argument(
+        "--sync",
+        type=float,
+        default=0.05,
+        metavar="TAU",
+        help="with --gateways: seconds between each gateway's syncs with the store (default 0.05)",
+    )
+    p.add_argument("--no-store", action="store_true", help="with --gateways: no shared store")
+    p.add_argument(
+        "--ingress",
+        choices=["balanced", "skewed", "swapped"],
+        default="balanced",
+        help="with --gateways: each client's requests through the gateways in turn, or each "
+        "client through one gateway (skewed: the first client seen through gateway 0; swapped: "
+        "the reverse) (default balanced)",
+    )
+    p.add_argument(
+        "--dynamo-table",
+        action="store_true",
+        help="with --gateways K: print Dynamo's two-router table (its issue #15187) for the "
+        "'pair' workload at --replicas N: one gateway; K with balanced, skewed and swapped "
+        "ingress; each without and with the store at --sync (writes DIR/table.md)",
+    )
+
+
+def routing_of(args):
+    """--routing, or with --gateways the gateways' spec (--ingress, --sync, --no-store)."""
+    from minivtc.fleet.gateways import GatewaySpec
+
+    if args.gateways is None:
+        if args.no_store or args.ingress != "balanced":
+            raise ValueError("--no-store and --ingress need --gateways")
+        return args.routing
+    if args.routing != "global":
+        raise ValueError("--gateways: each gateway is a global dispatcher (--routing global)")
+    return GatewaySpec(args.gateways, args.ingress, None if args.no_store else args.sync)
 
 
 def run_simulate_fleet(args) -> int:
@@ -72,6 +117,8 @@ def run_simulate_fleet(args) -> int:
         )
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+    if args.dynamo_table:
+        return print_dynamo_table(args)
     spec = EngineSpec.of(args.scheduler, kv_tokens=args.kv_tokens, block_size=1, seed=args.seed)
     summary = simulate_fleet_to_dir(
         args.workload or args.trace,
@@ -79,7 +126,7 @@ def run_simulate_fleet(args) -> int:
         args.step_time,
         args.out,
         args.replicas,
-        args.routing,
+        routing_of(args),
         args.route_by,
         staleness=args.staleness,
     )
@@ -91,4 +138,18 @@ def run_simulate_fleet(args) -> int:
     print(
         f"wrote {args.out}/requests.csv (with a replica column), metrics.json, service.png, gap.png"
     )
+    return 0
+
+
+def print_dynamo_table(args) -> int:
+    from pathlib import Path
+
+    from minivtc.experiments.fleet_runs import dynamo_table
+
+    if args.gateways is None or args.workload != "pair":
+        raise ValueError("--dynamo-table runs --workload pair with --gateways K")
+    table = dynamo_table(args.replicas, args.gateways, args.sync, args.step_time)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "table.md").write_text(table + "\n")
+    print(table)
     return 0

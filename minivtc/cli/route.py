@@ -5,7 +5,8 @@ a minivtc backend its `/fairness`: the KV pool's blocks times the block size), t
 (the server's own file format), the key it presents to its backends, the connection limits and
 flags `serve` has (`cli/serve.add_connection_flags`), and uvicorn in the foreground, which on
 SIGTERM or SIGINT stops accepting connections and lets in-flight and waiting requests finish;
-after `--shutdown-timeout` the rest end with an OpenAI error event (or a 503).
+after `--shutdown-timeout` the rest end with an OpenAI error event (or a 503). With `--store`,
+one of k gateways sharing the fleet (`fleet/fleet_member.py`, `fleet/redis_store.py`).
 minivtc/fleet/README.md; Lesson 14.
 """
 
@@ -17,6 +18,8 @@ import sys
 from minivtc.cli.serve import add_connection_flags, limits_of, port, warn_if_public
 
 BACKEND_IDLE_S = 600.0  # (gateway.BACKEND_IDLE_S: here too, so `--help` imports nothing)
+SYNC_S = 0.05  # tau: a store's round trip on a LAN is well under a millisecond
+LEASE_S = 10.0
 
 
 def add_route(sub) -> None:
@@ -68,10 +71,69 @@ def add_route(sub) -> None:
         f"its room is freed (a non-streamed answer comes whole: its longest time; default "
         f"{BACKEND_IDLE_S:g})",
     )
+    add_store_flags(p)
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=port, default=8100, help="port, 1-65535 (default 8100)")
     add_connection_flags(p)
     p.set_defaults(run=run_route)
+
+
+def add_store_flags(p) -> None:
+    """--store, --store-prefix, --sync, --lease: k gateways sharing one fleet."""
+    p.add_argument(
+        "--store",
+        default=os.environ.get("MINIVTC_STORE"),
+        metavar="URL",
+        help="redis://[:password@]host:port/db, a Redis or Valkey server shared with the other "
+        "gateways in front of the same backends: every client's counter and every backend's "
+        "room are the fleet's (minivtc/fleet/README.md); default the MINIVTC_STORE environment "
+        "variable, which `ps` does not show; none: this gateway alone",
+    )
+    p.add_argument(
+        "--store-prefix",
+        default="minivtc",
+        metavar="NAME",
+        help="the store's keys start with it: two fleets can share one store (default minivtc)",
+    )
+    p.add_argument(
+        "--sync",
+        type=float,
+        default=SYNC_S,
+        metavar="TAU",
+        help=f"with --store: seconds between syncs, the most another gateway's charges are "
+        f"seen late (the bound's Delta grows with it; default {SYNC_S:g})",
+    )
+    p.add_argument(
+        "--lease",
+        type=float,
+        default=LEASE_S,
+        metavar="S",
+        help=f"with --store: a dead gateway's bookings are freed after this long "
+        f"(default {LEASE_S:g})",
+    )
+
+
+def member_of(args, scheduler, backends, port: int):
+    """With --store: this gateway's membership of the fleet, the store checked (ValueError
+    if malformed, unreachable or refusing the password); else None."""
+    if args.store is None:
+        return None
+    import socket
+    import uuid
+
+    from minivtc.fleet.fleet_member import Member
+    from minivtc.fleet.redis_store import RedisStore, parse_store_url
+    from minivtc.fleet.shared_store import PolicyBooks
+
+    if not 0 <= args.sync <= 60 or not 3 * args.sync < args.lease < float("inf"):
+        raise ValueError(
+            f"--sync {args.sync} and --lease {args.lease}: 0 <= sync <= 60, and "
+            "the lease longer than three syncs (it is renewed at each)"
+        )
+    store = RedisStore(parse_store_url(args.store), args.store_prefix, args.lease)
+    store.check()
+    name = f"{socket.gethostname()}:{port}:{uuid.uuid4().hex[:6]}"  # (unique: a restart too)
+    return Member(name, store, PolicyBooks(scheduler), backends, args.sync)
 
 
 def run_route(args) -> int:
@@ -95,13 +157,10 @@ def run_route(args) -> int:
     weights = weights_of(keys) if keys else None
     root = args.tokenizer or bundled_weights_dir()
     tokenizer = Tokenizer(f"{root}/tokenizer.model")
-    gateway = Gateway(
-        make_scheduler(args.scheduler, weights=weights),
-        backends_of(args.backend, backend_headers),
-        tokenizer,
-        args.model,
-        Auth(keys),
-    )
+    scheduler = make_scheduler(args.scheduler, weights=weights)
+    backends = backends_of(args.backend, backend_headers)
+    member = member_of(args, scheduler, backends, args.port)
+    gateway = Gateway(scheduler, backends, tokenizer, args.model, Auth(keys), member=member)
     gateway.backend_idle_s, gateway.backend_headers = args.backend_timeout, backend_headers
     app = make_gateway(gateway, limits)
     print(f"routing {args.model} on http://{args.host}:{args.port}/v1", file=sys.stderr)

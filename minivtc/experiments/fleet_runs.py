@@ -3,19 +3,22 @@
 Owns which files a fleet run writes: requests.csv (the single-engine columns and `replica`,
 the replica each request ran on), metrics.json (the fleet as one, as `experiments/report.py`
 summarizes a single engine's run, plus the routing and a table per replica) and the service
-and gap plots. The simulation itself is `replicas.py`'s. minivtc/fleet/README.md; Lesson 14.
+and gap plots. The simulation itself is `replicas.py`'s. Also `dynamo_table`, Dynamo's
+two-router experiment through k gateways (`gateways.py`). minivtc/fleet/README.md; Lesson 14.
 """
 
 from __future__ import annotations
 
 import csv
 import json
-from dataclasses import replace
+import math
+from dataclasses import asdict, replace
 from pathlib import Path
 
 from minivtc.engine.spec import EngineSpec
 from minivtc.experiments import plots
 from minivtc.experiments.summary import summarize
+from minivtc.fleet.gateways import GatewaySpec
 from minivtc.fleet.replica_workloads import FLEET_WORKLOADS, fleet_workload, scaled
 from minivtc.fleet.replicas import FleetResult, simulate_fleet
 from minivtc.sim import metrics
@@ -29,7 +32,7 @@ def simulate_fleet_to_dir(
     step_time: str,
     out: str | Path,
     replicas: int,
-    routing: str,
+    routing: str | GatewaySpec,
     route_by: str,
     staleness: float = 0.0,
 ) -> dict:
@@ -63,22 +66,24 @@ def simulate_fleet_to_dir(
     summary.update(
         workload=source,
         replicas=replicas,
-        routing=routing,
+        routing=routing if isinstance(routing, str) else "gateways",
         route_by=route_by if routing == "global" else None,
         scheduler=scheduler,
         step_time=step_time,
         kv_tokens_per_replica=kv_tokens,
         staleness_s=staleness,
+        gateways=None if isinstance(routing, str) else asdict(routing),
         per_replica=per_replica(fleet),
     )
     # the constructed workloads' comparison window: from 30 s (both backlogged) to the horizon
     span = metrics.service(fleet.result.served, 30.0, horizon)
     summary["service_rate_30_end"] = {c: round(v / (horizon - 30), 1) for c, v in span.items()}
     (out / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n")
-    title = f"{scheduler}, {replicas} replicas, {routing} on {Path(source).name}"
+    name = summary["routing"]
+    title = f"{scheduler}, {replicas} replicas, {name} on {Path(source).name}"
     served = fleet.result.served
     plots.service_plot(served, horizon, out / "service.png", f"{title}: service rate")
-    plots.gap_plot({routing: served}, horizon, out / "gap.png", bound=fleet.result.bound)
+    plots.gap_plot({name: served}, horizon, out / "gap.png", bound=fleet.result.bound)
     return summary
 
 
@@ -119,3 +124,37 @@ def per_replica(fleet: FleetResult) -> list[dict]:
         }
         for k, served in enumerate(rows)
     ]
+
+
+ROWS = [("one gateway", 1, "balanced"), ("balanced", 0, "balanced")]
+ROWS += [("skewed", 0, "skewed"), ("swapped", 0, "swapped")]
+
+
+def dynamo_table(n: int, k: int, sync_s: float, step_time: str = "a10g-llama7b") -> str:
+    """Dynamo's two-router experiment (its issue #15187) at n replicas and k gateways: the
+    "pair" workload (w4 : w1 weighted 4:1, equal-cost requests), rows one gateway, k with
+    balanced, skewed and swapped ingress, each without and with the store. A markdown table:
+    service in tokens/s over 30-120 s (both backlogged), the worst backlogged gap, the bound."""
+    work = FLEET_WORKLOADS["pair"]
+    trace, horizon = work.make(n), work.duration
+    lines = [
+        f"| {n} replicas, gateways | store (tau {sync_s:g} s) | w4 : w1 (tokens/s) | ratio "
+        "| backlogged gap | bound 2U + 2 Delta + 2S |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for name, rows_k, ingress in ROWS:
+        for store in (None, sync_s):
+            gateways = GatewaySpec(rows_k or k, ingress, store)
+            fleet = simulate_fleet(
+                trace, n, gateways, step_time=step_time, weights=work.weights, watch_backlog=True
+            )
+            got = metrics.service(fleet.result.served, 30.0, horizon)
+            w4, w1 = (got[c] / (horizon - 30.0) for c in ("w4", "w1"))
+            bound = fleet.result.bound
+            lines.append(
+                f"| {name if rows_k else f'{k}, {name}'} | {'yes' if store is not None else 'no'} "
+                f"| {w4:.0f} : {w1:.0f} | {w4 / w1 if w1 else math.inf:.2f} "
+                f"| {fleet.result.backlogged_gap:,.0f} "
+                f"| {'none claimed' if bound is None else f'{bound:,.0f}'} |"
+            )
+    return "\n".join(lines)

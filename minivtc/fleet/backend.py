@@ -26,6 +26,7 @@ class Backend:
     healthy: bool = True  # False: skipped until a health check says otherwise
     requests: dict[str, int] = field(default_factory=dict)  # request id -> tokens reserved
     served: int = 0  # requests it finished (a fleet's per-replica table)
+    elsewhere: int = 0  # tokens other gateways booked on it (a shared store's view: `fleet_member`)
 
     def __post_init__(self) -> None:
         if self.budget < 2:
@@ -35,7 +36,7 @@ class Backend:
 
     def fits(self, request: Request) -> bool:
         """Full reservation: `request` may run here to its max_tokens without running out."""
-        return self.reserved + request.max_num_tokens <= self.budget
+        return self.reserved + self.elsewhere + request.max_num_tokens <= self.budget
 
     def reserve(self, request: Request) -> None:
         assert request.request_id not in self.requests, f"{request.request_id} bound twice"
@@ -49,7 +50,7 @@ class Backend:
     @property
     def load(self) -> float:
         """The share of the budget reserved: least-loaded routing compares it."""
-        return self.reserved / self.budget
+        return (self.reserved + self.elsewhere) / self.budget
 
     def check_invariants(self) -> None:
         assert self.reserved == sum(self.requests.values()), (

@@ -31,17 +31,32 @@ M is the whole fleet's memory, as Appendix C.3 expects: the bound grows with N, 
 may hold requests on every backend at once, and routing changes no counter, so prefix-aware
 routing keeps it. `check_fairness` asserts Lemma 4.3 over the fleet after every arrival,
 dispatch and step, reusing the engine's `FairnessCheck` with M = the sum of the budgets.
-Plain Python: the simulator (`replicas.py`) and the gateway (`gateway.py`) both run it.
+Plain Python: the simulator (`replicas.py`) and the gateway (`gateway.py`) both run it. One of
+k gateways sharing a store also asks its `member` (`fleet_member.py`) in the round: whether
+its head may go (no smaller counter waits at another gateway), and to book the room in the
+store (refused: another gateway took it, look again); its bound is stated there.
 minivtc/fleet/README.md; Lesson 14.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
 
 from minivtc.fairness.fairness_check import FairnessCheck
 from minivtc.fairness.scheduler import Scheduler, admission_round
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.routing import LeastLoaded, Route
 from minivtc.requests.request import Request
+
+
+class Member(Protocol):
+    """What the round asks a gateway that shares a store with others (`fleet_member.Member`)."""
+
+    def may_dispatch(self, request: Request) -> bool: ...
+
+    def book(self, request: Request, backend: Backend) -> bool: ...
+
+    def rooms_grew(self) -> bool: ...
 
 
 class Dispatcher:
@@ -54,11 +69,13 @@ class Dispatcher:
         backends: list[Backend],
         route: Route | None = None,
         check_fairness: bool = False,
+        member: Member | None = None,
     ) -> None:
         if not backends:
             raise ValueError("a dispatcher needs at least one backend")
         self.scheduler, self.backends = scheduler, list(backends)
         self.route = route or LeastLoaded()
+        self.member = member  # one of k gateways sharing a store (`fleet_member.py`), or alone
         self.where: dict[str, Backend] = {}  # request id -> the backend it is bound to
         self.order = {b: k for k, b in enumerate(self.backends)}  # a backend -> its place
         self.stuck: str | None = None  # the head that fitted nowhere when a round stopped
@@ -86,7 +103,9 @@ class Dispatcher:
         bound: list[tuple[Request, Backend]] = []
 
         def place(request: Request) -> bool:  # a backend with room, or the round stops
-            backend = self.route.choose(request, self.room_for(request))
+            if self.member is not None and not self.member.may_dispatch(request):
+                return False  # a smaller counter waits at another gateway (`fleet_member.py`)
+            backend = self.booked(request)
             if backend is None:
                 self.stuck, self.grown = request.request_id, set()
                 return False
@@ -99,6 +118,20 @@ class Dispatcher:
 
         admission_round(self.scheduler, place, self.dispatched)
         return bound
+
+    def booked(self, request: Request) -> Backend | None:
+        """A backend with room for `request`, booked in the store when gateways share one (None:
+        none has room). Another gateway may free room since the last sync, or take a room first:
+        then look again."""
+        while True:
+            backend = self.route.choose(request, self.room_for(request))
+            if backend is None:
+                if self.member is not None and self.member.rooms_grew():
+                    continue  # other gateways freed room since the last sync
+                return None
+            if self.member is None or self.member.book(request, backend):
+                return backend
+            # another gateway took that room first: look again
 
     def dispatched(self, request: Request) -> None:
         """`request` was just dispatched: its charge to the check, then Lemma 4.3's spread."""
@@ -118,7 +151,7 @@ class Dispatcher:
         # PERF: `Backend.fits` inlined (need computed once): the scan is half of a decision
         # with 64 backends, and this halves it (`minivtc bench route`)
         need = request.max_num_tokens
-        return [b for b in pool if b.healthy and b.reserved + need <= b.budget]
+        return [b for b in pool if b.healthy and b.reserved + b.elsewhere + need <= b.budget]
 
     def on_decode(self, requests: list[Request]) -> None:
         """Each of `requests` got one more output token (already in its `output_ids`)."""

@@ -11,7 +11,9 @@ per-replica counters fail (minivtc/fleet/README.md).
   queue only grows: at 4 and 8 replicas each replica serves one tenant, and its VTC has no one
   to weigh);
 - "weighted": the same shape with operator weights 4:1 ("gold" with the shared system
-  prompt, "free" flooding): per-replica counters keep 4:1 on gold's one replica only.
+  prompt, "free" flooding): per-replica counters keep 4:1 on gold's one replica only;
+- "pair": a 4:1 weighted pair of equal-cost requests and nothing shared, the experiment of
+  Dynamo's issue #15187 (two routers): `fleet/gateways.py` runs it through k gateways.
 
 These two are generated at n times each rate (`FleetWorkload.make(n)`). Per replica the rates
 are the overload workload's (Figure 3: 90 and 180 requests per minute of 256/256 overload one
@@ -79,8 +81,22 @@ FLEET_WORKLOADS: dict[str, FleetWorkload] = {
             "both at 180 rpm",
             weights={"gold": 4.0, "free": 1.0},
         ),
+        FleetWorkload(
+            "pair",
+            lambda n: renamed(uniform([3.0 * n, 3.0 * n], 120), ("w4", "w1")),
+            120,
+            "per replica: 'w4' (weight 4) and 'w1' (weight 1), equal-cost 256/256 requests, "
+            "both at 180 rpm: Dynamo's two-router experiment (issue #15187)",
+            weights={"w4": 4.0, "w1": 1.0},
+        ),
     ]
 }
+
+
+def renamed(trace: list[TraceRequest], names: tuple[str, str]) -> list[TraceRequest]:
+    """Two tenants' trace with their clients named `names`."""
+    first = client_name(0)
+    return [replace(r, client=names[0] if r.client == first else names[1]) for r in trace]
 
 
 def fleet_workload(name: str, n: int) -> tuple[list[TraceRequest], float, dict | None]:

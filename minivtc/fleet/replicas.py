@@ -38,6 +38,7 @@ from minivtc.fairness.scheduler import FCFS
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.dispatcher import Dispatcher
 from minivtc.fleet.fleet_watch import FleetWatch
+from minivtc.fleet.gateways import Gateways, GatewaySpec
 from minivtc.fleet.routing import make_route
 from minivtc.fleet.staleness import News
 from minivtc.requests.params import SamplingParams
@@ -76,7 +77,7 @@ class Replica:
 def simulate_fleet(
     trace: list[TraceRequest],
     num_replicas: int,
-    routing: str = "global",
+    routing: str | GatewaySpec = "global",
     route_by: str = "least-loaded",
     scheduler: str | EngineSpec = "vtc",
     step_time: str = "a10g-llama7b",
@@ -88,7 +89,10 @@ def simulate_fleet(
     """Replay `trace` on `num_replicas` replicas of `kv_tokens` each (the module docstring).
     `scheduler`: an `EngineSpec`, or a policy name with the spec's keywords (`fleet_spec`:
     kv_tokens, weights, seed, check_fairness). `staleness` (global): the dispatcher hears of
-    each step that many seconds after it ends."""
+    each step that many seconds after it ends. `routing` a `GatewaySpec`: k gateways in front of
+    the replicas, each a global dispatcher of its own, sharing a store or not (`gateways.py`)."""
+    gateways = routing if isinstance(routing, GatewaySpec) else None
+    routing = "global" if gateways else routing
     if routing not in ROUTINGS:
         raise ValueError(f"routing must be one of {', '.join(ROUTINGS)}, got {routing!r}")
     if route_by not in ("least-loaded", "prefix"):
@@ -98,7 +102,13 @@ def simulate_fleet(
     engine_spec = fleet_spec(scheduler, spec)
     fleet = Fleet(num_replicas, routing, route_by, engine_spec, step_time)
     check_fairness, weights = engine_spec.options.check_fairness, engine_spec.weights
-    if routing == "global":
+    if gateways is not None:
+        if staleness:
+            raise ValueError("with gateways, the view's staleness is their sync interval")
+        budgets = [(b.name, b.budget) for b in fleet.backends()]
+        clock = lambda: fleet.now  # noqa: E731  (the virtual clock: the store's and the syncs')
+        fleet.dispatcher = Gateways.of(gateways, budgets, engine_spec, route_by, clock)
+    elif routing == "global":
         policy = engine_spec.scheduler()
         fleet.dispatcher = Dispatcher(policy, fleet.backends(), fleet.route, check_fairness)
         fleet.news = News(staleness) if staleness else None
@@ -150,9 +160,9 @@ class Fleet:
                 options=options,
             )
             self.replicas.append(Replica(engine, clock, Backend(f"replica-{k}", kv_tokens)))
-        self.index = {id(r.backend): k for k, r in enumerate(self.replicas)}
+        self.index = {r.backend.name: k for k, r in enumerate(self.replicas)}
         self.route = make_route(route_by if routing == "global" else routing, spec.seed)
-        self.dispatcher: Dispatcher | None = None  # routing "global": `simulate_fleet` sets it
+        self.dispatcher: Dispatcher | Gateways | None = None  # routing "global" (`simulate_fleet`)
         self.watch: FleetWatch | None = None
         self.heap: list[tuple[float, int]] = []  # (when its step ends, replica) for busy ones
         self.now, self.steps = 0.0, 0
@@ -214,7 +224,7 @@ class Fleet:
 
     def send(self, request: Request, backend: Backend) -> str | None:
         """`request` joins `backend`'s engine; an idle replica's clock catches up to now."""
-        k = self.index[id(backend)]
+        k = self.index[backend.name]
         replica = self.replicas[k]
         engine = replica.engine
         try:
@@ -294,7 +304,7 @@ class Fleet:
         bound = self.dispatcher.gap_bound() if self.dispatcher else None
         if bound is None or self.news is None:
             return bound
-        check = self.dispatcher.fairness if self.dispatcher else None
+        check = self.dispatcher.fairness if isinstance(self.dispatcher, Dispatcher) else None
         assert check is not None, "a bound is stated only where it is checked"
         return bound + 2 * W_Q * self.news.most_unseen * check.scale
 

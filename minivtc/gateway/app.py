@@ -23,8 +23,8 @@ from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily
 
+from minivtc.gateway.fleet_metrics import FleetCollector
 from minivtc.gateway.gateway import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKENS, Gateway
 from minivtc.model import chat
 from minivtc.serving.api_keys import Caller
@@ -69,10 +69,13 @@ def lifespan(gateway: Gateway):
         )
         gateway.loop = asyncio.get_running_loop()  # (`fail_all` is called onto it at shutdown)
         health = asyncio.create_task(gateway.watch_health())
+        shared = asyncio.create_task(gateway.watch_store()) if gateway.member else None
         try:
             yield
         finally:
             health.cancel()
+            if shared is not None:
+                shared.cancel()
             for client in gateway.https:
                 await client.aclose()
             await gateway.health_http.aclose()
@@ -219,6 +222,8 @@ async def health(http: HTTPRequest):
     gateway: Gateway = http.app.state.gateway
     if not any(b.healthy for b in gateway.dispatcher.backends):
         return Response('{"status": "no healthy backend"}', 503, media_type="application/json")
+    if gateway.member is not None and gateway.member.down is not None:  # serving on, alone
+        return {"status": "ok", "store": f"down, serving on own counters: {gateway.member.down}"}
     return {"status": "ok"}
 
 
@@ -250,7 +255,7 @@ async def metrics(http: HTTPRequest):
     if not viewer(gateway.auth, http).admin:  # (without keys: loopback only)
         raise APIError(403, "/metrics needs an admin key", kind="permission_error")
     registry = CollectorRegistry()
-    registry.register(FleetCollector(gateway))
+    registry.register(FleetCollector(lambda: fleet_view(gateway)))
     return Response(generate_latest(registry), media_type="text/plain; version=0.0.4")
 
 
@@ -271,6 +276,8 @@ def view_for(view: dict, caller: Caller) -> dict:
     if not caller.admin:  # (nor the fleet's totals: `serve` hides its totals from tenants)
         view["clients"] = {c: r for c, r in view["clients"].items() if c == caller.client}
         del view["backends"], view["requests"]
+        if view.get("fleet"):  # (other tenants' names)
+            del view["fleet"]["waiting_elsewhere"]
     return view
 
 
@@ -299,46 +306,12 @@ def fleet_view(gateway: Gateway) -> dict:
         }
         for b in d.backends
     ]
+    fleet = gateway.member.view() if gateway.member else None
     return {
         "scheduler": d.scheduler.name,
-        "bound": d.gap_bound(),
+        "bound": fleet["bound"] if fleet else d.gap_bound(),
+        "fleet": fleet,  # with --store: this gateway among the others (`fleet_member.py`)
         "clients": clients,
         "backends": backends,
         "requests": dict(gateway.counts),
     }
-
-
-class FleetCollector:
-    """Prometheus families from the fleet's view, made at each scrape."""
-
-    def __init__(self, gateway: Gateway) -> None:
-        self.gateway = gateway
-
-    def collect(self):
-        view = fleet_view(self.gateway)
-        per_client = [
-            ("minivtc_gateway_counter", "Each client's virtual token counter.", "counter"),
-            ("minivtc_gateway_waiting", "Requests waiting at the gateway.", "waiting"),
-            ("minivtc_gateway_running", "Requests running on backends.", "running"),
-        ]
-        for name, doc, key in per_client:
-            family = GaugeMetricFamily(name, doc, labels=["client"])
-            for client, row in view["clients"].items():
-                family.add_metric([client], float(row[key] or 0.0))
-            yield family
-        per_backend = [
-            ("minivtc_gateway_backend_budget_tokens", "A backend's token budget.", "budget"),
-            ("minivtc_gateway_backend_reserved_tokens", "Tokens reserved on it.", "reserved"),
-            ("minivtc_gateway_backend_healthy", "1 while it takes work.", "healthy"),
-        ]
-        for name, doc, key in per_backend:
-            family = GaugeMetricFamily(name, doc, labels=["backend"])
-            for row in view["backends"]:
-                family.add_metric([row["url"]], float(row[key]))
-            yield family
-        requests = GaugeMetricFamily(
-            "minivtc_gateway_requests", "Requests served, given back, broken.", labels=["outcome"]
-        )
-        for outcome, n in view["requests"].items():
-            requests.add_metric([outcome], float(n))
-        yield requests

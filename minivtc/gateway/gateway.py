@@ -16,7 +16,9 @@ request back to the queue uncharged, and (unless 429) is skipped until its `/hea
 200 again; one that fails mid-stream ends only the requests it was serving, each with an error
 event. Requests waiting at the gateway are never lost to a backend's failure. The tenant is
 the API key's (`serving/api_keys.py`), as in `minivtc serve`. `/fairness` and `/metrics` report
-the fleet (`app.py`). README: "Fair across replicas"; Lesson 14.
+the fleet (`app.py`). With `--store`, one of k gateways sharing the counters and the rooms
+(`member`, `fleet/fleet_member.py`; `watch_store` syncs it). README: "Fair across replicas";
+Lesson 14.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from fastapi.responses import JSONResponse, Response
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.dispatcher import Dispatcher
+from minivtc.fleet.fleet_member import RETRY_S, Member
 from minivtc.fleet.routing import Route
 from minivtc.gateway.proxy import (
     Answered,
@@ -76,9 +79,12 @@ class Gateway:
         auth: Auth,
         health_every_s: float = 1.0,
         route: Route | None = None,
+        member: Member | None = None,
     ) -> None:
-        checked = scheduler.ledger.keeps_counters  # Lemma 4.3 over the fleet, after every event
-        self.dispatcher = Dispatcher(scheduler, backends, route, check_fairness=checked)
+        # Lemma 4.3 over the fleet, after every event; one of k gateways states its own bound
+        checked = scheduler.ledger.keeps_counters and member is None
+        self.dispatcher = Dispatcher(scheduler, backends, route, checked, member)
+        self.member = member  # sharing a store with other gateways (`fleet/fleet_member.py`)
         self.tokenizer, self.model_name, self.auth = tokenizer, model_name, auth
         self.prompt_limits = PromptLimits.of(self.dispatcher.largest, tokenizer)
         self.health_every_s = health_every_s
@@ -116,7 +122,10 @@ class Gateway:
         params = SamplingParams(max_tokens=n * max_tokens)
         prompt = [0] * (n * prompt_tokens)
         request = Request(request_id, client, prompt, params, time.monotonic())
-        reason = self.dispatcher.add(request, request.arrival_time)
+        if self.member is not None:  # (the fleet's lift)
+            reason = self.member.add(self.dispatcher, request, request.arrival_time)
+        else:
+            reason = self.dispatcher.add(request, request.arrival_time)
         if reason is not None and reason.startswith("rate limit"):  # the policy's (RPM)
             raise APIError(429, reason, None, "rate_limit_exceeded", "requests")  # as the server
         if reason is not None:
@@ -143,68 +152,71 @@ class Gateway:
         for request, backend in self.dispatcher.bind():
             self.waiters[request.request_id].set_result(backend)
 
+    async def relay(self, request: Request, send) -> AsyncIterator:
+        """The retry loop both answers share: wait for a binding, send (`send(backend)` yields
+        what comes back); a refusal before anything was served gives the request back,
+        uncharged, and it waits again. A failure mid-request takes the backend out of service
+        (a wrong answer does not: `Invalid`), and ends only this request."""
+        while True:
+            backend = await self.backend_for(request)
+            try:
+                async for item in send(backend):
+                    yield item
+                return
+            except Refused:
+                self.give_back(request, backend)
+            except Invalid:
+                raise
+            except Broken:
+                self.counts["broken"] += 1
+                backend.healthy = False
+                raise
+
     async def stream(
         self, request: Request, path: str, payload: dict, wants_usage: bool, headers: dict[str, str]
     ) -> AsyncIterator[bytes]:
         """The response's events: the backend's, passed on chunk by chunk."""
         usage: dict = {}
+        send = lambda b: send_stream(self.client, b.name + path, payload, headers)  # noqa: E731
         try:
-            while True:
-                try:
-                    backend = await self.backend_for(request)
-                except ShutDown as e:
-                    yield error_event(str(e))
+            async for line in self.relay(request, send):
+                if self.closing is not None:  # (closing the stream aborts it there)
+                    yield error_event(self.closing)
                     return
-                try:
-                    async for line in send_stream(
-                        self.client, backend.name + path, payload, headers
-                    ):
-                        if self.closing is not None:  # (closing the stream aborts it there)
-                            yield error_event(self.closing)
-                            return
-                        if (out := self.on_line(request, line, usage, wants_usage)) is not None:
-                            yield out
-                    return
-                except Refused:
-                    self.give_back(request, backend)
-                except Answered as e:  # the backend's own refusal: nothing served, refunded
-                    usage.update(prompt_tokens=0, completion_tokens=0)
-                    yield error_event(f"the backend refused the request: {e.body[:200]!r}")
-                    return
-                except Broken as e:  # it ends only what it was serving
-                    self.counts["broken"] += 1
-                    backend.healthy = False
-                    yield error_event(f"the backend failed: {e}")
-                    return
+                if (out := self.on_line(request, line, usage, wants_usage)) is not None:
+                    yield out
+        except ShutDown as e:
+            yield error_event(str(e))
+        except Answered as e:  # the backend's own refusal: nothing served, refunded
+            usage.update(prompt_tokens=0, completion_tokens=0)
+            yield error_event(f"the backend refused the request: {e.body[:200]!r}")
+        except Broken as e:  # it ends only what it was serving
+            yield error_event(f"the backend failed: {e}")
         finally:
             self.end(request, usage)
 
     async def once(self, request: Request, path: str, payload: dict, headers: dict[str, str]):
         """A response not streamed: the backend's, whole."""
         usage: dict = {}
+
+        async def send(backend: Backend) -> AsyncIterator[dict]:
+            yield await send_once(self.client, backend.name + path, payload, headers)
+
         try:
-            while True:
-                try:
-                    backend = await self.backend_for(request)
-                except ShutDown as e:
-                    raise APIError(503, str(e), kind="server_error") from None
-                try:
-                    data = await send_once(self.client, backend.name + path, payload, headers)
-                    if isinstance(data.get("usage"), dict):
-                        usage.update(data["usage"])
-                    return JSONResponse(data)
-                except Refused:
-                    self.give_back(request, backend)
-                except Answered as e:  # the backend's own refusal: nothing served, refunded
-                    usage.update(prompt_tokens=0, completion_tokens=0)
-                    return Response(e.body, e.status, media_type="application/json")
-                except Invalid as e:  # it answered, wrongly: a 502, and it stays in service
-                    raise APIError(502, f"the backend failed: {e}", kind="server_error") from None
-                except Broken as e:
-                    backend.healthy = False
-                    raise APIError(502, f"the backend failed: {e}", kind="server_error") from None
+            async for data in self.relay(request, send):
+                if isinstance(data.get("usage"), dict):
+                    usage.update(data["usage"])
+                return JSONResponse(data)
+        except ShutDown as e:
+            raise APIError(503, str(e), kind="server_error") from None
+        except Answered as e:  # the backend's own refusal: nothing served, refunded
+            usage.update(prompt_tokens=0, completion_tokens=0)
+            return Response(e.body, e.status, media_type="application/json")
+        except Broken as e:  # (a wrong answer too: a 502 either way)
+            raise APIError(502, f"the backend failed: {e}", kind="server_error") from None
         finally:
             self.end(request, usage)
+        raise AssertionError("a relay ends with an answer or an exception")
 
     def on_line(self, request: Request, line: bytes, usage: dict, wants_usage: bool):
         """One event from the backend: a chunk with a choice is one output token (charged now,
@@ -227,6 +239,8 @@ class Gateway:
         self.counts["given_back"] += 1
         backend.healthy = False  # until its /health says otherwise (then `wake`)
         self.dispatcher.give_back(request)
+        if self.member is not None:
+            self.member.release(backend, request)
         self.wait(request)
 
     def end(self, request: Request, usage: dict) -> None:
@@ -248,7 +262,9 @@ class Gateway:
             self.dispatcher.settle(request, prompt, output)
             request.output_ids[:] = [0] * output  # what it received (VTC refunds nothing more)
         finally:
-            self.dispatcher.on_finish(request)
+            backend = self.dispatcher.on_finish(request)
+            if self.member is not None:
+                self.member.release(backend, request)
             self.counts["served"] += 1
             self.pump()
 
@@ -259,6 +275,21 @@ class Gateway:
         for waiter in self.waiters.values():
             if not waiter.done():
                 waiter.set_exception(ShutDown(reason))
+
+    async def watch_store(self) -> None:
+        """Every tau (`--sync`): the counters, rooms and waiting shared with the other
+        gateways (`Member.sync`), then a round on what changed."""
+        assert self.member is not None, "with --store only"
+        while True:
+            # a store found down is asked again off the loop: an unreachable host would make
+            # every try wait its whole timeout here, and every stream with it
+            if self.member.down and not await asyncio.to_thread(self.member.store.answers):
+                await asyncio.sleep(RETRY_S)
+                continue
+            if self.member.sync():
+                self.dispatcher.wake()  # other gateways released room
+            self.pump()
+            await asyncio.sleep(max(self.member.next_sync - time.monotonic(), 0.001))
 
     # --- backends' health ------------------------------------------------------------------
 

@@ -1,0 +1,165 @@
+"""What k gateways share: every client's counter, every backend's room, who waits where.
+
+Owns the store's small interface, in two implementations that behave alike (the tests run one
+against the other's expectations):
+
+- `redis_store.RedisStore`: Redis or Valkey, through redis-py, at `--store
+  redis://[:password@]host:port/db`; every key under a prefix (two fleets share one store), a
+  timeout on every call, each operation one round trip (a Lua script, atomic in the server);
+- `MemoryStore`: the same in one process, on a clock it is given: the simulator's store
+  (`minivtc simulate --gateways k`) and the tests'.
+
+Three operations. `sync` (every tau seconds per gateway): raise the counters it lifted to
+their floors (a max), add its charges since its last sync (an atomic add each: they commute,
+so no charge is ever lost or counted twice),
+publish the clients waiting at it, renew its bookings' leases, and read back every counter,
+who waits at the other gateways and each backend's booked tokens. `book`: reserve a request's
+prompt + max_tokens on a backend only if the backend's bookings, all gateways' together, stay
+within its budget (atomically: two gateways never over-book a backend). `release`: free it.
+(`booked_now` reads the backends' booked tokens between syncs, when nothing fits.)
+
+Leases: a gateway's bookings and its snapshot of who waits there carry an expiry it renews at
+each sync, so a gateway that dies frees its bookings within `lease_s`, its clients no longer
+counted as waiting. The
+store's `epoch` (a random id set once) tells a gateway that the store lost its data (restarted
+without persistence): it then sends its counters as floors (the store keeps the larger), not
+its charges, so no counter is reset and none is counted twice.
+
+`PolicyBooks` is the one place the fleet reads or writes a policy's counters (the gateway and
+the simulator go through it). Plain Python; no asyncio. minivtc/fleet/README.md; Lesson 14.
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from minivtc.fairness.scheduler import Scheduler
+
+STORE_TIMEOUT_S = 0.5  # every call's: a store slower than this is down (`StoreDown`)
+
+
+class StoreDown(Exception):
+    """The store did not answer (unreachable, timed out, refused us)."""
+
+
+@dataclass(frozen=True)
+class SyncIn:
+    """What a gateway sends at a sync (`Store.sync`)."""
+
+    gateway: str
+    epoch: str | None  # the store's epoch it last saw (None: never synced)
+    charges: dict[str, float]  # client -> what it was charged here since the last sync
+    lifts: dict[str, float]  # client -> the floor it was lifted to here (a max, not an add)
+    counters: dict[str, float]  # client -> its counter here (the floors after a lost store)
+    waiting: list[str]  # the clients with a request waiting at this gateway
+    bookings: dict[str, dict[str, int]]  # backend -> booking id -> tokens (renewed)
+    backends: list[str]  # whose booked tokens to read back
+
+
+@dataclass(frozen=True)
+class SyncOut:
+    """What the store answers."""
+
+    epoch: str
+    counters: dict[str, float]
+    waiting: dict[str, set[str]]  # gateway -> the clients waiting there (its last snapshot)
+    booked: dict[str, int]  # backend -> tokens booked on it by every gateway
+    gateways: int  # gateways with an unexpired lease
+
+
+class PolicyBooks:
+    """The policy's counters as the fleet reads and writes them: the one adapter between a
+    gateway's policy and the store (its ledger: `accounts` to read, `adopt` to write)."""
+
+    def __init__(self, policy: Scheduler) -> None:
+        if not policy.ledger.keeps_counters:
+            raise ValueError(
+                f"{policy.name} keeps no counters: a shared store needs the VTC family"
+            )
+        self.policy = policy
+
+    def counters(self) -> dict[str, float]:
+        return {c: n for c, (n, _) in self.policy.ledger.accounts().items() if n is not None}
+
+    def counter(self, client: str) -> float | None:
+        return self.policy.ledger.counter(client)
+
+    def waiting_clients(self) -> set[str]:
+        return {r.client_id for r in self.policy.waiting()}
+
+    def weights(self) -> dict[str, float]:
+        return self.policy.ledger.client_weights()
+
+    def adopt(self, counters: dict[str, float]) -> None:
+        """Set these clients' counters to the fleet's values (the others stay)."""
+        self.policy.ledger.adopt(counters)
+
+
+@dataclass
+class MemoryStore:
+    """The store in one process, on `clock` (seconds): the simulator's and the tests'."""
+
+    clock: Callable[[], float]
+    lease_s: float = 10.0
+    epoch: str = field(default_factory=lambda: uuid.uuid4().hex)
+    counters: dict[str, float] = field(default_factory=dict)
+    waiting: dict[str, set[str]] = field(default_factory=dict)  # gateway -> its clients
+    gateways: dict[str, float] = field(default_factory=dict)  # gateway -> expiry
+    rooms: dict[str, dict[str, tuple[int, float]]] = field(default_factory=dict)
+    operations: int = 0  # round trips served (a Redis store's would be one each)
+    up: bool = True  # False: every call raises StoreDown (a test's dead store)
+
+    def sync(self, it: SyncIn) -> SyncOut:
+        now = self.answer()
+        if it.epoch == self.epoch:
+            for c, floor in it.lifts.items():
+                self.counters[c] = max(self.counters.get(c, 0.0), floor)
+            for c, amount in it.charges.items():
+                self.counters[c] = self.counters.get(c, 0.0) + amount
+        else:  # first contact, or the store lost its data: floors, never sums
+            for c, value in it.counters.items():
+                self.counters[c] = max(self.counters.get(c, -math.inf), value)
+        self.waiting[it.gateway] = set(it.waiting)  # its latest snapshot
+        self.gateways[it.gateway] = now + self.lease_s
+        for backend, ids in it.bookings.items():
+            room = self.rooms.setdefault(backend, {})
+            room.update({i: (tokens, now + self.lease_s) for i, tokens in ids.items()})
+        self.gateways = {g: t for g, t in self.gateways.items() if t > now}
+        waiting = {g: set(c) for g, c in self.waiting.items() if g in self.gateways}
+        booked = {b: self.booked(b, now) for b in it.backends}
+        return SyncOut(self.epoch, dict(self.counters), waiting, booked, len(self.gateways))
+
+    def book(self, backend: str, booking: str, tokens: int, budget: int) -> tuple[bool, int]:
+        """Reserve `tokens` if they fit; (booked?, the backend's booked tokens now)."""
+        now = self.answer()
+        total = self.booked(backend, now)
+        if total + tokens > budget:
+            return False, total
+        self.rooms.setdefault(backend, {})[booking] = (tokens, now + self.lease_s)
+        return True, total + tokens
+
+    def booked_now(self, backends: list[str]) -> dict[str, int]:
+        now = self.answer()
+        return {b: self.booked(b, now) for b in backends}
+
+    def release(self, backend: str, booking: str) -> None:
+        self.answer()
+        self.rooms.get(backend, {}).pop(booking, None)
+
+    def answers(self) -> bool:
+        return self.up
+
+    def booked(self, backend: str, now: float) -> int:
+        room = self.rooms.get(backend, {})
+        for i in [i for i, (_, expiry) in room.items() if expiry <= now]:
+            del room[i]  # an expired lease: its gateway is gone
+        return sum(tokens for tokens, _ in room.values())
+
+    def answer(self) -> float:
+        if not self.up:
+            raise StoreDown("the store is down")
+        self.operations += 1
+        return self.clock()
