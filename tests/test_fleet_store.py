@@ -216,4 +216,5 @@ def test_a_gateway_started_late_lifts_and_lowers_no_one():
     ((d2, m2, v2),) = members(1, store, clock)  # a fresh gateway (or one restarted)
     m2.sync()
     assert store.counters == before  # its empty books changed nobody's counter
-    assert v2.ledger.counter("a") == 30.0 and v2.ledger.counter("b") == 12.0  # and it decides on the fleet's
+    # and it decides on the fleet's counters
+    assert v2.ledger.counter("a") == 30.0 and v2.ledger.counter("b") == 12.0
