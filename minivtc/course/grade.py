@@ -3,22 +3,21 @@
 Owns `grade(edition, out)`. For each assignment it builds a scratch copy of the reference
 package for the tests and another for the student's code, puts in the latter the edition's
 versions of that assignment's functions and the helpers the student added beside them
-(`surgery.take`), and runs its `test_files` with a time limit, in a fresh Python
-process: on the tests' copy, each of the student's functions running in a sandbox over the
-student's copy and called through the channel (`CHANNEL`: `caller.py`, `sandbox.py`), or
-for a4 in the sandbox with the student's code. The instructor's own code (the reference; the
-grader's own checks, forked from a warm process: `warm.py`) runs without a sandbox. The points
-are the sum of its rubric's lines (`assignments.Line`: a mechanism, its points, its tests)
-whose tests all passed: a mechanism's points are lost when any of its tests fails, or does
-not run. A submission that
-does not parse, lacks a function, crashes the interpreter, hangs or prints garbage scores 0 for
-that assignment, with the reason in its note, and never stops the grader. Each failed test is
-reported by a name written for the student, its rubric line and its first assertion message
-(`feedback.py`). Writes `grades.json`: `{"assignments": [{"name", "points", "max_points",
-"passed", "tests", "note", "rubric": [{"mechanism", "points", "max_points", "failed"}],
-"failures": [{"test", "name", "message", "mechanism"}], "reported"}], "total", "max_total"}`;
-"reported" holds what the tests report to the student pass or fail (a6's slack: its stated
-bound over its worst gap), printed under the assignment in the table.
+(`surgery.take`), and runs its `test_files` with a time limit, in a fresh Python process: on
+the tests' copy, each of the student's functions running in a sandbox over the student's copy
+and called through the channel (`CHANNEL`: `caller.py`, `sandbox.py`), or for a4 and a6 in the
+sandbox with the student's code. The instructor's own code (the reference; the grader's own
+checks, forked from a warm process: `warm.py`) runs without a sandbox. The points are the sum
+of its rubric's lines (`assignments.Line`: a mechanism, its points, its tests) whose tests all
+passed: a mechanism's points are lost when any of its tests fails, or does not run. A
+submission that does not parse, lacks a function, crashes the interpreter, hangs or prints
+garbage scores 0 for that assignment, with the reason in its note, and never stops the grader.
+Each failed test is reported by a name written for the student, its rubric line and its first
+assertion message (`feedback.py`). Writes `grades.json`: `{"assignments": [{"name", "points",
+"max_points", "passed", "tests", "note", "rubric": [{"mechanism", "points", "max_points",
+"failed"}], "failures": [{"test", "name", "message", "mechanism"}], "reported"}], "total",
+"max_total"}`; "reported" holds what the tests report to the student pass or fail (a6's slack:
+its stated bound over its worst gap), printed under the assignment in the table.
 `edition=None` grades the reference itself (it must score full marks).
 """
 
@@ -50,10 +49,9 @@ from minivtc.course.testrun import (
 
 # The assignments whose tests run outside the sandbox, each call of a student's function sent
 # to it through the channel (`caller.py`). a4's and a6's tests call the policy's methods
-# thousands of times with its whole state, which the channel copies both ways at each call (too
-# slow to grade: a4 ran past 390 s, a correct capstone holding 360 waiting requests past its
-# limit; the course README says how much), so they run in the sandbox with the student's code,
-# and their report is taken as written there.
+# thousands of times, and the channel copies its whole state both ways at each call (too slow:
+# the course README), so they run in the sandbox with the student's code, their report taken
+# as written there.
 CHANNEL = frozenset({"a1_llama", "a2_blocks", "a3_batching", "a5_metric"})
 # The tests' side's copy of a file the student writes whole: empty (its classes and functions
 # are the worker's, `caller.Session.stand_ins`), so nothing of the reference's answer is there
