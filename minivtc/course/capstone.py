@@ -8,7 +8,7 @@ must be fair in the paper's sense, and you must say how fair:
 
 - `gap_bound(u)` returns your bound: the most service (w_p per prompt token, w_q per output
   token) by which one of two clients backlogged over an interval may lead the other, given
-  Lemma 4.3's U = max(w_p L_input, w_q M) of the run;
+  Lemma 4.3's U of the run (max(w_p L_input, w_q M) for w_p <= w_q: `cost.fairness_bound`);
 - `BOUND` states it in words, with the argument for it (a few sentences, as a proof sketch:
   the instructor reads it). VTC's is Theorem 4.4's 2U; yours may be larger.
 

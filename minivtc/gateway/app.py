@@ -268,7 +268,7 @@ def identify(gateway: Gateway, http: HTTPRequest, user: str | None):
     )
 
 
-FLEET_U = "U = max(w_p L_input, w_q M), M the backends' budgets (Lemma 4.3 over the fleet)"
+FLEET_U = "U = max(w_p L_input, w_q M), w_p <= w_q, M the backends' budgets (Lemma 4.3, fleet)"
 
 
 def view_for(view: dict, caller: Caller) -> dict:
