@@ -99,15 +99,19 @@ def gateway(backends):
         yield url
 
 
-def stream(url: str, key: str, max_tokens: int, **extra) -> tuple[list[dict], float]:
+def stream(
+    url: str, key: str, max_tokens: int, timeout: float = 60, **extra
+) -> tuple[list[dict], float]:
     """A streamed completion: its events, and the seconds to the first. `key` "client:NAME"
-    names the client in X-Client-Id instead (a backend without keys)."""
+    names the client in X-Client-Id instead (a backend without keys). `timeout`: the longest
+    wait for the answer or its next chunk."""
     body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "stream": True, **extra}
     start, first, events = time.monotonic(), None, []
     headers = {"authorization": f"Bearer {key}"}
     if key.startswith("client:"):
         headers = {"x-client-id": key.removeprefix("client:")}
-    with httpx.stream("POST", url + "/v1/completions", json=body, headers=headers, timeout=60) as r:
+    post = {"json": body, "headers": headers, "timeout": timeout}
+    with httpx.stream("POST", url + "/v1/completions", **post) as r:
         assert r.status_code == 200
         for line in r.iter_lines():
             if line.startswith("data:") and line != "data: [DONE]":
