@@ -29,6 +29,7 @@ from minivtc.model.weights import bundled_weights_dir
 from minivtc.serving.api_keys import Auth, Key, weights_of
 from minivtc.serving.connections import Limits
 from minivtc.serving.hosting import BackgroundServer
+from tests.test_gateway import healthy
 
 KEYS = {
     "sk-w4-tenant": Key("w4", weight=4.0),
@@ -311,10 +312,3 @@ def test_a_gateway_killed_mid_stream_frees_its_room_by_its_lease(redis_url):
             for proc in procs:
                 proc.kill()
                 proc.wait()
-
-
-def healthy(url: str) -> bool:
-    try:
-        return httpx.get(url + "/health", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
