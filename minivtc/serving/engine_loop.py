@@ -74,20 +74,42 @@ class EngineLoop:
         self.streams: dict[str, Stream] = {}  # loop thread only
         self.error: BaseException | None = None
         self.stopping = False
-        self.thread = threading.Thread(target=self.run, name="minivtc-engine", daemon=True)
+        self.thread: threading.Thread | None = threading.Thread(
+            target=self.run, name="minivtc-engine", daemon=True
+        )
 
     def start(self) -> EngineLoop:
-        self.thread.start()
+        """Run the loop on a thread of its own, unless `hold()` said the caller's thread will."""
+        if self.thread is not None:
+            self.thread.start()
+        return self
+
+    def hold(self) -> EngineLoop:
+        """The calling thread will run the loop (`run()`), not a thread of its own; `start()`
+        then does nothing. `minivtc serve` runs it so on its main thread, the one that loaded
+        the model, so that torch's OpenMP workers answer to one thread only: once a second
+        thread drives them (an engine thread, after the main thread's loading made a team of
+        its own), GNU OpenMP counts more threads than CPUs and cuts its workers' spinning
+        short, and each parallel product pays for waking them (the bench README measures it)."""
+        self.thread = None
         return self
 
     def stop(self) -> None:
         self.stopping = True
         self.wakeup.set()
-        self.thread.join(timeout=10)
+        if self.thread is not None and self.thread is not threading.current_thread():
+            self.thread.join(timeout=10)
 
     @property
     def alive(self) -> bool:
-        return self.thread.is_alive() and self.error is None
+        return self.runs and self.error is None
+
+    @property
+    def runs(self) -> bool:
+        """Its thread is alive, or (held) `run()` has not ended: a command sent now is answered."""
+        if self.thread is not None:
+            return self.thread.is_alive()
+        return not self.closed
 
     # --- called from the event loop ---------------------------------------------------------
 
@@ -124,7 +146,7 @@ class EngineLoop:
     def send(self, fn: Callable[[], object]) -> Future:
         future: Future = Future()
         with self.closing:
-            if self.closed or not self.thread.is_alive() or self.error is not None:
+            if self.closed or not self.runs or self.error is not None:
                 future.set_exception(self.not_running())
                 return future
             self.commands.put((fn, future))

@@ -30,7 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -245,10 +247,11 @@ async def snapshot(state: ServerState):
 
 
 class Server:
-    """`minivtc serve`: uvicorn in the foreground (`Foreground`). On SIGINT/SIGTERM it stops
-    accepting and lets in-flight requests finish; after `shutdown_timeout` seconds the rest end
-    with an error event (or a 500) and the process exits. `run()` returns the exit code: 1 if
-    the engine failed."""
+    """`minivtc serve`: the engine loop on the calling thread, the one that loaded the model
+    (`EngineLoop.hold`), and uvicorn (`Foreground`) on a thread beside it. On SIGINT/SIGTERM it
+    stops accepting and lets in-flight requests finish; after `shutdown_timeout` seconds the
+    rest end with an error event (or a 500) and the process exits. `run()` returns the exit
+    code: 1 if the engine failed or uvicorn could not start."""
 
     def __init__(
         self,
@@ -261,14 +264,38 @@ class Server:
         **app_options,
     ) -> None:
         self.app = make_app(engine, tokenizer, model_name, on_fatal=self.fatal, **app_options)
-        self.loop: EngineLoop = self.app.state.minivtc.loop
+        self.loop: EngineLoop = self.app.state.minivtc.loop.hold()
         self.shutdown_timeout = shutdown_timeout
         self.foreground = Foreground(self.app, host, port, shutdown_timeout, self.give_up)
         self.server = self.foreground.server  # uvicorn's
+        self.http_failed = False
 
     def run(self) -> int:
-        self.foreground.run()
-        return 1 if self.loop.error is not None else 0
+        """Serve until a signal, or the engine's failure, ends it. Python delivers signals to
+        the main thread and uvicorn installs its handlers only there, so on the main thread
+        `run` installs them (and puts the previous ones back when it returns)."""
+        on_main = threading.current_thread() is threading.main_thread()
+        signals = (signal.SIGINT, signal.SIGTERM) if on_main else ()
+        previous = {sig: signal.signal(sig, self.foreground.handle_exit) for sig in signals}
+        http = threading.Thread(target=self.serve_http, name="minivtc-http")
+        try:
+            http.start()
+            self.loop.run()
+            http.join()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+        return 1 if self.loop.error is not None or self.http_failed else 0
+
+    def serve_http(self) -> None:
+        """uvicorn, until it exits; then the engine loop ends too (at the latest: the app's
+        shutdown stops it first). uvicorn exits with SystemExit when it cannot start."""
+        try:
+            self.foreground.run()
+        except SystemExit as e:
+            self.http_failed = e.code not in (0, None)
+        finally:
+            self.loop.stop()
 
     def give_up(self) -> None:
         self.loop.fail_all(f"the server shut down ({self.shutdown_timeout:g} s limit)")

@@ -1,0 +1,232 @@
+"""`minivtc bench serve`: minivtc's server beside vLLM's OpenAI server, both measured by guidellm
+(the vLLM project's benchmark client, which neither server's authors wrote), and one stream
+through minivtc's server beside its engine's own rate.
+
+Both servers start once, on the same model, dtype, `--max-num-seqs` and `--max-model-len`, with
+FCFS (guidellm is one client, so a fair policy would order the same), and take turns: in each
+round guidellm's concurrent profile runs every stream count against one server, then against the
+other (who goes first alternates by round), then the engine alone decodes one request of the
+same shape in a process of its own (`LLM.generate`, batch 1). Per server and stream count:
+output tokens/s, time to first token p50 and p99 over every request of every round, and failed
+requests; minivtc / vLLM as the median of the rounds' ratios with their range, and one stream's
+rate through HTTP over the engine's offline rate the same way. A first round is a discarded
+warm-up. Run it on a quiet machine: anything else running shifts both servers unevenly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from minivtc.bench.peer import TCMALLOC, vllm_python
+from minivtc.bench.timing import load_line, machine_line, spread
+from minivtc.gateway.launch import free_port, wait_healthy
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        prog="minivtc bench serve",
+        description=__doc__,
+        formatter_class=argparse.RawTextHelpFormatter,
+    )
+    p.add_argument("--streams", default="1,16,64", help="concurrent streams (default 1,16,64)")
+    p.add_argument("--prompt-tokens", type=int, default=32, help="per request (default 32)")
+    p.add_argument("--new-tokens", type=int, default=64, help="per request, EOS ignored (64)")
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=3,
+        help="requests per stream per round (default 3; at least 16 a round)",
+    )
+    p.add_argument("--rounds", type=int, default=2, help="measured rounds (default 2)")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--weights", default=None, help="a checkpoint folder (default: the bundled)")
+    p.add_argument("--vllm-python", default=None, help="vLLM's venv's python (else no vLLM)")
+    p.add_argument("--no-tcmalloc", action="store_true", help="never preload TCMalloc")
+    args = p.parse_args(argv)
+    args.stream_counts = [int(s) for s in args.streams.split(",")]
+    if args.rounds < 1 or args.requests < 1 or min(args.stream_counts) < 1:
+        p.error("--rounds, --requests and every stream count: at least 1")
+    return args
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["offline"]:  # the engine alone, in a process of its own (below)
+        print(json.dumps(offline_rate(*argv[1:4])))
+        return 0
+    args = parse(argv)
+    from minivtc.model.weights import bundled_weights_dir
+
+    weights = str(args.weights or bundled_weights_dir())
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
+    if not args.no_tcmalloc and Path(TCMALLOC).exists():
+        env["LD_PRELOAD"] = TCMALLOC
+    vllm = vllm_python(args.vllm_python)
+    print(machine_line(env), flush=True)
+    print(
+        f"{weights}, {args.dtype}, /v1/completions streamed, prompts of {args.prompt_tokens} "
+        f"tokens, {args.new_tokens} new tokens (EOS ignored), streams {args.streams}, "
+        f"{args.rounds} rounds after a warm-up"
+    )
+    if vllm is None:
+        print("vLLM: no venv found (--vllm-python, or .ci-vllm-venv): its columns are absent")
+    results: dict[str, list[dict[int, dict]]] = {}
+    offline: list[float] = []
+    with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
+        urls = start_servers(args, weights, vllm, env, stack)
+        print(f"before: {load_line()}", flush=True)
+        for k in range(-1, args.rounds):
+            names = list(urls) if k % 2 else list(reversed(urls))
+            for name in names:
+                measured = guidellm(urls[name], args, Path(tmp) / f"{name}-{k}.json", weights)
+                if k >= 0:
+                    results.setdefault(name, []).append(measured)
+            rate = offline_in_process(weights, args, env)
+            if k >= 0:
+                offline.append(rate)
+            print(f"round {k + 1}/{args.rounds} done" if k >= 0 else "warm-up done", flush=True)
+        print(f"after: {load_line()}")
+    print(table(results, args.stream_counts))
+    if 1 in args.stream_counts:
+        ones = [r[1]["tokens_s"] / o for r, o in zip(results["minivtc"], offline, strict=True)]
+        print(
+            f"one stream through minivtc's server / its engine offline at batch 1 "
+            f"({statistics.median(offline):.0f} tokens/s): {spread(ones, '{:.0%}')}"
+        )
+    return 0
+
+
+def start_servers(args, weights: str, vllm: str | None, env: dict, stack) -> dict[str, str]:
+    """Both servers, started once and left idle while the other is measured."""
+    max_len = str(args.prompt_tokens + args.new_tokens + 16)
+    seqs = str(max(args.stream_counts))
+    ports = {"minivtc": free_port(), "vllm": free_port()}
+    commands = {
+        "minivtc": [sys.executable, "-m", "minivtc", "serve", "--weights", weights]
+        + ["--dtype", args.dtype, "--scheduler", "fcfs", "--max-num-seqs", seqs]
+        + ["--max-model-len", max_len, "--port", str(ports["minivtc"])]
+        + ["--disable-log-requests"],
+    }
+    if vllm is not None:
+        commands["vllm"] = [vllm, "-m", "vllm.entrypoints.openai.api_server", "--model", weights]
+        commands["vllm"] += ["--dtype", {"fp32": "float32", "bf16": "bfloat16"}[args.dtype]]
+        commands["vllm"] += ["--max-num-seqs", seqs, "--max-model-len", max_len]
+        commands["vllm"] += ["--port", str(ports["vllm"])]
+    urls = {}
+    for name, command in commands.items():
+        print(f"starting {name}'s server (its log: bench-serve-{name}.log) ...", flush=True)
+        log = stack.enter_context(open(f"bench-serve-{name}.log", "w"))
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        stack.callback(stop, process)
+        urls[name] = f"http://127.0.0.1:{ports[name]}"
+        wait_healthy(urls[name], 900, process)
+    return urls
+
+
+def stop(process: subprocess.Popen) -> None:
+    process.terminate()
+    try:
+        process.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        process.kill()
+
+
+def guidellm(url: str, args, out: Path, weights: str) -> dict[int, dict]:
+    """One guidellm run over every stream count; per count: tokens/s, TTFTs (ms), failures."""
+    scenario = {
+        "spec": {
+            "backend": {"kind": "openai_http", "target": url, "request_format": "/v1/completions"},
+            "profile": {"kind": "concurrent", "streams": args.stream_counts[0]},
+            "data": [
+                {
+                    "kind": "synthetic_text",
+                    "prompt_tokens": args.prompt_tokens,
+                    "output_tokens": args.new_tokens,
+                }
+            ],
+            "tokenizer": {"kind": "hf_auto", "model": weights},
+            "outputs": [{"kind": "json", "path": str(out)}],
+        },
+        "benchmarks": [
+            {
+                "profile.streams": s,
+                "constraints": [{"kind": "max_requests", "count": max(16, args.requests * s)}],
+            }
+            for s in args.stream_counts
+        ],
+    }
+    path = out.with_suffix(".scenario.json")
+    path.write_text(json.dumps(scenario))
+    command = [sys.executable, "-m", "guidellm", "run", "-c", str(path), "--disable-console"]
+    env = os.environ | {"HF_HUB_OFFLINE": "1"}  # the tokenizer from the folder, nothing fetched
+    done = subprocess.run(command, capture_output=True, text=True, env=env)
+    if done.returncode != 0:
+        raise RuntimeError(f"guidellm failed against {url}:\n{done.stderr[-3000:]}")
+    measured = {}
+    for benchmark in json.loads(out.read_text())["benchmarks"]:
+        metrics = benchmark["metrics"]
+        measured[benchmark["config"]["strategy"]["streams"]] = {
+            "tokens_s": metrics["output_tokens_per_second"]["total"]["mean"],
+            "ttfts": [r["time_to_first_token_ms"] for r in benchmark["requests"]["successful"]],
+            "failed": metrics["request_totals"]["errored"],
+        }
+    return measured
+
+
+def offline_in_process(weights: str, args, env: dict) -> float:
+    command = [sys.executable, "-m", "minivtc", "bench", "serve", "offline", weights]
+    command += [args.dtype, f"{args.prompt_tokens},{args.new_tokens}"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
+    return float(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def offline_rate(weights: str, dtype: str, shape: str) -> float:
+    """The engine alone at batch 1: new tokens per second of one request (the median of 5,
+    after one to warm up), timed from its first token, as a stream's rate is."""
+    from minivtc.engine.sampler import SamplingParams
+    from minivtc.offline.llm import LLM
+
+    prompt_tokens, new_tokens = (int(n) for n in shape.split(","))
+    llm = LLM(model=weights, dtype={"fp32": "float32", "bf16": "bfloat16"}[dtype], scheduler="fcfs")
+    params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
+    rates = []
+    for k in range(6):
+        prompt = [1] + [100 + (k * 7 + i) % 800 for i in range(prompt_tokens - 1)]
+        start = time.perf_counter()
+        llm.generate([prompt], params.with_max_tokens(1))  # the prefill and the first token
+        prefill = time.perf_counter() - start
+        start = time.perf_counter()
+        llm.generate([prompt], params)
+        rates.append((new_tokens - 1) / (time.perf_counter() - start - prefill))
+    return statistics.median(rates[1:])
+
+
+def table(results: dict[str, list[dict[int, dict]]], streams: list[int]) -> str:
+    """Per stream count: each server's tokens/s (median of rounds), minivtc / vLLM (median of
+    the rounds' ratios, [range]), TTFT p50 / p99 over every request of every round, failures."""
+    names = list(results)
+    head = ["streams"] + [f"{n} tok/s" for n in names]
+    head += ["minivtc / vLLM"] if "vllm" in results else []
+    head += [f"{what}, {n}" for n in names for what in ("TTFT p50 / p99 ms", "failed")]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for s in streams:
+        row = [str(s)]
+        row += [f"{statistics.median(r[s]['tokens_s'] for r in results[n]):,.0f}" for n in names]
+        if "vllm" in results:
+            pairs = zip(results["minivtc"], results["vllm"], strict=True)
+            row.append(spread([m[s]["tokens_s"] / v[s]["tokens_s"] for m, v in pairs]))
+        for n in names:
+            ttfts = sorted(t for r in results[n] for t in r[s]["ttfts"])
+            p99 = ttfts[min(len(ttfts) - 1, int(0.99 * len(ttfts)))]
+            row.append(f"{ttfts[len(ttfts) // 2]:.0f} / {p99:.0f}")
+            row.append(str(sum(r[s]["failed"] for r in results[n])))
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
