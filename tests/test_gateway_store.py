@@ -81,7 +81,10 @@ def gateway_app(urls: list[str], store, sync_s: float = 0.02, per_backend: int =
     member = None
     if store is not None:
         member = Member(f"gw-{id(vtc)}", store, PolicyBooks(vtc), backends, sync_s)
-    gateway = Gateway(vtc, backends, tokenizer, "m", Auth(KEYS), 0.2, member=member)
+    gateway_id = f"alone-{id(vtc)}"  # (with a store, the member's)
+    gateway = Gateway(
+        vtc, backends, tokenizer, "m", Auth(KEYS), 0.2, member=member, gateway_id=gateway_id
+    )
     return make_gateway(gateway), gateway
 
 
@@ -145,6 +148,10 @@ def test_two_gateways_share_one_counter_and_never_over_book_a_backend(store):
     counters = {v["clients"]["w1"]["counter"] for v in views}
     assert counters == {6 * (4 + 2 * CHUNKS)}  # all six, in both gateways' views
     assert views[0]["fleet"]["gateways"] == 2 and views[0]["bound"] > 0
+    # which gateway served what: three each, the same table at both
+    row = {"requests": 3, "input_tokens": 3 * 4, "output_tokens": 3 * CHUNKS}
+    ids = sorted(v["gateway"] for v in views)
+    assert views[0]["served"] == views[1]["served"] == {g: {"w1": row} for g in ids}
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -197,6 +204,37 @@ def test_a_dead_gateways_bookings_expire_and_a_dead_store_is_said(store):
             assert "minivtc_gateway_fleet_bound NaN" in scraped
             view = httpx.get(url + "/fairness", headers=ADMIN).json()
             assert view["bound"] is None and "down" in view["fleet"]["bound_is"]
+
+
+def test_each_gateway_reports_what_it_served_under_its_id(store):
+    """`served` in /fairness (a tenant sees its own rows), `/metrics` with a `gateway` label;
+    without a store, a gateway's own numbers under its own id."""
+    with BackgroundServer(standin()) as b:
+        fleet = [gateway_app([b], store), gateway_app([b], store), gateway_app([b], None)]
+        ids = [gateway.gateway_id for _, gateway in fleet]
+        with BackgroundServer(fleet[0][0]) as u1, BackgroundServer(fleet[1][0]) as u2:
+            with BackgroundServer(fleet[2][0]) as alone:
+                for url, key in [
+                    (u1, "sk-w4-tenant"),
+                    (u2, "sk-w1-tenant"),
+                    (alone, "sk-w1-tenant"),
+                ]:
+                    assert complete(url, key) == CHUNKS
+                assert complete(u2, "sk-w1-tenant") == CHUNKS
+                time.sleep(0.2)  # (a few syncs)
+                shared = httpx.get(u1 + "/fairness", headers=ADMIN).json()["served"]
+                tenant = {"authorization": "Bearer sk-w1-tenant"}
+                own = httpx.get(u1 + "/fairness", headers=tenant).json()["served"]
+                scraped = httpx.get(u1 + "/metrics", headers=ADMIN).text
+                single = httpx.get(alone + "/fairness", headers=ADMIN).json()
+    one = {"requests": 1, "input_tokens": 4, "output_tokens": CHUNKS}
+    two = {"requests": 2, "input_tokens": 8, "output_tokens": 2 * CHUNKS}
+    assert shared == {ids[0]: {"w4": one}, ids[1]: {"w1": two}}
+    assert own == {ids[0]: {}, ids[1]: {"w1": two}}  # (not w4's)
+    line = f'minivtc_gateway_served_output_tokens_total{{client="w1",gateway="{ids[1]}"}}'
+    assert f"{line} {float(2 * CHUNKS)}" in scraped
+    assert f'minivtc_gateway_served_requests_total{{client="w4",gateway="{ids[0]}"}} 1.0' in scraped
+    assert single["gateway"] == ids[2] and single["served"] == {ids[2]: {"w1": one}}
 
 
 def test_a_bad_store_is_a_clear_error_at_start(redis_url, capsys):
@@ -265,6 +303,8 @@ def test_the_store_killed_and_restarted_empty_loses_no_counter():
                 assert gateway.dispatcher.scheduler.ledger.counter("w1") == counter
                 got = fresh.redis.hget("restart:counters", "w1")
                 assert float(got) == counter
+                served = fresh.redis.hget(f"restart:served:{gateway.gateway_id}", "w1")
+                assert served == f"2,8,{2 * CHUNKS}"  # what it served, written again
     finally:
         proc.kill()
         proc.wait()
