@@ -255,7 +255,8 @@ def test_with_keys_the_page_is_open_and_its_data_follows_fairness(bundled):
 def test_the_gateways_page_shows_the_fleet_to_an_admin_only():
     tokenizer = Tokenizer(bundled_weights_dir() / "tokenizer.model")
     backends = [Backend("http://127.0.0.1:9", 256), Backend("http://127.0.0.1:10", 512)]
-    gateway = Gateway(VTC(), backends, tokenizer, "minivtc-tiny", Auth(KEYS), gateway_id="gw-a")
+    gateway = Gateway(VTC(), backends, tokenizer, "minivtc-tiny", Auth(KEYS))
+    gateway.gateway_id = "gw-a"  # (`minivtc route`: host:port)
     gateway.served.record("alice", 4, 6)  # (as `end` records a request served)
     gateway.served.record("bob", 2, 3)
     with TestClient(make_gateway(gateway)) as http:

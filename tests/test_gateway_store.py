@@ -81,10 +81,9 @@ def gateway_app(urls: list[str], store, sync_s: float = 0.02, per_backend: int =
     member = None
     if store is not None:
         member = Member(f"gw-{id(vtc)}", store, PolicyBooks(vtc), backends, sync_s)
-    gateway_id = f"alone-{id(vtc)}"  # (with a store, the member's)
-    gateway = Gateway(
-        vtc, backends, tokenizer, "m", Auth(KEYS), 0.2, member=member, gateway_id=gateway_id
-    )
+    gateway = Gateway(vtc, backends, tokenizer, "m", Auth(KEYS), 0.2, member=member)
+    if member is None:
+        gateway.gateway_id = f"alone-{id(vtc)}"
     return make_gateway(gateway), gateway
 
 
@@ -346,8 +345,11 @@ def test_a_gateway_killed_mid_stream_frees_its_room_by_its_lease(redis_url):
             assert r.status_code == 200 and r.text.count('"text"') == 20  # served whole
             waited = time.monotonic() - start
             assert waited > 0.3  # it waited for the dead one's lease, not forever
-            counter = httpx.get(urls[1] + "/fairness").json()["clients"]["tenant"]["counter"]
+            view = httpx.get(urls[1] + "/fairness").json()
+            counter = view["clients"]["tenant"]["counter"]
             assert counter >= 4 + 2 * 3  # the dead one's prompt and the tokens it had passed on
+            ids = [f"{socket.gethostname()}:{p}" for p in ports]  # (`minivtc route`'s ids)
+            assert view["gateway"] == ids[1] and view["served"][ids[1]]["tenant"]["requests"] == 1
         finally:
             for proc in procs:
                 proc.kill()

@@ -169,16 +169,9 @@ def run_route(args) -> int:
     scheduler = make_scheduler(args.scheduler, weights=weights)
     backends = backends_of(args.backend, backend_headers)
     member = member_of(args, scheduler, backends, args.port)
-    gateway = Gateway(
-        scheduler,
-        backends,
-        tokenizer,
-        args.model,
-        Auth(keys),
-        member=member,
-        gateway_id=gateway_id_of(args.port),
-    )
+    gateway = Gateway(scheduler, backends, tokenizer, args.model, Auth(keys), member=member)
     gateway.backend_idle_s, gateway.backend_headers = args.backend_timeout, backend_headers
+    gateway.gateway_id = gateway_id_of(args.port)  # (with --store, the member's already)
     app = make_gateway(gateway, limits)
     print(f"routing {args.model} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     warn_if_public(args.host, keys is not None, "routing")

@@ -81,15 +81,14 @@ class Gateway:
         health_every_s: float = 1.0,
         route: Route | None = None,
         member: Member | None = None,
-        gateway_id: str = "gateway",
     ) -> None:
         # Lemma 4.3 over the fleet, after every event; one of k gateways states its own bound
         checked = scheduler.ledger.keeps_counters and member is None
         self.dispatcher = Dispatcher(scheduler, backends, route, checked, member)
         self.member = member  # sharing a store with other gateways (`fleet/fleet_member.py`)
         # What this gateway served, per client (`fleet/served.py`), under its id: the fleet's
-        # row of it with a store, its own book without
-        self.gateway_id = member.gateway_id if member else gateway_id
+        # row of it with a store, its own book without (`minivtc route`: host:port either way)
+        self.gateway_id = member.gateway_id if member else "gateway"
         self.served = member.served if member else Served()
         self.tokenizer, self.model_name, self.auth = tokenizer, model_name, auth
         self.prompt_limits = PromptLimits.of(self.dispatcher.largest, tokenizer)
