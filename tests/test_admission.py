@@ -8,8 +8,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minivtc.engine.admission import PeakReservation
-from minivtc.engine.config import EngineConfig
 from minivtc.engine.engine import Engine
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.fairness.scheduler import FCFS
 from minivtc.requests.params import SamplingParams

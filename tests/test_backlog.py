@@ -10,8 +10,8 @@ from hypothesis import strategies as st
 
 from minivtc.course.graded import driver as harness
 from minivtc.course.graded.driver import UnitRunner, drive, max_gap, random_arrivals, workloads
-from minivtc.engine.config import EngineConfig
 from minivtc.engine.engine import Engine
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.fairness.vtc import VTC
 from minivtc.requests.params import SamplingParams

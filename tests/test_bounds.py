@@ -20,8 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minivtc.course.graded.driver import Arrival, UnitRunner
-from minivtc.engine.config import EngineConfig
 from minivtc.engine.engine import Engine
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.fairness.cost import LinearCost, ProfiledCost, fairness_bound, spread_bound
 from minivtc.fairness.fairness_check import FairnessCheck

@@ -9,8 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from minivtc.engine.config import EngineConfig
 from minivtc.engine.engine import RequestRejected
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.factory import build_engine
 from minivtc.engine.generate import generate_plain
 from minivtc.engine.sampler import SamplingParams

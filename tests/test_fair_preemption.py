@@ -26,8 +26,8 @@ from minivtc.course.graded.driver import (
     random_arrivals,
     workloads,
 )
-from minivtc.engine.config import EngineConfig
 from minivtc.engine.engine import Engine
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.fairness.cost import preemptive_bound
 from minivtc.fairness.policies import make_scheduler

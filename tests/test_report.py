@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from minivtc.engine.config import EngineConfig
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.experiments import plots
 from minivtc.experiments.paper_table import (
     EXPERIMENTS,

@@ -20,8 +20,8 @@ from typing import Any
 import pytest
 
 import minivtc
-from minivtc.engine.config import EngineConfig
 from minivtc.engine.engine import Engine
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.factory import build_engine
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.prefix_cache import PrefixCachingAllocator

@@ -95,7 +95,7 @@ def routing_of(args):
 
 
 def run_simulate_fleet(args) -> int:
-    from minivtc.engine.config import EngineConfig
+    from minivtc.engine.engine_config import EngineConfig
     from minivtc.experiments.fleet_runs import simulate_fleet_to_dir
 
     refused = [

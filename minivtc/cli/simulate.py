@@ -98,11 +98,11 @@ def add_memory_options(p, default: str) -> None:
 
 
 def config_of(args, **keywords):
-    """The engine's config (`engine.config.EngineConfig`, which refuses what would be silently
+    """The engine's config (`engine_config.EngineConfig`, which refuses what would be silently
     ignored) from --scheduler, --reservation, --victim, --preemption, --swap-tokens,
     --preempt-gap, --prefix-caching and --cached-weight (which needs --prefix-caching), with
     the command's own `keywords` (the pool, the seed, the weights)."""
-    from minivtc.engine.config import EngineConfig
+    from minivtc.engine.engine_config import EngineConfig
 
     if args.cached_weight is not None and not args.prefix_caching:
         raise ValueError("--cached-weight only means something with --prefix-caching")

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from minivtc.engine.admission import make_admission
-from minivtc.engine.config import EngineConfig
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.intake import RequestRejected, checked_params, encode, max_model_len
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.preemption import Fair, Preemption, make_victim
@@ -56,7 +56,7 @@ DEFAULTS = EngineConfig()  # frozen: one value serves every engine
 class Engine:
     """Continuous batching: `add_request`, `step`, `abort`, `output`. Collaborators: `runner`
     (a forward pass, or a step-time model), `allocator` (KV blocks; a `PrefixCachingAllocator`
-    caches prompts), `scheduler` (the policy); `config` (`config.py`: the options it reads)."""
+    caches prompts), `scheduler` (the policy); `config` (its options: `engine_config.py`)."""
 
     def __init__(
         self,

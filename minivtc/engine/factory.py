@@ -1,8 +1,8 @@
 """`build_engine`: the one place an engine is put together from a model and a config.
 
-Owns what joins a config (`config.EngineConfig`: the policy, the pool, the options) to a model:
-the pool's tensors on the model's device and dtype (its size in tokens, or in bytes), whether
-attention is compiled, and the context a request may use. The server, the simulator's
+Owns what joins a config (`engine_config.EngineConfig`: the policy, the pool, the options) to a
+model: the pool's tensors on the model's device and dtype (its size in tokens, or in bytes),
+whether attention is compiled, and the context a request may use. The server, the simulator's
 calibration, the benchmarks, the coursework and the vLLM-style `LLM` (`offline/llm.py`) all
 build their engine here.
 """
@@ -13,8 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from minivtc.engine.config import EngineConfig
 from minivtc.engine.engine import Engine
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import KVPool
 from minivtc.engine.runner import ModelRunner
 from minivtc.fairness.scheduler import Scheduler

@@ -27,8 +27,8 @@ import dataclasses
 from pathlib import Path
 from types import SimpleNamespace
 
-from minivtc.engine.config import EngineConfig
 from minivtc.engine.engine import Engine
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.experiments import plots
 from minivtc.fairness.cost import W_Q, fairness_bound

@@ -15,7 +15,7 @@ import math
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from minivtc.engine.config import EngineConfig
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.experiments import plots
 from minivtc.experiments.summary import summarize
 from minivtc.fleet.gateways import GatewaySpec

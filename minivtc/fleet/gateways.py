@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minivtc.engine.config import EngineConfig
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.dispatcher import Dispatcher

@@ -29,8 +29,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
-from minivtc.engine.config import EngineConfig
 from minivtc.engine.engine import Engine
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.fairness.cost import W_Q
 from minivtc.fairness.scheduler import FCFS

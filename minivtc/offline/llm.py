@@ -1,9 +1,9 @@
 """The offline API, as vLLM spells it: `LLM(...).generate(prompts, SamplingParams(...))`.
 
-Owns `LLM` (its engine is `engine.factory.build_engine`'s, from an `engine.config.EngineConfig`
-of its keywords), which feeds prompts through the engine's continuous batching and returns the
-results in prompt order, shaped like vLLM's (`outputs.py`); `LLM.chat` does the same for
-conversations. The prompt forms it reads are `inputs.py`'s, vLLM's constructor arguments
+Owns `LLM` (its engine is `engine.factory.build_engine`'s, from an `EngineConfig` of its
+keywords, `engine/engine_config.py`), which feeds prompts through the engine's continuous
+batching and returns the results in prompt order, shaped like vLLM's (`outputs.py`); `LLM.chat`
+does the same for conversations. The prompt forms it reads are `inputs.py`'s, vLLM's constructor arguments
 `args.py`'s. Streaming users (the server) call the engine directly: `add_request` / `step`
 / `abort`. Lesson 3 teaches it.
 
@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
-from minivtc.engine.config import CONFIG_FIELDS
+from minivtc.engine.engine_config import CONFIG_FIELDS
 from minivtc.engine.factory import build_engine
 from minivtc.engine.sampler import SamplingParams
 from minivtc.model.chat import prompt_ids

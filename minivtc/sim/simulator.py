@@ -25,8 +25,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from minivtc.engine.config import EngineConfig
 from minivtc.engine.engine import Engine, engine_stats
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.requests.params import SamplingParams

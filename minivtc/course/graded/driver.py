@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
 
-from minivtc.engine.config import EngineConfig
 from minivtc.engine.engine import Engine, RequestRejected
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.fairness.cost import W_P, W_Q
 from minivtc.fairness.scheduler import admission_round as admission_round  # the graded tests'

@@ -11,8 +11,8 @@ import torch
 
 from minivtc.course.graded.driver import UnitRunner
 from minivtc.engine.admission import FullReservation
-from minivtc.engine.config import EngineConfig
 from minivtc.engine.engine import Engine
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.factory import build_engine
 from minivtc.engine.generate import generate_plain
 from minivtc.engine.kv_pool import BlockAllocator

@@ -5,7 +5,7 @@ preemption set up through the engine's own call, and two stand-in predictors. Ow
 
 from __future__ import annotations
 
-from minivtc.engine.config import EngineConfig
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.engine.preemption import make_victim
 from minivtc.fairness.vtc import VTC
