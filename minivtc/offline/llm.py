@@ -3,9 +3,9 @@
 Owns `LLM` (its engine is `engine.factory.build_engine`'s, from an `EngineConfig` of its
 keywords, `engine/engine_config.py`), which feeds prompts through the engine's continuous
 batching and returns the results in prompt order, shaped like vLLM's (`outputs.py`); `LLM.chat`
-does the same for conversations. The prompt forms it reads are `inputs.py`'s, vLLM's constructor arguments
-`args.py`'s. Streaming users (the server) call the engine directly: `add_request` / `step`
-/ `abort`. Lesson 3 teaches it.
+does the same for conversations. The prompt forms it reads are `inputs.py`'s, vLLM's
+constructor arguments `args.py`'s. Streaming users (the server) call the engine directly:
+`add_request` / `step` / `abort`. Lesson 3 teaches it.
 
 `n` samples of a prompt are `n` engine requests of the same client, each charged as a request
 of its own: the prompt once per sample (each sample prefills it: the work is done `n` times;
