@@ -120,14 +120,16 @@ class EngineConfig:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
 
     @classmethod
-    def of(cls, policy: str | Scheduler | EngineConfig = "fcfs", **keywords: Any) -> EngineConfig:
-        """The config a front door's keywords describe (this class's fields); a config passes
-        through as it is (with no keywords)."""
+    def of(
+        cls, policy: str | Scheduler | EngineConfig | None = None, **keywords: Any
+    ) -> EngineConfig:
+        """The config a front door's keywords describe (this class's fields, the policy first
+        or among them); a config passes through as it is (with no keywords)."""
         if isinstance(policy, EngineConfig):
             if keywords:
                 raise TypeError(f"give a config or its keywords, not both: {sorted(keywords)}")
             return policy
-        return cls(policy, **keywords)
+        return cls(**keywords) if policy is None else cls(policy, **keywords)
 
     @property
     def pool_tokens(self) -> int:

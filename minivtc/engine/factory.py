@@ -25,15 +25,15 @@ from minivtc.model.tokenizer import Tokenizer
 def build_engine(
     model: Llama,
     tokenizer: Tokenizer | None,
-    config: EngineConfig | str | Scheduler = "fcfs",
+    config: EngineConfig | str | Scheduler | None = None,
     *,
     clock: Callable[[], float] = time.monotonic,
     **keywords: Any,
 ) -> Engine:
     """An engine over `model`, as `config` says: an `EngineConfig`, or a policy (a name or an
-    object) with the config's other fields as keywords (`EngineConfig.of`: kv_tokens, kv_bytes,
-    block_size, prefix_caching, weights, reservation, victim, max_running, max_model_len, ...).
-    With `kv_bytes` the pool fills that many bytes of the model's dtype."""
+    object; default "fcfs") with the config's other fields as keywords (`EngineConfig.of`:
+    kv_tokens, kv_bytes, block_size, prefix_caching, weights, reservation, victim, max_running,
+    max_model_len, ...). With `kv_bytes` the pool fills that many bytes of the model's dtype."""
     config = EngineConfig.of(config, **keywords)
     weight = model.embed_tokens.weight
     pool_options = {"dtype": weight.dtype, "device": weight.device, "allocator": config.allocator}
