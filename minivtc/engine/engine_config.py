@@ -121,7 +121,7 @@ class EngineConfig:
 
     @classmethod
     def of(
-        cls, policy: str | Scheduler | EngineConfig | None = None, **keywords: Any
+        cls, policy: str | Scheduler | EngineConfig | None = None, /, **keywords: Any
     ) -> EngineConfig:
         """The config a front door's keywords describe (this class's fields, the policy first
         or among them); a config passes through as it is (with no keywords)."""
