@@ -34,7 +34,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from importlib.resources import files
 
 from fastapi import FastAPI, Request
@@ -118,7 +118,7 @@ class Setup:
 
     @classmethod
     def of(cls, engine: Engine) -> Setup:
-        options = asdict(engine.options) | {
+        options = engine.config.options() | {
             "preempt_gap": fair_gap(engine),  # (the default, once the engine chose it)
             "prefix_caching": engine.cache is not None,
             "kv_tokens": engine.allocator.num_tokens,
