@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from minivtc.engine.admission import PeakReservation
 from minivtc.engine.engine import Engine
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
-from minivtc.engine.options import EngineOptions
 from minivtc.fairness.scheduler import FCFS
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request
@@ -69,7 +69,7 @@ def test_peak_blocks_is_the_most_the_batch_then_holds(specs, block_size):
         FCFS(),
         10**5,
         eos_id=2,
-        options=EngineOptions(reservation="peak", check_invariants=True),
+        config=EngineConfig(reservation="peak", check_invariants=True),
     )
     for prompt, max_tokens, wait in specs:
         engine.add_request([1] * prompt, SamplingParams(max_tokens=max_tokens))
@@ -102,7 +102,7 @@ def test_every_request_the_engine_accepts_finishes(specs, block_size, memory):
         FCFS(),
         10**5,
         eos_id=2,
-        options=EngineOptions(
+        config=EngineConfig(
             reservation=reservation,
             victim=victim if reservation == "none" else None,
             check_invariants=True,

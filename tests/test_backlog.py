@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 from minivtc.course.graded import driver as harness
 from minivtc.course.graded.driver import UnitRunner, drive, max_gap, random_arrivals, workloads
 from minivtc.engine.engine import Engine
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
-from minivtc.engine.options import EngineOptions
 from minivtc.fairness.vtc import VTC
 from minivtc.requests.params import SamplingParams
 from minivtc.sim.backlog import BacklogWatch, watch_rejoining
@@ -61,7 +61,7 @@ def pool_full_of_f() -> Engine:
         10**6,
         eos_id=-1,
         clock=lambda: clock[0],
-        options=EngineOptions(reservation="none", victim="latest"),
+        config=EngineConfig(reservation="none", victim="latest"),
     )
     for _ in range(2):
         engine.add_request([5] * 9, PARAMS, client_id="F")

@@ -21,8 +21,8 @@ from hypothesis import strategies as st
 
 from minivtc.course.graded.driver import Arrival, UnitRunner
 from minivtc.engine.engine import Engine
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
-from minivtc.engine.options import EngineOptions
 from minivtc.fairness.cost import LinearCost, ProfiledCost, fairness_bound, spread_bound
 from minivtc.fairness.fairness_check import FairnessCheck
 from minivtc.fairness.predictors import MeanOfLast
@@ -46,13 +46,13 @@ def plain_h(n_p: float, n_q: float) -> float:
 
 def engine_of(policy, m: int, reservation: str, victim: str | None, checked: bool):
     clock = [0.0]
-    options = EngineOptions(
+    options = EngineConfig(
         reservation=reservation, victim=victim, check_invariants=True, check_fairness=checked
     )
     allocator = BlockAllocator(m, 1)
     clock_of = lambda: clock[0]  # noqa: E731
     engine = Engine(
-        UnitRunner(clock), allocator, policy, 10**6, eos_id=-1, clock=clock_of, options=options
+        UnitRunner(clock), allocator, policy, 10**6, eos_id=-1, clock=clock_of, config=options
     )
     return engine, clock
 

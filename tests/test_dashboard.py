@@ -256,6 +256,9 @@ def test_the_gateways_page_shows_the_fleet_to_an_admin_only():
     tokenizer = Tokenizer(bundled_weights_dir() / "tokenizer.model")
     backends = [Backend("http://127.0.0.1:9", 256), Backend("http://127.0.0.1:10", 512)]
     gateway = Gateway(VTC(), backends, tokenizer, "minivtc-tiny", Auth(KEYS))
+    gateway.gateway_id = "gw-a"  # (`minivtc route`: host:port)
+    gateway.served.record("alice", 4, 6)  # (as `end` records a request served)
+    gateway.served.record("bob", 2, 3)
     with TestClient(make_gateway(gateway)) as http:
         assert http.get("/dashboard").status_code == 200
         admin = http.get("/dashboard/data", headers={"authorization": "Bearer sk-ops-123"})
@@ -263,8 +266,14 @@ def test_the_gateways_page_shows_the_fleet_to_an_admin_only():
         assert data["kind"] == "gateway" and [b["budget"] for b in data["backends"]] == [256, 512]
         assert data["fairness"]["bound"] == gateway.dispatcher.fairness.bound == 2 * (256 + 512)
         assert set(data["requests"]) == {"served", "given_back", "broken"}
+        alice = {"requests": 1, "input_tokens": 4, "output_tokens": 6}
+        bob = {"requests": 1, "input_tokens": 2, "output_tokens": 3}
+        assert data["gateway"] == "gw-a" and data["served"] == {
+            "gw-a": {"alice": alice, "bob": bob}
+        }
         tenant = http.get("/dashboard/data", headers={"authorization": "Bearer sk-bob-123"})
         assert "backends" not in tenant.json() and "fairness" not in tenant.json()
+        assert tenant.json()["served"] == {"gw-a": {"bob": bob}}
     open_gateway = Gateway(VTC(), [Backend("http://127.0.0.1:9", 256)], tokenizer, "m", Auth())
     with TestClient(make_gateway(open_gateway)) as stranger:
         assert stranger.get("/dashboard/data").status_code == 403

@@ -217,3 +217,39 @@ def test_with_api_keys_the_page_asks_for_one_and_shows_a_tenant_its_own_row(bund
     assert [m for m in problems if "401" not in m] == [], problems
     assert list(rows) == ["bob"] and rows["bob"]["ttft-mean"] != "–"
     assert hidden == [True, True, True], "a tenant sees no pool use, throughput or spread"
+
+
+SERVED_TABLE = """() => Object.fromEntries([...document.querySelectorAll('#served tbody tr')]
+    .map(tr => [tr.dataset.client, Object.fromEntries([...tr.querySelectorAll('td[data-gateway]')]
+    .map(td => [td.dataset.gateway, td.textContent])) ]))"""
+
+
+@pytest.mark.slow
+def test_a_gateways_page_shows_which_gateway_served_what_in_chromium(redis_url):
+    """Two gateways sharing a store, in front of one stand-in backend (no model): each page
+    shows the clients x gateways table, the same at both, this gateway's column named."""
+    from minivtc.fleet.redis_store import RedisStore, parse_store_url
+    from tests.test_gateway_store import ADMIN, CHUNKS, complete, gateway_app, standin
+
+    store = RedisStore(parse_store_url(redis_url), f"page-{time.monotonic_ns()}")
+    with BackgroundServer(standin()) as b:
+        (app1, g1), (app2, g2) = gateway_app([b], store), gateway_app([b], store)
+        with BackgroundServer(app1) as u1, BackgroundServer(app2) as u2:
+            for url, key in [(u1, "sk-w4-tenant"), (u2, "sk-w1-tenant"), (u2, "sk-w1-tenant")]:
+                assert complete(url, key) == CHUNKS
+            with sync_api.sync_playwright() as p:
+                browser, page, problems = open_page(p)
+                page.set_extra_http_headers(ADMIN)
+                page.goto(u1 + "/dashboard?every=0.25")
+                want = {
+                    "w4": {g1.gateway_id: f"1 / 4 / {CHUNKS}", g2.gateway_id: "–"},
+                    "w1": {g1.gateway_id: "–", g2.gateway_id: f"2 / 8 / {2 * CHUNKS}"},
+                }
+                deadline = time.monotonic() + 20
+                while (table := page.evaluate(SERVED_TABLE)) != want:
+                    assert time.monotonic() < deadline, table
+                    time.sleep(0.1)
+                head = page.inner_text("#served thead")
+                browser.close()
+    assert problems == [], f"the page logged errors: {problems}"
+    assert f"{g1.gateway_id} (this one)" in head and f"{g2.gateway_id} (this one)" not in head

@@ -10,9 +10,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from minivtc.engine.engine import RequestRejected
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.factory import build_engine
 from minivtc.engine.generate import generate_plain
-from minivtc.engine.options import EngineOptions
 from minivtc.engine.sampler import SamplingParams
 from minivtc.model.config import LlamaConfig
 from minivtc.model.llama import Llama
@@ -127,7 +127,7 @@ class ScriptedRunner:
 
 def memory(reservation: str, **on_demand) -> dict:
     """Memory options for drawn combinations: blocks on demand's own only where they mean
-    something (`EngineOptions` refuses a victim with a reservation)."""
+    something (`EngineConfig` refuses a victim with a reservation)."""
     return {"reservation": reservation, **(on_demand if reservation == "none" else {})}
 
 
@@ -144,7 +144,7 @@ def scripted_engine(script, tokenizer=None, clock=None, **kw):
         eos_id=2,
         tokenizer=tokenizer,
         clock=clock or time.monotonic,
-        options=EngineOptions(check_invariants=True, **kw),
+        config=EngineConfig(check_invariants=True, **kw),
     )
 
 

@@ -27,8 +27,8 @@ from minivtc.course.graded.driver import (
     workloads,
 )
 from minivtc.engine.engine import Engine
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
-from minivtc.engine.options import EngineOptions
 from minivtc.fairness.cost import preemptive_bound
 from minivtc.fairness.policies import make_scheduler
 from minivtc.fairness.vtc import VTC
@@ -133,7 +133,7 @@ def engine_with(vtc: VTC, pool: int, gap: float) -> tuple[Engine, list[float]]:
         10**6,
         eos_id=-1,
         clock=lambda: clock[0],
-        options=EngineOptions(
+        config=EngineConfig(
             check_invariants=True, reservation="none", victim="fair", preempt_gap=gap
         ),
     )
@@ -187,7 +187,7 @@ def test_a_client_joining_an_empty_queue_is_lifted_to_within_the_gap_of_those_ru
             vtc,
             10**6,
             eos_id=-1,
-            options=EngineOptions(
+            config=EngineConfig(
                 reservation="none", victim=victim, preempt_gap=20.0 if victim == "fair" else None
             ),
         )
@@ -211,7 +211,7 @@ def test_check_fairness_refuses_the_latest_victim_which_states_no_bound():
             VTC(),
             100,
             eos_id=-1,
-            options=EngineOptions(reservation="none", victim="latest", check_fairness=True),
+            config=EngineConfig(reservation="none", victim="latest", check_fairness=True),
         )
 
 
@@ -226,7 +226,7 @@ def test_a_policy_without_counters_displaces_nothing():
         10**6,
         eos_id=-1,
         clock=lambda: clock[0],
-        options=EngineOptions(reservation="none", victim="fair"),
+        config=EngineConfig(reservation="none", victim="fair"),
     )
     assert engine.victim.gap == float("inf")
 
@@ -275,7 +275,7 @@ def test_a_negative_or_nan_gap_is_refused(gap):
             VTC(),
             100,
             eos_id=-1,
-            options=EngineOptions(reservation="none", victim="fair", preempt_gap=gap),
+            config=EngineConfig(reservation="none", victim="fair", preempt_gap=gap),
         )
 
 
@@ -285,9 +285,9 @@ def test_a_gap_below_one_blocks_decode_charge_is_refused_as_thrashing():
     smallest gap accepted is w_q x block_size; it and anything above it run."""
 
     def fair_engine(block_size: int, gap: float) -> Engine:
-        options = EngineOptions(reservation="none", victim="fair", preempt_gap=gap)
+        options = EngineConfig(reservation="none", victim="fair", preempt_gap=gap)
         return Engine(
-            UnitRunner([0.0]), BlockAllocator(40, block_size), VTC(), 100, -1, options=options
+            UnitRunner([0.0]), BlockAllocator(40, block_size), VTC(), 100, -1, config=options
         )
 
     for block_size, gap in ((16, 31.9), (1, 1.0)):
@@ -300,8 +300,8 @@ def test_check_fairness_refuses_admission_every_few_steps_with_the_fair_victim()
     """The preemptive bound's proof needs a displacement round every step; with the artifact's
     admit_every the engine's own check failed (a client ran 16 ahead where 14 was allowed)."""
     with pytest.raises(ValueError, match="needs a displacement round every step"):
-        EngineOptions(reservation="none", victim="fair", admit_every=3, check_fairness=True)
-    EngineOptions(reservation="none", victim="fair", admit_every=3)  # unchecked: allowed
+        EngineConfig(reservation="none", victim="fair", admit_every=3, check_fairness=True)
+    EngineConfig(reservation="none", victim="fair", admit_every=3)  # unchecked: allowed
 
 
 def test_a_preempted_request_aborted_while_waiting_closes_its_books():

@@ -218,3 +218,40 @@ def test_a_gateway_started_late_lifts_and_lowers_no_one():
     assert store.counters == before  # its empty books changed nobody's counter
     # and it decides on the fleet's counters
     assert v2.ledger.counter("a") == 30.0 and v2.ledger.counter("b") == 12.0
+
+
+def test_each_gateways_service_is_its_row_and_a_restart_counts_on_from_it(make_store):
+    """What each gateway served rides on its syncs (no round trip of its own) and comes back
+    to every gateway; a restarted gateway (same id, new process) adds to its row."""
+    store = make_store()
+
+    def member(name: str, gateway_id: str) -> Member:
+        return Member(
+            name, store, PolicyBooks(VTC()), [Backend("b", 100)], 0.05, gateway_id=gateway_id
+        )
+
+    a, b = member("a:1", "host:8101"), member("b:1", "host:8102")
+    a.served.record("x", 10, 20)
+    a.served.record("x", 4, 6)
+    b.served.record("y", 1, 2)
+    for m in (a, b, a, b):
+        m.sync()
+    assert store.operations == 4  # one round trip a sync, as without the rows
+    assert b.served_by() == {"host:8101": {"x": (2, 14, 26)}, "host:8102": {"y": (1, 1, 2)}}
+    again = member("a:2", "host:8101")  # gateway a restarted: a new process, the same id
+    again.served.record("x", 5, 5)
+    again.sync(), again.sync(), b.sync()
+    assert b.served_by()["host:8101"] == {"x": (3, 19, 31)}
+    assert again.served_by() == b.served_by()
+
+
+def test_a_store_that_lost_its_data_gets_every_row_again():
+    store = MemoryStore(time.monotonic)
+    a = Member("a:1", store, PolicyBooks(VTC()), [Backend("b", 100)], 0.05, gateway_id="a")
+    a.served.record("x", 3, 4)
+    a.sync(), a.sync()
+    assert store.served == {"a": {"x": (1, 3, 4)}}
+    store.served.clear()
+    store.epoch = "a new epoch"  # the store restarted empty
+    a.sync(), a.sync()
+    assert store.served == {"a": {"x": (1, 3, 4)}}

@@ -82,6 +82,8 @@ def gateway_app(urls: list[str], store, sync_s: float = 0.02, per_backend: int =
     if store is not None:
         member = Member(f"gw-{id(vtc)}", store, PolicyBooks(vtc), backends, sync_s)
     gateway = Gateway(vtc, backends, tokenizer, "m", Auth(KEYS), 0.2, member=member)
+    if member is None:
+        gateway.gateway_id = f"alone-{id(vtc)}"
     return make_gateway(gateway), gateway
 
 
@@ -145,6 +147,10 @@ def test_two_gateways_share_one_counter_and_never_over_book_a_backend(store):
     counters = {v["clients"]["w1"]["counter"] for v in views}
     assert counters == {6 * (4 + 2 * CHUNKS)}  # all six, in both gateways' views
     assert views[0]["fleet"]["gateways"] == 2 and views[0]["bound"] > 0
+    # which gateway served what: three each, the same table at both
+    row = {"requests": 3, "input_tokens": 3 * 4, "output_tokens": 3 * CHUNKS}
+    ids = sorted(v["gateway"] for v in views)
+    assert views[0]["served"] == views[1]["served"] == {g: {"w1": row} for g in ids}
 
 
 @pytest.mark.parametrize("shared", [True, False])
@@ -265,6 +271,8 @@ def test_the_store_killed_and_restarted_empty_loses_no_counter():
                 assert gateway.dispatcher.scheduler.ledger.counter("w1") == counter
                 got = fresh.redis.hget("restart:counters", "w1")
                 assert float(got) == counter
+                served = fresh.redis.hget(f"restart:served:{gateway.gateway_id}", "w1")
+                assert served == f"2,8,{2 * CHUNKS}"  # what it served, written again
     finally:
         proc.kill()
         proc.wait()
@@ -306,8 +314,11 @@ def test_a_gateway_killed_mid_stream_frees_its_room_by_its_lease(redis_url):
             assert r.status_code == 200 and r.text.count('"text"') == 20  # served whole
             waited = time.monotonic() - start
             assert waited > 0.3  # it waited for the dead one's lease, not forever
-            counter = httpx.get(urls[1] + "/fairness").json()["clients"]["tenant"]["counter"]
+            view = httpx.get(urls[1] + "/fairness").json()
+            counter = view["clients"]["tenant"]["counter"]
             assert counter >= 4 + 2 * 3  # the dead one's prompt and the tokens it had passed on
+            ids = [f"{socket.gethostname()}:{p}" for p in ports]  # (`minivtc route`'s ids)
+            assert view["gateway"] == ids[1] and view["served"][ids[1]]["tenant"]["requests"] == 1
         finally:
             for proc in procs:
                 proc.kill()

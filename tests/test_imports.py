@@ -249,8 +249,8 @@ def test_no_module_asks_which_policy_or_which_pool_it_has():
 
 
 def test_no_function_takes_more_than_eight_parameters():
-    """One engine spec (`engine/spec.py`) in place of parallel signatures: a function needing
-    more than 8 parameters wants a value that holds them."""
+    """One engine config (`engine/engine_config.py`) in place of parallel signatures: a function
+    needing more than 8 parameters wants a value that holds them."""
     long = set()
     for path, tree in package_trees().items():
         for node in ast.walk(tree):

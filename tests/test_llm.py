@@ -105,7 +105,7 @@ def test_llm_with_blocks_on_demand_and_fair_preemption_gives_the_same_tokens(llm
     are preempted on the way and still get the tokens of a roomy pool."""
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
     prompts = ["A tuple is", "The for statement", "Exceptions are", "A module is"]
-    tight = LLM(reservation="none", victim="fair", scheduler="vtc", kv_tokens=96, block_size=16)
+    tight = LLM(reservation="none", victim="fair", policy="vtc", kv_tokens=96, block_size=16)
     got = tight.generate(prompts, params)
     assert tight.engine.num_preemptions > 0
     assert [o.outputs[0].token_ids for o in got] == [

@@ -300,8 +300,8 @@ def test_llm_with_a_prefix_cache_gives_the_tokens_of_one_without(bundled):
 
     params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
     prompts = [SYSTEM + "What is a list?", SYSTEM + "What is a dict?"]
-    cached = LLM(prefix_caching=True, scheduler="vtc")
-    plain = LLM(scheduler="vtc")
+    cached = LLM(prefix_caching=True, policy="vtc")
+    plain = LLM(policy="vtc")
     outs = [cached.generate(p, params)[0] for p in prompts]  # one after the other: a warm cache
     assert [o.outputs[0].token_ids for o in outs] == [
         o.outputs[0].token_ids for o in plain.generate(prompts, params)

@@ -12,7 +12,7 @@ from collections import Counter
 
 import pytest
 
-from minivtc.engine.spec import EngineSpec
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.experiments import plots
 from minivtc.experiments.paper_table import (
     EXPERIMENTS,
@@ -252,7 +252,7 @@ def test_simulate_to_dir_writes_its_files_and_numbers_from_its_requests(tmp_path
     trace = uniform([1.0, 2.0], 120, lengths=(200, 100))  # both clients above their share
     write_trace(tmp_path / "t.csv", trace)
     out = tmp_path / "out"
-    spec = EngineSpec.of("vtc", kv_tokens=4000, block_size=1, reservation="peak")
+    spec = EngineConfig.of("vtc", kv_tokens=4000, block_size=1, reservation="peak")
     got = simulate_to_dir(str(tmp_path / "t.csv"), spec, "a10g-llama7b", out)
     assert sorted(p.name for p in out.iterdir()) == [
         "gap.png",
@@ -301,7 +301,7 @@ def test_simulate_to_dir_writes_its_files_and_numbers_from_its_requests(tmp_path
 @pytest.mark.slow
 def test_simulate_to_dir_runs_a_named_workload_with_its_weights(tmp_path):
     """Figure 16: by name, the workload's own weights reach the scheduler (shares 1:2:3:4)."""
-    spec = EngineSpec.of("vtc", kv_tokens=10000, block_size=1, reservation="peak")
+    spec = EngineConfig.of("vtc", kv_tokens=10000, block_size=1, reservation="peak")
     got = simulate_to_dir("overload-weighted", spec, "a10g-llama7b", tmp_path)
     assert got["workload"] == "overload-weighted" and got["served"] == len(
         workload("overload-weighted").make()

@@ -70,7 +70,7 @@ def wait_until_idle(url: str, timeout: float = 10.0) -> dict:
 
 def test_completions_match_the_offline_engine_streamed_or_not(server):
     prompt, n = "The function returns", 12
-    offline = LLM(scheduler="fcfs").generate(prompt, SamplingParams(temperature=0, max_tokens=n))
+    offline = LLM(policy="fcfs").generate(prompt, SamplingParams(temperature=0, max_tokens=n))
     api = client(server)
     whole = api.completions.create(model="minivtc-tiny", prompt=prompt, max_tokens=n, temperature=0)
     assert whole.choices[0].text == offline[0].text

@@ -21,9 +21,9 @@ import pytest
 
 import minivtc
 from minivtc.engine.engine import Engine
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.factory import build_engine
 from minivtc.engine.kv_pool import BlockAllocator
-from minivtc.engine.options import EngineOptions
 from minivtc.engine.prefix_cache import PrefixCachingAllocator
 from minivtc.fairness.policies import make_scheduler
 from minivtc.requests.params import SamplingParams
@@ -67,12 +67,12 @@ REAL_ROOMS = (PAPER_ROOMS - {"sim/simulator.py"}) | {
 }
 
 
-def step_path(options: EngineOptions, pool: BlockAllocator) -> dict[str, list[str]]:
+def step_path(options: EngineConfig, pool: BlockAllocator) -> dict[str, list[str]]:
     """One simulated step that admits a request and finishes another: file -> functions."""
     clock = VirtualClock()
     runner = StepTimeRunner(step_time_model("a10g-llama7b"), clock)
     scheduler = make_scheduler("vtc")
-    engine = Engine(runner, pool, scheduler, 1 << 20, eos_id=2, clock=clock, options=options)
+    engine = Engine(runner, pool, scheduler, 1 << 20, eos_id=2, clock=clock, config=options)
     return traced_step(engine, "StepTimeRunner.run")
 
 
@@ -113,9 +113,9 @@ def traced_step(engine: Engine, not_followed: str | None) -> dict[str, list[str]
 @pytest.mark.parametrize(
     ("options", "pool", "rooms"),
     [
-        (EngineOptions(reservation="full"), BlockAllocator(64, 4), PAPER_ROOMS),
+        (EngineConfig(reservation="full"), BlockAllocator(64, 4), PAPER_ROOMS),
         (
-            EngineOptions(reservation="none", victim="fair"),
+            EngineConfig(reservation="none", victim="fair"),
             PrefixCachingAllocator(64, 4),
             FAIR_MEMORY_ROOMS,
         ),
@@ -123,7 +123,7 @@ def traced_step(engine: Engine, not_followed: str | None) -> dict[str, list[str]
     ids=["paper", "fair-memory"],
 )
 def test_a_step_visits_only_its_rooms(
-    options: EngineOptions, pool: BlockAllocator, rooms: set[str]
+    options: EngineConfig, pool: BlockAllocator, rooms: set[str]
 ) -> None:
     entered = step_path(replace(options, check_invariants=False, check_fairness=False), pool)
     assert_rooms(entered, rooms)

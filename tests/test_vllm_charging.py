@@ -20,7 +20,7 @@ EACH = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
 @pytest.fixture(scope="module")
 def vtc() -> LLM:
     ticks = itertools.count()  # a clock that never repeats: admission order is exact
-    return LLM(BUNDLED_WEIGHTS, scheduler="vtc", max_num_seqs=1, clock=lambda: next(ticks))
+    return LLM(BUNDLED_WEIGHTS, policy="vtc", max_num_seqs=1, clock=lambda: next(ticks))
 
 
 def counter(llm: LLM, client: str = "default") -> float:
@@ -28,7 +28,7 @@ def counter(llm: LLM, client: str = "default") -> float:
 
 
 def test_n_samples_are_charged_as_n_separate_requests():
-    one, many = (LLM(scheduler="vtc") for _ in range(2))
+    one, many = (LLM(policy="vtc") for _ in range(2))
     one.generate(PROMPT, SamplingParams(**{**EACH.__dict__, "n": 3}), use_tqdm=False)
     many.generate([PROMPT] * 3, EACH, use_tqdm=False)
     num_prompt = len(one.tokenizer.encode(PROMPT))

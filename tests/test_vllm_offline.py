@@ -104,7 +104,7 @@ def test_vllm_constructor_arguments():
         tokenizer=str(BUNDLED_WEIGHTS),
         seed=0,
     )
-    assert small.engine.max_model_len == 64 and small.engine.options.max_running == 3
+    assert small.engine.max_model_len == 64 and small.engine.config.max_running == 3
     assert small.engine.cache is not None and small.model.embed_tokens.weight.dtype == torch.float32
     with pytest.raises(ValueError, match="exceeds the model's context of 64"):
         small.generate("x", SamplingParams(max_tokens=64))

@@ -40,7 +40,8 @@ SLOW_S, SLOW_CHUNKS = 0.5, 3  # `--streams`: a stand-in's chunks, each after SLO
 def standin_app():
     """The stand-in backend (uvicorn's --factory): CHUNKS one-token chunks and the usage at
     once; with MINIVTC_STANDIN_DELAY_S set (`--streams`), SLOW_CHUNKS chunks that far apart, so
-    that every stream stays open a while."""
+    that every stream stays open a while; MINIVTC_STANDIN_CHUNKS sets their number
+    (`bench gateways`)."""
     from fastapi import FastAPI
     from fastapi.responses import StreamingResponse
 
@@ -49,7 +50,7 @@ def standin_app():
 
     delay = float(os.environ.get("MINIVTC_STANDIN_DELAY_S", "0"))
 
-    chunks = SLOW_CHUNKS if delay else CHUNKS
+    chunks = int(os.environ.get("MINIVTC_STANDIN_CHUNKS", SLOW_CHUNKS if delay else CHUNKS))
 
     async def completions():
         head = {"id": "cmpl-0", "object": "text_completion", "created": 0, "model": "m"}
@@ -69,13 +70,16 @@ def standin_app():
     return app
 
 
-def start_backends(n: int, delay: float = 0.0) -> tuple[list[str], list[subprocess.Popen]]:
+def start_backends(
+    n: int, delay: float = 0.0, chunks: int | None = None
+) -> tuple[list[str], list[subprocess.Popen]]:
     """`n` stand-in backends, each a uvicorn process: their URLs and processes."""
     ports = [free_port() for _ in range(n)]
     app = ["-m", "uvicorn", "--factory", f"{__name__}:standin_app", "--log-level", "warning"]
-    procs = [
-        start([*app, "--port", str(p)], {"MINIVTC_STANDIN_DELAY_S": str(delay)}) for p in ports
-    ]
+    env = {"MINIVTC_STANDIN_DELAY_S": str(delay)}
+    if chunks is not None:
+        env["MINIVTC_STANDIN_CHUNKS"] = str(chunks)
+    procs = [start([*app, "--port", str(p)], env) for p in ports]
     return [f"http://127.0.0.1:{p}" for p in ports], procs
 
 

@@ -44,6 +44,11 @@ rounds after a warm-up round.
 (`bench/dispatch_cost.py`); `route --gateway`: the gateway's added latency and throughput against
 direct requests, 8 stand-in backends x 64 streams (`bench/gateway_overhead.py`; `--quick`: 2 x 16).
 
+`gateways` (`bench/gateway_scale.py`, its own options: `minivtc bench gateways --help`): k
+`minivtc route --store` gateways sharing a Redis store in front of stand-in backends, S streams
+round-robin over them: streams and tokens per second per k, the ratio to k = 1, store round
+trips and commands per request, and each process's CPU seconds beside the machine's cores.
+
 `gpu`: builds a model of the chosen preset's shape with random weights directly on the device,
 runs the engine with compiled attention at batch 1, 16 and 64, and reports tokens/s and the
 fraction of the memory-bandwidth roofline: a decode step must read every weight once plus every
@@ -80,6 +85,11 @@ PROMPT_LEN = 32
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["gateways"]:  # options of its own (`gateway_scale.py`)
+        from minivtc.bench.gateway_scale import main as bench_gateways
+
+        return bench_gateways(argv[1:])
     parser = argparse.ArgumentParser(
         prog="python -m minivtc.bench",
         description=__doc__,
@@ -88,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "what",
         choices=["engine", "peer", "checkpoint", "scheduler", "sim", "route", "gpu", "profile"],
+        help="what to measure; `gateways` takes options of its own (gateways --help)",
     )
     parser.add_argument("--out", default=None, help="checkpoint: the directory to write")
     parser.add_argument("--quick", action="store_true", help="few tokens: a smoke run")

@@ -95,7 +95,7 @@ def routing_of(args):
 
 
 def run_simulate_fleet(args) -> int:
-    from minivtc.engine.spec import EngineSpec
+    from minivtc.engine.engine_config import EngineConfig
     from minivtc.experiments.fleet_runs import simulate_fleet_to_dir
 
     refused = [
@@ -119,10 +119,10 @@ def run_simulate_fleet(args) -> int:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
     if args.dynamo_table:
         return print_dynamo_table(args)
-    spec = EngineSpec.of(args.scheduler, kv_tokens=args.kv_tokens, block_size=1, seed=args.seed)
+    config = EngineConfig.of(args.scheduler, kv_tokens=args.kv_tokens, block_size=1, seed=args.seed)
     summary = simulate_fleet_to_dir(
         args.workload or args.trace,
-        spec,
+        config,
         args.step_time,
         args.out,
         args.replicas,

@@ -113,12 +113,19 @@ def add_store_flags(p) -> None:
     )
 
 
+def gateway_id_of(port: int) -> str:
+    """The gateway's id in `/fairness`'s `served` and `/metrics`' `gateway` label: the same
+    after a restart (a restart adds to its row, not a row of its own)."""
+    import socket
+
+    return f"{socket.gethostname()}:{port}"
+
+
 def member_of(args, scheduler, backends, port: int):
     """With --store: this gateway's membership of the fleet, the store checked (ValueError
     if malformed, unreachable or refusing the password); else None."""
     if args.store is None:
         return None
-    import socket
     import uuid
 
     from minivtc.fleet.fleet_member import Member
@@ -132,8 +139,10 @@ def member_of(args, scheduler, backends, port: int):
         )
     store = RedisStore(parse_store_url(args.store), args.store_prefix, args.lease)
     store.check()
-    name = f"{socket.gethostname()}:{port}:{uuid.uuid4().hex[:6]}"  # (unique: a restart too)
-    return Member(name, store, PolicyBooks(scheduler), backends, args.sync)
+    gateway_id = gateway_id_of(port)
+    name = f"{gateway_id}:{uuid.uuid4().hex[:6]}"  # (unique: a restart too)
+    books = PolicyBooks(scheduler)
+    return Member(name, store, books, backends, args.sync, gateway_id=gateway_id)
 
 
 def run_route(args) -> int:
@@ -162,6 +171,7 @@ def run_route(args) -> int:
     member = member_of(args, scheduler, backends, args.port)
     gateway = Gateway(scheduler, backends, tokenizer, args.model, Auth(keys), member=member)
     gateway.backend_idle_s, gateway.backend_headers = args.backend_timeout, backend_headers
+    gateway.gateway_id = gateway_id_of(args.port)  # (with --store, the member's already)
     app = make_gateway(gateway, limits)
     print(f"routing {args.model} on http://{args.host}:{args.port}/v1", file=sys.stderr)
     warn_if_public(args.host, keys is not None, "routing")

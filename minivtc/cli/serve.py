@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from minivtc.cli.simulate import add_memory_options, add_prefix_options, memory_options
+from minivtc.cli.simulate import add_memory_options, add_prefix_options, config_of
 
 
 def add_serve(sub) -> None:
@@ -81,7 +81,6 @@ def run_serve(args) -> int:
     from pathlib import Path
 
     from minivtc.engine.factory import build_engine
-    from minivtc.fairness.policies import make_scheduler
     from minivtc.model.packed import packs_on
     from minivtc.model.weights import load_model, resolve_dtype
     from minivtc.serving.api_keys import Auth, read_keys, weights_of
@@ -91,9 +90,6 @@ def run_serve(args) -> int:
     limits = limits_of(args)
     vllm = VLLMServe.of(args)
     args.prefix_caching = args.prefix_caching or args.enable_prefix_caching
-    memory = memory_options(args)
-    if args.max_num_seqs is not None:
-        memory["options"] = replace(memory["options"], max_running=args.max_num_seqs)
     if args.api_keys and args.client_weights:
         raise ValueError("give weights in the --api-keys file, not also --client-weights")
     if args.trust_client_header and args.api_keys:
@@ -115,11 +111,12 @@ def run_serve(args) -> int:
             raise ValueError(
                 f"{args.client_weights}: want an object of client -> weight > 0 (finite)"
             )
-    scheduler = make_scheduler(args.scheduler, weights=weights, cached_weight=args.cached_weight)
+    batch = {} if args.max_num_seqs is None else {"max_running": args.max_num_seqs}
+    config = config_of(args, weights=weights, **batch)  # (refused before the model loads)
     dtype = resolve_dtype(vllm.dtype(args))
     packed = packs_on(args.device, dtype)  # oneDNN's packed products on a CPU (model/packed.py)
     model, tokenizer = load_model(vllm.checkpoint, dtype, args.device, packed)
-    engine = build_engine(model, tokenizer, scheduler, **memory, **vllm.pool(args, model))
+    engine = build_engine(model, tokenizer, replace(config, **vllm.pool(args, model)))
     name = vllm.name
     root = f"http://{args.host}:{args.port}"
     print(

@@ -50,7 +50,7 @@ def add_simulate(sub) -> None:
 
 def add_memory_options(p, default: str) -> None:
     """--reservation, --victim, --preemption, --swap-tokens, --preempt-gap (the simulator's
-    and the server's; `memory_options` reads them)."""
+    and the server's; `config_of` reads them)."""
     p.add_argument(
         "--reservation",
         choices=["full", "peak", "none"],
@@ -97,36 +97,26 @@ def add_memory_options(p, default: str) -> None:
     )
 
 
-def spec_of(args):
-    """The simulated engine's spec (`engine.spec.EngineSpec`) from the command line's flags."""
-    from minivtc.engine.spec import EngineSpec
-
-    return EngineSpec.of(
-        args.scheduler,
-        kv_tokens=args.kv_tokens,
-        block_size=args.block_size,
-        cached_weight=args.cached_weight,
-        seed=args.seed,
-        **memory_options(args),
-    )
-
-
-def memory_options(args) -> dict:
-    """The engine's options (`EngineOptions`, which refuses what would be silently ignored)
-    from --reservation, --victim, --preemption, --swap-tokens and --preempt-gap, and the pool's
-    --prefix-caching (--cached-weight needs it)."""
-    from minivtc.engine.options import EngineOptions
+def config_of(args, **keywords):
+    """The engine's config (`engine_config.EngineConfig`, which refuses what would be silently
+    ignored) from --scheduler, --reservation, --victim, --preemption, --swap-tokens,
+    --preempt-gap, --prefix-caching and --cached-weight (which needs --prefix-caching), with
+    the command's own `keywords` (the pool, the seed, the weights)."""
+    from minivtc.engine.engine_config import EngineConfig
 
     if args.cached_weight is not None and not args.prefix_caching:
         raise ValueError("--cached-weight only means something with --prefix-caching")
-    options = EngineOptions(
+    return EngineConfig.of(
+        args.scheduler,
         reservation=args.reservation,
         victim=args.victim,
         preempt_gap=args.preempt_gap,
         preemption=args.preemption,
         swap_tokens=args.swap_tokens,
+        prefix_caching=args.prefix_caching,
+        cached_weight=args.cached_weight,
+        **keywords,
     )
-    return {"options": options, "prefix_caching": args.prefix_caching}
 
 
 def add_prefix_options(p) -> None:
@@ -156,7 +146,8 @@ def run_simulate(args) -> int:
         from minivtc.cli.replicas_flags import run_simulate_fleet
 
         return run_simulate_fleet(args)
-    summary = simulate_to_dir(args.workload or args.trace, spec_of(args), args.step_time, args.out)
+    config = config_of(args, kv_tokens=args.kv_tokens, block_size=args.block_size, seed=args.seed)
+    summary = simulate_to_dir(args.workload or args.trace, config, args.step_time, args.out)
     print_summary(summary)
     print(f"wrote {args.out}/requests.csv, metrics.json, service.png, response.png, gap.png")
     return 0

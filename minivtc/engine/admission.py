@@ -189,7 +189,7 @@ Admission = FullReservation | PeakReservation | OnDemand
 
 
 def make_admission(reservation: str, allocator: BlockAllocator) -> Admission:
-    """The admission policy by name ("full", "peak" or "none": `options.EngineOptions`)."""
+    """The admission policy by name ("full", "peak" or "none": `engine_config.EngineConfig`)."""
     if reservation == "full":
         return FullReservation(allocator)
     if reservation == "peak":

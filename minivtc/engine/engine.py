@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from minivtc.engine.admission import make_admission
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.intake import RequestRejected, checked_params, encode, max_model_len
 from minivtc.engine.kv_pool import BlockAllocator
-from minivtc.engine.options import EngineOptions
 from minivtc.engine.preemption import Fair, Preemption, make_victim
 from minivtc.engine.text import Texts
 from minivtc.fairness.fairness_check import FairnessCheck
@@ -48,15 +48,15 @@ if TYPE_CHECKING:  # the engine only calls them: the simulator runs without torc
     from minivtc.engine.runner import Runner
     from minivtc.model.tokenizer import Tokenizer
 
-__all__ = ["Engine", "EngineOptions", "RequestRejected"]
+__all__ = ["Engine", "EngineConfig", "RequestRejected"]
 
-DEFAULTS = EngineOptions()  # frozen: one value serves every engine
+DEFAULTS = EngineConfig()  # frozen: one value serves every engine
 
 
 class Engine:
     """Continuous batching: `add_request`, `step`, `abort`, `output`. Collaborators: `runner`
     (a forward pass, or a step-time model), `allocator` (KV blocks; a `PrefixCachingAllocator`
-    caches prompts), `scheduler` (the policy); `options` (`options.py`)."""
+    caches prompts), `scheduler` (the policy); `config` (its options: `engine_config.py`)."""
 
     def __init__(
         self,
@@ -67,17 +67,17 @@ class Engine:
         eos_id: int,
         tokenizer: Tokenizer | None = None,
         clock: Callable[[], float] = time.monotonic,
-        options: EngineOptions = DEFAULTS,
+        config: EngineConfig = DEFAULTS,
     ) -> None:
         self.runner, self.allocator, self.scheduler = runner, allocator, scheduler
-        self.max_positions, self.eos_id, self.options = max_positions, eos_id, options
+        self.max_positions, self.eos_id, self.config = max_positions, eos_id, config
         self.tokenizer, self.clock = tokenizer, clock
         self.max_model_len = max_model_len(max_positions, allocator)  # (`intake.py`)
         self.cache = allocator if allocator.caches_prefixes else None  # (None: no prefix cache)
-        self.admission = make_admission(options.reservation, allocator)
-        self.victim = make_victim(options, scheduler, allocator)  # (fair: sets the policy's gap)
-        self.preemption = Preemption(options, allocator, self.cache)  # what a victim keeps
-        self.fairness = build_fairness_check(self) if options.check_fairness else None
+        self.admission = make_admission(config.reservation, allocator)
+        self.victim = make_victim(config, scheduler, allocator)  # (fair: sets the policy's gap)
+        self.preemption = Preemption(config, allocator, self.cache)  # what a victim keeps
+        self.fairness = build_fairness_check(self) if config.check_fairness else None
         self.running: list[Request] = []  # the batch
         self.requests: dict[str, Request] = {}  # every live request (waiting or running) by id
         self.client_tokens: dict[str, ClientTokens] = {}
@@ -165,7 +165,7 @@ class Engine:
         """Algorithm 2's admission round (`admission_round`), each step (`admit_every`: the
         artifact's, only that many steps after one that grew the batch)."""
         self.steps_since_admission += 1
-        if self.running and self.steps_since_admission < self.options.admit_every:
+        if self.running and self.steps_since_admission < self.config.admit_every:
             return
         before, check = len(self.running), self.fairness
         admission_round(self.scheduler, self.make_room, check.dispatched if check else None)
@@ -175,7 +175,7 @@ class Engine:
     def make_room(self, request: Request) -> bool:
         """Reserve `request`'s blocks and admit it, if the batch has room and they fit (the fair
         victim may displace running clients far ahead of it until they do); False: they don't."""
-        while len(self.running) >= self.options.max_running or not self.admission.reserve(request):
+        while len(self.running) >= self.config.max_running or not self.admission.reserve(request):
             victim = self.victim.displace(request, self.running) if self.victim else None
             if victim is None:
                 return False
@@ -268,7 +268,7 @@ class Engine:
 
     def check(self) -> None:
         """After a step: every invariant (check_invariants), the bound (check_fairness)."""
-        if self.options.check_invariants:
+        if self.config.check_invariants:
             check_invariants(self)
         if self.fairness is not None:
             self.fairness.check()
@@ -298,7 +298,7 @@ def engine_stats(engine: Engine) -> EngineStats:
         prompt_tokens=engine.num_prompt_tokens,
         cached_tokens=engine.num_cached_tokens,
         host_tokens=p.host_tokens,
-        swap_tokens=p.swap_tokens if engine.options.swaps else 0,
+        swap_tokens=p.swap_tokens if engine.config.swaps else 0,
     )
 
 
@@ -315,8 +315,8 @@ def blocks_by_client(engine: Engine) -> dict[str, int]:
 def build_fairness_check(engine: Engine) -> FairnessCheck:
     """The check for `engine`'s run: L_input the longest prompt that can ever be admitted, M
     the pool, B the most requests at once (the batch's limit, or the pool's blocks)."""
-    most = min(engine.options.max_running, engine.allocator.num_blocks)
-    pool, reservation = engine.allocator.num_tokens, engine.options.reservation
+    most = min(engine.config.max_running, engine.allocator.num_blocks)
+    pool, reservation = engine.allocator.num_tokens, engine.config.reservation
     gap = engine.victim.gap if isinstance(engine.victim, Fair) else None
     return FairnessCheck(engine.scheduler, engine.max_model_len - 1, pool, most, reservation, gap)
 

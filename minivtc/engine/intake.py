@@ -62,7 +62,7 @@ def checked_params(
     (`validate`). `Engine.add_request` and `LLM.generate`'s checks before queuing call it."""
     longest = max_model_len(max_positions, allocator)
     params = params.with_max_tokens(longest - len(prompt_ids))
-    validate(prompt_ids, params, max_positions, longest, allocator)
+    validate(prompt_ids, params, max_positions, longest)
     return params
 
 
@@ -72,29 +72,45 @@ def max_model_len(max_positions: int, allocator: BlockAllocator) -> int:
 
 
 def validate(
-    prompt_ids: list[int],
-    params: SamplingParams,
-    max_positions: int,
-    max_model_len: int,
-    allocator: BlockAllocator,
+    prompt_ids: list[int], params: SamplingParams, max_positions: int, max_model_len: int
 ) -> None:
-    """Refuse a request that can never run: an empty prompt, one past the model's context, or
-    one whose prompt + max_tokens could never fit in the KV pool (`max_model_len`: the
-    smaller of the two, `Engine.max_model_len`)."""
-    total = len(prompt_ids) + params.limit
+    """Refuse a request that can never run: not one sample, an empty prompt, or one too long
+    (`check_context`)."""
     if params.n != 1:  # the front doors (`LLM.generate`, the server) make n requests of one
         raise RequestRejected("an engine request is one sample: give n=1", param="n")
     if not prompt_ids:
         raise RequestRejected(
             "the prompt is empty: it needs one token at least", "invalid", "prompt"
         )
+    check_context(len(prompt_ids), max_model_len, params.limit, max_positions)
+
+
+def check_context(
+    num_prompt: int,
+    max_model_len: int,
+    max_tokens: int | None = None,
+    max_positions: int | None = None,
+) -> None:
+    """The context-length check, written once: a prompt alone (max_tokens None: the server's
+    `/tokenize`, which generates nothing) may hold `max_model_len` tokens; a request, prompt +
+    max_tokens, must fit the model's context (`max_positions`) and then `max_model_len`, the
+    smaller of the context and the pool (past it but within the context, the pool is the
+    smaller, and it never has the blocks)."""
+    if max_tokens is None or max_positions is None:
+        if num_prompt > max_model_len:
+            raise RequestRejected(
+                f"the prompt is {num_prompt} tokens: one request may hold {max_model_len}",
+                param="prompt",
+            )
+        return
     # Blame the prompt when it alone leaves no room for one output token, else max_tokens.
-    param = "prompt" if len(prompt_ids) >= max_model_len else "max_tokens"
-    if error := context_error(len(prompt_ids), params.limit, max_positions):
+    param = "prompt" if num_prompt >= max_model_len else "max_tokens"
+    if error := context_error(num_prompt, max_tokens, max_positions):
         raise RequestRejected(error, param=param)
-    if not allocator.blocks_needed(total) <= allocator.num_blocks:
+    total = num_prompt + max_tokens
+    if total > max_model_len:  # within the context, so past the pool: it never has the blocks
         raise RequestRejected(
             f"prompt + max_tokens = {total} tokens can never fit in the KV pool of "
-            f"{allocator.num_tokens} tokens",
+            f"{max_model_len} tokens",
             param=param,
         )

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
-from minivtc.engine.options import EngineOptions
 from minivtc.fairness.cost import weights_of
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.requests.request import Request
@@ -82,18 +82,18 @@ class Fair:
 
 
 def make_victim(
-    options: EngineOptions, scheduler: Scheduler, allocator: BlockAllocator
+    config: EngineConfig, scheduler: Scheduler, allocator: BlockAllocator
 ) -> Latest | Fair | None:
     """The victim blocks on demand preempt (None with a reservation: it never preempts). The
-    fair victim's gap: the options', else the policy's default (the policy adapts its lift:
+    fair victim's gap: the config's, else the policy's default (the policy adapts its lift:
     `Ledger.set_preempt_gap`)."""
-    if options.reservation != "none":
+    if config.reservation != "none":
         return None
-    if not options.fair_victim:
+    if not config.fair_victim:
         return Latest()
-    if options.preempt_gap is not None:
-        refuse_thrashing(options.preempt_gap, scheduler, allocator.block_size)
-    gap = scheduler.ledger.set_preempt_gap(options.preempt_gap, allocator.num_tokens)
+    if config.preempt_gap is not None:
+        refuse_thrashing(config.preempt_gap, scheduler, allocator.block_size)
+    gap = scheduler.ledger.set_preempt_gap(config.preempt_gap, allocator.num_tokens)
     return Fair(scheduler, gap)
 
 
@@ -121,18 +121,18 @@ def refuse_thrashing(gap: float, scheduler: Scheduler, block_size: int) -> None:
 
 
 class Preemption:
-    """What a victim keeps (`options.preemption`), and the waste that costs."""
+    """What a victim keeps (`config.preemption`), and the waste that costs."""
 
     def __init__(
         self,
-        options: EngineOptions,
+        config: EngineConfig,
         allocator: BlockAllocator,
         cache: BlockAllocator | None = None,
     ) -> None:
-        self.swaps, self.allocator, self.cache = options.swaps, allocator, cache
+        self.swaps, self.allocator, self.cache = config.swaps, allocator, cache
         # Host memory for swapped-out keys and values, in tokens, and the requests whose keys
         # and values are there (num_computed tokens each).
-        swap_tokens = options.swap_tokens
+        swap_tokens = config.swap_tokens
         self.swap_tokens = allocator.num_tokens if swap_tokens is None else swap_tokens
         self.on_host: set[str] = set()
         self.host_tokens = 0

@@ -28,8 +28,8 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from minivtc.engine.engine import Engine
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
-from minivtc.engine.options import EngineOptions
 from minivtc.experiments import plots
 from minivtc.fairness.cost import W_Q, fairness_bound
 from minivtc.fairness.vtc import VTC
@@ -99,11 +99,9 @@ def sim_engine(**options) -> tuple[Engine, StepTimeRunner]:
     `options`: the engine's (reservation, victim, preempt_gap, check_fairness)."""
     clock = VirtualClock()
     runner = StepTimeRunner(step_time_model("a10g-llama7b"), clock)
-    engine_options = EngineOptions(max_running=1 << 30, **options)
+    config = EngineConfig(max_running=1 << 30, **options)
     pool = BlockAllocator(POOL, 1)
-    return Engine(
-        runner, pool, VTC(), 1 << 30, SIM_EOS, clock=clock, options=engine_options
-    ), runner
+    return Engine(runner, pool, VTC(), 1 << 30, SIM_EOS, clock=clock, config=config), runner
 
 
 def full_speed(trace: list[TraceRequest]) -> float:

@@ -15,7 +15,7 @@ import math
 from dataclasses import asdict, replace
 from pathlib import Path
 
-from minivtc.engine.spec import EngineSpec
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.experiments import plots
 from minivtc.experiments.summary import summarize
 from minivtc.fleet.gateways import GatewaySpec
@@ -28,7 +28,7 @@ from minivtc.sim.workloads import WORKLOADS, read_trace
 
 def simulate_fleet_to_dir(
     source: str,
-    spec: EngineSpec,
+    config: EngineConfig,
     step_time: str,
     out: str | Path,
     replicas: int,
@@ -46,15 +46,14 @@ def simulate_fleet_to_dir(
     else:
         trace, weights = scaled(read_trace(source), replicas), None
         horizon = float(int(trace[-1].arrival_s))
-    scheduler, kv_tokens = str(spec.policy), spec.pool_tokens
+    scheduler, kv_tokens = str(config.policy), config.pool_tokens
     checked = routing == "global" and scheduler.startswith(("vtc", "wvtc"))
-    options = replace(spec.options, check_fairness=checked)
     fleet = simulate_fleet(
         trace,
         replicas,
         routing,
         route_by,
-        replace(spec, weights=weights, options=options),
+        replace(config, weights=weights, check_fairness=checked),
         step_time,
         watch_backlog=True,
         staleness=staleness,

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from minivtc.engine.spec import EngineSpec
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.experiments import plots
 from minivtc.experiments.across_replicas import replicas
 from minivtc.experiments.fair_memory import fair_memory
@@ -31,9 +31,9 @@ from minivtc.sim.simulator import progress_bar, simulate
 from minivtc.sim.workloads import A10G_RUNS, WORKLOADS, TraceRequest, read_trace, workload
 
 
-def simulate_to_dir(source: str, spec: EngineSpec, step_time: str, out: str | Path) -> dict:
+def simulate_to_dir(source: str, config: EngineConfig, step_time: str, out: str | Path) -> dict:
     """Simulate `source` (a workload's name, `workloads.WORKLOADS`, or a trace file's path;
-    a workload's weights replace the spec's), then write requests.csv, metrics.json and the
+    a workload's weights replace the config's), then write requests.csv, metrics.json and the
     plots to `out`. VTC asserts its bound after every step where the configuration states
     one (`bound` in metrics.json: 2U with a reservation, 2 U_P with fair preemption, null
     otherwise)."""
@@ -45,13 +45,11 @@ def simulate_to_dir(source: str, spec: EngineSpec, step_time: str, out: str | Pa
     else:
         trace = read_trace(source)
         horizon, weights = float(int(trace[-1].arrival_s)), None
-    options = spec.options
-    reservation, victim = options.reservation, options.victim or "latest"
-    checked = spec.policy == "vtc" and (reservation == "full" or options.fair_victim)
-    options = replace(options, check_fairness=checked)
-    spec = replace(spec, weights=weights, options=options)
-    result = simulate(trace, spec, step_time, watch_backlog=True, progress=True)
-    scheduler, kv_tokens = str(spec.policy), spec.pool_tokens
+    reservation, victim = config.reservation, config.victim or "latest"
+    checked = config.policy == "vtc" and (reservation == "full" or config.fair_victim)
+    config = replace(config, weights=weights, check_fairness=checked)
+    result = simulate(trace, config, step_time, watch_backlog=True, progress=True)
+    scheduler, kv_tokens = str(config.policy), config.pool_tokens
     metrics.write_requests(out / "requests.csv", result.served)
     summary = summarize(result, horizon, kv_tokens, max(t.input_tokens for t in trace))
     summary.update(
@@ -61,12 +59,12 @@ def simulate_to_dir(source: str, spec: EngineSpec, step_time: str, out: str | Pa
         kv_tokens=kv_tokens,
         reservation=reservation,
         victim=victim,
-        preempt_gap=options.preempt_gap,
-        block_size=spec.block_size,
-        preemption=options.preemption or "recompute",
-        swap_tokens=options.swap_tokens,
-        prefix_caching=spec.prefix_caching,
-        cached_weight=spec.cached_weight,
+        preempt_gap=config.preempt_gap,
+        block_size=config.block_size,
+        preemption=config.preemption or "recompute",
+        swap_tokens=config.swap_tokens,
+        prefix_caching=config.prefix_caching,
+        cached_weight=config.cached_weight,
     )
     (out / "metrics.json").write_text(json.dumps(summary, indent=1) + "\n")
     title = f"{scheduler} on {Path(source).name}"

@@ -70,6 +70,7 @@ from minivtc.fairness.cost import fairness_bound
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.dispatcher import Dispatcher
 from minivtc.fleet.redis_store import RedisStore
+from minivtc.fleet.served import Row, Served
 from minivtc.fleet.shared_store import MemoryStore, PolicyBooks, StoreDown, SyncIn
 from minivtc.requests.request import Request
 
@@ -88,7 +89,9 @@ def fleet_bound(
 
 
 class Member:
-    """`name`: this gateway's, unique in the fleet; `store`: the shared one; `sync_s`: tau."""
+    """`name`: this gateway's, unique in the fleet (a restart's too: its bookings and who waits
+    at it); `store`: the shared one; `sync_s`: tau; `gateway_id`: the row its service is kept
+    under (`served.py`; default `name`), the same across its restarts."""
 
     def __init__(
         self,
@@ -98,6 +101,7 @@ class Member:
         backends: list[Backend],
         sync_s: float,
         clock: Callable[[], float] = time.monotonic,
+        gateway_id: str | None = None,
     ) -> None:
         if not sync_s >= 0:
             raise ValueError(f"the sync interval must be >= 0 seconds, got {sync_s}")
@@ -112,6 +116,9 @@ class Member:
         self.down: str | None = None  # why the store is unreachable (None: it is up)
         self.next_sync = -math.inf  # when `due` says to sync again
         self.lifts: dict[str, tuple[float, float]] = {}  # client -> (its floor, lifted by)
+        self.gateway_id = gateway_id or name
+        self.served = Served()  # what this gateway served (`served.py`)
+        self.fleet_served: dict[str, dict[str, Row]] = {}  # every gateway's, as last synced
 
     # --- what the dispatcher and the gateway call -------------------------------------------
 
@@ -212,6 +219,7 @@ class Member:
         now = self.clock()
         self.next_sync = now + (self.sync_s if self.down is None else max(self.sync_s, RETRY_S))
         counters, charges, lifts = self.unsent()
+        rows = self.served.unsent() if self.epoch is not None else {}  # (first: read ours)
         sent = SyncIn(
             gateway=self.name,
             epoch=self.epoch,
@@ -223,6 +231,8 @@ class Member:
                 b.name: {self.key(i): n for i, n in b.requests.items()} for b in self.backends
             },
             backends=[b.name for b in self.backends],
+            served_as=self.gateway_id,
+            served=rows,
         )
         try:
             got = self.store.sync(sent)
@@ -233,11 +243,17 @@ class Member:
             lag = max((v - counters.get(c, 0.0) for c, v in got.counters.items()), default=0.0)
             self.most_lag = max(self.most_lag, lag)
             self.slack = max(lag, 0.0)
+        self.saw_served(got.epoch, got.served, rows)
         self.epoch, self.down, self.pulled, self.lifts = got.epoch, None, got.counters, {}
         self.books.adopt(got.counters)
         self.others_waiting = set().union(*(c for g, c in got.waiting.items() if g != self.name))
         self.gateways = max(got.gateways, 1)
         return self.saw_rooms(got.booked)
+
+    def served_by(self) -> dict[str, dict[str, Row]]:
+        """Gateway id -> client -> (requests, input, output): the others' as last synced, ours
+        as it is now."""
+        return self.fleet_served | {self.gateway_id: self.served.rows()}
 
     def view(self) -> dict:
         """For /fairness and /health: the store, the fleet as last seen, the bound's terms."""
@@ -277,6 +293,17 @@ class Member:
             grew |= elsewhere < b.elsewhere
             b.elsewhere = elsewhere
         return grew
+
+    def saw_served(self, epoch: str, served: dict[str, dict[str, Row]], rows: dict) -> None:
+        """A sync's answer about who served what (`served.py`: our row read back at our
+        first sync, every row again after a store that lost its data)."""
+        if self.epoch is None:
+            self.served.first_seen(served.get(self.gateway_id, {}))
+        elif epoch != self.epoch:
+            self.served.store_lost()
+        else:
+            self.served.wrote(rows)
+        self.fleet_served = served
 
     def booking(self, request: Request) -> str:
         return self.key(request.request_id)

@@ -25,7 +25,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from minivtc.engine.spec import EngineSpec
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.dispatcher import Dispatcher
@@ -97,8 +97,8 @@ class Gateways:
         self.budgets, self.weights = [Backend(n, t) for n, t in budgets], dict(weights or {})
 
     @classmethod
-    def of(cls, spec: GatewaySpec, budgets, engine: EngineSpec, route_by, clock):
-        """`simulate_fleet`'s: each gateway's policy the engine spec's, its route `route_by`."""
+    def of(cls, spec: GatewaySpec, budgets, engine: EngineConfig, route_by, clock):
+        """`simulate_fleet`'s: each gateway's policy the engine config's, its route `route_by`."""
         k, ingress, sync_s = spec.k, spec.ingress, spec.sync_s
         weights = None if engine.weights is None else dict(engine.weights)
         route = lambda: make_route(route_by, engine.seed)  # noqa: E731

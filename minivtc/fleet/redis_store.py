@@ -15,6 +15,7 @@ import uuid
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
+from minivtc.fleet.served import Row
 from minivtc.fleet.shared_store import STORE_TIMEOUT_S, StoreDown, SyncIn, SyncOut
 
 
@@ -48,7 +49,9 @@ def parse_store_url(url: str) -> StoreAddress:
 
 # Keys: P:epoch, P:counters (hash), P:gateways
 # (sorted by lease expiry), per gateway G P:waiting:G (a set: its latest snapshot, expiring with
-# its lease), per backend B P:room:B (booking -> tokens) and P:lease:B (booking by expiry).
+# its lease), per backend B P:room:B (booking -> tokens) and P:lease:B (booking by expiry);
+# P:served-by (the gateway ids that served) and per id I P:served:I (client -> "requests,input,
+# output", `served.py`; never expiring: it is history, gateways x clients of it).
 LUA_NOW_AND_PURGE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -99,8 +102,16 @@ for _, g in ipairs(redis.call('ZRANGE', p .. ':gateways', 0, -1)) do
 end
 local totals = {}
 for _, b in ipairs(a.backends) do totals[b] = booked(p, b) end
+if a.served_as ~= '' then
+  redis.call('SADD', p .. ':served-by', a.served_as)
+  for c, row in pairs(a.served) do redis.call('HSET', p .. ':served:' .. a.served_as, c, row) end
+end
+local served = {}
+for _, g in ipairs(redis.call('SMEMBERS', p .. ':served-by')) do
+  served[g] = redis.call('HGETALL', p .. ':served:' .. g)
+end
 return cjson.encode({epoch = epoch, counters = redis.call('HGETALL', p .. ':counters'),
-  waiting = waiting, booked = totals,
+  waiting = waiting, booked = totals, served = served,
   gateways = redis.call('ZCARD', p .. ':gateways')})
 """
 )
@@ -182,6 +193,7 @@ class RedisStore:
 
     def sync(self, it: SyncIn) -> SyncOut:
         payload = {k: v for k, v in vars(it).items()}
+        payload["served"] = {c: ",".join(map(str, row)) for c, row in it.served.items()}
         args = [self.prefix, json.dumps(payload), self.lease_ms, uuid.uuid4().hex]
         out = json.loads(self.call(self.sync_script, args))
         flat = out["counters"]  # (HGETALL's flat list; an empty one encodes as {})
@@ -193,6 +205,7 @@ class RedisStore:
             {g: set(c) if isinstance(c, list) else set() for g, c in waiting.items()},
             {b: int(booked.get(b, 0)) for b in it.backends},
             int(out["gateways"]),
+            served_rows(out["served"]),
         )
 
     def book(self, backend: str, booking: str, tokens: int, budget: int) -> tuple[bool, int]:
@@ -228,3 +241,15 @@ class RedisStore:
             raise StoreDown(f"{self.address}: {e}") from None
         self.operations += 1
         return answer
+
+
+def served_rows(got) -> dict[str, dict[str, Row]]:
+    """The sync's answer's `served`: gateway id -> HGETALL's flat [client, "r,i,o", ...]."""
+    if not isinstance(got, dict):  # (an empty Lua table encodes as [])
+        return {}
+    rows: dict[str, dict[str, Row]] = {}
+    for g, flat in got.items():
+        flat = flat if isinstance(flat, list) else []
+        pairs = [(flat[i], flat[i + 1].split(",")) for i in range(0, len(flat), 2)]
+        rows[g] = {c: (int(r), int(i), int(o)) for c, (r, i, o) in pairs}
+    return rows

@@ -30,9 +30,8 @@ from dataclasses import dataclass, replace
 from typing import Any, cast
 
 from minivtc.engine.engine import Engine
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
-from minivtc.engine.options import EngineOptions
-from minivtc.engine.spec import EngineSpec
 from minivtc.fairness.cost import W_Q
 from minivtc.fairness.scheduler import FCFS
 from minivtc.fleet.backend import Backend
@@ -55,7 +54,8 @@ from minivtc.sim.simulator import (
 from minivtc.sim.step_time import step_time_model
 from minivtc.sim.workloads import TraceRequest
 
-DEFAULTS = EngineOptions()
+FLEET = EngineConfig(block_size=1)  # a replica's pool is token-granular, as the paper's
+CHOSEN = ("policy", "kv_tokens", "weights", "seed", "check_fairness")  # what a caller may choose
 ROUTINGS = ("global", "round-robin", "least-loaded", "random", "prefix")
 
 
@@ -79,15 +79,15 @@ def simulate_fleet(
     num_replicas: int,
     routing: str | GatewaySpec = "global",
     route_by: str = "least-loaded",
-    scheduler: str | EngineSpec = "vtc",
+    scheduler: str | EngineConfig = "vtc",
     step_time: str = "a10g-llama7b",
     *,
     watch_backlog: bool = False,
     staleness: float = 0.0,
-    **spec: Any,
+    **config: Any,
 ) -> FleetResult:
     """Replay `trace` on `num_replicas` replicas of `kv_tokens` each (the module docstring).
-    `scheduler`: an `EngineSpec`, or a policy name with the spec's keywords (`fleet_spec`:
+    `scheduler`: an `EngineConfig`, or a policy name with its keywords (`fleet_config`:
     kv_tokens, weights, seed, check_fairness). `staleness` (global): the dispatcher hears of
     each step that many seconds after it ends. `routing` a `GatewaySpec`: k gateways in front of
     the replicas, each a global dispatcher of its own, sharing a store or not (`gateways.py`)."""
@@ -99,17 +99,17 @@ def simulate_fleet(
         raise ValueError(f"route_by must be 'least-loaded' or 'prefix', got {route_by!r}")
     if num_replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {num_replicas}")
-    engine_spec = fleet_spec(scheduler, spec)
-    fleet = Fleet(num_replicas, routing, route_by, engine_spec, step_time)
-    check_fairness, weights = engine_spec.options.check_fairness, engine_spec.weights
+    engine_config = fleet_config(scheduler, config)
+    fleet = Fleet(num_replicas, routing, route_by, engine_config, step_time)
+    check_fairness, weights = engine_config.check_fairness, engine_config.weights
     if gateways is not None:
         if staleness:
             raise ValueError("with gateways, the view's staleness is their sync interval")
         budgets = [(b.name, b.budget) for b in fleet.backends()]
         clock = lambda: fleet.now  # noqa: E731  (the virtual clock: the store's and the syncs')
-        fleet.dispatcher = Gateways.of(gateways, budgets, engine_spec, route_by, clock)
+        fleet.dispatcher = Gateways.of(gateways, budgets, engine_config, route_by, clock)
     elif routing == "global":
-        policy = engine_spec.scheduler()
+        policy = engine_config.scheduler()
         fleet.dispatcher = Dispatcher(policy, fleet.backends(), fleet.route, check_fairness)
         fleet.news = News(staleness) if staleness else None
     elif staleness:
@@ -121,35 +121,34 @@ def simulate_fleet(
     return fleet.result(trace, time.perf_counter() - start)
 
 
-def fleet_spec(scheduler: str | EngineSpec, keywords: dict[str, Any]) -> EngineSpec:
-    """`simulate_fleet`'s spec: each replica reserves prompt + max_tokens (the paper's full
-    reservation) in a token-granular pool of `kv_tokens`; of the options, only
-    check_fairness (the dispatcher's, routing "global") may be chosen."""
-    keywords = keywords if isinstance(scheduler, EngineSpec) else {"block_size": 1} | keywords
-    spec = EngineSpec.of(scheduler, **keywords)
-    if not isinstance(spec.policy, str):
+def fleet_config(scheduler: str | EngineConfig, keywords: dict[str, Any]) -> EngineConfig:
+    """`simulate_fleet`'s config: each replica reserves prompt + max_tokens (the paper's full
+    reservation) in a token-granular pool of `kv_tokens`; only the fields in `CHOSEN` may be
+    chosen (check_fairness is the dispatcher's, routing "global")."""
+    keywords = keywords if isinstance(scheduler, EngineConfig) else {"block_size": 1} | keywords
+    config = EngineConfig.of(scheduler, **keywords)
+    if not isinstance(config.policy, str):
         raise TypeError("simulate_fleet takes a policy name: one policy object per replica")
-    pool = spec.kv_bytes, spec.block_size, spec.prefix_caching, spec.cached_weight
-    if pool != (None, 1, False, None) or replace(spec.options, check_fairness=False) != DEFAULTS:
+    if replace(config, **{name: getattr(FLEET, name) for name in CHOSEN}) != FLEET:
         raise ValueError(
             "simulate_fleet: each replica reserves prompt + max_tokens in a token-granular "
             "pool of kv_tokens; of the rest only weights, seed and check_fairness are chosen"
         )
-    return spec
+    return config
 
 
 class Fleet:
     """The replicas, the dispatcher (global) or routes (per replica), and the event loop."""
 
-    def __init__(self, n, routing, route_by, spec, step_time):
-        # (per replica, the spec's policy runs on every engine; global, on the dispatcher)
-        kv_tokens = spec.pool_tokens
+    def __init__(self, n, routing, route_by, config, step_time):
+        # (per replica, the config's policy runs on every engine; global, on the dispatcher)
+        kv_tokens = config.pool_tokens
         model = step_time_model(step_time)
-        options = EngineOptions(reservation="full", max_running=1 << 30)
+        replica = EngineConfig(reservation="full", max_running=1 << 30)
         self.replicas = []
         for k in range(n):
             clock = VirtualClock()
-            policy = FCFS() if routing == "global" else spec.scheduler()
+            policy = FCFS() if routing == "global" else config.scheduler()
             engine = Engine(
                 StepTimeRunner(model, clock),
                 BlockAllocator(kv_tokens, 1),
@@ -157,11 +156,11 @@ class Fleet:
                 max_positions=1 << 30,
                 eos_id=SIM_EOS,
                 clock=clock,
-                options=options,
+                config=replica,
             )
             self.replicas.append(Replica(engine, clock, Backend(f"replica-{k}", kv_tokens)))
         self.index = {r.backend.name: k for k, r in enumerate(self.replicas)}
-        self.route = make_route(route_by if routing == "global" else routing, spec.seed)
+        self.route = make_route(route_by if routing == "global" else routing, config.seed)
         self.dispatcher: Dispatcher | Gateways | None = None  # routing "global" (`simulate_fleet`)
         self.watch: FleetWatch | None = None
         self.heap: list[tuple[float, int]] = []  # (when its step ends, replica) for busy ones

@@ -12,8 +12,9 @@ against the other's expectations):
 Three operations. `sync` (every tau seconds per gateway): raise the counters it lifted to
 their floors (a max), add its charges since its last sync (an atomic add each: they commute,
 so no charge is ever lost or counted twice),
-publish the clients waiting at it, renew its bookings' leases, and read back every counter,
-who waits at the other gateways and each backend's booked tokens. `book`: reserve a request's
+publish the clients waiting at it and what it served (`served.py`), renew its bookings'
+leases, and read back every counter, who waits at the other gateways, each backend's booked
+tokens and what each gateway served. `book`: reserve a request's
 prompt + max_tokens on a backend only if the backend's bookings, all gateways' together, stay
 within its budget (atomically: two gateways never over-book a backend). `release`: free it.
 (`booked_now` reads the backends' booked tokens between syncs, when nothing fits.)
@@ -37,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from minivtc.fairness.scheduler import Scheduler
+from minivtc.fleet.served import Row
 
 STORE_TIMEOUT_S = 0.5  # every call's: a store slower than this is down (`StoreDown`)
 
@@ -57,6 +59,8 @@ class SyncIn:
     waiting: list[str]  # the clients with a request waiting at this gateway
     bookings: dict[str, dict[str, int]]  # backend -> booking id -> tokens (renewed)
     backends: list[str]  # whose booked tokens to read back
+    served_as: str = ""  # this gateway's id (`served.py`: stable across its restarts)
+    served: dict[str, Row] = field(default_factory=dict)  # client -> its whole row, if changed
 
 
 @dataclass(frozen=True)
@@ -68,6 +72,7 @@ class SyncOut:
     waiting: dict[str, set[str]]  # gateway -> the clients waiting there (its last snapshot)
     booked: dict[str, int]  # backend -> tokens booked on it by every gateway
     gateways: int  # gateways with an unexpired lease
+    served: dict[str, dict[str, Row]] = field(default_factory=dict)  # gateway id -> its rows
 
 
 class PolicyBooks:
@@ -109,6 +114,7 @@ class MemoryStore:
     waiting: dict[str, set[str]] = field(default_factory=dict)  # gateway -> its clients
     gateways: dict[str, float] = field(default_factory=dict)  # gateway -> expiry
     rooms: dict[str, dict[str, tuple[int, float]]] = field(default_factory=dict)
+    served: dict[str, dict[str, Row]] = field(default_factory=dict)  # gateway id -> its rows
     operations: int = 0  # round trips served (a Redis store's would be one each)
     up: bool = True  # False: every call raises StoreDown (a test's dead store)
 
@@ -127,10 +133,14 @@ class MemoryStore:
         for backend, ids in it.bookings.items():
             room = self.rooms.setdefault(backend, {})
             room.update({i: (tokens, now + self.lease_s) for i, tokens in ids.items()})
+        if it.served_as:  # (rows are whole values, written by their gateway only)
+            self.served.setdefault(it.served_as, {}).update(it.served)
         self.gateways = {g: t for g, t in self.gateways.items() if t > now}
         waiting = {g: set(c) for g, c in self.waiting.items() if g in self.gateways}
         booked = {b: self.booked(b, now) for b in it.backends}
-        return SyncOut(self.epoch, dict(self.counters), waiting, booked, len(self.gateways))
+        served = {g: dict(rows) for g, rows in self.served.items()}
+        counters = dict(self.counters)
+        return SyncOut(self.epoch, counters, waiting, booked, len(self.gateways), served)
 
     def book(self, backend: str, booking: str, tokens: int, budget: int) -> tuple[bool, int]:
         """Reserve `tokens` if they fit; (booked?, the backend's booked tokens now)."""

@@ -4,7 +4,8 @@ Owns `make_gateway` (the app over a `Gateway`, `gateway.py`), the routes (`/v1/c
 `/v1/chat/completions`, `/v1/models`, `/health`, `/fairness`, `/metrics`, and the dashboard's
 `/dashboard/data`: its page is `serving/dashboard.py`'s) and what they say about the fleet:
 each client's counter, weight and requests waiting and running at the gateway, each backend's
-budget, reservation and health, and the bound. The body
+budget, reservation and health, the bound, and which gateway served what (`served`: per
+gateway id, per client, requests and input and output tokens; `fleet/served.py`). The body
 rules are the server's own (`serving/prompts.py`, `serving/openai_api.py`), the door the
 server's (`serving/middleware.py`), the callers the server's (`serving/api_keys.py`).
 README: "Fair across replicas"; Lesson 14.
@@ -24,6 +25,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CollectorRegistry, generate_latest
 
+from minivtc.fleet.served import as_json
 from minivtc.gateway.fleet_metrics import FleetCollector
 from minivtc.gateway.gateway import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKENS, Gateway
 from minivtc.model import chat
@@ -275,6 +277,10 @@ def view_for(view: dict, caller: Caller) -> dict:
     """`/fairness`'s rule: an admin sees the whole fleet, any other key its own row only."""
     if not caller.admin:  # (nor the fleet's totals: `serve` hides its totals from tenants)
         view["clients"] = {c: r for c, r in view["clients"].items() if c == caller.client}
+        view["served"] = {
+            g: {c: row for c, row in rows.items() if c == caller.client}
+            for g, rows in view["served"].items()
+        }
         del view["backends"], view["requests"]
         if view.get("fleet"):  # (other tenants' names)
             del view["fleet"]["waiting_elsewhere"]
@@ -309,6 +315,9 @@ def fleet_view(gateway: Gateway) -> dict:
     fleet = gateway.member.view() if gateway.member else None
     return {
         "scheduler": d.scheduler.name,
+        "gateway": gateway.gateway_id,
+        # which gateway served what: gateway id -> client -> requests, input and output tokens
+        "served": {g: as_json(rows) for g, rows in sorted(gateway.served_by().items())},
         "bound": fleet["bound"] if fleet else d.gap_bound(),
         "fleet": fleet,  # with --store: this gateway among the others (`fleet_member.py`)
         "clients": clients,

@@ -1,15 +1,17 @@
 """The gateway's Prometheus families (`/metrics`), made from `/fairness`'s view of the fleet
 at each scrape (`app.fleet_view`): each client's counter and requests, each backend's budget,
-reservation and health, the requests' outcomes, and with `--store` the store's state (up or
-serving on this gateway's own counters), the gateways it sees, the lag of its view and the
-store operations it made. README: "Fair across replicas"; minivtc/fleet/README.md.
+reservation and health, the requests' outcomes, what each gateway served each client (a
+`gateway` label: the fleet's rows with a store, this gateway's alone without), and with
+`--store` the store's state (up or serving on this gateway's own counters), the gateways it
+sees, the lag of its view and the store operations it made. README: "Fair across replicas";
+minivtc/fleet/README.md.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 
 class FleetCollector:
@@ -47,8 +49,27 @@ class FleetCollector:
         for outcome, n in view["requests"].items():
             requests.add_metric([outcome], float(n))
         yield requests
+        yield from served_families(view["served"])
         if view["fleet"] is not None:
             yield from store_families(view["fleet"], view["requests"])
+
+
+SERVED = [
+    ("minivtc_gateway_served_requests", "Requests a gateway served, per client.", "requests"),
+    ("minivtc_gateway_served_input_tokens", "Their prompt tokens.", "input_tokens"),
+    ("minivtc_gateway_served_output_tokens", "Their output tokens.", "output_tokens"),
+]
+
+
+def served_families(served: dict[str, dict[str, dict[str, int]]]):
+    """Which gateway served what (`/fairness`'s `served`), labelled by gateway id and client:
+    gateways x clients series, since the id is `host:port`, the same after a restart."""
+    for name, doc, key in SERVED:
+        family = CounterMetricFamily(name, doc, labels=["gateway", "client"])
+        for gateway, rows in served.items():
+            for client, row in rows.items():
+                family.add_metric([gateway, client], float(row[key]))
+        yield family
 
 
 def store_families(fleet: dict, counts: dict[str, int]):

@@ -36,6 +36,7 @@ from minivtc.fleet.backend import Backend
 from minivtc.fleet.dispatcher import Dispatcher
 from minivtc.fleet.fleet_member import RETRY_S, Member
 from minivtc.fleet.routing import Route
+from minivtc.fleet.served import Row, Served
 from minivtc.gateway.proxy import (
     Answered,
     Broken,
@@ -85,6 +86,10 @@ class Gateway:
         checked = scheduler.ledger.keeps_counters and member is None
         self.dispatcher = Dispatcher(scheduler, backends, route, checked, member)
         self.member = member  # sharing a store with other gateways (`fleet/fleet_member.py`)
+        # What this gateway served, per client (`fleet/served.py`), under its id: the fleet's
+        # row of it with a store, its own book without (`minivtc route`: host:port either way)
+        self.gateway_id = member.gateway_id if member else "gateway"
+        self.served = member.served if member else Served()
         self.tokenizer, self.model_name, self.auth = tokenizer, model_name, auth
         self.prompt_limits = PromptLimits.of(self.dispatcher.largest, tokenizer)
         self.health_every_s = health_every_s
@@ -248,7 +253,8 @@ class Gateway:
         with the backend's usage (if it can be true: else the gateway's own counts) and free
         its room; a request still waiting leaves the queue. Called from a `finally`: nothing
         here raises on what a backend sent, and the room is freed whatever happens."""
-        if self.clients.pop(request.request_id, None) is None:
+        client = self.clients.pop(request.request_id, None)
+        if client is None:
             return  # ended already (`gateway_app.ClosingStream` makes sure of it)
         n = self.samples.pop(request.request_id, 1)
         self.waiters.pop(request.request_id, None)
@@ -261,12 +267,20 @@ class Gateway:
             prompt, output = told or (request.num_prompt, min(request.num_output, limit))
             self.dispatcher.settle(request, prompt, output)
             request.output_ids[:] = [0] * output  # what it received (VTC refunds nothing more)
+            self.served.record(client, prompt, output)
         finally:
             backend = self.dispatcher.on_finish(request)
             if self.member is not None:
                 self.member.release(backend, request)
             self.counts["served"] += 1
             self.pump()
+
+    def served_by(self) -> dict[str, dict[str, Row]]:
+        """Gateway id -> client -> (requests, input tokens, output tokens): the fleet's with a
+        store, this gateway's alone without."""
+        if self.member is not None:
+            return self.member.served_by()
+        return {self.gateway_id: self.served.rows()}
 
     def fail_all(self, reason: str) -> None:
         """Shutting down: refuse new requests; every request waiting for a backend ends now

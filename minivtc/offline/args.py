@@ -26,7 +26,7 @@ class VLLMArgs:
 
     tokenizer: str | Path | None = None  # must be the model directory: its tokenizer.model
     max_model_len: int | None = None  # caps prompt + max_tokens below the model's context
-    max_num_seqs: int | None = None  # the batch's most requests (EngineOptions.max_running)
+    max_num_seqs: int | None = None  # the batch's most requests (EngineConfig.max_running)
     enable_prefix_caching: bool | None = None
     gpu_memory_utilization: float | None = None  # CUDA: the share of the device this may use
     seed: int | None = None  # seeds the requests given no seed: a run is reproducible
@@ -52,8 +52,6 @@ class VLLMArgs:
         util = self.gpu_memory_utilization
         if util is not None and not 0 < util <= 1:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {util}")
-        if self.max_model_len is not None and self.max_model_len < 1:
-            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
 
     def engine_keywords(self, device: torch.device) -> dict:
         """build_engine's keywords for these (only those given)."""

@@ -1,11 +1,11 @@
 """The offline API, as vLLM spells it: `LLM(...).generate(prompts, SamplingParams(...))`.
 
-Owns `LLM` (its engine is `engine.factory.build_engine`'s, from an `engine.spec.EngineSpec` of
-its keywords), which feeds prompts through the engine's continuous batching and returns the results
-in prompt order, shaped like vLLM's (`outputs.py`); `LLM.chat` does the same for
-conversations. The prompt forms it reads are `inputs.py`'s, vLLM's constructor arguments
-`args.py`'s. Streaming users (the server) call the engine directly: `add_request` / `step`
-/ `abort`. Lesson 3 teaches it.
+Owns `LLM` (its engine is `engine.factory.build_engine`'s, from an `EngineConfig` of its
+keywords, `engine/engine_config.py`), which feeds prompts through the engine's continuous
+batching and returns the results in prompt order, shaped like vLLM's (`outputs.py`); `LLM.chat`
+does the same for conversations. The prompt forms it reads are `inputs.py`'s, vLLM's
+constructor arguments `args.py`'s. Streaming users (the server) call the engine directly:
+`add_request` / `step` / `abort`. Lesson 3 teaches it.
 
 `n` samples of a prompt are `n` engine requests of the same client, each charged as a request
 of its own: the prompt once per sample (each sample prefills it: the work is done `n` times;
@@ -16,20 +16,18 @@ the queue that as many separate requests would not: the scheduler orders them as
 
 from __future__ import annotations
 
-import inspect
 import random
 from collections.abc import Callable
-from dataclasses import fields, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
 from tqdm.auto import tqdm
 
+from minivtc.engine.engine_config import CONFIG_FIELDS
 from minivtc.engine.factory import build_engine
-from minivtc.engine.options import EngineOptions
 from minivtc.engine.sampler import SamplingParams
-from minivtc.engine.spec import EngineSpec
 from minivtc.model.chat import prompt_ids
 from minivtc.model.packed import packs_on
 from minivtc.model.tokenizer import Tokenizer
@@ -58,12 +56,8 @@ VLLM_ONLY = (
 )
 
 
-# minivtc's own keywords LLM passes on: build_engine's, the EngineSpec and EngineOptions it builds
-ENGINE_KEYWORDS = {
-    *inspect.signature(build_engine).parameters,
-    *(f.name for f in fields(EngineSpec)),
-    *(f.name for f in fields(EngineOptions)),
-} - {"model", "tokenizer", "spec", "policy"}
+# minivtc's own keywords LLM passes on to build_engine: the EngineConfig's fields, and the clock
+ENGINE_KEYWORDS = {*CONFIG_FIELDS, "clock"}
 
 
 class LLM:
@@ -72,8 +66,8 @@ class LLM:
     `model` is the checkpoint directory (vLLM's name); `weights_dir` is minivtc's older name for
     it and still works. Neither means the bundled model. vLLM's other arguments are read as
     `llm_args.VLLMArgs` says (those with no meaning here are an error); minivtc's own
-    (`scheduler`, `kv_tokens`, `reservation`, ...) go to `build_engine`. After loading,
-    `self.model` is the `Llama` module itself.
+    (`EngineConfig`'s fields: `policy`, `kv_tokens`, `reservation`, ...) go to `build_engine`.
+    After loading, `self.model` is the `Llama` module itself.
     """
 
     def __init__(

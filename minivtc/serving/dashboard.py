@@ -15,10 +15,11 @@ Algorithm 2) and weight, its service rate over time (tokens/s, w_p per prompt to
 per output token: the paper's Figure 3 view), its requests waiting and running, and its mean
 and recent time to first token; for the server: the policy and its options, KV blocks used,
 tokens/s, and for the VTC family the waiting counters' spread under its ceiling, Lemma 4.3's U
-(or, with fair preemption, U_P: `cost.preemptive_bound`). The page polls; the server keeps no
-history for it (each page keeps its own, and computes rates from consecutive snapshots' times),
-so a dashboard nobody watches costs nothing. The spread is sampled at each poll; the engine's
-`check_fairness` is what asserts Lemma 4.3 after every step.
+(or, with fair preemption, U_P: `cost.preemptive_bound`); for the gateway, its backends and
+which gateway served what (clients x gateways: `fleet/served.py`). The page polls; the server
+keeps no history for it (each page keeps its own, and computes rates from consecutive
+snapshots' times), so a dashboard nobody watches costs nothing. The spread is sampled at each
+poll; the engine's `check_fairness` is what asserts Lemma 4.3 after every step.
 
 Who sees what: `/fairness`'s rules. With API keys an admin key sees everything and any other
 key only its own client's row and the server's configuration, never the pool's use, the
@@ -33,7 +34,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from importlib.resources import files
 
 from fastapi import FastAPI, Request
@@ -117,7 +118,7 @@ class Setup:
 
     @classmethod
     def of(cls, engine: Engine) -> Setup:
-        options = asdict(engine.options) | {
+        options = engine.config.options() | {
             "preempt_gap": fair_gap(engine),  # (the default, once the engine chose it)
             "prefix_caching": engine.cache is not None,
             "kv_tokens": engine.allocator.num_tokens,

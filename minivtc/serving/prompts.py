@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minivtc.engine.intake import RequestRejected, check_ids
+from minivtc.engine.intake import RequestRejected, check_context, check_ids
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.requests.params import ParamError, SamplingParams
 from minivtc.serving.openai_api import (
@@ -91,14 +91,12 @@ def check_message_count(limits: PromptLimits, data: dict) -> None:
 
 
 def check_tokens(limits: PromptLimits, num_tokens: int, param: str) -> None:
-    """Refuse a prompt that tokenized to more than one request may hold."""
-    if num_tokens > limits.tokens:
-        raise APIError(
-            400,
-            f"the prompt is {num_tokens} tokens: one request may hold {limits.tokens}",
-            param,
-            "context_length_exceeded",
-        )
+    """Refuse a prompt that tokenized to more than one request may hold: the engine's own
+    check (`intake.check_context`), as a 400 naming `param`."""
+    try:
+        check_context(num_tokens, limits.tokens)
+    except RequestRejected as e:
+        raise APIError(400, e.reason, param, "context_length_exceeded") from None
 
 
 def check_length(limits: PromptLimits, num_chars: int, param: str) -> None:

@@ -69,7 +69,10 @@ from minivtc.serving.streaming import respond
 
 @dataclass(frozen=True)
 class AppOptions:
-    """How `make_app` sets the server up beside its engine and model.
+    """How `make_app` sets the server up beside its engine and model: the front end's options,
+    never the engine's. Which engine (policy, pool, admission, preemption, context) is the
+    `EngineConfig` the engine was built from (`engine/engine_config.py`); vLLM too keeps its API
+    server's arguments apart from its engine's.
 
     `auth`: API keys (default: none, every caller names itself: local use). `limits`: what one
     connection may cost (default `Limits()`; `Server` and `BackgroundServer` make uvicorn's

@@ -26,9 +26,8 @@ from typing import Any
 from tqdm import tqdm
 
 from minivtc.engine.engine import Engine, engine_stats
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
-from minivtc.engine.options import EngineOptions
-from minivtc.engine.spec import EngineSpec
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request
@@ -42,7 +41,7 @@ from minivtc.sim.step_time import (
 )
 from minivtc.sim.workloads import TraceRequest
 
-DEFAULT_RUNNING = EngineOptions().max_running
+DEFAULT_RUNNING = EngineConfig().max_running
 SIM_TOKEN = 3  # the token every simulated step "generates"
 SIM_EOS = 2  # what it generates as a request's last, where the trace says it ends (max_tokens)
 
@@ -115,40 +114,40 @@ class SimResult:
 
 def simulate(
     trace: Iterable[TraceRequest],
-    scheduler: str | Scheduler | EngineSpec = "vtc",
+    scheduler: str | Scheduler | EngineConfig = "vtc",
     step_time: str | StepTimeModel = "a10g-llama7b",
     kv_tokens: int | None = None,
     *,
     progress: bool = False,
     watch_backlog: bool = False,
-    **spec: Any,
+    **config: Any,
 ) -> SimResult:
     """Replay `trace` through the engine on a virtual clock; every request's client-side record.
 
-    `scheduler`: an `EngineSpec`, or a policy with the spec's other fields and the engine's
-    options as keywords (`sim_spec`: here the pool is `kv_tokens` tokens in blocks of 1 and
-    the reservation "peak", the artifact's, unless given). `watch_backlog`: also measure the
+    `scheduler`: an `EngineConfig`, or a policy with the config's other fields as keywords
+    (`sim_config`: here the pool is `kv_tokens` tokens in blocks of 1 and the reservation
+    "peak", the artifact's, unless given). `watch_backlog`: also measure the
     worst service gap of two backlogged clients (slower). With `prefix_caching` the pool
     caches prompt blocks (requests sharing a `prefix_id` share their first `prefix_tokens`)."""
     if kv_tokens is not None:
-        spec["kv_tokens"] = kv_tokens
-    engine_spec = sim_spec(scheduler, spec)
+        config["kv_tokens"] = kv_tokens
+    engine_config = sim_config(scheduler, config)
     trace = sorted(trace, key=lambda r: r.arrival_s)
     model = step_time_model(step_time) if isinstance(step_time, str) else step_time
-    policy = engine_spec.scheduler()
+    policy = engine_config.scheduler()
     clock = VirtualClock()
     runner = StepTimeRunner(model, clock)
-    block_size = engine_spec.block_size
+    block_size = engine_config.block_size
     engine = Engine(
         runner,
-        engine_spec.allocator(-(-engine_spec.pool_tokens // block_size), block_size),
+        engine_config.allocator(-(-engine_config.pool_tokens // block_size), block_size),
         policy,
         max_positions=1 << 30,
         eos_id=SIM_EOS,
         clock=clock,
-        options=replace(engine_spec.options, max_running=1 << 30),
+        config=replace(engine_config, max_running=1 << 30),
     )
-    prefix_caching, cached_weight = engine_spec.prefix_caching, engine_spec.cached_weight
+    prefix_caching, cached_weight = engine_config.prefix_caching, engine_config.cached_weight
     start = time.perf_counter()
     watch = BacklogWatch(engine, w_c=cached_weight) if watch_backlog else None
     # PERF: a long simulation makes millions of objects that live to its end, and the collector
@@ -170,21 +169,21 @@ def simulate(
     )
 
 
-def sim_spec(scheduler: str | Scheduler | EngineSpec, keywords: dict[str, Any]) -> EngineSpec:
-    """`simulate`'s spec: a pool in tokens (no bytes: there is no device), blocks of 1 token
+def sim_config(scheduler: str | Scheduler | EngineConfig, keywords: dict[str, Any]) -> EngineConfig:
+    """`simulate`'s config: a pool in tokens (no bytes: there is no device), blocks of 1 token
     (S-LoRA's, the paper's) and the artifact's "peak" reservation unless given; every
-    admitted request runs (no max_running)."""
-    if not isinstance(scheduler, EngineSpec):
-        defaults: dict[str, Any] = {"block_size": 1}
-        if "options" not in keywords:
-            defaults["reservation"] = "peak"
-        keywords = defaults | keywords
-    spec = EngineSpec.of(scheduler, **keywords)
-    if spec.kv_bytes is not None:
+    admitted request runs (no max_running); no model (no compile_attention, no
+    max_model_len)."""
+    if not isinstance(scheduler, EngineConfig):
+        keywords = {"block_size": 1, "reservation": "peak"} | keywords
+    config = EngineConfig.of(scheduler, **keywords)
+    if config.kv_bytes is not None:
         raise ValueError("simulate's pool is in tokens (kv_tokens): there is no device memory")
-    if "max_running" in keywords or spec.options.max_running != DEFAULT_RUNNING:
+    if "max_running" in keywords or config.max_running != DEFAULT_RUNNING:
         raise TypeError("simulate runs every admitted request: it takes no max_running")
-    return spec
+    if config.compile_attention is not None or config.max_model_len is not None:
+        raise TypeError("simulate runs no model: it takes no compile_attention or max_model_len")
+    return config
 
 
 def replay(

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from hypothesis import strategies as st
 
 from minivtc.engine.engine import Engine, RequestRejected
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
-from minivtc.engine.options import EngineOptions
 from minivtc.fairness.cost import W_P, W_Q
 from minivtc.fairness.scheduler import admission_round as admission_round  # the graded tests'
 from minivtc.requests.params import SamplingParams
@@ -80,7 +80,7 @@ def drive(
         max_positions,
         eos_id=-1,
         clock=lambda: clock[0],
-        options=EngineOptions(check_invariants=True, check_fairness=fairness, **options),
+        config=EngineConfig(check_invariants=True, check_fairness=fairness, **options),
     )
     pending = deque(sorted(arrivals, key=lambda a: a.time))
     steps, rejected = [], []

@@ -12,10 +12,10 @@ import torch
 from minivtc.course.graded.driver import UnitRunner
 from minivtc.engine.admission import FullReservation
 from minivtc.engine.engine import Engine
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.factory import build_engine
 from minivtc.engine.generate import generate_plain
 from minivtc.engine.kv_pool import BlockAllocator
-from minivtc.engine.options import EngineOptions
 from minivtc.fairness.cost import W_P, W_Q
 from minivtc.fairness.scheduler import FCFS
 from minivtc.fairness.vtc import VTC
@@ -52,7 +52,7 @@ def unit_engine(kv_tokens: int, scheduler=None, block_size: int = 1, **options) 
         10**6,
         eos_id=-1,
         clock=lambda: clock[0],
-        options=EngineOptions(check_invariants=True, **options),
+        config=EngineConfig(check_invariants=True, **options),
     )
 
 

@@ -36,7 +36,7 @@ from minivtc.fairness.scheduler import Scheduler, admission_round
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request, Status
 
-MAX_RUNNING = 256  # the engine's default batch limit (EngineOptions.max_running)
+MAX_RUNNING = 256  # the engine's default batch limit (EngineConfig.max_running)
 
 
 class Bench:

@@ -5,8 +5,8 @@ preemption set up through the engine's own call, and two stand-in predictors. Ow
 
 from __future__ import annotations
 
+from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
-from minivtc.engine.options import EngineOptions
 from minivtc.engine.preemption import make_victim
 from minivtc.fairness.vtc import VTC
 from minivtc.requests.params import SamplingParams
@@ -48,8 +48,8 @@ def finish(vtc: VTC, r: Request, reason: str = "eos") -> None:
 def with_fair_preemption(vtc: VTC, gap: float, pool_tokens: int) -> VTC:
     """`vtc` as the engine sets it up for fair preemption (blocks on demand, the fair victim
     with this gap, a pool of `pool_tokens`): through the engine's own call, not VTC's insides."""
-    options = EngineOptions(reservation="none", victim="fair", preempt_gap=gap)
-    make_victim(options, vtc, BlockAllocator(pool_tokens, 1))
+    config = EngineConfig(reservation="none", victim="fair", preempt_gap=gap)
+    make_victim(config, vtc, BlockAllocator(pool_tokens, 1))
     return vtc
 
 
