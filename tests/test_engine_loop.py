@@ -52,7 +52,7 @@ def make_loop(tiny):
 
     yield make
     for loop in made:
-        if loop.thread.is_alive():
+        if loop.thread is not None and loop.thread.is_alive():
             loop.stop()
 
 
@@ -109,6 +109,29 @@ def test_each_stream_gets_its_tokens_in_order_ending_finished(make_loop, tiny):
         assert [o.finished for o in outs] == [False] * 7 + [True]
         assert outs[-1].finish_reason == "length"
     assert loop.snapshot().finished == {("a", "length"): 3, ("b", "length"): 3}
+
+
+def test_a_held_loop_runs_on_the_thread_that_calls_run(make_loop, tiny):
+    """`hold()`: no thread of its own, `start()` does nothing, and the thread that calls `run()`
+    (`minivtc serve`'s main thread, the one that loaded the model) runs every step and command;
+    `stop()` from elsewhere ends `run()`, and later commands are refused."""
+    loop = make_loop().hold()
+    assert loop.start() is loop and loop.thread is None
+    host = threading.Thread(target=loop.run, name="host")
+    host.start()
+
+    async def main() -> tuple[threading.Thread, list[StepOutput]]:
+        outs = await collect(await loop.add(prompt(0), GREEDY, "a", "r0"))
+        return await loop.call(threading.current_thread), outs
+
+    ran_on, outs = asyncio.run(main())
+    assert ran_on is host and loop.alive
+    assert [o.token_id for o in outs] == list(generate_plain(tiny, prompt(0), GREEDY))
+    loop.stop()
+    host.join(timeout=TIMEOUT_S)
+    assert not host.is_alive() and not loop.alive
+    with pytest.raises(RuntimeError, match="not running"):
+        loop.send(lambda: None).result(timeout=TIMEOUT_S)
 
 
 def test_a_refused_command_raises_in_its_caller_and_the_loop_serves_on(make_loop):

@@ -592,3 +592,4 @@ def test_a_fault_beyond_one_request_stops_the_server_with_exit_code_1(bundled):
     assert r.status_code == 500 and "boom" in r.json()["error"]["message"]
     thread.join(timeout=30)
     assert code == [1]
+    assert server.loop.thread is None  # the engine ran on the thread that called run()

@@ -29,6 +29,7 @@ from pathlib import Path
 from minivtc.bench.peer import TCMALLOC, vllm_python
 from minivtc.bench.timing import load_line, machine_line, spread
 from minivtc.gateway.launch import free_port, wait_healthy
+from minivtc.vllm_plugin.overload import ASYNC_FAIR_SCHEDULER
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
@@ -51,6 +52,11 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--weights", default=None, help="a checkpoint folder (default: the bundled)")
     p.add_argument("--vllm-python", default=None, help="vLLM's venv's python (else no vLLM)")
     p.add_argument("--no-tcmalloc", action="store_true", help="never preload TCMalloc")
+    p.add_argument(
+        "--plugin",
+        action="store_true",
+        help="also vLLM with VTC inside it (AsyncFairScheduler): what the plugin costs vLLM",
+    )
     args = p.parse_args(argv)
     args.stream_counts = [int(s) for s in args.streams.split(",")]
     if args.rounds < 1 or args.requests < 1 or min(args.stream_counts) < 1:
@@ -84,7 +90,8 @@ def main(argv: list[str]) -> int:
         urls = start_servers(args, weights, vllm, env, stack)
         print(f"before: {load_line()}", flush=True)
         for k in range(-1, args.rounds):
-            names = list(urls) if k % 2 else list(reversed(urls))
+            shift = k % len(urls)  # who goes first turns with the rounds
+            names = list(urls)[shift:] + list(urls)[:shift]
             for name in names:
                 measured = guidellm(urls[name], args, Path(tmp) / f"{name}-{k}.json", weights)
                 if k >= 0:
@@ -120,6 +127,11 @@ def start_servers(args, weights: str, vllm: str | None, env: dict, stack) -> dic
         commands["vllm"] += ["--dtype", {"fp32": "float32", "bf16": "bfloat16"}[args.dtype]]
         commands["vllm"] += ["--max-num-seqs", seqs, "--max-model-len", max_len]
         commands["vllm"] += ["--port", str(ports["vllm"])]
+        if args.plugin:  # the same server with VTC in its waiting queue (vllm_plugin/)
+            ports["vllm vtc"] = free_port()
+            commands["vllm vtc"] = commands["vllm"][:-1] + [str(ports["vllm vtc"])]
+            commands["vllm vtc"] += ["--scheduler-cls", ASYNC_FAIR_SCHEDULER]
+            commands["vllm vtc"] += ["--additional-config", '{"minivtc": {"policy": "vtc"}}']
     urls = {}
     for name, command in commands.items():
         print(f"starting {name}'s server (its log: bench-serve-{name}.log) ...", flush=True)
@@ -189,23 +201,20 @@ def offline_in_process(weights: str, args, env: dict) -> float:
 
 
 def offline_rate(weights: str, dtype: str, shape: str) -> float:
-    """The engine alone at batch 1: new tokens per second of one request (the median of 5,
-    after one to warm up), timed from its first token, as a stream's rate is."""
+    """The engine alone at batch 1: new tokens per second of one request, prefill included, as
+    guidellm counts a stream's (the median of 5, after one to warm up)."""
     from minivtc.engine.sampler import SamplingParams
     from minivtc.offline.llm import LLM
 
     prompt_tokens, new_tokens = (int(n) for n in shape.split(","))
-    llm = LLM(model=weights, dtype={"fp32": "float32", "bf16": "bfloat16"}[dtype], scheduler="fcfs")
+    llm = LLM(model=weights, dtype={"fp32": "float32", "bf16": "bfloat16"}[dtype], policy="fcfs")
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     rates = []
     for k in range(6):
         prompt = [1] + [100 + (k * 7 + i) % 800 for i in range(prompt_tokens - 1)]
         start = time.perf_counter()
-        llm.generate([prompt], params.with_max_tokens(1))  # the prefill and the first token
-        prefill = time.perf_counter() - start
-        start = time.perf_counter()
         llm.generate([prompt], params)
-        rates.append((new_tokens - 1) / (time.perf_counter() - start - prefill))
+        rates.append(new_tokens / (time.perf_counter() - start))
     return statistics.median(rates[1:])
 
 
@@ -214,14 +223,15 @@ def table(results: dict[str, list[dict[int, dict]]], streams: list[int]) -> str:
     the rounds' ratios, [range]), TTFT p50 / p99 over every request of every round, failures."""
     names = list(results)
     head = ["streams"] + [f"{n} tok/s" for n in names]
-    head += ["minivtc / vLLM"] if "vllm" in results else []
+    others = [n for n in names if n != "vllm"] if "vllm" in results else []
+    head += [f"{n} / vllm" for n in others]
     head += [f"{what}, {n}" for n in names for what in ("TTFT p50 / p99 ms", "failed")]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for s in streams:
         row = [str(s)]
         row += [f"{statistics.median(r[s]['tokens_s'] for r in results[n]):,.0f}" for n in names]
-        if "vllm" in results:
-            pairs = zip(results["minivtc"], results["vllm"], strict=True)
+        for n in others:
+            pairs = zip(results[n], results["vllm"], strict=True)
             row.append(spread([m[s]["tokens_s"] / v[s]["tokens_s"] for m, v in pairs]))
         for n in names:
             ttfts = sorted(t for r in results[n] for t in r[s]["ttfts"])

@@ -49,6 +49,11 @@ direct requests, 8 stand-in backends x 64 streams (`bench/gateway_overhead.py`; 
 round-robin over them: streams and tokens per second per k, the ratio to k = 1, store round
 trips and commands per request, and each process's CPU seconds beside the machine's cores.
 
+`serve` (`bench/serve_http.py`, its own options: `minivtc bench serve --help`): `minivtc serve`
+beside vLLM's OpenAI server (`--vllm-python`), both measured by guidellm at 1, 16 and 64
+streams, taking turns: output tokens/s, TTFT p50 and p99, failures, minivtc / vLLM; and one
+stream through minivtc's server over its engine's offline batch-1 rate.
+
 `gpu`: builds a model of the chosen preset's shape with random weights directly on the device,
 runs the engine with compiled attention at batch 1, 16 and 64, and reports tokens/s and the
 fraction of the memory-bandwidth roofline: a decode step must read every weight once plus every
@@ -90,6 +95,10 @@ def main(argv: list[str] | None = None) -> int:
         from minivtc.bench.gateway_scale import main as bench_gateways
 
         return bench_gateways(argv[1:])
+    if argv[:1] == ["serve"]:  # options of its own (`serve_http.py`)
+        from minivtc.bench.serve_http import main as bench_serve
+
+        return bench_serve(argv[1:])
     parser = argparse.ArgumentParser(
         prog="python -m minivtc.bench",
         description=__doc__,
@@ -98,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "what",
         choices=["engine", "peer", "checkpoint", "scheduler", "sim", "route", "gpu", "profile"],
-        help="what to measure; `gateways` takes options of its own (gateways --help)",
+        help="what to measure; `gateways` and `serve` take options of their own (serve --help)",
     )
     parser.add_argument("--out", default=None, help="checkpoint: the directory to write")
     parser.add_argument("--quick", action="store_true", help="few tokens: a smoke run")

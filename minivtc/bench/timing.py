@@ -58,3 +58,29 @@ def spread(values: list[float], fmt: str = "{:.2f}x") -> str:
 def load_line() -> str:
     one, five, _ = os.getloadavg()
     return f"load average {one:.1f} (1 min) {five:.1f} (5 min) on {os.cpu_count()} CPUs"
+
+
+def machine_line(env: dict[str, str] | None = None) -> str:
+    """The CPU (its model, whether it has AVX-512 and AMX), the cores and the allocator the
+    measured processes get, for the line above every table: speeds differ by machine kind."""
+    env = dict(os.environ) if env is None else env
+    model, flags = "an unknown CPU", set()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    model = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    kinds = [
+        name for name, flag in (("AVX-512", "avx512f"), ("AMX-BF16", "amx_bf16")) if flag in flags
+    ]
+    preload = env.get("LD_PRELOAD", "")
+    allocator = "TCMalloc" if "tcmalloc" in preload else preload or "glibc malloc"
+    return (
+        f"machine: {model} ({', '.join(kinds) or 'no AVX-512'}), {os.cpu_count()} CPUs, {allocator}"
+    )
