@@ -1,11 +1,12 @@
 """VTC inside vLLM: vLLM's v1 scheduler with its waiting queue kept by minivtc's policies.
 
     python -m vllm.entrypoints.openai.api_server --model weights \\
-        --scheduler-cls minivtc.vllm_plugin.fair_scheduler.FairScheduler \\
+        --scheduler-cls minivtc.vllm_plugin.fair_scheduler.AsyncFairScheduler \\
         --additional-config '{"minivtc": {"policy": "vtc", "weights": "weights.json"}}'
 
 Owns `FairScheduler` (a subclass of vLLM's `Scheduler`) and `AsyncFairScheduler` (of its
-`AsyncScheduler`, for `--async-scheduling`). Both keep all of vLLM's scheduling (its token
+`AsyncScheduler`: vLLM schedules asynchronously by default; `FairScheduler` is for
+`--no-async-scheduling`). Both keep all of vLLM's scheduling (its token
 budget, chunked prefill, block allocation, preemption); they replace one object and wrap
 two methods:
 
