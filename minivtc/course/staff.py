@@ -4,14 +4,14 @@ week, whatever the student has written so far.
 In the student edition each assignment's function keeps the student's stub (its docstring,
 then `raise NotImplementedError`, which the student replaces) and the edition also carries the
 staff's answer to it, compiled: the reference function's code object, marshalled
-(`staff_code.py`, written by `minivtc course release`; never its source), as courses ship a
-compiled staff solution. A lesson or problem set of the edition opens with `staff.use()`,
-which puts that code into the package's functions for the lesson's own process, so the lesson
-runs on the staff's answers. `minivtc course test` and `course grade` never call it (they run
-the graded tests in processes of their own, on the student's code alone), and it refuses to
-run where graded tests run (pytest, the grading channel's worker), so a submission that calls
-it gains nothing in `course test`; in grading it is the reference package's, which changes
-nothing.
+(`staff_code.py`, written by `minivtc course release`; never its source, nor its line
+numbers), as courses ship a compiled staff solution. A lesson or problem set of the edition
+opens with `staff.use()`, which puts that code into the package's functions for the lesson's
+own process, so the lesson runs on the staff's answers. `minivtc course test` and `course
+grade` never call it (they run the graded tests in processes of their own, on the student's
+code alone), and it refuses to run where graded tests run (pytest, the grading channel's
+worker), so a submission that calls it gains nothing in `course test`; in grading it is the
+reference package's, which changes nothing.
 
 Marshal's format belongs to one Python minor version (and one implementation, CPython): the
 edition says which it was built with, and `use()` refuses any other with a message naming
@@ -69,10 +69,29 @@ def find_code(code: types.CodeType, qualname: str) -> types.CodeType:
 
 
 def renamed(code: types.CodeType, filename: str) -> types.CodeType:
+    """`code` with no line of the reference's source: every instruction on the function's first
+    line (CPython's location table, one "no columns" entry per 8 code units, line delta 0), so
+    that where `use` puts it, a traceback points at the student's `def` line, not at lines of
+    the student's file that the reference's numbers would name."""
     consts = tuple(
         renamed(c, filename) if isinstance(c, types.CodeType) else c for c in code.co_consts
     )
-    return code.replace(co_filename=filename, co_consts=consts)
+    units, table = len(code.co_code) // 2, bytearray()
+    while units:
+        run = min(8, units)
+        table += bytes((0x80 | 13 << 3 | (run - 1), 0))
+        units -= run
+    return code.replace(co_filename=filename, co_consts=consts, co_linetable=bytes(table))
+
+
+def placed(code: types.CodeType, function: types.FunctionType) -> types.CodeType:
+    """`code` as if written where `function` (the stub) is: its file and first line, so
+    `inspect.getsource` (the lessons' `show`) reads the stub the student sees and edits."""
+    first, filename = function.__code__.co_firstlineno, function.__code__.co_filename
+    consts = tuple(
+        placed(c, function) if isinstance(c, types.CodeType) else c for c in code.co_consts
+    )
+    return code.replace(co_filename=filename, co_firstlineno=first, co_consts=consts)
 
 
 def use() -> int:
@@ -113,6 +132,7 @@ def put(file: str, qualname: str, code: types.CodeType) -> None:
     for part in path:
         owner = getattr(owner, part)
     function = getattr(owner, name)
+    code = placed(code, function)
     if function.__code__.co_freevars == code.co_freevars:
         function.__code__ = code
         return
