@@ -252,7 +252,7 @@ ASSIGNMENTS = (
                 lesson=3,
             ),
             line(
-                "the step: admit, grow, run, append, charge, retire, check",
+                "the step: admit, run, append, charge, retire, check",
                 "test_each_step_charges_its_tokens_to_the_clients",
                 "test_a_step_ends_by_checking_the_invariants",
                 "test_one_step_admits_runs_appends_and_retires",
