@@ -269,7 +269,7 @@ ASSIGNMENTS = (
     ),
     Assignment(
         "a4_vtc",
-        "The Virtual Token Counter: pick, lift, charge, refund",
+        "The Virtual Token Counter: pick, lift, charge",
         (
             ("fairness/vtc.py", "VTC.peek"),
             ("fairness/vtc.py", "VTC.dispatch"),
