@@ -186,7 +186,7 @@ def on_staff_code(notebook: Path) -> None:
     to the assignments (`staff.py`), so it runs in its own week, before they are written."""
     book = json.loads(notebook.read_text())
     first = next(i for i, c in enumerate(book["cells"]) if c["cell_type"] == "code")
-    cell = {"cell_type": "code", "execution_count": None, "id": "staff-code"}
+    cell: dict[str, object] = {"cell_type": "code", "execution_count": None, "id": "staff-code"}
     cell |= {"metadata": {}, "outputs": [], "source": STAFF_CELL}
     book["cells"].insert(first, cell)
     notebook.write_text(json.dumps(book, indent=1, ensure_ascii=False) + "\n")

@@ -55,16 +55,12 @@ def compiled(package: Path, functions: list[tuple[str, str]]) -> dict[str, str]:
 
 
 def find_code(code: types.CodeType, qualname: str) -> types.CodeType:
-    """The code object of the function `qualname` defined in `code` (a module's)."""
+    """The code object of the function `qualname` defined in `code` (a module's): each part of
+    the name is a class body's or a function's code among the constants of the one before."""
+    first, _, rest = qualname.partition(".")
     for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            if const.co_qualname == qualname and const.co_name == qualname.split(".")[-1]:
-                return const
-            if qualname.startswith(const.co_qualname + "."):  # a class body: look inside
-                try:
-                    return find_code(const, qualname)
-                except LookupError:
-                    continue
+        if isinstance(const, types.CodeType) and const.co_name == first:
+            return find_code(const, rest) if rest else const
     raise LookupError(f"no function {qualname} in {code.co_filename}")
 
 
