@@ -17,15 +17,13 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Line:
     """One line of an assignment's rubric: a mechanism, its points, the graded tests
-    (functions of the assignment's `test_files`) that check it, and the lesson that teaches it
-    (the assignment is due no earlier than that lesson's week: lessons/SYLLABUS.md, checked by
-    tests/test_course.py). The points are all lost when any of those tests fails: a mechanism
-    is understood, or it is not."""
+    (functions of the assignment's `test_files`) that check it, and the lesson that teaches it.
+    The points are all lost when any of those tests fails: a mechanism is understood, or not."""
 
     mechanism: str
     points: int
     tests: tuple[str, ...]
-    lesson: int | None = None  # the lesson that teaches the mechanism
+    lesson: int | None = None  # due no earlier than its week (tests/test_syllabus_weeks.py)
 
 
 @dataclass(frozen=True)

@@ -223,7 +223,8 @@ def what_to_write(a) -> str:
 
 def lesson_needs(lessons: Path) -> dict[str, list[str]]:
     """Each lesson's assignments, as its first cell states them ("**In the student edition**
-    this lesson runs once a1 and a2 are done ..."): lesson number -> keys (a1, a2, ...)."""
+    this lesson runs in its own week on the staff's compiled answers to a1 and a2 ..."): lesson
+    number -> keys (a1, a2, ...): the assignments whose functions the lesson runs."""
     needs = {}
     for path in sorted(lessons.glob("[0-9][0-9]_*.ipynb")):
         first = json.loads(path.read_text())["cells"][0]["source"]
