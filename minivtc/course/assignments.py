@@ -16,13 +16,14 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Line:
-    """One line of an assignment's rubric: a mechanism, its points, and the graded tests
-    (functions of the assignment's `test_files`) that check it. The points are all lost when any of
-    those tests fails: a mechanism is understood, or it is not."""
+    """One line of an assignment's rubric: a mechanism, its points, the graded tests
+    (functions of the assignment's `test_files`) that check it, and the lesson that teaches it.
+    The points are all lost when any of those tests fails: a mechanism is understood, or not."""
 
     mechanism: str
     points: int
     tests: tuple[str, ...]
+    lesson: int | None = None  # due no earlier than its week (tests/test_syllabus_weeks.py)
 
 
 @dataclass(frozen=True)
@@ -66,51 +67,83 @@ class Assignment:
         return self.functions + self.answer
 
 
-def line(mechanism: str, *tests: str, points: int = 5) -> Line:
-    return Line(mechanism, points, tests)
+def line(mechanism: str, *tests: str, points: int = 5, lesson: int | None = None) -> Line:
+    return Line(mechanism, points, tests, lesson)
 
 
-# VTC's three details (charge at dispatch, never skip, the lift), and what the package adds to
-# Algorithm 2: each a mechanism. A wrong one costs 5 of 30 points, whichever test sees it.
+# VTC's three details (charge at dispatch, never skip, the lift) as Lesson 5 teaches them, and the
+# theorems (Lessons 5 and 7): each a mechanism. A wrong one costs 5 of 25 points, whichever test
+# sees it. What the package adds to Algorithm 2 later in the course is a4b's.
 A4_RUBRIC = (
     line(
         "the pick: the smallest counter, ties to the client seen first, FIFO within a client",
         "test_ties_go_to_the_client_seen_first",
         "test_each_client_s_requests_go_in_arrival_order",
+        lesson=5,
     ),
     line(
-        "the lift, both cases (Q holds someone; Q empty), with and without fair preemption",
+        "the lift, both cases (Q holds someone; Q empty)",
         "test_the_lift_never_lowers_a_counter_and_lifts_to_the_smallest_waiting",
         "test_a_client_joining_an_empty_queue_is_lifted_to_the_last_to_leave",
-        "test_with_fair_preemption_a_client_joining_an_empty_queue_is_lifted_near_those_that_ran",
+        lesson=5,
     ),
     line(
-        "the prompt charge at dispatch: h(n_p, 0), w_c for cached tokens, once per request",
+        "the prompt charge at dispatch: h(n_p, 0), at once",
         "test_dispatch_charges_the_prompt_at_once",
-        "test_dispatch_charges_the_prompt_at_once_under_the_profiled_cost",
-        "test_a_cached_prompt_is_charged_at_the_cached_weight",
-        "test_a_request_back_from_a_preemption_is_not_charged_again",
+        lesson=5,
     ),
     line(
-        "the output charge under any h, the prediction and its refund (Algorithm 3)",
-        "test_output_charges_follow_any_cost_the_profiled_one_too",
+        "the output charge: each token to its own client",
         "test_each_output_token_is_charged_to_its_own_client",
-        "test_the_predictor_learns_each_finished_request_and_no_aborted_one",
-        "test_an_over_predicted_length_is_refunded",
-        "test_a_refund_may_take_a_counter_below_the_waiting_ones",
-        "test_a_request_costs_h_in_the_end_whatever_the_cost_and_the_prediction",
-    ),
-    line(
-        "weights: every charge divided by the client's weight",
-        "test_every_charge_is_divided_by_the_client_s_weight",
-        "test_weighted_vtc_follows_weights_within_the_bound",
-        "test_weighted_vtc_shares_are_proportional_when_all_are_backlogged",
+        lesson=5,
     ),
     line(
         "the theorems on random and adversarial workloads",
         "test_lemma_4_3_and_theorems_4_4_and_4_9",
         "test_theorem_4_8_the_bound_is_tight_within_2x",
         "test_lcf_lets_a_returning_client_monopolise_and_vtc_does_not",
+        lesson=7,  # Theorem 4.9 (Lesson 7); Lemma 4.3, Theorems 4.4 and 4.8, LCF: Lesson 5
+    ),
+)
+# a4's VTC and a3's step, extended as Lessons 8, 10, 11 and 13 teach: each extension a line.
+A4B_RUBRIC = (
+    line(
+        "the profiled h: the prompt and every output token priced by any cost",
+        "test_dispatch_charges_the_prompt_at_once_under_the_profiled_cost",
+        "test_output_charges_follow_any_cost_the_profiled_one_too",
+        lesson=8,
+    ),
+    line(
+        "length prediction and its refund (Algorithm 3)",
+        "test_the_predictor_learns_each_finished_request_and_no_aborted_one",
+        "test_an_over_predicted_length_is_refunded",
+        "test_a_refund_may_take_a_counter_below_the_waiting_ones",
+        "test_a_request_costs_h_in_the_end_whatever_the_cost_and_the_prediction",
+        lesson=8,
+    ),
+    line(
+        "weights: every charge divided by the client's weight",
+        "test_every_charge_is_divided_by_the_client_s_weight",
+        "test_weighted_vtc_follows_weights_within_the_bound",
+        "test_weighted_vtc_shares_are_proportional_when_all_are_backlogged",
+        lesson=8,
+    ),
+    line(
+        "blocks on demand: a step grows the blocks it writes; a readmitted request's prompt "
+        "is not charged again",
+        "test_with_blocks_on_demand_a_step_grows_the_blocks_it_writes",
+        "test_a_request_back_from_a_preemption_is_not_charged_again",
+        lesson=10,
+    ),
+    line(
+        "fair preemption's lift: near every client that ran since the queue emptied",
+        "test_with_fair_preemption_a_client_joining_an_empty_queue_is_lifted_near_those_that_ran",
+        lesson=11,
+    ),
+    line(
+        "cached prompt tokens charged at w_c",
+        "test_a_cached_prompt_is_charged_at_the_cached_weight",
+        lesson=13,
     ),
 )
 # What any fair policy must do, each a line: a policy that fails one is not fair in that sense.
@@ -119,12 +152,14 @@ A6_RUBRIC = (
         "a Scheduler with a stated bound, no looser than 4U and justified by its worst gap",
         "test_it_is_a_scheduler_and_states_its_bound",
         "test_the_stated_bound_is_reached_on_an_adversarial_workload",
+        lesson=5,
     ),
-    line("work conservation", "test_it_never_idles_while_a_request_waits"),
+    line("work conservation", "test_it_never_idles_while_a_request_waits", lesson=4),
     line(
         "equal shares whatever the request sizes and however early requests stop",
         "test_backlogged_clients_share_equally_whatever_their_request_sizes",
         "test_clients_whose_requests_stop_early_still_share_equally",
+        lesson=4,
     ),
     line(
         "a bounded gap on random and adversarial workloads, and an always-waiting client never "
@@ -132,15 +167,18 @@ A6_RUBRIC = (
         "test_the_gap_stays_within_your_bound_on_random_workloads",
         "test_the_gap_stays_within_your_bound_on_adversarial_workloads",
         "test_a_client_that_always_waits_is_never_out_served_by_more_than_4u",
+        lesson=7,
     ),
     line(
         "no starvation, no take-over, no second charge on readmission",
         "test_a_client_back_from_idle_is_served_soon_and_does_not_take_over",
         "test_a_request_back_from_a_preemption_is_not_charged_again",
+        lesson=10,
     ),
     line(
         "the paper's workloads: as fair as VTC and as fast",
         "test_on_the_papers_workloads_as_fair_as_vtc_and_as_fast",
+        lesson=6,
     ),
 )
 
@@ -155,11 +193,17 @@ ASSIGNMENTS = (
             ("model/llama.py", "causal_attention"),
         ),
         (
-            line("RMSNorm", "test_rmsnorm_matches_transformers"),
-            line("rotary positions", "test_rotary_positions_match_transformers"),
-            line("grouped-query causal attention", "test_causal_attention_with_grouped_queries"),
+            line("RMSNorm", "test_rmsnorm_matches_transformers", lesson=1),
+            line("rotary positions", "test_rotary_positions_match_transformers", lesson=1),
             line(
-                "the pieces together: the whole model", "test_whole_model_logits_match_transformers"
+                "grouped-query causal attention",
+                "test_causal_attention_with_grouped_queries",
+                lesson=1,
+            ),
+            line(
+                "the pieces together: the whole model",
+                "test_whole_model_logits_match_transformers",
+                lesson=1,
             ),
         ),
         1.75,
@@ -175,14 +219,20 @@ ASSIGNMENTS = (
             ("engine/kv_pool.py", "BlockAllocator.slots"),
         ),
         (
-            line("allocate, grow, free and slots, by hand", "test_allocate_grow_free_and_slots"),
+            line(
+                "allocate, grow, free and slots, by hand",
+                "test_allocate_grow_free_and_slots",
+                lesson=2,
+            ),
             line(
                 "the allocator's invariants under random operations",
                 "test_random_operations_keep_the_invariants",
+                lesson=2,
             ),
             line(
                 "the slot mapping in use: paged attention gives dense attention's tokens",
                 "test_paged_engine_gives_the_tokens_of_dense_attention",
+                lesson=2,
             ),
         ),
         1.5,
@@ -197,17 +247,19 @@ ASSIGNMENTS = (
                 "full reservation: prompt + max_tokens, or nothing",
                 "test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing",
                 "test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it",
+                lesson=3,
             ),
             line(
-                "the step: admit, grow, run, append, charge, retire, check",
+                "the step: admit, run, append, charge, retire, check",
                 "test_each_step_charges_its_tokens_to_the_clients",
                 "test_a_step_ends_by_checking_the_invariants",
-                "test_with_blocks_on_demand_a_step_grows_the_blocks_it_writes",
                 "test_one_step_admits_runs_appends_and_retires",
+                lesson=3,
             ),
             line(
                 "continuous batching with the real model",
                 "test_continuous_batching_gives_each_request_its_tokens_alone",
+                lesson=3,
             ),
         ),
         1.5,
@@ -215,7 +267,7 @@ ASSIGNMENTS = (
     ),
     Assignment(
         "a4_vtc",
-        "The Virtual Token Counter: pick, lift, charge, refund",
+        "The Virtual Token Counter: pick, lift, charge",
         (
             ("fairness/vtc.py", "VTC.peek"),
             ("fairness/vtc.py", "VTC.dispatch"),
@@ -224,34 +276,57 @@ ASSIGNMENTS = (
             ("fairness/vtc.py", "VTC.on_finish"),
         ),
         A4_RUBRIC,
-        2.5,
-        "Lessons 5 (the pick, the lift, the prompt charge), 8 (prediction and refunds, weights, "
-        "the profiled h), 10 (readmission), 11 (fair preemption's lift) and 13 (w_c, cached "
-        "prompt tokens); graded by exact counters for each mechanism, Lemma 4.3, Theorems 4.4, "
-        "4.8 and 4.9 and the LCF counterexample",
+        1.25,
+        "Lessons 5 (the pick, the lift, the charges) and 7 (Theorem 4.9); graded by exact "
+        "counters for each mechanism, Lemma 4.3, Theorems 4.4, 4.8 and 4.9 and the LCF "
+        "counterexample",
         graded=("test_a4_charges.py", "test_a4_pick.py", "test_a4_theorems.py"),
+    ),
+    Assignment(
+        "a4b_variants",
+        "VTC extended: the profiled cost, prediction and refund, weights, blocks on demand, "
+        "fair preemption's lift, cached tokens",
+        (
+            ("fairness/vtc.py", "VTC.peek"),
+            ("fairness/vtc.py", "VTC.dispatch"),
+            ("fairness/vtc.py", "VTC.lift_counter"),
+            ("fairness/vtc.py", "VTC.charge_outputs"),
+            ("fairness/vtc.py", "VTC.on_finish"),
+            ("engine/engine.py", "Engine.step"),
+        ),
+        A4B_RUBRIC,
+        1.5,
+        "Lessons 8 (the profiled h, prediction and refunds, weights), 10 (blocks on demand, "
+        "readmission), 11 (fair preemption's lift) and 13 (w_c, cached prompt tokens), on a4's "
+        "VTC and a3's step; graded by exact counters for each mechanism and weighted VTC's "
+        "bound and shares",
+        graded=("test_a4b_variants.py", "test_a4b_memory.py"),
     ),
     Assignment(
         "a5_metric",
         "The paper's metric: Table 2's Max / Avg / Var Diff",
         (("sim/metrics.py", "table_metrics"),),
         (
-            line("Table 2's rows, from the artifact's runs", "test_table_2_rows"),
+            line("Table 2's rows, from the artifact's runs", "test_table_2_rows", lesson=4),
             line(
                 "no difference for clients served alike",
                 "test_clients_served_alike_and_as_demanded_have_no_difference",
+                lesson=4,
             ),
             line(
                 "throughput over the served span",
                 "test_without_a_total_time_throughput_is_over_the_served_span",
+                lesson=4,
             ),
             line(
                 "a starved client's difference, capped by its demand",
                 "test_a_starved_client_counts_up_to_its_demand",
+                lesson=4,
             ),
         ),
         1.0,
-        "Lessons 4 and 6; graded against the artifact's measured A10G runs",
+        "Lesson 4 (Lesson 6 applies it to the paper's runs); graded against the artifact's "
+        "measured A10G runs",
     ),
     Assignment(
         "a6_fair",

@@ -2,7 +2,8 @@
 
 Graded through the engine: with the course harness's stand-in runner (one token per running
 request per step) for admission, head-of-line blocking and freeing; with a small real model
-for the tokens (continuous batching gives each request the tokens of generating it alone)."""
+for the tokens (continuous batching gives each request the tokens of generating it alone).
+A step under blocks on demand (Lesson 10) is a4b's (`test_a4b_memory.py`)."""
 
 from __future__ import annotations
 
@@ -86,26 +87,6 @@ def test_a_step_ends_by_checking_the_invariants():
     engine.add_request([5] * 4, SamplingParams(max_tokens=3, ignore_eos=True))
     with pytest.raises(AssertionError, match="invariants were checked"):
         engine.step()
-
-
-def test_with_blocks_on_demand_a_step_grows_the_blocks_it_writes():
-    """With blocks on demand (reservation "none"), each step first gives the positions it
-    writes their blocks."""
-    engine = unit_engine(kv_tokens=64, block_size=4, reservation="none")
-    r = engine.add_request([5] * 3, SamplingParams(max_tokens=9, ignore_eos=True))
-    for n in range(1, 10):
-        engine.step()
-        if r.finish_reason is None:
-            held = len(engine.allocator.block_tables[r.request_id])
-            written = r.num_tokens - 1  # (the last token's K/V is written by the next step)
-            assert held * 4 >= written, (
-                f"after {n} steps the request wrote {written} positions but holds {held} blocks "
-                "of 4: a step must grow the blocks first (Engine.grow)"
-            )
-    assert r.output_ids == [7] * 9 and engine.allocator.num_free_blocks == 16, (
-        f"the request got {len(r.output_ids)} of 9 tokens, {engine.allocator.num_free_blocks} "
-        "of 16 blocks free at the end (Engine.step: grow, run, append, retire)"
-    )
 
 
 def test_one_step_admits_runs_appends_and_retires():
