@@ -144,6 +144,51 @@ A6_RUBRIC = (
     ),
 )
 
+# The design assignments: settings the package does not cover, graded by properties on
+# workloads drawn from the instructor's hidden seed (`graded/design_bench.py`).
+D1_RUBRIC = (
+    line(
+        "a Scheduler with a stated bound, within 4U and near its worst gap",
+        "test_it_is_a_scheduler_and_states_its_bound",
+        "test_the_stated_bound_is_reached_on_an_adversarial_workload",
+    ),
+    line(
+        "the quota: never exceeded, a request that never fits refused, arrival order",
+        "test_no_client_ever_holds_more_than_its_quota",
+        "test_a_request_larger_than_its_quota_is_refused",
+    ),
+    line("nothing held back that has room in its quota", "test_nothing_is_held_back_that_has_room"),
+    line(
+        "equal shares for clients without a quota, beside a capped one",
+        "test_clients_without_a_quota_share_equally_beside_a_capped_one",
+    ),
+    line(
+        "a bounded gap on hidden random and adversarial workloads",
+        "test_the_gap_stays_within_your_bound_on_random_workloads",
+        "test_the_gap_stays_within_your_bound_on_adversarial_workloads",
+    ),
+)
+D2_RUBRIC = (
+    line("a Scheduler with both bounds stated", "test_it_is_a_scheduler_and_states_its_bounds"),
+    line(
+        "work conservation, each user's requests in order",
+        "test_it_never_idles_while_a_request_waits",
+    ),
+    line(
+        "tenants share equally whatever their number of users",
+        "test_tenants_share_equally_whatever_their_number_of_users",
+    ),
+    line(
+        "users share their tenant's service equally",
+        "test_users_of_a_tenant_share_equally_whatever_their_request_sizes",
+    ),
+    line(
+        "bounded gaps, tenants and users, on hidden random and adversarial workloads",
+        "test_the_gaps_stay_within_your_bounds_on_random_workloads",
+        "test_the_gaps_stay_within_your_bounds_on_adversarial_workloads",
+    ),
+)
+
 ASSIGNMENTS = (
     Assignment(
         "a1_llama",
@@ -268,6 +313,37 @@ ASSIGNMENTS = (
             ("fairness/drr.py", "DRR.peek"),
             ("fairness/drr.py", "DRR.dispatch"),
             ("fairness/drr.py", "DRR.on_decode"),
+        ),
+    ),
+    Assignment(
+        "d1_quota",
+        "Design: fairness under per-client quotas of the memory, with its bound",
+        (),
+        D1_RUBRIC,
+        3.5,
+        "Lessons 3 (full reservation) and 5 (Algorithm 2, Lemma 4.3, the lift); graded by the "
+        "quota, work conservation and the gap between clients without a quota, on hidden workloads",
+        own_file="course/design/quota.py",
+        answer=tuple(
+            ("course/instructor/quota_answer.py", f"QuotaVTC.{m}")
+            for m in ("add", "peek", "dispatch", "on_decode", "on_finish", "remove", "requeue")
+            + ("update", "has_room", "floor", "gap_bound")
+        ),
+    ),
+    Assignment(
+        "d2_tenants",
+        "Design: fairness between tenants and between each tenant's users, with its bounds",
+        (),
+        D2_RUBRIC,
+        3.5,
+        "Lessons 5 (Algorithm 2, Lemma 4.3, the lift) and 8 (weights, for contrast); graded by "
+        "shares and gaps at both levels, on hidden workloads",
+        own_file="course/design/tenants.py",
+        answer=tuple(
+            ("course/instructor/tenants_answer.py", q)
+            for q in ("Counters.arrive", "Counters.depart", "Counters.least", "Counters.floor")
+            + tuple(f"TenantVTC.{m}" for m in ("add", "peek", "dispatch", "on_decode", "remove"))
+            + tuple(f"TenantVTC.{m}" for m in ("requeue", "charge", "arrive", "depart"))
         ),
     ),
 )

@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 
 from minivtc.course.assignments import ASSIGNMENTS
+from minivtc.course.design.skeletons import SKELETONS
 from minivtc.course.surgery import find, is_docstring, stub
 
 PACKAGE = Path(__file__).resolve().parents[1]  # minivtc/
@@ -48,8 +49,8 @@ def release(out: str | Path) -> Path:
             path.write_text(stub(path.read_text(), qualname, message))
         if a.own_file is not None:
             path = out / "minivtc" / a.own_file
-            path.write_text(skeleton(path.read_text(), a.key))
-        for file in sorted({f for f, _ in a.answer}):
+            path.write_text(skeleton(path.read_text(), a.key, SKELETONS.get(a.own_file, SKELETON)))
+        for file in sorted({f for f, _ in a.answer} - set(instructor_only(a))):
             (out / "minivtc" / file).write_text(placeholder(a.key))
     for file in sorted({f for a in ASSIGNMENTS for f, _ in a.functions}):
         kept = out / RELEASED / file
@@ -65,14 +66,23 @@ def release(out: str | Path) -> Path:
     return out
 
 
-def skeleton(source: str, key: str) -> str:
-    """An own-file assignment's file for the edition: its docstring (the task) and an empty
-    `FairPolicy`, every method raising NotImplementedError."""
+def skeleton(source: str, key: str, empty: str) -> str:
+    """An own-file assignment's file for the edition: its docstring (the task) and `empty`
+    (`SKELETON`, an empty `FairPolicy`, or a design assignment's: `design/skeletons.py`),
+    every method raising NotImplementedError."""
     tree = ast.parse(source)
     if not tree.body or not is_docstring(tree.body[0]):
         raise ValueError(f"{key}'s file must open with its docstring: the task")
     docstring = "".join(source.splitlines(keepends=True)[: tree.body[0].end_lineno])
-    return docstring + SKELETON.replace("MESSAGE", repr(f"Assignment {key}: write FairPolicy"))
+    name = re.search(r"^class (\w+)", empty, re.MULTILINE)
+    message = f"Assignment {key}: write {name.group(1) if name else 'your policy'}"
+    return docstring + empty.replace("MESSAGE", repr(message))
+
+
+def instructor_only(a) -> list[str]:
+    """`a`'s answer files kept in `course/instructor/`, which the edition leaves out whole
+    (the design assignments'): no placeholder is written for them."""
+    return [f for f, _ in a.answer if f.startswith("course/instructor/")]
 
 
 SKELETON = """
@@ -167,7 +177,8 @@ def without_solutions(notebook: Path) -> None:
 
 def what_to_write(a) -> str:
     if a.own_file is not None:
-        return f"`minivtc/{a.own_file}`: `FairPolicy`, the whole file"
+        name = "FairPolicy" if a.own_file == "course/capstone.py" else "the policy"
+        return f"`minivtc/{a.own_file}`: {name}, the whole file"
     return ", ".join(f"`minivtc/{f}`: `{q}`" for f, q in a.functions)
 
 
