@@ -320,7 +320,7 @@ ASSIGNMENTS = (
         "Design: fairness under per-client quotas of the memory, with its bound",
         (),
         D1_RUBRIC,
-        3.5,
+        3.0,
         "Lessons 3 (full reservation) and 5 (Algorithm 2, Lemma 4.3, the lift); graded by the "
         "quota, work conservation and the gap between clients without a quota, on hidden workloads",
         own_file="course/design/quota.py",
@@ -335,7 +335,7 @@ ASSIGNMENTS = (
         "Design: fairness between tenants and between each tenant's users, with its bounds",
         (),
         D2_RUBRIC,
-        3.5,
+        3.0,
         "Lessons 5 (Algorithm 2, Lemma 4.3, the lift) and 8 (weights, for contrast); graded by "
         "shares and gaps at both levels, on hidden workloads",
         own_file="course/design/tenants.py",
