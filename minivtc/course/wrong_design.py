@@ -135,8 +135,7 @@ D1 = [
     ),
     Wrong(
         "d1_quota",
-        "VTC whose peek skips capped clients, lifted to the smallest counter of any waiting "
-        "client (a capped one, far behind, included)",
+        "VTC whose peek skips capped clients, lifted to any waiting client's least counter",
         own_file=SKIPPING_VTC,
     ),
     wrong("d1_quota", "no prompt charge", drop(Q_DISPATCH, "_.counters[_] += _")),
