@@ -5,8 +5,8 @@ their bodies with `raise NotImplementedError`; grading an assignment runs its gr
 (`test_files`: `graded/test_<key>.py`, or the files it names) on the reference package with
 just those functions taken from the student's edition, so an assignment is graded on its own,
 whatever the student did elsewhere.
-The capstone is a file the student writes whole (`own_file`); its instructor's answer
-(`answer`, Deficit Round Robin) is not in the edition.
+The capstone and the design assignments (d1, d2) are files the student writes whole
+(`own_file`); their instructors' answers (`answer`: DRR, `course/instructor/`) are not in it.
 """
 
 from __future__ import annotations
@@ -327,7 +327,7 @@ ASSIGNMENTS = (
         answer=tuple(
             ("course/instructor/quota_answer.py", f"QuotaVTC.{m}")
             for m in ("add", "peek", "dispatch", "on_decode", "on_finish", "remove", "requeue")
-            + ("update", "has_room", "floor", "gap_bound")
+            + ("update", "has_room", "floor")
         ),
     ),
     Assignment(

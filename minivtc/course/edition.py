@@ -239,6 +239,12 @@ instructor runs it with the reference package).
 The capstone, a6, is yours: `minivtc/course/capstone.py` says what a fair policy must do and
 how it is graded; write `FairPolicy` and state its bound (`gap_bound` and `BOUND`).
 
+The design assignments, d1 and d2, are yours too, in settings this package does not cover:
+`minivtc/course/design/quota.py` (per-client quotas) and `minivtc/course/design/tenants.py`
+(tenants of several users) each state the task; write the policy and its bound. `minivtc
+course test d1` runs them on public example workloads (`design_bench.PUBLIC_SEEDS`); grading
+runs the same properties on workloads drawn from a seed this edition does not hold.
+
 Install this edition, and only this edition: `pip install -e '.[dev]'` from this directory
 (in a fresh virtual environment). Do not install the repository's own package: it holds the
 reference answers, and where both are installed you cannot tell which one your lessons and
