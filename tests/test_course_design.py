@@ -27,7 +27,7 @@ def test_the_design_assignments_come_last_with_their_answers_in_the_instructor_f
         assert all(f.startswith("course/instructor/") for f, _ in a.answer), a.key
 
 
-@pytest.mark.slow  # a grading each (about 10 s); the graded tests run on the answer in the quick run
+@pytest.mark.slow  # a grading each (about 10 s); the quick run runs the graded tests themselves
 @pytest.mark.parametrize("a", DESIGN, ids=lambda a: a.key)
 def test_the_grader_gives_the_instructor_s_answer_full_marks(a):
     grade = grade_one(a, None)

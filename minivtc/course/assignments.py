@@ -144,8 +144,7 @@ A6_RUBRIC = (
     ),
 )
 
-# The design assignments: settings the package does not cover, graded by properties on
-# workloads drawn from the instructor's hidden seed (`graded/design_bench.py`).
+# The design assignments (d1, d2): graded by properties on hidden workloads (design_bench.py)
 D1_RUBRIC = (
     line(
         "a Scheduler with a stated bound, within 4U and near its worst gap",
@@ -153,9 +152,10 @@ D1_RUBRIC = (
         "test_the_stated_bound_is_reached_on_an_adversarial_workload",
     ),
     line(
-        "the quota: never exceeded, a request that never fits refused, arrival order",
+        "the quota: never exceeded, a request that never fits refused, room back on preemption",
         "test_no_client_ever_holds_more_than_its_quota",
         "test_a_request_larger_than_its_quota_is_refused",
+        "test_a_preempted_request_gives_its_room_back_and_an_aborted_one_is_forgotten",
     ),
     line("nothing held back that has room in its quota", "test_nothing_is_held_back_that_has_room"),
     line(
@@ -171,8 +171,9 @@ D1_RUBRIC = (
 D2_RUBRIC = (
     line("a Scheduler with both bounds stated", "test_it_is_a_scheduler_and_states_its_bounds"),
     line(
-        "work conservation, each user's requests in order",
+        "work conservation, each user's requests in order, requeued and removed ones too",
         "test_it_never_idles_while_a_request_waits",
+        "test_a_preempted_request_waits_first_again_and_an_aborted_one_is_forgotten",
     ),
     line(
         "tenants share equally whatever their number of users",

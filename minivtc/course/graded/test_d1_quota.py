@@ -93,11 +93,37 @@ def test_no_client_ever_holds_more_than_its_quota(seed):
 
 
 def test_a_request_larger_than_its_quota_is_refused():
-    """add returns a reason for a request whose prompt + max_tokens exceeds its quota, and
-    takes one that fits exactly."""
-    watch, _, refused = run([Arrival(0.0, "c", 15, 6), Arrival(0.0, "c", 15, 5)], 64, {"c": 20})
+    """add returns a reason for a request whose prompt + max_tokens exceeds its quota, and two
+    requests that fill the quota exactly run together."""
+    arrivals = [Arrival(0.0, "c", 15, 6), Arrival(0.0, "c", 5, 5), Arrival(0.0, "c", 5, 5)]
+    watch, _, refused = run(arrivals, 64, {"c": 20})
     assert not watch.broken, watch.broken[0]
     assert [a.output for a, _ in refused] == [6], f"refused {refused}, expected the 21-token one"
+    assert watch.most.get("c") == 20, f"c held at most {watch.most.get('c')} of its quota 20"
+
+
+def test_a_preempted_request_gives_its_room_back_and_an_aborted_one_is_forgotten():
+    """As the engine calls them: a request preempted (`requeue`) waits again at the head of its
+    client's queue and no longer holds its quota; one aborted while waiting (`remove`) is gone."""
+    from minivtc.requests.params import SamplingParams
+    from minivtc.requests.request import Request, Status
+
+    policy = QuotaPolicy({"c": 20})
+    first, second, third = (
+        Request(f"r{i}", "c", [5] * 5, SamplingParams(max_tokens=15, ignore_eos=True), 0.0)
+        for i in range(3)
+    )
+    for r in (first, second, third):
+        assert policy.add(r, 0.0) is None, "a request of 20 tokens fits a quota of 20"
+    assert policy.peek() is first, "peek offers c's first request"
+    first.status = Status.RUNNING
+    policy.dispatch(first)
+    assert policy.peek() is None, "c holds its whole quota: nothing of c may be offered"
+    first.num_preemptions, first.status = 1, Status.WAITING
+    policy.requeue(first)  # preempted: its memory, and so its quota, is free again
+    assert policy.peek() is first, "a preempted request waits again, first, and c has room"
+    policy.remove(second)  # aborted while waiting
+    assert [r.request_id for r in policy.waiting()] == ["r0", "r2"], "remove forgets r1"
 
 
 @pytest.mark.parametrize("seed", SEEDS)

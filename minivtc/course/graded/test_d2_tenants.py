@@ -75,6 +75,29 @@ def test_it_is_a_scheduler_and_states_its_bounds():
     assert words >= 40, f"BOUND has {words} words: state your bounds and argue for them"
 
 
+def test_a_preempted_request_waits_first_again_and_an_aborted_one_is_forgotten():
+    """As the engine calls them: a request preempted (`requeue`) is offered again before its
+    user's later ones; one aborted while waiting (`remove`) is gone, and its user with it."""
+    from minivtc.requests.params import SamplingParams
+    from minivtc.requests.request import Request, Status
+
+    policy = TenantPolicy()
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    first, second = (Request(f"r{i}", "T/a", [5] * 4, params, 0.0) for i in range(2))
+    other = Request("r2", "T/b", [5] * 4, params, 0.0)
+    for r in (first, second, other):
+        policy.add(r, 0.0)
+    assert policy.peek() is first, "peek offers the first request of the first user"
+    first.status = Status.RUNNING
+    policy.dispatch(first)
+    first.num_preemptions, first.status = 1, Status.WAITING
+    policy.requeue(first)
+    policy.remove(other)  # aborted while waiting: T/b waits no more
+    assert policy.peek() is first, "a preempted request waits again at the head of its user's"
+    policy.remove(second)
+    assert [r.request_id for r in policy.waiting()] == ["r0"], "remove forgets r1 and r2"
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_it_never_idles_while_a_request_waits(seed):
     """On a random workload: peek never gives None while a request waits, and each user's
@@ -144,7 +167,14 @@ def flood_across_users() -> tuple[list[Arrival], int]:
     return first + [Arrival(0.5, f"{t}/{u}", 1, m - 1) for t in "FG" for u in "abc"], m
 
 
-ADVERSARIAL = [tenant_comes_and_goes, user_comes_and_goes, flood_across_users]
+def joins_an_empty_queue() -> tuple[list[Arrival], int]:
+    """Tenant A sends 20 at once and 30 more at 35; tenant B's first 30 come at 34, when A's
+    are all running and none waits: B must join at the level of the last to leave, not at 0."""
+    a = [Arrival(0.0, "A/x", 8, 8) for _ in range(20)] + [Arrival(35.0, "A/x", 8, 8)] * 30
+    return a + [Arrival(34.0, "B/x", 8, 8) for _ in range(30)], 64
+
+
+ADVERSARIAL = [tenant_comes_and_goes, user_comes_and_goes, flood_across_users, joins_an_empty_queue]
 
 
 @pytest.mark.parametrize("make", ADVERSARIAL, ids=lambda f: f.__name__)
