@@ -96,6 +96,7 @@ def test_a_preempted_request_waits_first_again_and_an_aborted_one_is_forgotten()
     assert policy.peek() is first, "a preempted request waits again at the head of its user's"
     policy.remove(second)
     assert [r.request_id for r in policy.waiting()] == ["r0"], "remove forgets r1 and r2"
+    assert policy.peek() is first, "the preempted request, the only one waiting, is offered"
 
 
 @pytest.mark.parametrize("seed", SEEDS)
