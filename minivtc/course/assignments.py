@@ -5,8 +5,8 @@ their bodies with `raise NotImplementedError`; grading an assignment runs its gr
 (`test_files`: `graded/test_<key>.py`, or the files it names) on the reference package with
 just those functions taken from the student's edition, so an assignment is graded on its own,
 whatever the student did elsewhere.
-The capstone is a file the student writes whole (`own_file`); its instructor's answer
-(`answer`, Deficit Round Robin) is not in the edition.
+The capstone and the design assignments (d1, d2) are files the student writes whole
+(`own_file`); their instructors' answers (`answer`: DRR, `course/instructor/`) are not in it.
 """
 
 from __future__ import annotations
@@ -182,6 +182,68 @@ A6_RUBRIC = (
     ),
 )
 
+# The design assignments (d1, d2): graded by properties on hidden workloads (design_bench.py)
+D1_RUBRIC = (
+    line(
+        "a Scheduler with a stated bound, within 4U and near its worst gap",
+        "test_it_is_a_scheduler_and_states_its_bound",
+        "test_the_stated_bound_is_reached_on_an_adversarial_workload",
+        lesson=5,
+    ),
+    line(
+        "the quota: never exceeded, a request that never fits refused, room back on preemption",
+        "test_no_client_ever_holds_more_than_its_quota",
+        "test_a_request_larger_than_its_quota_is_refused",
+        "test_a_preempted_request_gives_its_room_back_and_an_aborted_one_is_forgotten",
+        lesson=10,
+    ),
+    line(
+        "nothing held back that has room in its quota",
+        "test_nothing_is_held_back_that_has_room",
+        lesson=5,
+    ),
+    line(
+        "equal shares for clients without a quota, beside a capped one",
+        "test_clients_without_a_quota_share_equally_beside_a_capped_one",
+        lesson=5,
+    ),
+    line(
+        "a bounded gap on hidden random and adversarial workloads",
+        "test_the_gap_stays_within_your_bound_on_random_workloads",
+        "test_the_gap_stays_within_your_bound_on_adversarial_workloads",
+        lesson=5,
+    ),
+)
+D2_RUBRIC = (
+    line(
+        "a Scheduler with both bounds stated",
+        "test_it_is_a_scheduler_and_states_its_bounds",
+        lesson=8,
+    ),
+    line(
+        "work conservation, each user's requests in order, requeued and removed ones too",
+        "test_it_never_idles_while_a_request_waits",
+        "test_a_preempted_request_waits_first_again_and_an_aborted_one_is_forgotten",
+        lesson=8,
+    ),
+    line(
+        "tenants share equally whatever their number of users",
+        "test_tenants_share_equally_whatever_their_number_of_users",
+        lesson=8,
+    ),
+    line(
+        "users share their tenant's service equally",
+        "test_users_of_a_tenant_share_equally_whatever_their_request_sizes",
+        lesson=8,
+    ),
+    line(
+        "bounded gaps, tenants and users, on hidden random and adversarial workloads",
+        "test_the_gaps_stay_within_your_bounds_on_random_workloads",
+        "test_the_gaps_stay_within_your_bounds_on_adversarial_workloads",
+        lesson=8,
+    ),
+)
+
 ASSIGNMENTS = (
     Assignment(
         "a1_llama",
@@ -343,6 +405,37 @@ ASSIGNMENTS = (
             ("fairness/drr.py", "DRR.peek"),
             ("fairness/drr.py", "DRR.dispatch"),
             ("fairness/drr.py", "DRR.on_decode"),
+        ),
+    ),
+    Assignment(
+        "d1_quota",
+        "Design: fairness under per-client quotas of the memory, with its bound",
+        (),
+        D1_RUBRIC,
+        3.0,
+        "Lessons 3 (full reservation) and 5 (Algorithm 2, Lemma 4.3, the lift); graded by the "
+        "quota, work conservation and the gap between clients without a quota, on hidden workloads",
+        own_file="course/design/quota.py",
+        answer=tuple(
+            ("course/instructor/quota_answer.py", f"QuotaVTC.{m}")
+            for m in ("add", "peek", "dispatch", "on_decode", "on_finish", "remove", "requeue")
+            + ("update", "has_room", "floor")
+        ),
+    ),
+    Assignment(
+        "d2_tenants",
+        "Design: fairness between tenants and between each tenant's users, with its bounds",
+        (),
+        D2_RUBRIC,
+        3.0,
+        "Lessons 5 (Algorithm 2, Lemma 4.3, the lift) and 8 (weights, for contrast); graded by "
+        "shares and gaps at both levels, on hidden workloads",
+        own_file="course/design/tenants.py",
+        answer=tuple(
+            ("course/instructor/tenants_answer.py", q)
+            for q in ("Counters.arrive", "Counters.depart", "Counters.least", "Counters.floor")
+            + tuple(f"TenantVTC.{m}" for m in ("add", "peek", "dispatch", "on_decode", "remove"))
+            + tuple(f"TenantVTC.{m}" for m in ("requeue", "charge", "arrive", "depart"))
         ),
     ),
 )

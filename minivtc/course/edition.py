@@ -19,6 +19,7 @@ from pathlib import Path
 
 from minivtc.course.assignments import ASSIGNMENTS
 from minivtc.course.staff import TAG, compiled
+from minivtc.course.design.skeletons import SKELETONS
 from minivtc.course.surgery import find, is_docstring, stub
 
 PACKAGE = Path(__file__).resolve().parents[1]  # minivtc/
@@ -56,8 +57,8 @@ def release(out: str | Path) -> Path:
             path.write_text(stub(path.read_text(), qualname, message))
         if a.own_file is not None:
             path = out / "minivtc" / a.own_file
-            path.write_text(skeleton(path.read_text(), a.key))
-        for file in sorted({f for f, _ in a.answer}):
+            path.write_text(skeleton(path.read_text(), a.key, SKELETONS.get(a.own_file, SKELETON)))
+        for file in sorted({f for f, _ in a.answer} - set(instructor_only(a))):
             (out / "minivtc" / file).write_text(placeholder(a.key))
     for file in sorted({f for a in ASSIGNMENTS for f, _ in a.functions}):
         kept = out / RELEASED / file
@@ -74,14 +75,23 @@ def release(out: str | Path) -> Path:
     return out
 
 
-def skeleton(source: str, key: str) -> str:
-    """An own-file assignment's file for the edition: its docstring (the task) and an empty
-    `FairPolicy`, every method raising NotImplementedError."""
+def skeleton(source: str, key: str, empty: str) -> str:
+    """An own-file assignment's file for the edition: its docstring (the task) and `empty`
+    (`SKELETON`, an empty `FairPolicy`, or a design assignment's: `design/skeletons.py`),
+    every method raising NotImplementedError."""
     tree = ast.parse(source)
     if not tree.body or not is_docstring(tree.body[0]):
         raise ValueError(f"{key}'s file must open with its docstring: the task")
     docstring = "".join(source.splitlines(keepends=True)[: tree.body[0].end_lineno])
-    return docstring + SKELETON.replace("MESSAGE", repr(f"Assignment {key}: write FairPolicy"))
+    name = re.search(r"^class (\w+)", empty, re.MULTILINE)
+    message = f"Assignment {key}: write {name.group(1) if name else 'your policy'}"
+    return docstring + empty.replace("MESSAGE", repr(message))
+
+
+def instructor_only(a) -> list[str]:
+    """`a`'s answer files kept in `course/instructor/`, which the edition leaves out whole
+    (the design assignments'): no placeholder is written for them."""
+    return [f for f, _ in a.answer if f.startswith("course/instructor/")]
 
 
 SKELETON = """
@@ -217,7 +227,8 @@ def wrapped(data: str, width: int = 88) -> str:
 
 def what_to_write(a) -> str:
     if a.own_file is not None:
-        return f"`minivtc/{a.own_file}`: `FairPolicy`, the whole file"
+        name = "FairPolicy" if a.own_file == "course/capstone.py" else "the policy"
+        return f"`minivtc/{a.own_file}`: {name}, the whole file"
     return ", ".join(f"`minivtc/{f}`: `{q}`" for f, q in a.functions)
 
 
@@ -284,6 +295,12 @@ it with the reference package).
 
 The capstone, a6, is yours: `minivtc/course/capstone.py` says what a fair policy must do and
 how it is graded; write `FairPolicy` and state its bound (`gap_bound` and `BOUND`).
+
+The design assignments, d1 and d2, are yours too, in settings this package does not cover:
+`minivtc/course/design/quota.py` (per-client quotas) and `minivtc/course/design/tenants.py`
+(tenants of several users) each state the task; write the policy and its bound. `minivtc
+course test d1` runs them on public example workloads (`design_bench.PUBLIC_SEEDS`); grading
+runs the same properties on workloads drawn from a seed this edition does not hold.
 
 Install this edition, and only this edition: `pip install -e '.[dev]'` from this directory
 (in a fresh virtual environment). Do not install the repository's own package: it holds the

@@ -33,9 +33,9 @@ from pathlib import Path
 from minivtc.course import sandbox
 from minivtc.course.assignments import ASSIGNMENTS, Assignment
 from minivtc.course.channel import TIMED_OUT
-from minivtc.course.edition import PACKAGE, RELEASED, REPOSITORY, placeholder
+from minivtc.course.edition import PACKAGE, RELEASED, REPOSITORY
 from minivtc.course.feedback import read_regular, read_report, read_reported
-from minivtc.course.rules import REFERENCE_POLICIES, out_of_reach, refusals
+from minivtc.course.rules import put_out_of_reach, refusals
 from minivtc.course.surgery import take
 from minivtc.course.testrun import (
     SPEC,
@@ -191,9 +191,7 @@ def take_submission(a: Assignment, edition: Path, root: Path, whole: tuple[str, 
         target.write_text(source)
         notes += [f"{file}: {n}" for n in left]
     if a.own_file is not None:
-        for file in REFERENCE_POLICIES:
-            text = placeholder(a.key) if file in {f for f, _ in a.answer} else None
-            (root / "minivtc" / file).write_text(text or out_of_reach(a.key, file))
+        put_out_of_reach(a, root / "minivtc")
     for file in ((a.own_file,) if a.own_file else ()) + whole:
         text = (edition / "minivtc" / file).read_text()
         compile(text, file, "exec")  # a SyntaxError is the submission's, named in the note
