@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import importlib
 import json
 import os
 import sys
@@ -31,13 +32,15 @@ from typing import Any
 import pytest
 
 from minivtc.course import sandbox
-from minivtc.course.channel import TIMED_OUT, ChannelError, receive, resolve, send
+from minivtc.course.channel import TIMED_OUT, ChannelError, Remote, receive, resolve, send
 from minivtc.course.codec import Codec
 from minivtc.course.testrun import SPEC  # {"root", "modules", "functions", "own", "deadline"}
 
 CALL_LIMIT_S = 60.0  # one call of a student's function (a step, a dispatch) takes far less
 START_LIMIT_S = 120.0  # the worker's start: importing torch and the student's modules
 KEY = pytest.StashKey["Session"]()
+BOUND = object()  # the answer to a read of a method (`Session.get`)
+METHODS = (types.FunctionType, property, staticmethod, classmethod, type)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -60,10 +63,13 @@ class Session:
     def __init__(self, spec: dict) -> None:
         self.spec = spec
         self.deadline = float(spec["deadline"])  # time.monotonic(), shared with the grader
-        self.codec = Codec(trusted=True)
+        live = spec.get("live")  # a4's and a6's: the policies stay in the sandbox
+        self.codec = Codec(trusted=True, live=self.remote if live is not None else None)
         self.process: Any = None
         self.scratch = tempfile.TemporaryDirectory(prefix="minivtc-worker-")
         self.description: dict = {}
+        self.handles: dict[int, Remote] = {}  # handle -> the stand-in of what lives there
+        self.classes: dict[str, type] = {}  # a class in the sandbox -> its stand-in here
 
     def install(self) -> None:
         """Each asked-for function replaced by its proxy; a whole file by stand-ins."""
@@ -73,12 +79,17 @@ class Session:
             holder = resolve(":".join([module, ".".join(path)])) if path else resolve(module + ":")
             original = getattr(holder, name)
             setattr(holder, name, functools.wraps(original)(self.proxy(target)))
-        if self.spec.get("own"):
-            self.stand_ins(self.spec["own"])
+        if self.spec.get("own") or self.spec.get("live"):
+            self.stand_ins(self.spec.get("own"))
 
-    def stand_ins(self, own: str) -> None:
-        module = sys.modules.get(own) or __import__(own, fromlist=["_"])
+    def stand_ins(self, own: str | None) -> None:
         described = self.start()
+        for target, cls in described.get("live", {}).items():  # a4's VTC, the tests make
+            where, _, name = target.partition(":")
+            setattr(importlib.import_module(where), name, self.stand_in(where, name, cls))
+        if own is None:
+            return
+        module = importlib.import_module(own)
         for name, value in described.get("constants", {}).items():
             setattr(module, name, value)
         for name in described.get("functions", []):
@@ -87,13 +98,56 @@ class Session:
             setattr(module, name, self.stand_in(own, name, cls))
 
     def stand_in(self, own: str, name: str, cls: dict) -> type:
-        """A class whose methods run the student's, in the sandbox."""
+        """A class whose methods run the student's, in the sandbox. Live (a4, a6): making one
+        makes the object there, and the stand-in holds its handle (`Remote`)."""
         bases = tuple(self.base(b) for b in cls["bases"]) or (object,)
         space: dict[str, Any] = {"__module__": own, "__qualname__": name}
         space |= {k: self.codec.decode(v) for k, v in cls["constants"].items()}
         space |= {m: self.proxy(f"{own}:{name}.{m}") for m in cls["methods"]}
         space |= {p: property(self.proxy(f"{own}:{name}.{p}.fget")) for p in cls["properties"]}
-        return types.new_class(name, bases, {}, lambda ns: ns.update(space))
+        if self.codec.live is not None:
+            made = self.proxy(f"{own}:{name}")
+            space |= {n: Forwarded(n, v) for n, v in class_data(bases).items() if n not in space}
+            space |= {n: Forwarded(n, space[n]) for n in cls["constants"]}
+            space |= {"__new__": lambda _, *a, **k: made(*a, **k), "session": self}
+            space["__init__"] = lambda *_, **__: None  # (made there by `__new__`)
+            bases = (Remote, *bases)
+        found = types.new_class(name, bases, {}, lambda ns: ns.update(space))
+        self.classes[f"{own}:{name}"] = found
+        return found
+
+    def remote(self, handle: int, name: str) -> Remote:
+        """The stand-in for the object with `handle` in the sandbox, of class `name` (made
+        the first time it is seen: a stand-in class of its own where none was described,
+        every attribute read there)."""
+        if handle in self.handles:
+            return self.handles[handle]
+        if handle >= 0:
+            raise ChannelError(f"a handle the sandbox never gives ({handle})")
+        if name not in self.classes:
+            module, _, qualname = name.partition(":")
+            space = {"__module__": module, "session": self}
+            self.classes[name] = types.new_class(qualname, (Remote,), {}, lambda ns: ns.update(space))
+        made = object.__new__(self.classes[name])
+        object.__setattr__(made, "handle", handle)
+        self.handles[handle] = made
+        return made
+
+    def get(self, kept: Remote, name: str) -> Any:
+        """Attribute `name` of an object in the sandbox: a copy of its value, its stand-in, or
+        (a method) a function that calls it there."""
+        found = self.ask({"get": name, "self": kept.handle}, (), {})
+        if found is not BOUND:
+            return found
+
+        def method(*args: Any, **kwargs: Any) -> Any:
+            return self.ask({"method": name, "self": kept.handle}, args, kwargs)
+
+        method.__qualname__ = method.__name__ = name
+        return method
+
+    def set(self, kept: Remote, name: str, value: Any) -> None:
+        self.ask({"set": name, "self": kept.handle}, (value,), {})
 
     def base(self, name: str) -> type:
         try:
@@ -110,16 +164,23 @@ class Session:
         return call
 
     def call(self, target: str, args: tuple, kwargs: dict) -> Any:
+        return self.ask({"call": target}, args, kwargs)
+
+    def ask(self, message: dict, args: tuple, kwargs: dict) -> Any:
+        """Send a call (or a read, a write) and take its answer: the result, with the
+        arguments' new state copied onto them."""
         if self.process is None:
             self.start()
         sent = list(args)
-        send(self.outbox, {"call": target, "args": self.codec.encode([sent, kwargs])})
+        send(self.outbox, message | {"args": self.codec.encode([sent, kwargs])})
         try:
             reply = self.await_reply()
             if "raised" in reply:
                 if "state" in reply:
                     self.codec.decode(reply["state"])
                 raise rebuilt(reply["raised"])
+            if reply.get("bound") is True:
+                return BOUND
             result, _, _ = self.codec.decode(reply["ok"])
         except ChannelError as e:
             self.stop()
@@ -141,6 +202,9 @@ class Session:
         """Call the test's function the worker holds as opaque: only a function of the
         package (a test's clock), never anything else the grader's side holds."""
         function = self.codec.known(message["callback"], object)
+        method = message.get("method")
+        if type(method) is str and not method.startswith("_"):
+            function = getattr(function, method)  # a method of the tests' own helper
         inner = getattr(function, "__func__", function)
         if not isinstance(inner, types.FunctionType) or not (inner.__module__ or "").startswith(
             "minivtc."
@@ -165,9 +229,15 @@ class Session:
         os.close(theirs_in)
         os.close(theirs_out)
         self.inbox, self.outbox = inbox, outbox
-        self.codec.versions.clear()  # a new worker holds no tensor, no container
+        self.codec.versions.clear()  # a new worker holds no tensor, no container, no object
         self.codec.synced.clear()
-        send(outbox, {"hello": self.spec["modules"], "own": self.spec.get("own")})
+        self.codec.states.clear()
+        self.codec.lists.clear()
+        for gone in self.handles.values():
+            object.__setattr__(gone, "handle", 0)  # (a handle no worker gives)
+        self.handles.clear()
+        hello = {"hello": self.spec["modules"], "own": self.spec.get("own")}
+        send(outbox, hello | {"live": self.spec.get("live")})
         try:
             reply = receive(inbox, min(self.deadline, time.monotonic() + START_LIMIT_S))
         except ChannelError as e:
@@ -198,6 +268,31 @@ class Session:
                 said = f.read(20000).decode(errors="replace")
             print(f"\n--- the sandboxed code's output ---\n{said}")
         self.scratch.cleanup()
+
+
+class Forwarded:
+    """A class attribute of a live stand-in (`Scheduler.name`, a capstone's `BOUND`): read on
+    the class, its value; read or written on an instance, the instance's, in the sandbox (a
+    base's class attribute here must not hide what the object there holds)."""
+
+    def __init__(self, name: str, value: Any) -> None:
+        self.name, self.value = name, value
+
+    def __get__(self, kept: Any, owner: Any = None) -> Any:
+        return self.value if kept is None else type(kept).session.get(kept, self.name)
+
+    def __set__(self, kept: Any, value: Any) -> None:
+        type(kept).session.set(kept, self.name, value)
+
+
+def class_data(bases: tuple[type, ...]) -> dict[str, Any]:
+    """The class attributes that are not methods, of `bases` and theirs (the package's)."""
+    found: dict[str, Any] = {}
+    for klass in reversed([k for b in bases for k in b.__mro__ if k is not object]):
+        for name, value in vars(klass).items():
+            if not name.startswith("__") and not isinstance(value, METHODS):
+                found[name] = value
+    return found
 
 
 def rebuilt(raised: Any) -> BaseException:

@@ -53,14 +53,40 @@ class Foreign:
 
 
 class Opaque:
-    """The sandbox's stand-in for a value the grader could not send: calling it asks the
-    grader's side to call the original (`callback`)."""
+    """The sandbox's stand-in for a value the grader could not send, or keeps (a test's own
+    predictor): calling it, or one of its methods, asks the grader's side to call the
+    original (`callback`)."""
 
     def __init__(self, ident: int, callback: Any) -> None:
         self.ident, self.callback = ident, callback
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.callback(self.ident, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: self.callback(self.ident, args, kwargs, name)
+
+
+class Remote:
+    """The tests' side's stand-in for an object that lives in the sandbox between calls (a
+    policy, its ledger): only its handle is here. Its attributes are read and written there,
+    and each of its methods runs there (`caller.Session`, the class's `session`)."""
+
+    handle: int
+    session: Any
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "handle":
+            raise AttributeError(name)
+        return type(self).session.get(self, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        type(self).session.set(self, name, value)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__qualname__} in the sandbox>"
 
 
 def name_of(cls: type) -> str:

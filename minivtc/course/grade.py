@@ -48,11 +48,14 @@ from minivtc.course.testrun import (
 )
 
 # The assignments whose tests run outside the sandbox, each call of a student's function sent
-# to it through the channel (`caller.py`). a4's and a6's tests call the policy's methods
-# thousands of times, and the channel copies its whole state both ways at each call (too slow:
-# the course README), so they run in the sandbox with the student's code, their report taken
-# as written there.
-CHANNEL = frozenset({"a1_llama", "a2_blocks", "a3_batching", "a5_metric"})
+# to it through the channel (`caller.py`): all of them (the others' tests would run in the
+# sandbox with the student's code, their report taken as written there).
+CHANNEL = frozenset({"a1_llama", "a2_blocks", "a3_batching", "a4_vtc", "a5_metric", "a6_fair"})
+# Where the tests make a policy and call it thousands of times (a4's VTC, a6's own policy), the
+# policy lives in the sandbox between calls and only its handle, the requests and the results
+# travel (copying its whole state at each call took a4 past 400 s): the package's classes the
+# tests make there (a6's: its own file's).
+LIVE = {"a4_vtc": ("minivtc.fairness.vtc:VTC",), "a6_fair": ()}
 # The tests' side's copy of a file the student writes whole: empty (its classes and functions
 # are the worker's, `caller.Session.stand_ins`), so nothing of the reference's answer is there
 OWN_FILE = '"""The student\'s file: what it defines runs in the sandbox."""\n'
@@ -214,7 +217,8 @@ def run_tests(a: Assignment, root: Path, how: How, student: Path | None = None) 
         env = {}
         if student is not None:
             args = ["-p", "minivtc.course.caller", *args]
-            env[SPEC] = json.dumps(spec(a, student, how))
+            live = {"live": list(LIVE[a.key])} if a.key in LIVE else {}
+            env[SPEC] = json.dumps(spec(a, student, how) | live)
         timed_out, output = launch(args, root, work, how, env)
         grade = verdict(a, root, work, how.time_limit_s if timed_out else None, output)
     if any(TIMED_OUT in f["message"] for f in grade.failures):  # a call hung: as a hang

@@ -26,8 +26,9 @@ MESSAGE_CHARS = 2000  # an exception's message sent back is cut here
 def main(argv: list[str]) -> int:
     inbox, outbox = int(argv[0]), int(argv[1])
 
-    def callback(ident: int, args: tuple, kwargs: dict) -> Any:
-        send(outbox, {"callback": ident, "args": codec.encode([list(args), kwargs])})
+    def callback(ident: int, args: tuple, kwargs: dict, method: str | None = None) -> Any:
+        encoded = codec.encode([list(args), kwargs])
+        send(outbox, {"callback": ident, "method": method, "args": encoded})
         answer = receive(inbox, float("inf"))
         if "raised" in answer:
             raise RuntimeError(f"the test's function raised: {answer['raised']}")
@@ -44,12 +45,23 @@ def main(argv: list[str]) -> int:
 
 def answer(codec: Codec, message: dict) -> dict:
     if "hello" in message:
-        return hello(message["hello"], message.get("own"))
+        live = message.get("live")
+        if live is not None:  # the policies stay here: only their handles travel
+            codec.live = lives(tuple(resolve(c) for c in live), message.get("own"))
+        return hello(message["hello"], message.get("own"), live or [])
     args: list = []
     kwargs: dict = {}
     try:
-        function = resolve(message["call"])
+        if "get" in message:
+            return got(codec, codec.decode({"handle": message["self"]}), message["get"])
         args, kwargs = codec.decode(message["args"])
+        if "set" in message:
+            setattr(codec.decode({"handle": message["self"]}), message["set"], args[0])
+            return {"ok": codec.encode([None, args, kwargs])}
+        if "method" in message:
+            function = getattr(codec.decode({"handle": message["self"]}), message["method"])
+        else:
+            function = resolve(message["call"])
         result = items_of(function(*args, **kwargs))
         return {"ok": codec.encode([result, args, kwargs])}
     except BaseException as e:  # noqa: BLE001 (the student's code may raise anything)
@@ -60,16 +72,38 @@ def answer(codec: Codec, message: dict) -> dict:
             return {"raised": raised}
 
 
-def hello(modules: list[str], own: str | None) -> dict:
+def got(codec: Codec, kept: Any, name: str) -> dict:
+    """Attribute `name` of an object kept here: its value, or word that it is a method (the
+    grader's side then calls it here by name)."""
+    value = getattr(kept, name)
+    if inspect.ismethod(value) and value.__self__ is kept:
+        return {"bound": True}
+    return {"ok": codec.encode([value, [], {}])}
+
+
+def lives(classes: tuple[type, ...], own: str | None) -> Any:
+    """Which objects stay here between calls: a policy (`Scheduler`), its books (`Ledger`),
+    the classes named, and whatever the student's own module makes."""
+    from minivtc.fairness.ledger import Ledger
+    from minivtc.fairness.scheduler import Scheduler
+
+    kept = (Scheduler, Ledger, *classes)
+    return lambda v: isinstance(v, kept) or (own is not None and type(v).__module__ == own)
+
+
+def hello(modules: list[str], own: str | None, live: list[str]) -> dict:
     """Import the assignment's modules (the student's code runs here first); describe `own`,
-    the module the student writes whole: its classes' methods, properties and constants,
-    and its functions."""
+    the module the student writes whole (its classes' methods, properties and constants,
+    and its functions), and the `live` classes the tests make (a4's VTC)."""
     try:
         for module in modules + ([own] if own else []):
             importlib.import_module(module)
     except BaseException as e:  # noqa: BLE001
         return {"raised": {"type": name_of(type(e)), "message": str(e)[:MESSAGE_CHARS]}}
-    return {"ok": describe(importlib.import_module(own)) if own else {}}
+    described = describe(importlib.import_module(own)) if own else {}
+    codec = Codec(trusted=False)
+    made = {name: describe_class(resolve(name), codec) for name in live}
+    return {"ok": described | ({"live": made} if made else {})}
 
 
 def describe(module: Any) -> dict:
