@@ -127,8 +127,9 @@ class Session:
         if name not in self.classes:
             module, _, qualname = name.partition(":")
             space = {"__module__": module, "session": self}
-            self.classes[name] = types.new_class(qualname, (Remote,), {}, lambda ns: ns.update(space))
-        made = object.__new__(self.classes[name])
+            made_class = types.new_class(qualname, (Remote,), {}, lambda ns: ns.update(space))
+            self.classes[name] = made_class
+        made: Any = object.__new__(self.classes[name])
         object.__setattr__(made, "handle", handle)
         self.handles[handle] = made
         return made
@@ -229,10 +230,7 @@ class Session:
         os.close(theirs_in)
         os.close(theirs_out)
         self.inbox, self.outbox = inbox, outbox
-        self.codec.versions.clear()  # a new worker holds no tensor, no container, no object
-        self.codec.synced.clear()
-        self.codec.states.clear()
-        self.codec.lists.clear()
+        self.codec.held.clear()  # a new worker holds no tensor, no container, no object
         for gone in self.handles.values():
             object.__setattr__(gone, "handle", 0)  # (a handle no worker gives)
         self.handles.clear()

@@ -12,6 +12,7 @@ sandbox's).
 from __future__ import annotations
 
 import base64
+import enum
 import functools
 import importlib
 import json
@@ -102,6 +103,7 @@ def resolve(name: str) -> Any:
 
 
 PLAIN = (bool, int, float, str)
+VALUES = {type(None), bool, int, float, str}
 FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
 
 
@@ -111,6 +113,65 @@ def importable(name: str) -> bool:
     return module.startswith("minivtc.") and not (
         module.startswith("minivtc.course.") and not module.startswith("minivtc.course.graded")
     )
+
+
+def function_node(f: Any, ident: int, trusted: bool) -> dict:
+    """A function by its name where it has one (the grader's side: and its id, to be called
+    back or sent back as itself)."""
+    name = f"{getattr(f, '__module__', None)}:{getattr(f, '__qualname__', '')}"
+    named = (types.FunctionType, types.BuiltinFunctionType)  # (a builtin: time's clocks)
+    plain = isinstance(f, named) and "<locals>" not in name and not name.startswith("None:")
+    if trusted:
+        return {"function": name if plain else None, "id": ident}
+    if ident > 0:
+        return {"opaque": ident}  # the grader's own, back as itself
+    if plain:
+        return {"function": name, "id": ident}
+    raise ChannelError(f"cannot send back {name} (a function of no module)")
+
+
+def refill(original: Any, tag: str, items: list, grown: bool) -> None:
+    """`original` (a list, set, deque or dict) made to hold `items`, which must be plain
+    (`grown`: `items` added at a list's end)."""
+    if tag == "dict":
+        if not all(type(p) is list and len(p) == 2 for p in items):
+            raise ChannelError("a malformed dict")
+        items = [tuple(p) for p in items]
+    flat = [x for p in items for x in p] if tag == "dict" else items
+    if not all(x is None or type(x) in PLAIN for x in flat):
+        raise ChannelError("a container said plain holds something else")
+    if not grown:
+        original.clear()
+    if tag == "dict":
+        original.update(items)
+    else:
+        (original.update if tag == "set" else original.extend)(items)
+
+
+def state_of(v: Any) -> dict:
+    """An object's fields: its dictionary and its slots (a Request keeps its fields there)."""
+    state = dict(vars(v)) if hasattr(v, "__dict__") else {}
+    return state | {s: getattr(v, s) for s in slots_of(v.__class__) if hasattr(v, s)}
+
+
+def set_state(v: Any, state: dict) -> None:
+    """`v`'s fields (`state_of`) set to `state`."""
+    for name, value in state.items():
+        if name in slots_of(v.__class__):
+            object.__setattr__(v, name, value)
+        else:
+            vars(v)[name] = value
+
+
+def tensor_node(t: torch.Tensor, ident: int, versions: dict[int, int], trusted: bool) -> dict:
+    """A tensor as its id alone where the other side holds it as it is (`versions`), else
+    with its contents."""
+    version = version_of(t)
+    if version is not None and versions.get(ident) == version:
+        return {"tensor": ident}
+    if trusted and version is not None:
+        versions[ident] = version
+    return {"tensor": ident} | tensor_fields(t)
 
 
 def tensor_fields(t: torch.Tensor) -> dict:
@@ -170,6 +231,64 @@ def items_of(result: Any) -> Any:
     return (
         list(result) if isinstance(result, Iterator) and not isinstance(result, deque) else result
     )
+
+
+class Held:
+    """What the other side holds of what this side sent, so that only what changed travels:
+    each tensor's version, each plain container's content, and (live: a4's and a6's requests,
+    which the sandbox keeps between calls) each object's plain fields and each list's items."""
+
+    def __init__(self) -> None:
+        self.versions: dict[int, int] = {}  # tensor id -> the version the other side holds
+        self.synced: dict[int, Any] = {}  # container id -> the plain content the other holds
+        self.states: dict[int, dict] = {}  # live: object id -> its fields' marks, as sent
+        self.lists: dict[int, list] = {}  # live: list id -> its plain items, as sent
+
+    def clear(self) -> None:  # (a new worker holds nothing)
+        for held in (self.versions, self.synced, self.states, self.lists):
+            held.clear()
+
+    def fields(self, ident: int, state: dict) -> list[str] | None:
+        """The fields of object `ident` to send, now `state`: those whose value changed (by
+        type and value) and those compared by their own changes (a list, an object); None:
+        all (never sent, or its fields are others)."""
+        before = self.states.get(ident)
+        marks = {k: (type(x), x) if type(x) in VALUES else mark(x) for k, x in state.items()}
+        self.states[ident] = marks
+        if before is None or before.keys() != marks.keys():
+            return None
+        if marks == before and None not in marks.values():
+            return []  # (a request's parameters, say)
+        return [k for k, m in marks.items() if m is None or m != before[k]]
+
+    def tail(self, v: list, ident: int) -> list | None:
+        """The items a list the other side holds grew by at its end (a request's output
+        tokens); None: it is not held, or changed otherwise. (Its old items are compared with
+        `==`: an int turned into an equal float would go unseen; the tests make neither.)"""
+        old = self.lists.get(ident)
+        if old is None:
+            return None
+        tail = v[len(old) :]
+        if v[: len(old)] != old or not all(x is None or type(x) in PLAIN for x in tail):
+            return None
+        old.extend(tail)
+        return tail
+
+
+def mark(x: Any) -> Any:
+    """A field's value to compare with the one sent (None: compared by its own changes)."""
+    if x is None or type(x) in PLAIN or isinstance(x, enum.Enum):
+        return type(x), x
+    if type(x) is tuple and all(y is None or type(y) in PLAIN for y in x):
+        return tuple, x, tuple(map(type, x))
+    return None
+
+
+def unchanged(node: dict) -> bool:
+    """Is `node` (a list grown, an object's changes) no change at all?"""
+    if node.get("grown"):
+        return not node["list"]
+    return bool(node.get("delta")) and not node["state"]["dict"]
 
 
 # -- framing ---------------------------------------------------------------------------------

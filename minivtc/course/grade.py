@@ -3,13 +3,12 @@
 Owns `grade(edition, out)`. For each assignment it builds a scratch copy of the reference
 package for the tests and another for the student's code, puts in the latter the edition's
 versions of that assignment's functions and the helpers the student added beside them
-(`surgery.take`), and runs its `test_files` with a time limit, in a fresh Python process: on
-the tests' copy, each of the student's functions running in a sandbox over the student's copy
-and called through the channel (`CHANNEL`: `caller.py`, `sandbox.py`), or for a4 and a6 in the
-sandbox with the student's code. The instructor's own code (the reference; the grader's own
-checks, forked from a warm process: `warm.py`) runs without a sandbox. The points are the sum
-of its rubric's lines (`assignments.Line`: a mechanism, its points, its tests) whose tests all
-passed: a mechanism's points are lost when any of its tests fails, or does not run. A
+(`surgery.take`), and runs its `test_files` with a time limit, in a fresh Python process: on the
+tests' copy, the student's code running in a sandbox over the student's copy, called through the
+channel (`CHANNEL`: `caller.py`, `sandbox.py`). The instructor's own code (the reference; the
+grader's own checks, forked from a warm process: `warm.py`) runs without a sandbox. The points
+are the sum of its rubric's lines (`assignments.Line`: a mechanism, its points, its tests) whose
+tests all passed: a mechanism's points are lost when any of its tests fails, or does not run. A
 submission that does not parse, lacks a function, crashes the interpreter, hangs or prints
 garbage scores 0 for that assignment, with the reason in its note, and never stops the grader.
 Each failed test is reported by a name written for the student, its rubric line and its first
@@ -17,8 +16,8 @@ assertion message (`feedback.py`). Writes `grades.json`: `{"assignments": [{"nam
 "max_points", "passed", "tests", "note", "rubric": [{"mechanism", "points", "max_points",
 "failed"}], "failures": [{"test", "name", "message", "mechanism"}], "reported"}], "total",
 "max_total"}`; "reported" holds what the tests report to the student pass or fail (a6's slack:
-its stated bound over its worst gap), printed under the assignment in the table.
-`edition=None` grades the reference itself (it must score full marks).
+its stated bound over its worst gap), printed under the assignment in the table. `edition=None`
+grades the reference itself (it must score full marks).
 """
 
 from __future__ import annotations
@@ -47,14 +46,11 @@ from minivtc.course.testrun import (
     spec,
 )
 
-# The assignments whose tests run outside the sandbox, each call of a student's function sent
-# to it through the channel (`caller.py`): all of them (the others' tests would run in the
-# sandbox with the student's code, their report taken as written there).
+# The assignments whose tests run outside the sandbox, each call of a student's code sent to it
+# through the channel (`caller.py`); another's would run beside it (`run_in_sandbox`).
 CHANNEL = frozenset({"a1_llama", "a2_blocks", "a3_batching", "a4_vtc", "a5_metric", "a6_fair"})
-# Where the tests make a policy and call it thousands of times (a4's VTC, a6's own policy), the
-# policy lives in the sandbox between calls and only its handle, the requests and the results
-# travel (copying its whole state at each call took a4 past 400 s): the package's classes the
-# tests make there (a6's: its own file's).
+# Live: the classes whose objects the tests make stay in the sandbox between calls (a6: its own
+# file's), only handles, requests and results travel (a copy at each call took a4 past 400 s).
 LIVE = {"a4_vtc": ("minivtc.fairness.vtc:VTC",), "a6_fair": ()}
 # The tests' side's copy of a file the student writes whole: empty (its classes and functions
 # are the worker's, `caller.Session.stand_ins`), so nothing of the reference's answer is there
