@@ -2,12 +2,13 @@
 
 Run as `python -m minivtc.course.worker IN OUT` inside the sandbox (`sandbox.py`), in the
 package copy that holds the student's code; IN and OUT are the channel's file descriptors
-(`channel.py`). It answers three messages: `hello` (import the assignment's modules, the
-student's code with them, and describe the classes and functions of a file the student
-writes whole, the capstone), `call` (run one function on the arguments sent, and send back
-its result and what it did to its arguments) and, while a call runs, it may ask the grader to
-call back one of the test's own functions (`Opaque`). Decides nothing: whatever it sends is
-checked by the grader's tests (`caller.py`).
+(`channel.py`). It answers `hello` (import the assignment's modules, the student's code with
+them, and describe the classes and functions of a file the student writes whole, the
+capstone), `call` (run one function on the arguments sent, and send back its result and what
+it did to its arguments) and, live (a4, a6: the policies stay here between calls, `lives`),
+`get`, `set` and `method` on an object kept here, by its handle. While a call runs it may ask
+the grader to call back one of the test's own functions or helpers (`Opaque`). Decides
+nothing: whatever it sends is checked by the grader's tests (`caller.py`).
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ def answer(codec: Codec, message: dict) -> dict:
         live = message.get("live")
         if live is not None:  # the policies stay here: only their handles travel
             codec.live = lives(tuple(resolve(c) for c in live), message.get("own"))
-        return hello(message["hello"], message.get("own"), live or [])
+        return hello(message["hello"], message.get("own"))
     args: list = []
     kwargs: dict = {}
     try:
@@ -91,19 +92,16 @@ def lives(classes: tuple[type, ...], own: str | None) -> Any:
     return lambda v: isinstance(v, kept) or (own is not None and type(v).__module__ == own)
 
 
-def hello(modules: list[str], own: str | None, live: list[str]) -> dict:
+def hello(modules: list[str], own: str | None) -> dict:
     """Import the assignment's modules (the student's code runs here first); describe `own`,
-    the module the student writes whole (its classes' methods, properties and constants,
-    and its functions), and the `live` classes the tests make (a4's VTC)."""
+    the module the student writes whole: its classes' methods, properties and constants,
+    and its functions."""
     try:
         for module in modules + ([own] if own else []):
             importlib.import_module(module)
     except BaseException as e:  # noqa: BLE001
         return {"raised": {"type": name_of(type(e)), "message": str(e)[:MESSAGE_CHARS]}}
-    described = describe(importlib.import_module(own)) if own else {}
-    codec = Codec(trusted=False)
-    made = {name: describe_class(resolve(name), codec) for name in live}
-    return {"ok": described | ({"live": made} if made else {})}
+    return {"ok": describe(importlib.import_module(own)) if own else {}}
 
 
 def describe(module: Any) -> dict:
