@@ -93,7 +93,8 @@ class Asked(Session):
 
     def __init__(self, value: Any) -> None:
         super().__init__({"deadline": 0, "live": []})
-        self.value, self.asked = value, []
+        self.value = value
+        self.asked: list[tuple[dict, tuple]] = []
 
     def ask(self, message: dict, args: tuple, kwargs: dict) -> Any:
         self.asked.append((message, args))
