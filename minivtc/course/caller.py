@@ -7,6 +7,9 @@ this process's package, by a proxy: a call ships (arguments, self) to the worker
 the student's function there, and copies back the result and the arguments' new state onto
 the originals (`channel.Codec`). A file the student writes whole (the capstone) is met by
 stand-in classes and functions made from the worker's description of it, each method a proxy.
+Live (a4's VTC, a6's own classes: `grade.LIVE`), making one makes the object in the sandbox,
+where it stays between calls: the stand-in holds its handle (`channel.Remote`), and its
+attributes are read and written there (`Forwarded`, `Session.get`).
 So the tests, their assertions and their report stay in a process the student's code cannot
 reach: what it sends is data the tests judge, never a verdict.
 
