@@ -21,7 +21,7 @@ import select
 import struct
 import time
 import types
-from collections import deque
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -103,7 +103,11 @@ def resolve(name: str) -> Any:
 
 
 PLAIN = (bool, int, float, str)
-VALUES = {type(None), bool, int, float, str}
+MISSING = object()  # an unset slot
+KINDS: dict[str, Any] = {"list": list, "set": set, "deque": deque, "dict": dict}
+KINDS |= {"OrderedDict": OrderedDict, "defaultdict": defaultdict}
+SEQUENCES: dict[str, Any] = {"tuple": tuple, "frozenset": frozenset, "Size": torch.Size}
+SEQUENCES["range"] = lambda items: range(*items)
 FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
 
 
@@ -151,7 +155,8 @@ def refill(original: Any, tag: str, items: list, grown: bool) -> None:
 def state_of(v: Any) -> dict:
     """An object's fields: its dictionary and its slots (a Request keeps its fields there)."""
     state = dict(vars(v)) if hasattr(v, "__dict__") else {}
-    return state | {s: getattr(v, s) for s in slots_of(v.__class__) if hasattr(v, s)}
+    slots = ((s, getattr(v, s, MISSING)) for s in slots_of(v.__class__))
+    return state | {s: x for s, x in slots if x is not MISSING}
 
 
 def set_state(v: Any, state: dict) -> None:
@@ -241,7 +246,7 @@ class Held:
     def __init__(self) -> None:
         self.versions: dict[int, int] = {}  # tensor id -> the version the other side holds
         self.synced: dict[int, Any] = {}  # container id -> the plain content the other holds
-        self.states: dict[int, dict] = {}  # live: object id -> its fields' marks, as sent
+        self.states: dict[int, dict] = {}  # live: object id -> its fields as sent, fixed?
         self.lists: dict[int, list] = {}  # live: list id -> its plain items, as sent
 
     def clear(self) -> None:  # (a new worker holds nothing)
@@ -251,15 +256,22 @@ class Held:
     def fields(self, ident: int, state: dict) -> list[str] | None:
         """The fields of object `ident` to send, now `state`: those whose value changed (by
         type and value) and those compared by their own changes (a list, an object); None:
-        all (never sent, or its fields are others)."""
+        all (never sent, or its fields are others). The same value object, immutable, is
+        taken unchanged at once: this runs for every request at every call."""
         before = self.states.get(ident)
-        marks = {k: (type(x), x) if type(x) in VALUES else mark(x) for k, x in state.items()}
-        self.states[ident] = marks
-        if before is None or before.keys() != marks.keys():
+        if before is None or before.keys() != state.keys():
+            self.states[ident] = {k: (x, fixed(x)) for k, x in state.items()}
             return None
-        if marks == before and None not in marks.values():
-            return []  # (a request's parameters, say)
-        return [k for k, m in marks.items() if m is None or m != before[k]]
+        changed = []
+        for k, x in state.items():
+            old, was_fixed = before[k]
+            if x is old and was_fixed:
+                continue
+            now = fixed(x)
+            before[k] = (x, now)
+            if not (now and was_fixed and type(x) is type(old) and x == old):
+                changed.append(k)
+        return changed
 
     def tail(self, v: list, ident: int) -> list | None:
         """The items a list the other side holds grew by at its end (a request's output
@@ -275,13 +287,11 @@ class Held:
         return tail
 
 
-def mark(x: Any) -> Any:
-    """A field's value to compare with the one sent (None: compared by its own changes)."""
+def fixed(x: Any) -> bool:
+    """Is `x` a value that cannot change in place (then compared by type and value)?"""
     if x is None or type(x) in PLAIN or isinstance(x, enum.Enum):
-        return type(x), x
-    if type(x) is tuple and all(y is None or type(y) in PLAIN for y in x):
-        return tuple, x, tuple(map(type, x))
-    return None
+        return True
+    return type(x) is tuple and all(y is None or type(y) in PLAIN for y in x)
 
 
 def unchanged(node: dict) -> bool:

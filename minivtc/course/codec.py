@@ -1,14 +1,13 @@
 """Python values to JSON and back, on one side of the channel (`channel.py`).
 
-Owns `Codec`. The grader's side never unpickles what the sandbox sends: it rebuilds
-containers, numbers, strings, tensors (raw bytes of an allowed dtype) and objects of the
-package's own classes, whose state it sets; another class is kept as a `Foreign` record, never
-imported. Each side names what it sent by an id, and what comes back under that id updates the
-original in place; what the other side holds unchanged travels as its id alone, or as its
-changes (`Held`). What cannot be rebuilt (a lambda) travels as an opaque id, which the sandbox
-may call back (`Opaque`; `caller.py` allows a function of the package only: a test's clock).
-Live (a4, a6): a policy stays in the sandbox, its handle stands for it (`Remote`), and the
-tests' objects come back as their ids, theirs to change, never the sandbox's.
+Owns `Codec`. The grader's side never unpickles what the sandbox sends: it rebuilds containers,
+numbers, strings, tensors (raw bytes of an allowed dtype) and the package's objects, whose state
+it sets; another class is kept as a `Foreign` record, never imported. Each side names what it
+sent by an id, and what comes back under that id updates the original in place; what the other
+side holds travels as its id, or as its changes (`Held`). What cannot be rebuilt (a lambda)
+travels as an opaque id, which the sandbox may call back (`Opaque`: a test's clock). Live (a4,
+a6): a policy stays in the sandbox, its handle (`Remote`) stands for it, and the tests' objects
+come back as their ids, theirs to change.
 """
 
 from __future__ import annotations
@@ -26,7 +25,9 @@ import torch
 from minivtc.course.channel import (
     DTYPES,
     FUNCTIONS,
+    KINDS,
     PLAIN,
+    SEQUENCES,
     ChannelError,
     Foreign,
     Held,
@@ -47,11 +48,7 @@ from minivtc.course.channel import (
     unchanged,
 )
 
-KINDS: dict[str, Any] = {"list": list, "set": set, "deque": deque, "dict": dict}
-KINDS |= {"OrderedDict": OrderedDict, "defaultdict": defaultdict}
 GRADED = "minivtc.course.graded"
-SEQUENCES: dict[str, Any] = {"tuple": tuple, "frozenset": frozenset, "Size": torch.Size}
-SEQUENCES["range"] = lambda items: range(*items)
 
 
 class Codec:
@@ -66,6 +63,7 @@ class Codec:
         )
         self.objects: dict[int, Any] = {}  # id -> the object (grader: its own; sandbox: copies)
         self.names: dict[int, int] = {}  # the sandbox's: id(copy) -> the grader's id
+        self.callable_sent = False  # what the sandbox may call back was sent
         self.held = Held()  # what the other side holds: sent as its id, or its changes
         self.fresh = 0
 
@@ -73,8 +71,7 @@ class Codec:
         return self.enc(value, set())
 
     def ident(self, value: Any) -> int:
-        """The name `value` goes by: the grader's id, or (the sandbox's new objects) a
-        negative one."""
+        """The name `value` goes by: the grader's id, or the sandbox's own (negative)."""
         if self.trusted:
             self.objects[id(value)] = value
             return id(value)
@@ -88,6 +85,9 @@ class Codec:
     def enc(self, v: Any, seen: set[int]) -> Any:
         if v is None or type(v) in PLAIN:
             return v
+        if id(v) in self.held.states and id(v) not in seen:  # live: a request sent before
+            seen.add(id(v))
+            return self.changes(v, id(v), state_of(v), seen)
         if isinstance(v, enum.Enum):
             return {"enum": name_of(type(v)), "name": v.name}
         if isinstance(v, (int, float, numpy.generic)) and hasattr(v, "item"):
@@ -111,6 +111,7 @@ class Codec:
         if ident > 0 and self.live is not None and not self.trusted:
             return {"ref": ident}  # the tests' own (a request): theirs to change, not the policy's
         if isinstance(v, FUNCTIONS):
+            self.callable_sent = True
             return function_node(v, ident, self.trusted)
         if ident in seen:
             return {"ref": ident}
@@ -119,6 +120,7 @@ class Codec:
 
     def mutable(self, v: Any, ident: int, seen: set[int]) -> Any:
         if self.live is not None and self.trusted and type(v).__module__.startswith(GRADED):
+            self.callable_sent = True
             return {"opaque": ident}  # the tests' own helper (a predictor): theirs, called back
         if type(v) is list and (tail := self.held.tail(v, ident)) is not None:
             return {"list": tail, "id": ident, "grown": 1}
@@ -159,8 +161,7 @@ class Codec:
         return {"obj": name, "id": ident, "state": changed, "delta": 1}
 
     def plain(self, v: Any, ident: int) -> dict:
-        """A container of plain values (a prompt's token ids, the counters) as it is, or as
-        its id alone where the other side holds it unchanged."""
+        """A container of plain values as it is, or its id alone where the other holds it."""
         snapshot = snapshot_of(v)
         if self.held.synced.get(ident) == snapshot and ident > 0:
             return {"same": ident}
@@ -224,11 +225,10 @@ class Codec:
             if self.trusted:
                 return self.known(n["id"], types.ModuleType)
             return self.keep(n["id"], importlib.import_module(n["module"]))
-        if tag == "handle":
-            if self.trusted:
-                return self.live(int(n["handle"]), str(n["class"]))
-            found = self.objects.get(n["handle"])
-            if n["handle"] >= 0 or found is None or not self.live(found):
+        if tag == "handle" and self.trusted:
+            return self.live(int(n["handle"]), str(n["class"]))
+        if tag == "handle":  # (a policy kept here: never the tests' object, never another)
+            if n["handle"] >= 0 or not self.live(found := self.objects.get(n["handle"])):
                 raise ChannelError(f"no object in the sandbox has handle {n['handle']}")
             return found
         if tag == "opaque":
