@@ -26,7 +26,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from minivtc.course import sandbox
@@ -46,12 +46,11 @@ from minivtc.course.testrun import (
     spec,
 )
 
-# The assignments whose tests run outside the sandbox, each call of a student's code sent to it
-# through the channel (`caller.py`); another's would run beside it (`run_in_sandbox`).
+# Whose tests run outside the sandbox, calling the student's code through the channel
 CHANNEL = frozenset({"a1_llama", "a2_blocks", "a3_batching", "a4_vtc", "a5_metric", "a6_fair"})
-# Live: the classes whose objects the tests make stay in the sandbox between calls (a6: its own
-# file's), only handles, requests and results travel (a copy at each call took a4 past 400 s).
+# Live: the classes whose objects stay in the sandbox between calls (a6: its own file's)
 LIVE = {"a4_vtc": ("minivtc.fairness.vtc:VTC",), "a6_fair": ()}
+LIVE_TIME = 2.5  # their time limit's factor: ~70,000 calls per paper workload (the README)
 # The tests' side's copy of a file the student writes whole: empty (its classes and functions
 # are the worker's, `caller.Session.stand_ins`), so nothing of the reference's answer is there
 OWN_FILE = '"""The student\'s file: what it defines runs in the sandbox."""\n'
@@ -207,6 +206,8 @@ def run_tests(a: Assignment, root: Path, how: How, student: Path | None = None) 
     sandbox. With `student` (a package copy holding the student's code), each function the
     assignment asks for runs there, in a sandbox, called through the channel (`caller.py`):
     the tests, their verdicts and their report stay out of the student's code's reach."""
+    if student is not None and a.key in LIVE:
+        how = replace(how, time_limit_s=how.time_limit_s * LIVE_TIME)
     with tempfile.TemporaryDirectory(prefix=f"minivtc-report-{a.key}-") as scratch:
         work = Path(scratch)
         args = pytest_args(a, root, work, how)
@@ -238,9 +239,8 @@ def verdict(a: Assignment, root: Path, work: Path, timed_out: float | None, outp
 
 
 def run_in_sandbox(a: Assignment, root: Path, how: How, weights: Path | None) -> Grade:
-    """`a`'s graded tests run in the sandbox with the student's code (the assignments not in
-    `CHANNEL`): nothing outside it is reached or left running, but the tests' report is
-    written in there, where the student's code could forge it."""
+    """`a`'s graded tests in the sandbox with the student's code (not in `CHANNEL`): nothing
+    outside is reached or left running, but their report, written there, could be forged."""
     with tempfile.TemporaryDirectory(prefix=f"minivtc-exchange-{a.key}-") as scratch:
         work = Path(scratch)
         box = sandbox.Sandbox(root, work, weights if weights and weights.is_dir() else None)
