@@ -46,10 +46,13 @@ def main(argv: list[str]) -> int:
 
 def answer(codec: Codec, message: dict) -> dict:
     if "hello" in message:
-        live = message.get("live")
-        if live is not None:  # the policies stay here: only their handles travel
-            codec.live = lives(tuple(resolve(c) for c in live), message.get("own"))
-        return hello(message["hello"], message.get("own"))
+        said, live = hello(message["hello"], message.get("own")), message.get("live")
+        try:
+            if "ok" in said and live is not None:  # the policies stay here: handles travel
+                codec.live = lives(tuple(resolve(c) for c in live), message.get("own"))
+        except (ImportError, AttributeError) as e:  # (the student's file lacks the class)
+            return {"raised": {"type": name_of(type(e)), "message": str(e)[:MESSAGE_CHARS]}}
+        return said
     args: list = []
     kwargs: dict = {}
     try:
