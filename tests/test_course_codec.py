@@ -6,6 +6,7 @@ sandbox: both ends in this process, the messages through JSON as on the pipe."""
 from __future__ import annotations
 
 import json
+import os
 from typing import Any
 
 import pytest
@@ -117,5 +118,64 @@ def test_the_stand_in_reads_the_object_in_the_sandbox_not_its_base_s_class():
         ]
         policy.name = "mine"
         assert session.asked[-1] == ({"set": "name", "self": -1}, ("mine",))
+    finally:
+        session.close()
+
+
+RAISED = {"raised": {"type": "builtins:ValueError", "message": "broken"}}
+OK = {"ok": Codec(trusted=False).encode([None, [], {}])}
+
+
+class Piped(Session):
+    """A session whose worker's answers are `replies`, in order (what it is sent is dropped)."""
+
+    def __init__(self, replies: list[dict]) -> None:
+        super().__init__({"deadline": 0, "live": []})
+        self.replies, self.process = replies, object()
+        self.inbox, self.outbox = os.pipe()
+
+    def await_reply(self) -> dict:
+        return self.replies.pop(0)
+
+    def close(self) -> None:
+        os.close(self.inbox)
+        os.close(self.outbox)
+        self.process = None
+        super().close()
+
+
+def test_a_method_s_answer_read_later_still_fails_the_next_call():
+    """`caller.LATER`: `on_decode` is not waited for, but its failure comes with the next
+    call's answer, before that call returns."""
+    session = Piped([RAISED, OK])
+    try:
+        assert session.ask({"call": "on_decode"}, (), {}, later=True) is None
+        assert session.unread == 1 and session.replies == [RAISED, OK]
+        with pytest.raises(ValueError, match="broken"):
+            session.ask({"call": "peek"}, (), {})
+        assert session.unread == 0 and not session.replies
+    finally:
+        session.close()
+
+
+def test_an_answer_left_for_later_is_read_at_the_test_s_end():
+    session = Piped([RAISED, OK, OK, OK])
+    try:
+        session.ask({"call": "on_finish"}, (), {}, later=True)
+        with pytest.raises(ValueError, match="broken"):
+            session.settle()
+        session.ask({"call": "on_finish"}, (), {}, later=True)
+        session.settle()
+        assert session.unread == 0 and not session.replies
+    finally:
+        session.close()
+
+
+def test_nothing_is_left_for_later_once_the_sandbox_may_call_the_tests_back():
+    session = Piped([OK])
+    try:
+        session.codec.callable_sent = True  # (a test's predictor was sent: see above)
+        session.ask({"call": "on_finish"}, (), {}, later=True)
+        assert session.unread == 0 and not session.replies
     finally:
         session.close()
