@@ -97,7 +97,7 @@ class Asked(Session):
         self.value = value
         self.asked: list[tuple[dict, tuple]] = []
 
-    def ask(self, message: dict, args: tuple, kwargs: dict) -> Any:
+    def ask(self, message: dict, args: tuple, kwargs: dict, later: bool = False) -> Any:
         self.asked.append((message, args))
         return self.value
 
