@@ -57,6 +57,39 @@ class Assignment:
         return self.functions + self.answer
 
 
+# Algorithm 2 whole (Lesson 5): the admission round, the counter structure that picks the
+# smallest waiting counter, and VTC's pick, lift and charges.
+A4_FUNCTIONS = (
+    ("fairness/scheduler.py", "admission_round"),
+    ("fairness/least_counter.py", "LeastCounter.push"),
+    ("fairness/least_counter.py", "LeastCounter.compact"),
+    ("fairness/least_counter.py", "LeastCounter.least"),
+    ("fairness/least_counter.py", "LeastCounter.forget"),
+    ("fairness/least_counter.py", "LeastCounter.entry"),
+    ("fairness/least_counter.py", "LeastCounter.is_live"),
+    ("fairness/vtc.py", "VTC.peek"),
+    ("fairness/vtc.py", "VTC.dispatch"),
+    ("fairness/vtc.py", "VTC.on_decode"),
+    ("fairness/vtc.py", "VTC.on_finish"),
+    ("fairness/vtc.py", "VTC.join"),
+    ("fairness/vtc.py", "VTC.lift_counter"),
+    ("fairness/vtc.py", "VTC.join_floor"),
+    ("fairness/vtc.py", "VTC.lift_floor"),
+    ("fairness/vtc.py", "VTC.charge"),
+    ("fairness/vtc.py", "VTC.charge_outputs"),
+)
+# a4's functions and a3's step and make_room, extended (Lessons 8-13), and fair memory's own
+# mechanisms (Lessons 10-11): the fair victim and fair preemption's lift.
+A4B_FUNCTIONS = (
+    *A4_FUNCTIONS,
+    ("engine/engine.py", "Engine.step"),
+    ("engine/engine.py", "Engine.make_room"),
+    ("engine/preemption.py", "Fair.choose"),
+    ("engine/preemption.py", "Fair.displace"),
+    ("fairness/fair_lift.py", "FairLift.ran"),
+    ("fairness/fair_lift.py", "FairLift.floor"),
+)
+
 ASSIGNMENTS = (
     Assignment(
         "a1_llama",
@@ -116,12 +149,18 @@ ASSIGNMENTS = (
     Assignment(
         "a3_batching",
         "Admission and one continuous-batching step",
-        (("engine/admission.py", "FullReservation.reserve"), ("engine/engine.py", "Engine.step")),
+        (
+            ("engine/admission.py", "FullReservation.reserve"),
+            ("engine/engine.py", "Engine.step"),
+            ("engine/engine.py", "Engine.make_room"),
+        ),
         (
             line(
-                "full reservation: prompt + max_tokens, or nothing",
+                "admission: full reservation (prompt + max_tokens, or nothing), at most "
+                "max_running in the batch",
                 "test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing",
                 "test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it",
+                "test_the_batch_holds_at_most_max_running_and_a_request_over_it_reserves_nothing",
                 lesson=3,
             ),
             line(
@@ -143,13 +182,7 @@ ASSIGNMENTS = (
     Assignment(
         "a4_vtc",
         "The Virtual Token Counter: pick, lift, charge",
-        (
-            ("fairness/vtc.py", "VTC.peek"),
-            ("fairness/vtc.py", "VTC.dispatch"),
-            ("fairness/vtc.py", "VTC.lift_counter"),
-            ("fairness/vtc.py", "VTC.charge_outputs"),
-            ("fairness/vtc.py", "VTC.on_finish"),
-        ),
+        A4_FUNCTIONS,
         A4_RUBRIC,
         1.25,
         "Lessons 5 (the pick, the lift, the charges) and 7 (Theorem 4.9); graded by exact "
@@ -161,14 +194,7 @@ ASSIGNMENTS = (
         "a4b_variants",
         "VTC extended: the profiled cost, prediction and refund, weights, blocks on demand, "
         "fair preemption's lift, cached tokens",
-        (
-            ("fairness/vtc.py", "VTC.peek"),
-            ("fairness/vtc.py", "VTC.dispatch"),
-            ("fairness/vtc.py", "VTC.lift_counter"),
-            ("fairness/vtc.py", "VTC.charge_outputs"),
-            ("fairness/vtc.py", "VTC.on_finish"),
-            ("engine/engine.py", "Engine.step"),
-        ),
+        A4B_FUNCTIONS,
         A4B_RUBRIC,
         1.5,
         "Lessons 8 (the profiled h, prediction and refunds, weights), 10 (blocks on demand, "

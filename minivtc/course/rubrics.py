@@ -31,9 +31,12 @@ def line(mechanism: str, *tests: str, points: int = 5, lesson: int | None = None
 # sees it. What the package adds to Algorithm 2 later in the course is a4b's.
 A4_RUBRIC = (
     line(
-        "the pick: the smallest counter, ties to the client seen first, FIFO within a client",
+        "the round and the pick: admit while requests fit, stop at the first misfit; the "
+        "smallest counter, ties to the client seen first, FIFO within a client",
         "test_ties_go_to_the_client_seen_first",
         "test_each_client_s_requests_go_in_arrival_order",
+        "test_ties_go_to_the_client_seen_first_even_when_it_joins_the_queue_last",
+        "test_the_round_admits_while_requests_fit_and_stops_at_the_first_misfit",
         lesson=5,
     ),
     line(
@@ -73,6 +76,7 @@ A4B_RUBRIC = (
         "test_the_predictor_learns_each_finished_request_and_no_aborted_one",
         "test_an_over_predicted_length_is_refunded",
         "test_a_refund_may_take_a_counter_below_the_waiting_ones",
+        "test_a_refunded_client_is_picked_by_its_new_counter",
         "test_a_request_costs_h_in_the_end_whatever_the_cost_and_the_prediction",
         lesson=8,
     ),
@@ -91,8 +95,12 @@ A4B_RUBRIC = (
         lesson=10,
     ),
     line(
-        "fair preemption's lift: near every client that ran since the queue emptied",
+        "fair preemption: the victim furthest ahead, displaced beyond the gap (Lesson 10), and "
+        "the lift near every client that ran since the queue emptied",
         "test_with_fair_preemption_a_client_joining_an_empty_queue_is_lifted_near_those_that_ran",
+        "test_with_fair_preemption_only_who_ran_while_the_queue_was_empty_raises_the_lift",
+        "test_the_fair_victim_is_the_youngest_request_of_the_client_furthest_ahead",
+        "test_make_room_displaces_a_client_more_than_the_gap_ahead",
         lesson=11,
     ),
     line(

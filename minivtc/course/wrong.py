@@ -14,6 +14,7 @@ shipped in the student edition: the edits quote the reference.
 from __future__ import annotations
 
 from minivtc.course.edits import Wrong, drop, replace, rewrite, wrong
+from minivtc.course.wrong_mechanisms import MECHANISMS
 from minivtc.course.wrong_policies import A4, A6
 
 LLAMA, KV_POOL = "model/llama.py", "engine/kv_pool.py"
@@ -204,4 +205,4 @@ A5 = [
         replace(METRIC, "demand(_s, _a, _b, _c)", "demand(_s, _a, _b, cost)"),
     ),
 ]
-WRONG: list[Wrong] = A1 + A2 + A3 + A4 + A5 + A6
+WRONG: list[Wrong] = A1 + A2 + A3 + A4 + A5 + A6 + MECHANISMS

@@ -1,0 +1,126 @@
+"""The catalogue's wrong solutions of the mechanisms a student writes beside VTC's hooks: a3's
+`make_room`; a4's admission round, counter structure (`LeastCounter`) and lift and charge;
+a4b's fair victim (`preemption.Fair`), `make_room` displacing, and fair preemption's lift
+(`FairLift`). Written as `wrong.py`'s are (`edits.py`); each must lose points. Not shipped in
+the student edition: the edits quote the reference."""
+
+from __future__ import annotations
+
+from minivtc.course.edits import Wrong, drop, replace, rewrite, wrong
+
+VTC_FILE, LEAST_FILE = "fairness/vtc.py", "fairness/least_counter.py"
+ROUND = ("fairness/scheduler.py", "admission_round")
+MAKE_ROOM = ("engine/engine.py", "Engine.make_room")
+PUSH, LEAST = (LEAST_FILE, "LeastCounter.push"), (LEAST_FILE, "LeastCounter.least")
+ENTRY, LIVE = (LEAST_FILE, "LeastCounter.entry"), (LEAST_FILE, "LeastCounter.is_live")
+JOIN, FLOOR = (VTC_FILE, "VTC.join"), (VTC_FILE, "VTC.lift_floor")
+CHARGE = (VTC_FILE, "VTC.charge")
+DECODE = (VTC_FILE, "VTC.on_decode")
+CHOOSE, DISPLACE = (
+    ("engine/preemption.py", "Fair.choose"),
+    ("engine/preemption.py", "Fair.displace"),
+)
+RAN, FAIR_FLOOR = (
+    ("fairness/fair_lift.py", "FairLift.ran"),
+    ("fairness/fair_lift.py", "FairLift.floor"),
+)
+
+A3: list[Wrong] = [
+    wrong(
+        "a3_batching",
+        "make_room ignores the batch's max_running",
+        replace(MAKE_ROOM, "_a >= _b or not _c", "not _c"),
+    ),
+    wrong(
+        "a3_batching",
+        "make_room reserves before it checks the batch's size (a refused request keeps blocks)",
+        replace(MAKE_ROOM, "_a >= _b or not _c", "not _c or _a >= _b"),
+    ),
+    wrong("a3_batching", "make_room never admits what it reserved", drop(MAKE_ROOM, "_.admit(_)")),
+]
+A4: list[Wrong] = [
+    wrong(
+        "a4_vtc",
+        "the admission round admits one request a step",
+        rewrite(ROUND, "while _c:\n    _body", "if _c:\n    _body"),
+    ),
+    wrong(
+        "a4_vtc",
+        "the round dispatches before placing (a misfit is charged, and stays waiting)",
+        rewrite(
+            ROUND,
+            "if not _p(_r):\n    return _r\n_s.dispatch(_r)",
+            "_s.dispatch(_r)\nif not _p(_r):\n    return _r",
+        ),
+    ),
+    wrong(
+        "a4_vtc",
+        "the counter structure never re-keys a charged client (its entry's key is stale)",
+        replace(LEAST, "_k != _.counters[_c]", "False"),
+    ),
+    wrong(
+        "a4_vtc",
+        "the counter structure breaks ties by when a client joined the queue, not first seen",
+        replace(ENTRY, "(_a, _.rank[_c], _n, _c)", "(_a, _n, _n, _c)"),
+    ),
+    wrong(
+        "a4_vtc",
+        "an entry stays live after its client's queue empties",
+        replace(LIVE, "_a and bool(_q)", "_a"),
+    ),
+    wrong("a4_vtc", "push forgets the heap", drop(PUSH, "_.heappush(_, _)")),
+    wrong(
+        "a4_vtc",
+        "a client joining Q is never put in the counter structure",
+        drop(JOIN, "_.least.push(_)"),
+    ),
+    wrong(
+        "a4_vtc",
+        "Q empty: no floor (the last to leave is not the floor)",
+        replace(FLOOR, "_.last_left if _c is None else _c", "_c"),
+    ),
+    wrong("a4b_variants", "charge ignores the weights", replace(CHARGE, "_a / _w", "_a")),
+    wrong(
+        "a4b_variants",
+        "a refund does not re-key the client (its entry stays above its counter)",
+        drop(CHARGE, "_.least.push(_)"),
+    ),
+]
+A4B: list[Wrong] = [
+    wrong(
+        "a4b_variants",
+        "the fair victim is the client furthest behind",
+        replace(CHOOSE, "max(_a, key=_k)", "min(_a, key=_k)"),
+    ),
+    wrong(
+        "a4b_variants",
+        "the fair victim is the oldest request of its client",
+        replace(CHOOSE, "reversed(_r)", "_r"),
+    ),
+    wrong(
+        "a4b_variants",
+        "displace ignores the gap",
+        replace(DISPLACE, "_a > _.gap", "_a > 0"),
+    ),
+    wrong(
+        "a4b_variants",
+        "make_room never displaces",
+        replace(MAKE_ROOM, "_.victim.displace(_r, _.running) if _.victim else None", "None"),
+    ),
+    wrong(
+        "a4b_variants",
+        "fair preemption's lift can lower a counter (the floor replaced, not raised)",
+        replace(FAIR_FLOOR, "_t if _f is None else max(_f, _t)", "_t"),
+    ),
+    wrong(
+        "a4b_variants",
+        "nobody is recorded as running while Q is empty",
+        drop(RAN, "_.ran_since.update(_)"),
+    ),
+    wrong(
+        "a4b_variants",
+        "who ran is recorded even while someone waits",
+        replace(DECODE, "_a is not None and _.least.least() is None", "_a is not None"),
+    ),
+]
+MECHANISMS: list[Wrong] = A3 + A4 + A4B
