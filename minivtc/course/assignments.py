@@ -25,7 +25,8 @@ class Assignment:
     # A student's hours, estimated from counts measured by taking the course once on the
     # student edition: the words read in the assignment's files at 200 a minute plus the lines
     # written at 4 minutes each, rounded up to a quarter hour (lessons/SYLLABUS.md, "How these
-    # hours were found", gives the counts)
+    # hours were found", gives the counts; for the functions asked for since, the lines are
+    # their reference's, not measured)
     hours: float
     teaches: str
     # The student writes this file whole (the capstone): the edition ships its docstring, the
@@ -148,7 +149,7 @@ ASSIGNMENTS = (
     ),
     Assignment(
         "a3_batching",
-        "Admission and one continuous-batching step",
+        "Admission, making room and one continuous-batching step",
         (
             ("engine/admission.py", "FullReservation.reserve"),
             ("engine/engine.py", "Engine.step"),
@@ -176,31 +177,31 @@ ASSIGNMENTS = (
                 lesson=3,
             ),
         ),
-        1.5,
+        2.0,
         "Lesson 3; graded through the engine with a stand-in runner and a real model",
     ),
     Assignment(
         "a4_vtc",
-        "The Virtual Token Counter: pick, lift, charge",
+        "The Virtual Token Counter: the admission round, the counter structure, pick, lift, charge",
         A4_FUNCTIONS,
         A4_RUBRIC,
-        1.25,
-        "Lessons 5 (the pick, the lift, the charges) and 7 (Theorem 4.9); graded by exact "
-        "counters for each mechanism, Lemma 4.3, Theorems 4.4, 4.8 and 4.9 and the LCF "
-        "counterexample",
+        4.5,
+        "Lessons 5 (the admission round, the counter structure, the pick, the lift, the "
+        "charges) and 7 (Theorem 4.9); graded by exact counters for each mechanism, Lemma "
+        "4.3, Theorems 4.4, 4.8 and 4.9 and the LCF counterexample",
         graded=("test_a4_charges.py", "test_a4_pick.py", "test_a4_theorems.py"),
     ),
     Assignment(
         "a4b_variants",
         "VTC extended: the profiled cost, prediction and refund, weights, blocks on demand, "
-        "fair preemption's lift, cached tokens",
+        "the fair victim and fair preemption's lift, cached tokens",
         A4B_FUNCTIONS,
         A4B_RUBRIC,
-        1.5,
+        2.75,
         "Lessons 8 (the profiled h, prediction and refunds, weights), 10 (blocks on demand, "
-        "readmission), 11 (fair preemption's lift) and 13 (w_c, cached prompt tokens), on a4's "
-        "VTC and a3's step; graded by exact counters for each mechanism and weighted VTC's "
-        "bound and shares",
+        "readmission, the fair victim), 11 (fair preemption's lift) and 13 (w_c, cached prompt "
+        "tokens), on a4's VTC and a3's step; graded by exact counters for each mechanism and "
+        "weighted VTC's bound and shares",
         graded=("test_a4b_variants.py", "test_a4b_memory.py"),
     ),
     Assignment(
