@@ -306,8 +306,9 @@ docstrings, comments, blank lines and asserts; for a6, the instructor's DRR). "h
 estimated from measured counts: the course was taken once on this edition (by an AI coding
 agent that read only the edition), and for each assignment the words read in its files and the
 lines written were counted; the hours are those words at 200 a minute plus those lines at 4
-minutes each (working out what to write, writing it, fixing it), rounded up to a quarter hour.
-The rates are stated, not measured: lessons/SYLLABUS.md ("How these hours were found") gives
+minutes each (working out what to write, writing it, fixing it), rounded up to a quarter hour;
+for functions asked for since, their reference's lines are added. The rates are stated, not
+measured: lessons/SYLLABUS.md ("How these hours were found") gives
 the counts, to redo the arithmetic at your own pace.
 
 | assignment | what you write | lessons, graded by | points | lines | hours | functions |
