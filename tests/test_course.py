@@ -386,7 +386,7 @@ def edition_with(tmp_path, file: str, old: str, new: str):
 @pytest.mark.slow
 def test_a_correct_a4_with_a_helper_of_its_own_gets_full_marks(tmp_path):
     """VTC.peek calling a method and a function the student added, with an import of theirs,
-    and a change to VTC.join (not theirs): full marks, and the change named in the note."""
+    and a change to VTC.requeue (not theirs): full marks, and the change named in the note."""
     edition = edition_with(
         tmp_path,
         "fairness/vtc.py",
@@ -403,13 +403,16 @@ def test_a_correct_a4_with_a_helper_of_its_own_gets_full_marks(tmp_path):
             "    # helpers\n",
             "    # helpers\n\n    def my_least(self):\n        return mine(self)\n",
         )
-        .replace("            self.fair_lift.ran_since.clear()  # Q", "            pass  # Q")
+        .replace(
+            "            self.queues[request.client_id].appendleft(request)\n",
+            "            self.queues[request.client_id].appendleft(request)\n            pass\n",
+        )
         + "\n\ndef mine(vtc):\n    return operator.methodcaller('least')(vtc.least)\n"
     )
     result = grade(edition, tmp_path / "out", only=["a4_vtc"])
     (g,) = result["assignments"]
     assert g["points"] == g["max_points"] == 25, g
-    assert "your changes to VTC.join were not taken" in g["note"], g
+    assert "your changes to VTC.requeue were not taken" in g["note"], g
 
 
 @pytest.mark.slow

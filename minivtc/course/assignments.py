@@ -58,10 +58,10 @@ class Assignment:
         return self.functions + self.answer
 
 
-# Algorithm 2 whole (Lesson 5): the admission round, the counter structure that picks the
-# smallest waiting counter, and VTC's pick, lift and charges.
+# Algorithm 2 (Lesson 5): the counter structure that picks the smallest waiting counter, and
+# VTC's pick, lift and charges. The admission round (`admission_round`) ships written: Lesson 3
+# shows its loop whole.
 A4_FUNCTIONS = (
-    ("fairness/scheduler.py", "admission_round"),
     ("fairness/least_counter.py", "LeastCounter.push"),
     ("fairness/least_counter.py", "LeastCounter.compact"),
     ("fairness/least_counter.py", "LeastCounter.least"),
@@ -182,13 +182,13 @@ ASSIGNMENTS = (
     ),
     Assignment(
         "a4_vtc",
-        "The Virtual Token Counter: the admission round, the counter structure, pick, lift, charge",
+        "The Virtual Token Counter: the counter structure, pick, lift, charge",
         A4_FUNCTIONS,
         A4_RUBRIC,
-        4.5,
-        "Lessons 5 (the admission round, the counter structure, the pick, the lift, the "
-        "charges) and 7 (Theorem 4.9); graded by exact counters for each mechanism, Lemma "
-        "4.3, Theorems 4.4, 4.8 and 4.9 and the LCF counterexample",
+        3.75,
+        "Lessons 5 (the counter structure, the pick, the lift, the charges) and 7 (Theorem "
+        "4.9); graded by exact counters for each mechanism, Lemma 4.3, Theorems 4.4, 4.8 "
+        "and 4.9 and the LCF counterexample",
         graded=("test_a4_charges.py", "test_a4_pick.py", "test_a4_theorems.py"),
     ),
     Assignment(

@@ -6,10 +6,9 @@ the student edition: the edits quote the reference."""
 
 from __future__ import annotations
 
-from minivtc.course.edits import Wrong, drop, replace, rewrite, wrong
+from minivtc.course.edits import Wrong, drop, replace, wrong
 
 VTC_FILE, LEAST_FILE = "fairness/vtc.py", "fairness/least_counter.py"
-ROUND = ("fairness/scheduler.py", "admission_round")
 MAKE_ROOM = ("engine/engine.py", "Engine.make_room")
 PUSH, LEAST = (LEAST_FILE, "LeastCounter.push"), (LEAST_FILE, "LeastCounter.least")
 ENTRY, LIVE = (LEAST_FILE, "LeastCounter.entry"), (LEAST_FILE, "LeastCounter.is_live")
@@ -39,20 +38,6 @@ A3: list[Wrong] = [
     wrong("a3_batching", "make_room never admits what it reserved", drop(MAKE_ROOM, "_.admit(_)")),
 ]
 A4: list[Wrong] = [
-    wrong(
-        "a4_vtc",
-        "the admission round admits one request a step",
-        rewrite(ROUND, "while _c:\n    _body", "if _c:\n    _body"),
-    ),
-    wrong(
-        "a4_vtc",
-        "the round dispatches before placing (a misfit is charged, and stays waiting)",
-        rewrite(
-            ROUND,
-            "if not _p(_r):\n    return _r\n_s.dispatch(_r)",
-            "_s.dispatch(_r)\nif not _p(_r):\n    return _r",
-        ),
-    ),
     wrong(
         "a4_vtc",
         "the counter structure never re-keys a charged client (its entry's key is stale)",

@@ -2,12 +2,11 @@
 
 Graded by mechanism (`rubrics.A4_RUBRIC`): exact counters and dispatch orders against
 Algorithm 2 on small hand-built cases (a fair-looking policy that is not VTC keeps its counters
-within U, and only exact counters tell it apart): the round and the pick (admit while requests
-fit, stop at the first misfit; the smallest counter, ties to the client seen first, first in
-first out within a client) and the lift, both cases (fair
-preemption's lift, Lesson 11, is a4b's: `test_a4b_memory.py`). What each request is charged is
-`test_a4_charges.py`'s; the theorems on workloads, `test_a4_theorems.py`'s. Requests are moved
-as the engine moves them (`vtc_moves.py`)."""
+within U, and only exact counters tell it apart): the pick (the smallest counter, ties to the
+client seen first, whenever it joined the queue, first in first out within a client) and the
+lift, both cases (fair preemption's lift, Lesson 11, is a4b's: `test_a4b_memory.py`). What
+each request is charged is `test_a4_charges.py`'s; the theorems on workloads,
+`test_a4_theorems.py`'s. Requests are moved as the engine moves them (`vtc_moves.py`)."""
 
 from __future__ import annotations
 
@@ -16,7 +15,6 @@ from minivtc.course.graded.vtc_moves import (
     dispatch_next,
     request,
 )
-from minivtc.fairness.scheduler import admission_round
 from minivtc.fairness.vtc import VTC
 
 
@@ -107,39 +105,4 @@ def test_ties_go_to_the_client_seen_first_even_when_it_joins_the_queue_last():
         f"a (seen first) and b both wait at counter 5, b having joined the queue first: "
         f"picked {first}, not a1 (ties go to the client seen first, however late it joined: "
         "VTC.peek and the counter structure's tie rank, LeastCounter.entry)"
-    )
-
-
-def test_the_round_admits_while_requests_fit_and_stops_at_the_first_misfit():
-    """admission_round: peek, place, dispatch, again, while the peeked request fits; it stops
-    at the first that does not (returning it, uncharged), never skipping to a later one."""
-    vtc = VTC()
-    for client, prompt in (("a", 5), ("b", 50), ("c", 5)):
-        vtc.add(request(client, prompt), 0.0)
-    placed: list[str] = []
-    used = {"tokens": 0}
-
-    def place(room: int):
-        def fits(r) -> bool:  # reserves the prompt's tokens, if they fit in what is left
-            if used["tokens"] + r.num_prompt > room:
-                return False
-            used["tokens"] += r.num_prompt
-            placed.append(r.request_id)
-            return True
-
-        return fits
-
-    stopped = admission_round(vtc, place(20))
-    assert stopped is not None and stopped.request_id == "b50" and placed == ["a5"], (
-        f"a (5 tokens), b (50), c (5) wait, 20 tokens of room: the round placed {placed} and "
-        f"stopped at {stopped and stopped.request_id}, not a5 then a stop at b50 (b is picked "
-        "next and does not fit: Algorithm 2 stops, it never skips to c)"
-    )
-    assert vtc.counters["b"] == 0.0 and vtc.num_waiting == 2, (
-        f"b's counter {vtc.counters['b']}, {vtc.num_waiting} waiting: the request the round "
-        "stopped at is neither charged nor taken out of Q"
-    )
-    assert admission_round(vtc, place(10**6)) is None and placed == ["a5", "b50", "c5"], (
-        f"with room for everything, one round placed {placed[1:]}, not b50 and c5, and must "
-        "return None once Q is empty"
     )
