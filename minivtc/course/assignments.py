@@ -59,8 +59,8 @@ class Assignment:
 
 
 # Algorithm 2 (Lesson 5): the counter structure that picks the smallest waiting counter, and
-# VTC's pick, lift and charges. The admission round (`admission_round`) ships written: Lesson 3
-# shows its loop whole.
+# VTC's pick, lift and charges. The admission round (`admission_round`) and VTC.on_decode ship
+# written: Lessons 3 and 5 show them whole.
 A4_FUNCTIONS = (
     ("fairness/least_counter.py", "LeastCounter.push"),
     ("fairness/least_counter.py", "LeastCounter.compact"),
@@ -70,7 +70,6 @@ A4_FUNCTIONS = (
     ("fairness/least_counter.py", "LeastCounter.is_live"),
     ("fairness/vtc.py", "VTC.peek"),
     ("fairness/vtc.py", "VTC.dispatch"),
-    ("fairness/vtc.py", "VTC.on_decode"),
     ("fairness/vtc.py", "VTC.on_finish"),
     ("fairness/vtc.py", "VTC.join"),
     ("fairness/vtc.py", "VTC.lift_counter"),
@@ -79,12 +78,12 @@ A4_FUNCTIONS = (
     ("fairness/vtc.py", "VTC.charge"),
     ("fairness/vtc.py", "VTC.charge_outputs"),
 )
-# a4's functions and a3's step and make_room, extended (Lessons 8-13), and fair memory's own
-# mechanisms (Lessons 10-11): the fair victim and fair preemption's lift.
+# a4's functions and a3's step, extended (Lessons 8-13), and fair memory's own mechanisms
+# (Lessons 10-11): the fair victim and fair preemption's lift. Engine.make_room ships written:
+# Lessons 5 and 10 show it whole.
 A4B_FUNCTIONS = (
     *A4_FUNCTIONS,
     ("engine/engine.py", "Engine.step"),
-    ("engine/engine.py", "Engine.make_room"),
     ("engine/preemption.py", "Fair.choose"),
     ("engine/preemption.py", "Fair.displace"),
     ("fairness/fair_lift.py", "FairLift.ran"),
@@ -149,11 +148,10 @@ ASSIGNMENTS = (
     ),
     Assignment(
         "a3_batching",
-        "Admission, making room and one continuous-batching step",
+        "Admission and one continuous-batching step",
         (
             ("engine/admission.py", "FullReservation.reserve"),
             ("engine/engine.py", "Engine.step"),
-            ("engine/engine.py", "Engine.make_room"),
         ),
         (
             line(
@@ -177,7 +175,7 @@ ASSIGNMENTS = (
                 lesson=3,
             ),
         ),
-        2.0,
+        1.5,
         "Lesson 3; graded through the engine with a stand-in runner and a real model",
     ),
     Assignment(
@@ -197,7 +195,7 @@ ASSIGNMENTS = (
         "the fair victim and fair preemption's lift, cached tokens",
         A4B_FUNCTIONS,
         A4B_RUBRIC,
-        2.75,
+        2.5,
         "Lessons 8 (the profiled h, prediction and refunds, weights), 10 (blocks on demand, "
         "readmission, the fair victim), 11 (fair preemption's lift) and 13 (w_c, cached prompt "
         "tokens), on a4's VTC and a3's step; graded by exact counters for each mechanism and "

@@ -1,7 +1,6 @@
-"""The catalogue's wrong solutions of the mechanisms a student writes beside VTC's hooks: a3's
-`make_room`; a4's admission round, counter structure (`LeastCounter`) and lift and charge;
-a4b's fair victim (`preemption.Fair`), `make_room` displacing, and fair preemption's lift
-(`FairLift`). Written as `wrong.py`'s are (`edits.py`); each must lose points. Not shipped in
+"""The catalogue's wrong solutions of the mechanisms a student writes beside VTC's hooks: a4's
+counter structure (`LeastCounter`), joining Q, the lift's floor and the charge; a4b's fair
+victim (`preemption.Fair`) and fair preemption's lift (`FairLift`). Written as `wrong.py`'s are (`edits.py`); each must lose points. Not shipped in
 the student edition: the edits quote the reference."""
 
 from __future__ import annotations
@@ -9,12 +8,10 @@ from __future__ import annotations
 from minivtc.course.edits import Wrong, drop, replace, wrong
 
 VTC_FILE, LEAST_FILE = "fairness/vtc.py", "fairness/least_counter.py"
-MAKE_ROOM = ("engine/engine.py", "Engine.make_room")
 PUSH, LEAST = (LEAST_FILE, "LeastCounter.push"), (LEAST_FILE, "LeastCounter.least")
 ENTRY, LIVE = (LEAST_FILE, "LeastCounter.entry"), (LEAST_FILE, "LeastCounter.is_live")
 JOIN, FLOOR = (VTC_FILE, "VTC.join"), (VTC_FILE, "VTC.lift_floor")
 CHARGE = (VTC_FILE, "VTC.charge")
-DECODE = (VTC_FILE, "VTC.on_decode")
 CHOOSE, DISPLACE = (
     ("engine/preemption.py", "Fair.choose"),
     ("engine/preemption.py", "Fair.displace"),
@@ -24,19 +21,6 @@ RAN, FAIR_FLOOR = (
     ("fairness/fair_lift.py", "FairLift.floor"),
 )
 
-A3: list[Wrong] = [
-    wrong(
-        "a3_batching",
-        "make_room ignores the batch's max_running",
-        replace(MAKE_ROOM, "_a >= _b or not _c", "not _c"),
-    ),
-    wrong(
-        "a3_batching",
-        "make_room reserves before it checks the batch's size (a refused request keeps blocks)",
-        replace(MAKE_ROOM, "_a >= _b or not _c", "not _c or _a >= _b"),
-    ),
-    wrong("a3_batching", "make_room never admits what it reserved", drop(MAKE_ROOM, "_.admit(_)")),
-]
 A4: list[Wrong] = [
     wrong(
         "a4_vtc",
@@ -89,11 +73,6 @@ A4B: list[Wrong] = [
     ),
     wrong(
         "a4b_variants",
-        "make_room never displaces",
-        replace(MAKE_ROOM, "_.victim.displace(_r, _.running) if _.victim else None", "None"),
-    ),
-    wrong(
-        "a4b_variants",
         "fair preemption's lift can lower a counter (the floor replaced, not raised)",
         replace(FAIR_FLOOR, "_t if _f is None else max(_f, _t)", "_t"),
     ),
@@ -102,10 +81,5 @@ A4B: list[Wrong] = [
         "nobody is recorded as running while Q is empty",
         drop(RAN, "_.ran_since.update(_)"),
     ),
-    wrong(
-        "a4b_variants",
-        "who ran is recorded even while someone waits",
-        replace(DECODE, "_a is not None and _.least.least() is None", "_a is not None"),
-    ),
 ]
-MECHANISMS: list[Wrong] = A3 + A4 + A4B
+MECHANISMS: list[Wrong] = A4 + A4B

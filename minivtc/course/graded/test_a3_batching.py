@@ -144,7 +144,7 @@ def test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it():
 
 
 def test_the_batch_holds_at_most_max_running_and_a_request_over_it_reserves_nothing():
-    """make_room: a request beyond the batch's max_running waits, holding no blocks, though
+    """A step's admission: a request beyond the batch's max_running waits, holding no blocks, though
     its blocks would fit; it is admitted when a place in the batch frees."""
     engine = unit_engine(kv_tokens=100, max_running=2)
     a, b, c = (
@@ -155,11 +155,11 @@ def test_the_batch_holds_at_most_max_running_and_a_request_over_it_reserves_noth
     used = engine.allocator.num_used_blocks
     assert a.finish_reason == "length" and engine.running == [b], (
         f"max_running 2: a (1 token) finished, running {engine.running}: not b alone (c must "
-        "wait, though its 7 tokens fit in the pool: Engine.make_room checks the batch's size)"
+        "wait, though its 7 tokens fit in the pool: Engine.step admits through Engine.schedule)"
     )
     assert c.status is Status.WAITING and used == 7, (
         f"c waited for a place in the batch: it must hold no blocks, but {used} are used, not "
-        "b's 7 (make_room reserves only what it admits)"
+        "b's 7 (a step reserves only what it admits)"
     )
     engine.step()  # a's place is free: c takes it
     assert c.status is Status.RUNNING, f"a left the batch: c is {c.status}, not admitted"
