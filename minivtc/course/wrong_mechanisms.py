@@ -1,7 +1,8 @@
 """The catalogue's wrong solutions of the mechanisms a student writes beside VTC's hooks: a4's
 counter structure (`LeastCounter`), joining Q, the lift's floor and the charge; a4b's fair
-victim (`preemption.Fair`) and fair preemption's lift (`FairLift`). Written as `wrong.py`'s are (`edits.py`); each must
-lose points. Not shipped in the student edition: the edits quote the reference."""
+victim (`preemption.Fair`) and fair preemption's lift (`FairLift`). Written as `wrong.py`'s
+are (`edits.py`); each must lose points. Not shipped in the student edition: the edits quote
+the reference."""
 
 from __future__ import annotations
 
