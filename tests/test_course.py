@@ -83,7 +83,8 @@ def test_each_assignment_is_graded_alone_and_a_bad_one_never_breaks_the_grader(t
 
     edition = release(tmp_path / "edition")
     mine = edition / "minivtc"
-    (mine / "fairness/vtc.py").write_text((PACKAGE / "fairness/vtc.py").read_text())
+    for file in ("fairness/vtc.py", *VTC_FILES):
+        (mine / file).write_text((PACKAGE / file).read_text())
     kv = mine / "engine/kv_pool.py"
     kv.write_text(kv.read_text() + "\ndef broken(:\n")
     engine = mine / "engine/engine.py"
@@ -372,14 +373,22 @@ def test_the_edition_states_the_helpers_rule_and_ships_no_wrong_solutions(tmp_pa
     assert not (edition / "minivtc/course/check.py").exists()
 
 
+# Beside vtc.py, the files of a4's and a4b's other functions (the counter structure, the fair
+# victim, fair preemption's lift): an edition that solved VTC solved these too.
+VTC_FILES = ("fairness/least_counter.py", "engine/preemption.py", "fairness/fair_lift.py")
+
+
 def edition_with(tmp_path, file: str, old: str, new: str):
-    """A released edition whose `file` is the reference's, with `old` replaced by `new`."""
+    """A released edition whose `file` is the reference's, with `old` replaced by `new` (and,
+    for vtc.py, `VTC_FILES` the reference's)."""
     from minivtc.course.edition import PACKAGE
 
     edition = release(tmp_path / "edition")
     source = (PACKAGE / file).read_text()
     assert source.count(old) == 1, old
     (edition / "minivtc" / file).write_text(source.replace(old, new))
+    for other in VTC_FILES if file == "fairness/vtc.py" else ():
+        (edition / "minivtc" / other).write_text((PACKAGE / other).read_text())
     return edition
 
 

@@ -26,7 +26,7 @@ REPOSITORY = PACKAGE.parent  # where weights/ and lessons/ are, in a checkout
 # In the edition: each assignment's files as released (stubs), what `course test` takes the
 # student's functions into, by the grader's rules (`grade.test_edition`)
 RELEASED = Path("minivtc") / "course" / "released"
-# Not in the edition: the catalogue of wrong solutions (wrong.py, wrong_policies.py) quotes the
+# Not in the edition: the catalogue of wrong solutions (wrong*.py) quotes the
 # reference's bodies; the instructor's pages (instructor/) hold the problem sets' answers
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 INSTRUCTOR_ONLY = ("__pycache__", "*.pyc", "wrong*.py", "check.py", "instructor")
