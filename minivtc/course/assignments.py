@@ -65,7 +65,6 @@ A4_FUNCTIONS = (
     ("fairness/least_counter.py", "LeastCounter.push"),
     ("fairness/least_counter.py", "LeastCounter.compact"),
     ("fairness/least_counter.py", "LeastCounter.least"),
-    ("fairness/least_counter.py", "LeastCounter.forget"),
     ("fairness/least_counter.py", "LeastCounter.entry"),
     ("fairness/least_counter.py", "LeastCounter.is_live"),
     ("fairness/vtc.py", "VTC.peek"),
@@ -183,7 +182,7 @@ ASSIGNMENTS = (
         "The Virtual Token Counter: the counter structure, pick, lift, charge",
         A4_FUNCTIONS,
         A4_RUBRIC,
-        3.75,
+        3.5,
         "Lessons 5 (the counter structure, the pick, the lift, the charges) and 7 (Theorem "
         "4.9); graded by exact counters for each mechanism, Lemma 4.3, Theorems 4.4, 4.8 "
         "and 4.9 and the LCF counterexample",

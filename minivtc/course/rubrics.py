@@ -31,11 +31,12 @@ def line(mechanism: str, *tests: str, points: int = 5, lesson: int | None = None
 # sees it. What the package adds to Algorithm 2 later in the course is a4b's.
 A4_RUBRIC = (
     line(
-        "the pick: the smallest counter, ties to the client seen first (whenever it joined "
-        "Q), FIFO within a client",
+        "the pick: the smallest counter (the counter structure loses no waiting client), ties "
+        "to the client seen first (whenever it joined Q), FIFO within a client",
         "test_ties_go_to_the_client_seen_first",
         "test_each_client_s_requests_go_in_arrival_order",
         "test_ties_go_to_the_client_seen_first_even_when_it_joins_the_queue_last",
+        "test_a_waiting_client_is_never_lost_however_often_others_join_and_are_aborted",
         lesson=5,
     ),
     line(

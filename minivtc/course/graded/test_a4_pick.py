@@ -106,3 +106,24 @@ def test_ties_go_to_the_client_seen_first_even_when_it_joins_the_queue_last():
         f"picked {first}, not a1 (ties go to the client seen first, however late it joined: "
         "VTC.peek and the counter structure's tie rank, LeastCounter.entry)"
     )
+
+
+def test_a_waiting_client_is_never_lost_however_often_others_join_and_are_aborted():
+    """The counter structure keeps every waiting client through many joins and departures (its
+    dead entries dropped, the live ones kept): b waits all along at 0 while a, at 100, joins the
+    queue and is aborted (the engine's `scheduler.remove`) 200 times; b is offered in the end."""
+    vtc = VTC()
+    vtc.add(request("a", 100, name="a0"), 0.0)
+    vtc.add(request("b", 1, name="b0"), 0.0)  # b waits from now on, at 0
+    dispatch_next(vtc)  # a0 (a tie at 0, a seen first): a at 100, above b
+    for i in range(1, 201):
+        r = request("a", 1, name=f"a{i}")
+        vtc.add(r, 0.0)
+        vtc.remove(r)
+    offered = vtc.peek()
+    assert offered is not None and offered.request_id == "b0", (
+        f"b waited while a joined the queue and was aborted 200 times: peek offers "
+        f"{offered and offered.request_id}, not b0 (the counter structure lost a waiting "
+        "client: LeastCounter.push, compact, least, is_live)"
+    )
+    vtc.check_invariants()
