@@ -96,9 +96,10 @@ def test_with_fair_preemption_only_who_ran_while_the_queue_was_empty_raises_the_
     f = request("F", 1, 60)
     vtc.add(f, 0.0)
     dispatch_next(vtc)  # F: 1; the queue is empty
-    vtc.add(request("E", 1, 2), 0.0)  # E waits (lifted to F's 1)
-    decode(vtc, f, 30)  # F: 61, while E waits
-    dispatch_next(vtc)  # E: 2, the last to leave; nothing has run since the queue emptied
+    decode(vtc, f, 1)  # F: 3, running while nobody waits
+    vtc.add(request("E", 1, 2), 0.0)  # E waits (lifted to F's 3): who ran is forgotten
+    decode(vtc, f, 30)  # F: 63, while E waits
+    dispatch_next(vtc)  # E: 4, the last to leave; nothing has run since the queue emptied
     vtc.add(request("G", 1), 0.0)
     assert vtc.counters["G"] == vtc.counters["E"], (
         f"G joined an empty queue the moment E ({vtc.counters['E']}) left it; F ran to "
