@@ -83,7 +83,8 @@ def test_each_assignment_is_graded_alone_and_a_bad_one_never_breaks_the_grader(t
 
     edition = release(tmp_path / "edition")
     mine = edition / "minivtc"
-    (mine / "fairness/vtc.py").write_text((PACKAGE / "fairness/vtc.py").read_text())
+    for file in ("fairness/vtc.py", *VTC_FILES):
+        (mine / file).write_text((PACKAGE / file).read_text())
     kv = mine / "engine/kv_pool.py"
     kv.write_text(kv.read_text() + "\ndef broken(:\n")
     engine = mine / "engine/engine.py"
@@ -372,21 +373,29 @@ def test_the_edition_states_the_helpers_rule_and_ships_no_wrong_solutions(tmp_pa
     assert not (edition / "minivtc/course/check.py").exists()
 
 
+# Beside vtc.py, the files of a4's and a4b's other functions (the counter structure, the fair
+# victim, fair preemption's lift): an edition that solved VTC solved these too.
+VTC_FILES = ("fairness/least_counter.py", "engine/preemption.py", "fairness/fair_lift.py")
+
+
 def edition_with(tmp_path, file: str, old: str, new: str):
-    """A released edition whose `file` is the reference's, with `old` replaced by `new`."""
+    """A released edition whose `file` is the reference's, with `old` replaced by `new` (and,
+    for vtc.py, `VTC_FILES` the reference's)."""
     from minivtc.course.edition import PACKAGE
 
     edition = release(tmp_path / "edition")
     source = (PACKAGE / file).read_text()
     assert source.count(old) == 1, old
     (edition / "minivtc" / file).write_text(source.replace(old, new))
+    for other in VTC_FILES if file == "fairness/vtc.py" else ():
+        (edition / "minivtc" / other).write_text((PACKAGE / other).read_text())
     return edition
 
 
 @pytest.mark.slow
 def test_a_correct_a4_with_a_helper_of_its_own_gets_full_marks(tmp_path):
     """VTC.peek calling a method and a function the student added, with an import of theirs,
-    and a change to VTC.join (not theirs): full marks, and the change named in the note."""
+    and a change to VTC.requeue (not theirs): full marks, and the change named in the note."""
     edition = edition_with(
         tmp_path,
         "fairness/vtc.py",
@@ -403,13 +412,16 @@ def test_a_correct_a4_with_a_helper_of_its_own_gets_full_marks(tmp_path):
             "    # helpers\n",
             "    # helpers\n\n    def my_least(self):\n        return mine(self)\n",
         )
-        .replace("            self.fair_lift.ran_since.clear()  # Q", "            pass  # Q")
+        .replace(
+            "            self.queues[request.client_id].appendleft(request)\n",
+            "            self.queues[request.client_id].appendleft(request)\n            pass\n",
+        )
         + "\n\ndef mine(vtc):\n    return operator.methodcaller('least')(vtc.least)\n"
     )
     result = grade(edition, tmp_path / "out", only=["a4_vtc"])
     (g,) = result["assignments"]
     assert g["points"] == g["max_points"] == 25, g
-    assert "your changes to VTC.join were not taken" in g["note"], g
+    assert "your changes to VTC.requeue were not taken" in g["note"], g
 
 
 @pytest.mark.slow

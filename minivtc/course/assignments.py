@@ -13,17 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class Line:
-    """One line of an assignment's rubric: a mechanism, its points, the graded tests
-    (functions of the assignment's `test_files`) that check it, and the lesson that teaches it.
-    The points are all lost when any of those tests fails: a mechanism is understood, or not."""
-
-    mechanism: str
-    points: int
-    tests: tuple[str, ...]
-    lesson: int | None = None  # due no earlier than its week (tests/test_syllabus_weeks.py)
+from minivtc.course.rubrics import A4_RUBRIC, A4B_RUBRIC, A6_RUBRIC, Line, line
 
 
 @dataclass(frozen=True)
@@ -35,7 +25,8 @@ class Assignment:
     # A student's hours, estimated from counts measured by taking the course once on the
     # student edition: the words read in the assignment's files at 200 a minute plus the lines
     # written at 4 minutes each, rounded up to a quarter hour (lessons/SYLLABUS.md, "How these
-    # hours were found", gives the counts)
+    # hours were found", gives the counts; for the functions asked for since, the lines are
+    # their reference's, not measured)
     hours: float
     teaches: str
     # The student writes this file whole (the capstone): the edition ships its docstring, the
@@ -67,119 +58,35 @@ class Assignment:
         return self.functions + self.answer
 
 
-def line(mechanism: str, *tests: str, points: int = 5, lesson: int | None = None) -> Line:
-    return Line(mechanism, points, tests, lesson)
-
-
-# VTC's three details (charge at dispatch, never skip, the lift) as Lesson 5 teaches them, and the
-# theorems (Lessons 5 and 7): each a mechanism. A wrong one costs 5 of 25 points, whichever test
-# sees it. What the package adds to Algorithm 2 later in the course is a4b's.
-A4_RUBRIC = (
-    line(
-        "the pick: the smallest counter, ties to the client seen first, FIFO within a client",
-        "test_ties_go_to_the_client_seen_first",
-        "test_each_client_s_requests_go_in_arrival_order",
-        lesson=5,
-    ),
-    line(
-        "the lift, both cases (Q holds someone; Q empty)",
-        "test_the_lift_never_lowers_a_counter_and_lifts_to_the_smallest_waiting",
-        "test_a_client_joining_an_empty_queue_is_lifted_to_the_last_to_leave",
-        lesson=5,
-    ),
-    line(
-        "the prompt charge at dispatch: h(n_p, 0), at once",
-        "test_dispatch_charges_the_prompt_at_once",
-        lesson=5,
-    ),
-    line(
-        "the output charge: each token to its own client",
-        "test_each_output_token_is_charged_to_its_own_client",
-        lesson=5,
-    ),
-    line(
-        "the theorems on random and adversarial workloads",
-        "test_lemma_4_3_and_theorems_4_4_and_4_9",
-        "test_theorem_4_8_the_bound_is_tight_within_2x",
-        "test_lcf_lets_a_returning_client_monopolise_and_vtc_does_not",
-        lesson=7,  # Theorem 4.9 (Lesson 7); Lemma 4.3, Theorems 4.4 and 4.8, LCF: Lesson 5
-    ),
+# Algorithm 2 (Lesson 5): the counter structure that picks the smallest waiting counter, and
+# VTC's pick, lift and charges. The admission round (`admission_round`) and VTC.on_decode ship
+# written: Lessons 3 and 5 show them whole.
+A4_FUNCTIONS = (
+    ("fairness/least_counter.py", "LeastCounter.push"),
+    ("fairness/least_counter.py", "LeastCounter.compact"),
+    ("fairness/least_counter.py", "LeastCounter.least"),
+    ("fairness/least_counter.py", "LeastCounter.entry"),
+    ("fairness/least_counter.py", "LeastCounter.is_live"),
+    ("fairness/vtc.py", "VTC.peek"),
+    ("fairness/vtc.py", "VTC.dispatch"),
+    ("fairness/vtc.py", "VTC.on_finish"),
+    ("fairness/vtc.py", "VTC.join"),
+    ("fairness/vtc.py", "VTC.lift_counter"),
+    ("fairness/vtc.py", "VTC.join_floor"),
+    ("fairness/vtc.py", "VTC.lift_floor"),
+    ("fairness/vtc.py", "VTC.charge"),
+    ("fairness/vtc.py", "VTC.charge_outputs"),
 )
-# a4's VTC and a3's step, extended as Lessons 8, 10, 11 and 13 teach: each extension a line.
-A4B_RUBRIC = (
-    line(
-        "the profiled h: the prompt and every output token priced by any cost",
-        "test_dispatch_charges_the_prompt_at_once_under_the_profiled_cost",
-        "test_output_charges_follow_any_cost_the_profiled_one_too",
-        lesson=8,
-    ),
-    line(
-        "length prediction and its refund (Algorithm 3)",
-        "test_the_predictor_learns_each_finished_request_and_no_aborted_one",
-        "test_an_over_predicted_length_is_refunded",
-        "test_a_refund_may_take_a_counter_below_the_waiting_ones",
-        "test_a_request_costs_h_in_the_end_whatever_the_cost_and_the_prediction",
-        lesson=8,
-    ),
-    line(
-        "weights: every charge divided by the client's weight",
-        "test_every_charge_is_divided_by_the_client_s_weight",
-        "test_weighted_vtc_follows_weights_within_the_bound",
-        "test_weighted_vtc_shares_are_proportional_when_all_are_backlogged",
-        lesson=8,
-    ),
-    line(
-        "blocks on demand: a step grows the blocks it writes; a readmitted request's prompt "
-        "is not charged again",
-        "test_with_blocks_on_demand_a_step_grows_the_blocks_it_writes",
-        "test_a_request_back_from_a_preemption_is_not_charged_again",
-        lesson=10,
-    ),
-    line(
-        "fair preemption's lift: near every client that ran since the queue emptied",
-        "test_with_fair_preemption_a_client_joining_an_empty_queue_is_lifted_near_those_that_ran",
-        lesson=11,
-    ),
-    line(
-        "cached prompt tokens charged at w_c",
-        "test_a_cached_prompt_is_charged_at_the_cached_weight",
-        lesson=13,
-    ),
-)
-# What any fair policy must do, each a line: a policy that fails one is not fair in that sense.
-A6_RUBRIC = (
-    line(
-        "a Scheduler with a stated bound, no looser than 4U and justified by its worst gap",
-        "test_it_is_a_scheduler_and_states_its_bound",
-        "test_the_stated_bound_is_reached_on_an_adversarial_workload",
-        lesson=5,
-    ),
-    line("work conservation", "test_it_never_idles_while_a_request_waits", lesson=4),
-    line(
-        "equal shares whatever the request sizes and however early requests stop",
-        "test_backlogged_clients_share_equally_whatever_their_request_sizes",
-        "test_clients_whose_requests_stop_early_still_share_equally",
-        lesson=4,
-    ),
-    line(
-        "a bounded gap on random and adversarial workloads, and an always-waiting client never "
-        "out-served by more than 4U (Theorem 4.9)",
-        "test_the_gap_stays_within_your_bound_on_random_workloads",
-        "test_the_gap_stays_within_your_bound_on_adversarial_workloads",
-        "test_a_client_that_always_waits_is_never_out_served_by_more_than_4u",
-        lesson=7,
-    ),
-    line(
-        "no starvation, no take-over, no second charge on readmission",
-        "test_a_client_back_from_idle_is_served_soon_and_does_not_take_over",
-        "test_a_request_back_from_a_preemption_is_not_charged_again",
-        lesson=10,
-    ),
-    line(
-        "the paper's workloads: as fair as VTC and as fast",
-        "test_on_the_papers_workloads_as_fair_as_vtc_and_as_fast",
-        lesson=6,
-    ),
+# a4's functions and a3's step, extended (Lessons 8-13), and fair memory's own mechanisms
+# (Lessons 10-11): the fair victim and fair preemption's lift. Engine.make_room ships written:
+# Lessons 5 and 10 show it whole.
+A4B_FUNCTIONS = (
+    *A4_FUNCTIONS,
+    ("engine/engine.py", "Engine.step"),
+    ("engine/preemption.py", "Fair.choose"),
+    ("engine/preemption.py", "Fair.displace"),
+    ("fairness/fair_lift.py", "FairLift.ran"),
+    ("fairness/fair_lift.py", "FairLift.floor"),
 )
 
 # The design assignments (d1, d2): graded by properties on hidden workloads (design_bench.py)
@@ -303,12 +210,17 @@ ASSIGNMENTS = (
     Assignment(
         "a3_batching",
         "Admission and one continuous-batching step",
-        (("engine/admission.py", "FullReservation.reserve"), ("engine/engine.py", "Engine.step")),
+        (
+            ("engine/admission.py", "FullReservation.reserve"),
+            ("engine/engine.py", "Engine.step"),
+        ),
         (
             line(
-                "full reservation: prompt + max_tokens, or nothing",
+                "admission: full reservation (prompt + max_tokens, or nothing), at most "
+                "max_running in the batch",
                 "test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing",
                 "test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it",
+                "test_the_batch_holds_at_most_max_running_and_a_request_over_it_reserves_nothing",
                 lesson=3,
             ),
             line(
@@ -329,39 +241,26 @@ ASSIGNMENTS = (
     ),
     Assignment(
         "a4_vtc",
-        "The Virtual Token Counter: pick, lift, charge",
-        (
-            ("fairness/vtc.py", "VTC.peek"),
-            ("fairness/vtc.py", "VTC.dispatch"),
-            ("fairness/vtc.py", "VTC.lift_counter"),
-            ("fairness/vtc.py", "VTC.charge_outputs"),
-            ("fairness/vtc.py", "VTC.on_finish"),
-        ),
+        "The Virtual Token Counter: the counter structure, pick, lift, charge",
+        A4_FUNCTIONS,
         A4_RUBRIC,
-        1.25,
-        "Lessons 5 (the pick, the lift, the charges) and 7 (Theorem 4.9); graded by exact "
-        "counters for each mechanism, Lemma 4.3, Theorems 4.4, 4.8 and 4.9 and the LCF "
-        "counterexample",
+        3.5,
+        "Lessons 5 (the counter structure, the pick, the lift, the charges) and 7 (Theorem "
+        "4.9); graded by exact counters for each mechanism, Lemma 4.3, Theorems 4.4, 4.8 "
+        "and 4.9 and the LCF counterexample",
         graded=("test_a4_charges.py", "test_a4_pick.py", "test_a4_theorems.py"),
     ),
     Assignment(
         "a4b_variants",
         "VTC extended: the profiled cost, prediction and refund, weights, blocks on demand, "
-        "fair preemption's lift, cached tokens",
-        (
-            ("fairness/vtc.py", "VTC.peek"),
-            ("fairness/vtc.py", "VTC.dispatch"),
-            ("fairness/vtc.py", "VTC.lift_counter"),
-            ("fairness/vtc.py", "VTC.charge_outputs"),
-            ("fairness/vtc.py", "VTC.on_finish"),
-            ("engine/engine.py", "Engine.step"),
-        ),
+        "the fair victim and fair preemption's lift, cached tokens",
+        A4B_FUNCTIONS,
         A4B_RUBRIC,
-        1.5,
+        2.5,
         "Lessons 8 (the profiled h, prediction and refunds, weights), 10 (blocks on demand, "
-        "readmission), 11 (fair preemption's lift) and 13 (w_c, cached prompt tokens), on a4's "
-        "VTC and a3's step; graded by exact counters for each mechanism and weighted VTC's "
-        "bound and shares",
+        "readmission, the fair victim), 11 (fair preemption's lift) and 13 (w_c, cached prompt "
+        "tokens), on a4's VTC and a3's step; graded by exact counters for each mechanism and "
+        "weighted VTC's bound and shares",
         graded=("test_a4b_variants.py", "test_a4b_memory.py"),
     ),
     Assignment(

@@ -27,7 +27,7 @@ REPOSITORY = PACKAGE.parent  # where weights/ and lessons/ are, in a checkout
 # In the edition: each assignment's files as released (stubs), what `course test` takes the
 # student's functions into, by the grader's rules (`grade.test_edition`)
 RELEASED = Path("minivtc") / "course" / "released"
-# Not in the edition: the catalogue of wrong solutions (wrong.py, wrong_policies.py) quotes the
+# Not in the edition: the catalogue of wrong solutions (wrong*.py) quotes the
 # reference's bodies; the instructor's pages (instructor/) hold the problem sets' answers
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 INSTRUCTOR_ONLY = ("__pycache__", "*.pyc", "wrong*.py", "check.py", "instructor")
@@ -323,8 +323,9 @@ docstrings, comments, blank lines and asserts; for a6, the instructor's DRR). "h
 estimated from measured counts: the course was taken once on this edition (by an AI coding
 agent that read only the edition), and for each assignment the words read in its files and the
 lines written were counted; the hours are those words at 200 a minute plus those lines at 4
-minutes each (working out what to write, writing it, fixing it), rounded up to a quarter hour.
-The rates are stated, not measured: lessons/SYLLABUS.md ("How these hours were found") gives
+minutes each (working out what to write, writing it, fixing it), rounded up to a quarter hour;
+for functions asked for since, their reference's lines are added. The rates are stated, not
+measured: lessons/SYLLABUS.md ("How these hours were found") gives
 the counts, to redo the arithmetic at your own pace.
 
 | assignment | what you write | lessons, graded by | points | lines | hours | functions |

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from minivtc.course.edits import Wrong, drop, replace, rewrite, wrong
 from minivtc.course.wrong_design import D1, D2
+from minivtc.course.wrong_mechanisms import MECHANISMS
 from minivtc.course.wrong_policies import A4, A6
 
 LLAMA, KV_POOL = "model/llama.py", "engine/kv_pool.py"
@@ -206,4 +207,4 @@ A5 = [
         replace(METRIC, "demand(_s, _a, _b, _c)", "demand(_s, _a, _b, cost)"),
     ),
 ]
-WRONG: list[Wrong] = A1 + A2 + A3 + A4 + A5 + A6 + D1 + D2
+WRONG: list[Wrong] = A1 + A2 + A3 + A4 + A5 + A6 + MECHANISMS + D1 + D2

@@ -143,6 +143,28 @@ def test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it():
     )
 
 
+def test_the_batch_holds_at_most_max_running_and_a_request_over_it_reserves_nothing():
+    """A step's admission: a request beyond the batch's max_running waits, holding no blocks, though
+    its blocks would fit; it is admitted when a place in the batch frees."""
+    engine = unit_engine(kv_tokens=100, max_running=2)
+    a, b, c = (
+        engine.add_request([5] * 4, SamplingParams(max_tokens=n, ignore_eos=True))
+        for n in (1, 3, 3)
+    )
+    engine.step()  # a and b admitted; a has its one token and retires
+    used = engine.allocator.num_used_blocks
+    assert a.finish_reason == "length" and engine.running == [b], (
+        f"max_running 2: a (1 token) finished, running {engine.running}: not b alone (c must "
+        "wait, though its 7 tokens fit in the pool: Engine.step admits through Engine.schedule)"
+    )
+    assert c.status is Status.WAITING and used == 7, (
+        f"c waited for a place in the batch: it must hold no blocks, but {used} are used, not "
+        "b's 7 (a step reserves only what it admits)"
+    )
+    engine.step()  # a's place is free: c takes it
+    assert c.status is Status.RUNNING, f"a left the batch: c is {c.status}, not admitted"
+
+
 def test_continuous_batching_gives_each_request_its_tokens_alone():
     """Continuous batching gives each request the tokens it would get alone."""
     torch.manual_seed(0)

@@ -1,12 +1,12 @@
 """Assignment a4, graded (2 of 3): who goes next, the pick and the lift (Lesson 5).
 
-Graded by mechanism (`assignments.A4_RUBRIC`): exact counters and dispatch orders against
+Graded by mechanism (`rubrics.A4_RUBRIC`): exact counters and dispatch orders against
 Algorithm 2 on small hand-built cases (a fair-looking policy that is not VTC keeps its counters
 within U, and only exact counters tell it apart): the pick (the smallest counter, ties to the
-client seen first, first in first out within a client) and the lift, both cases (fair
-preemption's lift, Lesson 11, is a4b's: `test_a4b_memory.py`). What each request is charged is
-`test_a4_charges.py`'s; the theorems on workloads, `test_a4_theorems.py`'s. Requests are moved
-as the engine moves them (`vtc_moves.py`)."""
+client seen first, whenever it joined the queue, first in first out within a client) and the
+lift, both cases (fair preemption's lift, Lesson 11, is a4b's: `test_a4b_memory.py`). What
+each request is charged is `test_a4_charges.py`'s; the theorems on workloads,
+`test_a4_theorems.py`'s. Requests are moved as the engine moves them (`vtc_moves.py`)."""
 
 from __future__ import annotations
 
@@ -90,3 +90,40 @@ def test_a_client_joining_an_empty_queue_is_lifted_to_the_last_to_leave():
         f" before, {other}): lifted to {vtc.counters['c']} (Algorithm 2: c_u <- max(c_u, c_l), "
         "l the last to leave)"
     )
+
+
+def test_ties_go_to_the_client_seen_first_even_when_it_joins_the_queue_last():
+    """The tie order is the order clients were first seen, not the order they joined Q."""
+    vtc = VTC()
+    vtc.add(request("a", 5, name="a0"), 0.0)
+    vtc.add(request("b", 5, name="b0"), 0.0)
+    dispatch_next(vtc), dispatch_next(vtc)  # a: 5, b: 5; Q empty, b the last to leave
+    vtc.add(request("b", 5, name="b1"), 0.0)  # b joins first, at 5
+    vtc.add(request("a", 5, name="a1"), 0.0)  # then a, at 5: a tie
+    first = dispatch_next(vtc).request_id
+    assert first == "a1", (
+        f"a (seen first) and b both wait at counter 5, b having joined the queue first: "
+        f"picked {first}, not a1 (ties go to the client seen first, however late it joined: "
+        "VTC.peek and the counter structure's tie rank, LeastCounter.entry)"
+    )
+
+
+def test_a_waiting_client_is_never_lost_however_often_others_join_and_are_aborted():
+    """The counter structure keeps every waiting client through many joins and departures (its
+    dead entries dropped, the live ones kept): b waits all along at 0 while a, at 100, joins the
+    queue and is aborted (the engine's `scheduler.remove`) 200 times; b is offered in the end."""
+    vtc = VTC()
+    vtc.add(request("a", 100, name="a0"), 0.0)
+    vtc.add(request("b", 1, name="b0"), 0.0)  # b waits from now on, at 0
+    dispatch_next(vtc)  # a0 (a tie at 0, a seen first): a at 100, above b
+    for i in range(1, 201):
+        r = request("a", 1, name=f"a{i}")
+        vtc.add(r, 0.0)
+        vtc.remove(r)
+    offered = vtc.peek()
+    assert offered is not None and offered.request_id == "b0", (
+        f"b waited while a joined the queue and was aborted 200 times: peek offers "
+        f"{offered and offered.request_id}, not b0 (the counter structure lost a waiting "
+        "client: LeastCounter.push, compact, least, is_live)"
+    )
+    vtc.check_invariants()

@@ -130,6 +130,24 @@ def test_a_refund_may_take_a_counter_below_the_waiting_ones():
     )
 
 
+def test_a_refunded_client_is_picked_by_its_new_counter():
+    """A refund lowers a waiting client's counter: the next pick reads the lowered counter."""
+    vtc = VTC(predictor=Fixed(50.0))
+    r = request("a", 30)
+    for req in (r, request("b", 10, name="b1"), request("b", 10, name="b2")):
+        vtc.add(req, 0.0)
+    dispatch_next(vtc), dispatch_next(vtc)  # a: h(30, 50) = 130; b: h(10, 50) = 110, b2 waits
+    vtc.add(request("a", 5, name="a2"), 0.0)  # a waits too, above b: no lift
+    r.output_ids.extend([1] * 20)
+    finish(vtc, r, "eos")  # refunded to h(30, 20) = 70, below b's 110
+    picked = dispatch_next(vtc).request_id
+    assert picked == "a2", (
+        f"a was refunded to {vtc.counters['a']} while its a2 waited, b2 waiting at "
+        f"{vtc.counters['b']}: picked {picked}, not a2 (a counter that falls must be seen by "
+        "the next pick: VTC.charge and the counter structure, LeastCounter.push)"
+    )
+
+
 @pytest.mark.parametrize("cost", [PAPER_COST, ProfiledCost()], ids=["linear", "profiled"])
 @pytest.mark.parametrize(
     "predictor", [None, Oracle(), Fixed(8.0), Fixed(0.5)], ids=["none", "oracle", "8", "0.5"]
