@@ -21,7 +21,7 @@ import pytest
 from minivtc.course import sandbox
 from minivtc.course.assignments import ASSIGNMENTS, Assignment
 from minivtc.course.edition import PACKAGE, REPOSITORY, stub
-from minivtc.course.grade import CHANNEL, grade
+from minivtc.course.grade import CHANNEL, LIVE, grade
 
 needs_sandbox = pytest.mark.skipif(sandbox.why_not() is not None, reason=str(sandbox.why_not()))
 (A4,) = [a for a in ASSIGNMENTS if a.key == "a4_vtc"]
@@ -85,11 +85,31 @@ def test_an_atexit_hook_that_rewrites_the_report_changes_nothing(tmp_path):
     assert A5.key in CHANNEL and g["points"] == 0, g
 
 
+# A capstone whose every method fails, with `constant` after its imports
+CAPSTONE = (
+    '"""A capstone."""\n\nfrom minivtc.fairness.scheduler import Scheduler\n\n{constant}\n\n\n'
+    "class FairPolicy(Scheduler):\n"
+    "    BOUND = 'twice U: a bound argued nowhere, since nothing here is done yet, at all'\n\n"
+    "    def __init__(self):\n"
+    "        raise NotImplementedError('not done')\n"
+)
+
+
 @needs_sandbox
-@pytest.mark.xfail(strict=True, reason="a4's tests run in the sandbox, beside the student's code")
-def test_an_atexit_hook_cannot_rewrite_a4_s_report(tmp_path):
-    g = graded(a4_edition(tmp_path / "ed", REWRITE), tmp_path / "out")
-    assert g["points"] == 0, g
+@pytest.mark.parametrize("key", ["a4_vtc", "a6_fair"])
+def test_an_atexit_hook_cannot_rewrite_a_policy_s_report(key, tmp_path):
+    """a4's and a6's tests run outside the sandbox too, the policy they make living in it
+    (`grade.LIVE`): the hook runs where no report is (it once kept a4 and a6 at 30/30)."""
+    if key == "a4_vtc":
+        ed = a4_edition(tmp_path / "ed", REWRITE)
+    else:
+        ed = tmp_path / "ed"
+        (ed / "minivtc" / "course").mkdir(parents=True)
+        hook = "import atexit\n\n" + REWRITE.replace("__import__('atexit')", "atexit")
+        (ed / "minivtc" / "course" / "capstone.py").write_text(CAPSTONE.format(constant=hook))
+    g = graded(ed, tmp_path / "out", key)
+    assert key in CHANNEL and key in LIVE and g["points"] == 0, g
+    assert g["failures"] and "refused" not in g["note"], g
 
 
 @needs_sandbox
@@ -116,7 +136,7 @@ def test_the_reference_is_out_of_reach(tmp_path):
 
 
 @needs_sandbox
-@pytest.mark.parametrize("a", [A4, A5], ids=["a4 in the sandbox", "a5 through the channel"])
+@pytest.mark.parametrize("a", [A4, A5], ids=["a4, its policy live", "a5 through the channel"])
 def test_a_file_of_the_instructor_never_reaches_the_feedback(a, tmp_path):
     secret = tmp_path / "home" / ".bashrc"
     secret.parent.mkdir()
@@ -129,7 +149,7 @@ def test_a_file_of_the_instructor_never_reaches_the_feedback(a, tmp_path):
 
 
 @needs_sandbox
-@pytest.mark.parametrize("a", [A4, A5], ids=["a4 in the sandbox", "a5 through the channel"])
+@pytest.mark.parametrize("a", [A4, A5], ids=["a4, its policy live", "a5 through the channel"])
 def test_a_daemon_cannot_rewrite_grades_after_the_grader_exits(a, tmp_path):
     out = tmp_path / "out"
     forged = json.dumps({"assignments": [], "total": 30, "max_total": 30})
@@ -155,7 +175,7 @@ def test_a_daemon_cannot_rewrite_grades_after_the_grader_exits(a, tmp_path):
 
 
 @needs_sandbox
-@pytest.mark.parametrize("a", [A4, A5], ids=["a4 in the sandbox", "a5 through the channel"])
+@pytest.mark.parametrize("a", [A4, A5], ids=["a4, its policy live", "a5 through the channel"])
 def test_nothing_outside_the_sandbox_is_written(a, tmp_path):
     """The checkout stands in: a file outside the sandbox, at a path the student knows."""
     canary = tmp_path / "checkout" / "feedback.py"
@@ -201,7 +221,7 @@ def test_a_named_pipe_for_a_report_cannot_stall_the_grader(tmp_path):
 
 
 @needs_sandbox
-@pytest.mark.parametrize("a", [A4, A5], ids=["a4 in the sandbox", "a5 through the channel"])
+@pytest.mark.parametrize("a", [A4, A5], ids=["a4, its policy live", "a5 through the channel"])
 def test_no_process_outlives_grading(a, tmp_path):
     marker = f"minivtc-leftover-{os.getpid()}"
     spawn = (

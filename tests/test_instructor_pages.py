@@ -136,7 +136,7 @@ def test_every_rubric_a_week_page_names_is_the_grader_s():
 
 def test_each_assignment_s_rubric_is_on_the_page_of_the_week_it_is_due():
     for n, cell in syllabus_weeks().items():
-        due = set(re.findall(r"\b(a\d) due", cell))
+        due = set(re.findall(r"\b([ad]\db?) due", cell))  # a1-a6, a4b, the design d1-d2
         named = {row[0].split("_")[0] for row in rubric_rows(PAGES / f"week_{n:02d}.md")}
         assert named == due, (n, named, due)
 
@@ -209,11 +209,15 @@ def test_the_policy_grades_with_the_points_the_rubrics_give_and_its_shares_add_t
     shares = [int(row[2].rstrip("%")) for row in rows]
     assert sum(shares) == 100
     own = [a for a in ASSIGNMENTS if a.own_file]
-    assert [a.key for a in own] == ["a6_fair"]
-    assert points["assignments a1-a5 (`minivtc course grade`)"] == sum(
+    assert [a.key for a in own] == ["a6_fair", "d1_quota", "d2_tenants"]
+    assert points["assignments a1-a5 and a4b (`minivtc course grade`)"] == sum(
         a.max_points for a in ASSIGNMENTS if not a.own_file
     )
     assert points["capstone a6: the grader's points"] == own[0].max_points
+    design = sum(a.max_points for a in own[1:])
+    assert points["design assignments d1-d2: the grader's points"] == design
+    argued = next(v for k, v in points.items() if k.startswith("design assignments d1-d2: their"))
+    assert argued == stated_total((PAGES / "design_arguments.md").read_text())
     argument = stated_total((PAGES / "a6_argument.md").read_text())
     assert next(v for k, v in points.items() if "written argument" in k) == argument
     for n, page in enumerate(PROBLEM_SETS, start=1):

@@ -5,24 +5,15 @@ their bodies with `raise NotImplementedError`; grading an assignment runs its gr
 (`test_files`: `graded/test_<key>.py`, or the files it names) on the reference package with
 just those functions taken from the student's edition, so an assignment is graded on its own,
 whatever the student did elsewhere.
-The capstone is a file the student writes whole (`own_file`); its instructor's answer
-(`answer`, Deficit Round Robin) is not in the edition.
+The capstone and the design assignments (d1, d2) are files the student writes whole
+(`own_file`); their instructors' answers (`answer`: DRR, `course/instructor/`) are not in it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-@dataclass(frozen=True)
-class Line:
-    """One line of an assignment's rubric: a mechanism, its points, and the graded tests
-    (functions of the assignment's `test_files`) that check it. The points are all lost when any of
-    those tests fails: a mechanism is understood, or it is not."""
-
-    mechanism: str
-    points: int
-    tests: tuple[str, ...]
+from minivtc.course.rubrics import A4_RUBRIC, A4B_RUBRIC, A6_RUBRIC, Line, line
 
 
 @dataclass(frozen=True)
@@ -34,7 +25,8 @@ class Assignment:
     # A student's hours, estimated from counts measured by taking the course once on the
     # student edition: the words read in the assignment's files at 200 a minute plus the lines
     # written at 4 minutes each, rounded up to a quarter hour (lessons/SYLLABUS.md, "How these
-    # hours were found", gives the counts)
+    # hours were found", gives the counts; for the functions asked for since, the lines are
+    # their reference's, not measured)
     hours: float
     teaches: str
     # The student writes this file whole (the capstone): the edition ships its docstring, the
@@ -66,81 +58,96 @@ class Assignment:
         return self.functions + self.answer
 
 
-def line(mechanism: str, *tests: str, points: int = 5) -> Line:
-    return Line(mechanism, points, tests)
-
-
-# VTC's three details (charge at dispatch, never skip, the lift), and what the package adds to
-# Algorithm 2: each a mechanism. A wrong one costs 5 of 30 points, whichever test sees it.
-A4_RUBRIC = (
-    line(
-        "the pick: the smallest counter, ties to the client seen first, FIFO within a client",
-        "test_ties_go_to_the_client_seen_first",
-        "test_each_client_s_requests_go_in_arrival_order",
-    ),
-    line(
-        "the lift, both cases (Q holds someone; Q empty), with and without fair preemption",
-        "test_the_lift_never_lowers_a_counter_and_lifts_to_the_smallest_waiting",
-        "test_a_client_joining_an_empty_queue_is_lifted_to_the_last_to_leave",
-        "test_with_fair_preemption_a_client_joining_an_empty_queue_is_lifted_near_those_that_ran",
-    ),
-    line(
-        "the prompt charge at dispatch: h(n_p, 0), w_c for cached tokens, once per request",
-        "test_dispatch_charges_the_prompt_at_once",
-        "test_dispatch_charges_the_prompt_at_once_under_the_profiled_cost",
-        "test_a_cached_prompt_is_charged_at_the_cached_weight",
-        "test_a_request_back_from_a_preemption_is_not_charged_again",
-    ),
-    line(
-        "the output charge under any h, the prediction and its refund (Algorithm 3)",
-        "test_output_charges_follow_any_cost_the_profiled_one_too",
-        "test_each_output_token_is_charged_to_its_own_client",
-        "test_the_predictor_learns_each_finished_request_and_no_aborted_one",
-        "test_an_over_predicted_length_is_refunded",
-        "test_a_refund_may_take_a_counter_below_the_waiting_ones",
-        "test_a_request_costs_h_in_the_end_whatever_the_cost_and_the_prediction",
-    ),
-    line(
-        "weights: every charge divided by the client's weight",
-        "test_every_charge_is_divided_by_the_client_s_weight",
-        "test_weighted_vtc_follows_weights_within_the_bound",
-        "test_weighted_vtc_shares_are_proportional_when_all_are_backlogged",
-    ),
-    line(
-        "the theorems on random and adversarial workloads",
-        "test_lemma_4_3_and_theorems_4_4_and_4_9",
-        "test_theorem_4_8_the_bound_is_tight_within_2x",
-        "test_lcf_lets_a_returning_client_monopolise_and_vtc_does_not",
-    ),
+# Algorithm 2 (Lesson 5): the counter structure that picks the smallest waiting counter, and
+# VTC's pick, lift and charges. The admission round (`admission_round`) and VTC.on_decode ship
+# written: Lessons 3 and 5 show them whole.
+A4_FUNCTIONS = (
+    ("fairness/least_counter.py", "LeastCounter.push"),
+    ("fairness/least_counter.py", "LeastCounter.compact"),
+    ("fairness/least_counter.py", "LeastCounter.least"),
+    ("fairness/least_counter.py", "LeastCounter.entry"),
+    ("fairness/least_counter.py", "LeastCounter.is_live"),
+    ("fairness/vtc.py", "VTC.peek"),
+    ("fairness/vtc.py", "VTC.dispatch"),
+    ("fairness/vtc.py", "VTC.on_finish"),
+    ("fairness/vtc.py", "VTC.join"),
+    ("fairness/vtc.py", "VTC.lift_counter"),
+    ("fairness/vtc.py", "VTC.join_floor"),
+    ("fairness/vtc.py", "VTC.lift_floor"),
+    ("fairness/vtc.py", "VTC.charge"),
+    ("fairness/vtc.py", "VTC.charge_outputs"),
 )
-# What any fair policy must do, each a line: a policy that fails one is not fair in that sense.
-A6_RUBRIC = (
+# a4's functions and a3's step, extended (Lessons 8-13), and fair memory's own mechanisms
+# (Lessons 10-11): the fair victim and fair preemption's lift. Engine.make_room ships written:
+# Lessons 5 and 10 show it whole.
+A4B_FUNCTIONS = (
+    *A4_FUNCTIONS,
+    ("engine/engine.py", "Engine.step"),
+    ("engine/preemption.py", "Fair.choose"),
+    ("engine/preemption.py", "Fair.displace"),
+    ("fairness/fair_lift.py", "FairLift.ran"),
+    ("fairness/fair_lift.py", "FairLift.floor"),
+)
+
+# The design assignments (d1, d2): graded by properties on hidden workloads (design_bench.py)
+D1_RUBRIC = (
     line(
-        "a Scheduler with a stated bound, no looser than 4U and justified by its worst gap",
+        "a Scheduler with a stated bound, within 4U and near its worst gap",
         "test_it_is_a_scheduler_and_states_its_bound",
         "test_the_stated_bound_is_reached_on_an_adversarial_workload",
-    ),
-    line("work conservation", "test_it_never_idles_while_a_request_waits"),
-    line(
-        "equal shares whatever the request sizes and however early requests stop",
-        "test_backlogged_clients_share_equally_whatever_their_request_sizes",
-        "test_clients_whose_requests_stop_early_still_share_equally",
+        lesson=5,
     ),
     line(
-        "a bounded gap on random and adversarial workloads, and an always-waiting client never "
-        "out-served by more than 4U (Theorem 4.9)",
+        "the quota: never exceeded, a request that never fits refused, room back on preemption",
+        "test_no_client_ever_holds_more_than_its_quota",
+        "test_a_request_larger_than_its_quota_is_refused",
+        "test_a_preempted_request_gives_its_room_back_and_an_aborted_one_is_forgotten",
+        lesson=10,
+    ),
+    line(
+        "nothing held back that has room in its quota",
+        "test_nothing_is_held_back_that_has_room",
+        lesson=5,
+    ),
+    line(
+        "equal shares for clients without a quota, beside a capped one",
+        "test_clients_without_a_quota_share_equally_beside_a_capped_one",
+        lesson=5,
+    ),
+    line(
+        "a bounded gap on hidden random and adversarial workloads",
         "test_the_gap_stays_within_your_bound_on_random_workloads",
         "test_the_gap_stays_within_your_bound_on_adversarial_workloads",
-        "test_a_client_that_always_waits_is_never_out_served_by_more_than_4u",
+        lesson=5,
+    ),
+)
+D2_RUBRIC = (
+    line(
+        "a Scheduler with both bounds stated",
+        "test_it_is_a_scheduler_and_states_its_bounds",
+        lesson=8,
     ),
     line(
-        "no starvation, no take-over, no second charge on readmission",
-        "test_a_client_back_from_idle_is_served_soon_and_does_not_take_over",
-        "test_a_request_back_from_a_preemption_is_not_charged_again",
+        "work conservation, each user's requests in order, requeued and removed ones too",
+        "test_it_never_idles_while_a_request_waits",
+        "test_a_preempted_request_waits_first_again_and_an_aborted_one_is_forgotten",
+        lesson=8,
     ),
     line(
-        "the paper's workloads: as fair as VTC and as fast",
-        "test_on_the_papers_workloads_as_fair_as_vtc_and_as_fast",
+        "tenants share equally whatever their number of users",
+        "test_tenants_share_equally_whatever_their_number_of_users",
+        lesson=8,
+    ),
+    line(
+        "users share their tenant's service equally",
+        "test_users_of_a_tenant_share_equally_whatever_their_request_sizes",
+        lesson=8,
+    ),
+    line(
+        "bounded gaps, tenants and users, on hidden random and adversarial workloads",
+        "test_the_gaps_stay_within_your_bounds_on_random_workloads",
+        "test_the_gaps_stay_within_your_bounds_on_adversarial_workloads",
+        lesson=8,
     ),
 )
 
@@ -155,11 +162,17 @@ ASSIGNMENTS = (
             ("model/llama.py", "causal_attention"),
         ),
         (
-            line("RMSNorm", "test_rmsnorm_matches_transformers"),
-            line("rotary positions", "test_rotary_positions_match_transformers"),
-            line("grouped-query causal attention", "test_causal_attention_with_grouped_queries"),
+            line("RMSNorm", "test_rmsnorm_matches_transformers", lesson=1),
+            line("rotary positions", "test_rotary_positions_match_transformers", lesson=1),
             line(
-                "the pieces together: the whole model", "test_whole_model_logits_match_transformers"
+                "grouped-query causal attention",
+                "test_causal_attention_with_grouped_queries",
+                lesson=1,
+            ),
+            line(
+                "the pieces together: the whole model",
+                "test_whole_model_logits_match_transformers",
+                lesson=1,
             ),
         ),
         1.75,
@@ -175,14 +188,20 @@ ASSIGNMENTS = (
             ("engine/kv_pool.py", "BlockAllocator.slots"),
         ),
         (
-            line("allocate, grow, free and slots, by hand", "test_allocate_grow_free_and_slots"),
+            line(
+                "allocate, grow, free and slots, by hand",
+                "test_allocate_grow_free_and_slots",
+                lesson=2,
+            ),
             line(
                 "the allocator's invariants under random operations",
                 "test_random_operations_keep_the_invariants",
+                lesson=2,
             ),
             line(
                 "the slot mapping in use: paged attention gives dense attention's tokens",
                 "test_paged_engine_gives_the_tokens_of_dense_attention",
+                lesson=2,
             ),
         ),
         1.5,
@@ -191,23 +210,30 @@ ASSIGNMENTS = (
     Assignment(
         "a3_batching",
         "Admission and one continuous-batching step",
-        (("engine/admission.py", "FullReservation.reserve"), ("engine/engine.py", "Engine.step")),
+        (
+            ("engine/admission.py", "FullReservation.reserve"),
+            ("engine/engine.py", "Engine.step"),
+        ),
         (
             line(
-                "full reservation: prompt + max_tokens, or nothing",
+                "admission: full reservation (prompt + max_tokens, or nothing), at most "
+                "max_running in the batch",
                 "test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing",
                 "test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it",
+                "test_the_batch_holds_at_most_max_running_and_a_request_over_it_reserves_nothing",
+                lesson=3,
             ),
             line(
-                "the step: admit, grow, run, append, charge, retire, check",
+                "the step: admit, run, append, charge, retire, check",
                 "test_each_step_charges_its_tokens_to_the_clients",
                 "test_a_step_ends_by_checking_the_invariants",
-                "test_with_blocks_on_demand_a_step_grows_the_blocks_it_writes",
                 "test_one_step_admits_runs_appends_and_retires",
+                lesson=3,
             ),
             line(
                 "continuous batching with the real model",
                 "test_continuous_batching_gives_each_request_its_tokens_alone",
+                lesson=3,
             ),
         ),
         1.5,
@@ -215,43 +241,53 @@ ASSIGNMENTS = (
     ),
     Assignment(
         "a4_vtc",
-        "The Virtual Token Counter: pick, lift, charge, refund",
-        (
-            ("fairness/vtc.py", "VTC.peek"),
-            ("fairness/vtc.py", "VTC.dispatch"),
-            ("fairness/vtc.py", "VTC.lift_counter"),
-            ("fairness/vtc.py", "VTC.charge_outputs"),
-            ("fairness/vtc.py", "VTC.on_finish"),
-        ),
+        "The Virtual Token Counter: the counter structure, pick, lift, charge",
+        A4_FUNCTIONS,
         A4_RUBRIC,
-        2.5,
-        "Lessons 5 (the pick, the lift, the prompt charge), 8 (prediction and refunds, weights, "
-        "the profiled h), 10 (readmission), 11 (fair preemption's lift) and 13 (w_c, cached "
-        "prompt tokens); graded by exact counters for each mechanism, Lemma 4.3, Theorems 4.4, "
-        "4.8 and 4.9 and the LCF counterexample",
+        3.5,
+        "Lessons 5 (the counter structure, the pick, the lift, the charges) and 7 (Theorem "
+        "4.9); graded by exact counters for each mechanism, Lemma 4.3, Theorems 4.4, 4.8 "
+        "and 4.9 and the LCF counterexample",
         graded=("test_a4_charges.py", "test_a4_pick.py", "test_a4_theorems.py"),
+    ),
+    Assignment(
+        "a4b_variants",
+        "VTC extended: the profiled cost, prediction and refund, weights, blocks on demand, "
+        "the fair victim and fair preemption's lift, cached tokens",
+        A4B_FUNCTIONS,
+        A4B_RUBRIC,
+        2.5,
+        "Lessons 8 (the profiled h, prediction and refunds, weights), 10 (blocks on demand, "
+        "readmission, the fair victim), 11 (fair preemption's lift) and 13 (w_c, cached prompt "
+        "tokens), on a4's VTC and a3's step; graded by exact counters for each mechanism and "
+        "weighted VTC's bound and shares",
+        graded=("test_a4b_variants.py", "test_a4b_memory.py"),
     ),
     Assignment(
         "a5_metric",
         "The paper's metric: Table 2's Max / Avg / Var Diff",
         (("sim/metrics.py", "table_metrics"),),
         (
-            line("Table 2's rows, from the artifact's runs", "test_table_2_rows"),
+            line("Table 2's rows, from the artifact's runs", "test_table_2_rows", lesson=4),
             line(
                 "no difference for clients served alike",
                 "test_clients_served_alike_and_as_demanded_have_no_difference",
+                lesson=4,
             ),
             line(
                 "throughput over the served span",
                 "test_without_a_total_time_throughput_is_over_the_served_span",
+                lesson=4,
             ),
             line(
                 "a starved client's difference, capped by its demand",
                 "test_a_starved_client_counts_up_to_its_demand",
+                lesson=4,
             ),
         ),
         1.0,
-        "Lessons 4 and 6; graded against the artifact's measured A10G runs",
+        "Lesson 4 (Lesson 6 applies it to the paper's runs); graded against the artifact's "
+        "measured A10G runs",
     ),
     Assignment(
         "a6_fair",
@@ -268,6 +304,37 @@ ASSIGNMENTS = (
             ("fairness/drr.py", "DRR.peek"),
             ("fairness/drr.py", "DRR.dispatch"),
             ("fairness/drr.py", "DRR.on_decode"),
+        ),
+    ),
+    Assignment(
+        "d1_quota",
+        "Design: fairness under per-client quotas of the memory, with its bound",
+        (),
+        D1_RUBRIC,
+        3.0,
+        "Lessons 3 (full reservation) and 5 (Algorithm 2, Lemma 4.3, the lift); graded by the "
+        "quota, work conservation and the gap between clients without a quota, on hidden workloads",
+        own_file="course/design/quota.py",
+        answer=tuple(
+            ("course/instructor/quota_answer.py", f"QuotaVTC.{m}")
+            for m in ("add", "peek", "dispatch", "on_decode", "on_finish", "remove", "requeue")
+            + ("update", "has_room", "floor")
+        ),
+    ),
+    Assignment(
+        "d2_tenants",
+        "Design: fairness between tenants and between each tenant's users, with its bounds",
+        (),
+        D2_RUBRIC,
+        3.0,
+        "Lessons 5 (Algorithm 2, Lemma 4.3, the lift) and 8 (weights, for contrast); graded by "
+        "shares and gaps at both levels, on hidden workloads",
+        own_file="course/design/tenants.py",
+        answer=tuple(
+            ("course/instructor/tenants_answer.py", q)
+            for q in ("Counters.arrive", "Counters.depart", "Counters.least", "Counters.floor")
+            + tuple(f"TenantVTC.{m}" for m in ("add", "peek", "dispatch", "on_decode", "remove"))
+            + tuple(f"TenantVTC.{m}" for m in ("requeue", "charge", "arrive", "depart"))
         ),
     ),
 )

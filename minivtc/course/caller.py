@@ -7,6 +7,9 @@ this process's package, by a proxy: a call ships (arguments, self) to the worker
 the student's function there, and copies back the result and the arguments' new state onto
 the originals (`channel.Codec`). A file the student writes whole (the capstone) is met by
 stand-in classes and functions made from the worker's description of it, each method a proxy.
+Live (a4's VTC, a6's own classes: `grade.LIVE`), making one makes the object in the sandbox,
+where it stays between calls: the stand-in holds its handle (`channel.Remote`), and its
+attributes are read and written there (`Forwarded`, `Session.get`).
 So the tests, their assertions and their report stay in a process the student's code cannot
 reach: what it sends is data the tests judge, never a verdict.
 
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import importlib
 import json
 import os
 import sys
@@ -31,13 +35,21 @@ from typing import Any
 import pytest
 
 from minivtc.course import sandbox
-from minivtc.course.channel import TIMED_OUT, ChannelError, receive, resolve, send
+from minivtc.course.channel import TIMED_OUT, ChannelError, Remote, receive, resolve, send
 from minivtc.course.codec import Codec
 from minivtc.course.testrun import SPEC  # {"root", "modules", "functions", "own", "deadline"}
+from minivtc.course.worker import describe_class
 
 CALL_LIMIT_S = 60.0  # one call of a student's function (a step, a dispatch) takes far less
 START_LIMIT_S = 120.0  # the worker's start: importing torch and the student's modules
 KEY = pytest.StashKey["Session"]()
+BOUND = object()  # the answer to a read of a method (`Session.get`)
+# Live: the policy's methods whose answer (None) the tests never use, sent without waiting, so
+# the tests and the sandbox run at once (a6's paper workloads: 70,000 calls each); each answer
+# is read with the next call's, before any read of the policy: one that raised fails the test
+LATER = frozenset({"dispatch", "on_decode", "on_finish", "requeue", "remove", "check_invariants"})
+MAX_UNREAD = 64  # answers of ~100 bytes: far below what a pipe holds, so neither side blocks
+METHODS = (types.FunctionType, property, staticmethod, classmethod, type)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -46,6 +58,19 @@ def pytest_configure(config: pytest.Config) -> None:
         session = Session(json.loads(text))
         config.stash[KEY] = session
         session.install()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
+    """No call's answer left for later (`LATER`) ends a test unread, or reaches the next."""
+    session, failed = pyfuncitem.config.stash.get(KEY, None), True
+    try:
+        result = yield
+        failed = False
+    finally:
+        if session is not None:  # (a test that failed already: its own failure stands)
+            session.settle(strict=not failed)
+    return result
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -60,10 +85,13 @@ class Session:
     def __init__(self, spec: dict) -> None:
         self.spec = spec
         self.deadline = float(spec["deadline"])  # time.monotonic(), shared with the grader
-        self.codec = Codec(trusted=True)
+        live = spec.get("live")  # a4's and a6's: the policies stay in the sandbox
+        self.codec = Codec(trusted=True, live=self.remote if live is not None else None)
         self.process: Any = None
         self.scratch = tempfile.TemporaryDirectory(prefix="minivtc-worker-")
-        self.description: dict = {}
+        self.handles: dict[int, Remote] = {}  # handle -> the stand-in of what lives there
+        self.unread = 0  # calls sent whose answers are not read yet (`LATER`)
+        self.classes: dict[str, type] = {}  # a class in the sandbox -> its stand-in here
 
     def install(self) -> None:
         """Each asked-for function replaced by its proxy; a whole file by stand-ins."""
@@ -73,12 +101,16 @@ class Session:
             holder = resolve(":".join([module, ".".join(path)])) if path else resolve(module + ":")
             original = getattr(holder, name)
             setattr(holder, name, functools.wraps(original)(self.proxy(target)))
+        for target in self.spec.get("live", []):  # a4's VTC: the same methods as here
+            where, _, name = target.partition(":")
+            described = describe_class(resolve(target), Codec(trusted=False))
+            setattr(importlib.import_module(where), name, self.stand_in(where, name, described))
         if self.spec.get("own"):
             self.stand_ins(self.spec["own"])
 
     def stand_ins(self, own: str) -> None:
-        module = sys.modules.get(own) or __import__(own, fromlist=["_"])
         described = self.start()
+        module = importlib.import_module(own)
         for name, value in described.get("constants", {}).items():
             setattr(module, name, value)
         for name in described.get("functions", []):
@@ -87,13 +119,54 @@ class Session:
             setattr(module, name, self.stand_in(own, name, cls))
 
     def stand_in(self, own: str, name: str, cls: dict) -> type:
-        """A class whose methods run the student's, in the sandbox."""
+        """A class whose methods run the student's, in the sandbox (live: its objects too)."""
         bases = tuple(self.base(b) for b in cls["bases"]) or (object,)
         space: dict[str, Any] = {"__module__": own, "__qualname__": name}
         space |= {k: self.codec.decode(v) for k, v in cls["constants"].items()}
         space |= {m: self.proxy(f"{own}:{name}.{m}") for m in cls["methods"]}
         space |= {p: property(self.proxy(f"{own}:{name}.{p}.fget")) for p in cls["properties"]}
-        return types.new_class(name, bases, {}, lambda ns: ns.update(space))
+        if self.codec.live is not None:
+            made = self.proxy(f"{own}:{name}")
+            space |= {n: Forwarded(n, v) for n, v in class_data(bases).items() if n not in space}
+            space |= {n: Forwarded(n, space[n]) for n in cls["constants"]}
+            space |= {m: self.proxy(f"{own}:{name}.{m}", True) for m in LATER & space.keys()}
+            space |= {"__new__": lambda _, *a, **k: made(*a, **k), "session": self}
+            space["__init__"] = lambda *_, **__: None  # (made there by `__new__`)
+            bases = (Remote, *bases)
+        found = types.new_class(name, bases, {}, lambda ns: ns.update(space))
+        self.classes[f"{own}:{name}"] = found
+        return found
+
+    def remote(self, handle: int, name: str) -> Remote:
+        """The stand-in for what has `handle` in the sandbox (of a class made for `name`)."""
+        if handle in self.handles:
+            return self.handles[handle]
+        if handle >= 0:
+            raise ChannelError(f"a handle the sandbox never gives ({handle})")
+        if name not in self.classes:
+            module, _, qualname = name.partition(":")
+            space = {"__module__": module, "session": self}
+            made_class = types.new_class(qualname, (Remote,), {}, lambda ns: ns.update(space))
+            self.classes[name] = made_class
+        made: Any = object.__new__(self.classes[name])
+        object.__setattr__(made, "handle", handle)
+        self.handles[handle] = made
+        return made
+
+    def get(self, kept: Remote, name: str) -> Any:
+        """Attribute `name` there: a copy, a stand-in, or (a method) a function calling it."""
+        found = self.ask({"get": name, "self": kept.handle}, (), {})
+        if found is not BOUND:
+            return found
+
+        def method(*args: Any, **kwargs: Any) -> Any:
+            return self.ask({"method": name, "self": kept.handle}, args, kwargs)
+
+        method.__qualname__ = method.__name__ = name
+        return method
+
+    def set(self, kept: Remote, name: str, value: Any) -> None:
+        self.ask({"set": name, "self": kept.handle}, (value,), {})
 
     def base(self, name: str) -> type:
         try:
@@ -102,29 +175,51 @@ class Session:
             return object  # a base of the student's own: its methods come with the class
         return found if isinstance(found, type) else object
 
-    def proxy(self, target: str):
+    def proxy(self, target: str, later: bool = False):
         def call(*args: Any, **kwargs: Any) -> Any:
-            return self.call(target, args, kwargs)
+            return self.ask({"call": target}, args, kwargs, later)
 
         call.__qualname__ = call.__name__ = target.rpartition(".")[2].rpartition(":")[2]
         return call
 
-    def call(self, target: str, args: tuple, kwargs: dict) -> Any:
+    def ask(self, message: dict, args: tuple, kwargs: dict, later: bool = False) -> Any:
+        """Send a call (a read, a write); its result, the arguments' new state copied back.
+        `later` (`LATER`): its answer read with the next's, unless the sandbox may call back."""
         if self.process is None:
             self.start()
         sent = list(args)
-        send(self.outbox, {"call": target, "args": self.codec.encode([sent, kwargs])})
+        send(self.outbox, message | {"args": self.codec.encode([sent, kwargs])})
+        self.unread += 1
+        if later and not self.codec.callable_sent and self.unread < MAX_UNREAD:
+            return None
         try:
-            reply = self.await_reply()
+            reply = self.answers()
             if "raised" in reply:
                 if "state" in reply:
                     self.codec.decode(reply["state"])
                 raise rebuilt(reply["raised"])
+            if reply.get("bound") is True:
+                return BOUND
             result, _, _ = self.codec.decode(reply["ok"])
         except ChannelError as e:
             self.stop()
             raise ChannelError(f"grading stopped your code in the sandbox: {e}") from None
         return result
+
+    def answers(self) -> dict:
+        """The answers of the calls sent, the last this one's: the first that raised, or it."""
+        replies = [self.await_reply() for _ in range(self.unread)]
+        self.unread = 0
+        return next((r for r in replies if "raised" in r), replies[-1])
+
+    def settle(self, strict: bool = True) -> None:
+        """At a test's end: the answers not read yet (`strict`: one that raised fails it)."""
+        try:
+            if self.unread and self.process is not None:
+                self.ask({"call": "builtins:len"}, ((),), {})  # (nothing: its answer comes last)
+        except Exception:
+            if strict:
+                raise
 
     def await_reply(self) -> dict:
         """The worker's answer, calling back the test's functions it asks for meanwhile."""
@@ -138,9 +233,11 @@ class Session:
             send(self.outbox, self.callback(message))
 
     def callback(self, message: dict) -> dict:
-        """Call the test's function the worker holds as opaque: only a function of the
-        package (a test's clock), never anything else the grader's side holds."""
+        """Call the test's function (a clock) or helper the worker holds: the package's only."""
         function = self.codec.known(message["callback"], object)
+        method = message.get("method")
+        if type(method) is str and not method.startswith("_"):
+            function = getattr(function, method)  # a method of the tests' own helper
         inner = getattr(function, "__func__", function)
         if not isinstance(inner, types.FunctionType) or not (inner.__module__ or "").startswith(
             "minivtc."
@@ -165,9 +262,12 @@ class Session:
         os.close(theirs_in)
         os.close(theirs_out)
         self.inbox, self.outbox = inbox, outbox
-        self.codec.versions.clear()  # a new worker holds no tensor, no container
-        self.codec.synced.clear()
-        send(outbox, {"hello": self.spec["modules"], "own": self.spec.get("own")})
+        self.codec.held.clear()  # a new worker holds no tensor, no container, no object
+        for gone in self.handles.values():
+            object.__setattr__(gone, "handle", 0)  # (a handle no worker gives)
+        self.handles.clear()
+        hello = {"hello": self.spec["modules"], "own": self.spec.get("own")}
+        send(outbox, hello | {"live": self.spec.get("live")})
         try:
             reply = receive(inbox, min(self.deadline, time.monotonic() + START_LIMIT_S))
         except ChannelError as e:
@@ -176,14 +276,15 @@ class Session:
         if "raised" in reply:
             self.stop()
             raise rebuilt(reply["raised"])
-        self.description = reply.get("ok") or {}
-        return self.description
+        return reply.get("ok") or {}
 
     def weights(self) -> Path | None:
         weights = self.spec.get("weights")
         return Path(weights) if weights else None
 
     def stop(self) -> None:
+        self.unread = 0
+        self.codec.callable_sent = False
         if self.process is not None:
             sandbox.stop(self.process)
             os.close(self.inbox)
@@ -198,6 +299,31 @@ class Session:
                 said = f.read(20000).decode(errors="replace")
             print(f"\n--- the sandboxed code's output ---\n{said}")
         self.scratch.cleanup()
+
+
+class Forwarded:
+    """A class attribute of a live stand-in (`Scheduler.name`, a capstone's `BOUND`): read on
+    the class, its value; read or written on an instance, the instance's, in the sandbox (a
+    base's class attribute here must not hide what the object there holds)."""
+
+    def __init__(self, name: str, value: Any) -> None:
+        self.name, self.value = name, value
+
+    def __get__(self, kept: Any, owner: Any = None) -> Any:
+        return self.value if kept is None else type(kept).session.get(kept, self.name)
+
+    def __set__(self, kept: Any, value: Any) -> None:
+        type(kept).session.set(kept, self.name, value)
+
+
+def class_data(bases: tuple[type, ...]) -> dict[str, Any]:
+    """The class attributes that are not methods, of `bases` and theirs (the package's)."""
+    found: dict[str, Any] = {}
+    for klass in reversed([k for b in bases for k in b.__mro__ if k is not object]):
+        for name, value in vars(klass).items():
+            if not name.startswith("__") and not isinstance(value, METHODS):
+                found[name] = value
+    return found
 
 
 def rebuilt(raised: Any) -> BaseException:

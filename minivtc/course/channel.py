@@ -12,6 +12,7 @@ sandbox's).
 from __future__ import annotations
 
 import base64
+import enum
 import functools
 import importlib
 import json
@@ -20,7 +21,7 @@ import select
 import struct
 import time
 import types
-from collections import deque
+from collections import OrderedDict, defaultdict, deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -53,14 +54,40 @@ class Foreign:
 
 
 class Opaque:
-    """The sandbox's stand-in for a value the grader could not send: calling it asks the
-    grader's side to call the original (`callback`)."""
+    """The sandbox's stand-in for a value the grader could not send, or keeps (a test's own
+    predictor): calling it, or one of its methods, asks the grader's side to call the
+    original (`callback`)."""
 
     def __init__(self, ident: int, callback: Any) -> None:
         self.ident, self.callback = ident, callback
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         return self.callback(self.ident, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return lambda *args, **kwargs: self.callback(self.ident, args, kwargs, name)
+
+
+class Remote:
+    """The tests' side's stand-in for an object that lives in the sandbox between calls (a
+    policy, its ledger): only its handle is here. Its attributes are read and written there,
+    and each of its methods runs there (`caller.Session`, the class's `session`)."""
+
+    handle: int
+    session: Any
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name == "handle":
+            raise AttributeError(name)
+        return type(self).session.get(self, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        type(self).session.set(self, name, value)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__qualname__} in the sandbox>"
 
 
 def name_of(cls: type) -> str:
@@ -76,6 +103,11 @@ def resolve(name: str) -> Any:
 
 
 PLAIN = (bool, int, float, str)
+MISSING = object()  # an unset slot
+KINDS: dict[str, Any] = {"list": list, "set": set, "deque": deque, "dict": dict}
+KINDS |= {"OrderedDict": OrderedDict, "defaultdict": defaultdict}
+SEQUENCES: dict[str, Any] = {"tuple": tuple, "frozenset": frozenset, "Size": torch.Size}
+SEQUENCES["range"] = lambda items: range(*items)
 FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodType, functools.partial)
 
 
@@ -85,6 +117,66 @@ def importable(name: str) -> bool:
     return module.startswith("minivtc.") and not (
         module.startswith("minivtc.course.") and not module.startswith("minivtc.course.graded")
     )
+
+
+def function_node(f: Any, ident: int, trusted: bool) -> dict:
+    """A function by its name where it has one (the grader's side: and its id, to be called
+    back or sent back as itself)."""
+    name = f"{getattr(f, '__module__', None)}:{getattr(f, '__qualname__', '')}"
+    named = (types.FunctionType, types.BuiltinFunctionType)  # (a builtin: time's clocks)
+    plain = isinstance(f, named) and "<locals>" not in name and not name.startswith("None:")
+    if trusted:
+        return {"function": name if plain else None, "id": ident}
+    if ident > 0:
+        return {"opaque": ident}  # the grader's own, back as itself
+    if plain:
+        return {"function": name, "id": ident}
+    raise ChannelError(f"cannot send back {name} (a function of no module)")
+
+
+def refill(original: Any, tag: str, items: list, grown: bool) -> None:
+    """`original` (a list, set, deque or dict) made to hold `items`, which must be plain
+    (`grown`: `items` added at a list's end)."""
+    if tag == "dict":
+        if not all(type(p) is list and len(p) == 2 for p in items):
+            raise ChannelError("a malformed dict")
+        items = [tuple(p) for p in items]
+    flat = [x for p in items for x in p] if tag == "dict" else items
+    if not all(x is None or type(x) in PLAIN for x in flat):
+        raise ChannelError("a container said plain holds something else")
+    if not grown:
+        original.clear()
+    if tag == "dict":
+        original.update(items)
+    else:
+        (original.update if tag == "set" else original.extend)(items)
+
+
+def state_of(v: Any) -> dict:
+    """An object's fields: its dictionary and its slots (a Request keeps its fields there)."""
+    state = dict(vars(v)) if hasattr(v, "__dict__") else {}
+    slots = ((s, getattr(v, s, MISSING)) for s in slots_of(v.__class__))
+    return state | {s: x for s, x in slots if x is not MISSING}
+
+
+def set_state(v: Any, state: dict) -> None:
+    """`v`'s fields (`state_of`) set to `state`."""
+    for name, value in state.items():
+        if name in slots_of(v.__class__):
+            object.__setattr__(v, name, value)
+        else:
+            vars(v)[name] = value
+
+
+def tensor_node(t: torch.Tensor, ident: int, versions: dict[int, int], trusted: bool) -> dict:
+    """A tensor as its id alone where the other side holds it as it is (`versions`), else
+    with its contents."""
+    version = version_of(t)
+    if version is not None and versions.get(ident) == version:
+        return {"tensor": ident}
+    if trusted and version is not None:
+        versions[ident] = version
+    return {"tensor": ident} | tensor_fields(t)
 
 
 def tensor_fields(t: torch.Tensor) -> dict:
@@ -144,6 +236,69 @@ def items_of(result: Any) -> Any:
     return (
         list(result) if isinstance(result, Iterator) and not isinstance(result, deque) else result
     )
+
+
+class Held:
+    """What the other side holds of what this side sent, so that only what changed travels:
+    each tensor's version, each plain container's content, and (live: a4's and a6's requests,
+    which the sandbox keeps between calls) each object's plain fields and each list's items."""
+
+    def __init__(self) -> None:
+        self.versions: dict[int, int] = {}  # tensor id -> the version the other side holds
+        self.synced: dict[int, Any] = {}  # container id -> the plain content the other holds
+        self.states: dict[int, dict] = {}  # live: object id -> its fields as sent, fixed?
+        self.lists: dict[int, list] = {}  # live: list id -> its plain items, as sent
+
+    def clear(self) -> None:  # (a new worker holds nothing)
+        for held in (self.versions, self.synced, self.states, self.lists):
+            held.clear()
+
+    def fields(self, ident: int, state: dict) -> list[str] | None:
+        """The fields of object `ident` to send, now `state`: those whose value changed (by
+        type and value) and those compared by their own changes (a list, an object); None:
+        all (never sent, or its fields are others). The same value object, immutable, is
+        taken unchanged at once: this runs for every request at every call."""
+        before = self.states.get(ident)
+        if before is None or before.keys() != state.keys():
+            self.states[ident] = {k: (x, fixed(x)) for k, x in state.items()}
+            return None
+        changed = []
+        for k, x in state.items():
+            old, was_fixed = before[k]
+            if x is old and was_fixed:
+                continue
+            now = fixed(x)
+            before[k] = (x, now)
+            if not (now and was_fixed and type(x) is type(old) and x == old):
+                changed.append(k)
+        return changed
+
+    def tail(self, v: list, ident: int) -> list | None:
+        """The items a list the other side holds grew by at its end (a request's output
+        tokens); None: it is not held, or changed otherwise. (Its old items are compared with
+        `==`: an int turned into an equal float would go unseen; the tests make neither.)"""
+        old = self.lists.get(ident)
+        if old is None:
+            return None
+        tail = v[len(old) :]
+        if v[: len(old)] != old or not all(x is None or type(x) in PLAIN for x in tail):
+            return None
+        old.extend(tail)
+        return tail
+
+
+def fixed(x: Any) -> bool:
+    """Is `x` a value that cannot change in place (then compared by type and value)?"""
+    if x is None or type(x) in PLAIN or isinstance(x, enum.Enum):
+        return True
+    return type(x) is tuple and all(y is None or type(y) in PLAIN for y in x)
+
+
+def unchanged(node: dict) -> bool:
+    """Is `node` (a list grown, an object's changes) no change at all?"""
+    if node.get("grown"):
+        return not node["list"]
+    return bool(node.get("delta")) and not node["state"]["dict"]
 
 
 # -- framing ---------------------------------------------------------------------------------

@@ -1,13 +1,13 @@
 """Python values to JSON and back, on one side of the channel (`channel.py`).
 
-Owns `Codec`. The grader's side never unpickles what the sandbox sends: it rebuilds
-containers, numbers, strings, tensors (raw bytes of an allowed dtype) and objects of the
-package's own classes, whose state it sets; another class is kept as a `Foreign` record, never
-imported. Each side names what it sent by an id, and what comes back under that id updates the
-original in place (a Request the test holds sees what the student's `dispatch` did to it); a
-tensor or a container of plain values the other side holds unchanged travels as its id alone.
-What cannot be rebuilt (a lambda) travels as an opaque id, which the sandbox may call back
-(`Opaque`; `caller.py` allows it for a function of the package only: a test's clock).
+Owns `Codec`. The grader's side never unpickles what the sandbox sends: it rebuilds containers,
+numbers, strings, tensors (raw bytes of an allowed dtype) and the package's objects, whose state
+it sets; another class is kept as a `Foreign` record, never imported. Each side names what it
+sent by an id, and what comes back under that id updates the original in place; what the other
+side holds travels as its id, or as its changes (`Held`). What cannot be rebuilt (a lambda)
+travels as an opaque id, which the sandbox may call back (`Opaque`: a test's clock). Live (a4,
+a6): a policy stays in the sandbox, its handle (`Remote`) stands for it, and the tests' objects
+come back as their ids, theirs to change.
 """
 
 from __future__ import annotations
@@ -25,44 +25,53 @@ import torch
 from minivtc.course.channel import (
     DTYPES,
     FUNCTIONS,
+    KINDS,
     PLAIN,
+    SEQUENCES,
     ChannelError,
     Foreign,
+    Held,
     Opaque,
+    Remote,
+    function_node,
     importable,
     is_plain,
     name_of,
+    refill,
     resolve,
+    set_state,
     slots_of,
     snapshot_of,
-    tensor_fields,
+    state_of,
+    tensor_node,
     tensor_of,
-    version_of,
+    unchanged,
 )
 
-KINDS: dict[str, Any] = {"list": list, "set": set, "deque": deque, "dict": dict}
-KINDS |= {"OrderedDict": OrderedDict, "defaultdict": defaultdict}
+GRADED = "minivtc.course.graded"
 
 
 class Codec:
     """One side's encoder and decoder. `trusted`: the grader's side, which keeps every object
     it sends alive (its id is the object's name) and takes back only what it may rebuild."""
 
-    def __init__(self, trusted: bool, callback: Any = None) -> None:
+    def __init__(self, trusted: bool, callback: Any = None, live: Any = None) -> None:
         self.trusted = trusted
         self.callback = callback  # the sandbox's: calls an opaque value back
+        self.live = (
+            live  # the sandbox's: keep `live(obj)`? the grader's: (handle, class) -> a Remote
+        )
         self.objects: dict[int, Any] = {}  # id -> the object (grader: its own; sandbox: copies)
         self.names: dict[int, int] = {}  # the sandbox's: id(copy) -> the grader's id
-        self.versions: dict[int, int] = {}  # tensor id -> the version the other side holds
-        self.synced: dict[int, Any] = {}  # container id -> the plain content the other holds
+        self.callable_sent = False  # what the sandbox may call back was sent
+        self.held = Held()  # what the other side holds: sent as its id, or its changes
         self.fresh = 0
 
     def encode(self, value: Any) -> Any:
         return self.enc(value, set())
 
     def ident(self, value: Any) -> int:
-        """The name `value` goes by: the grader's id, or (the sandbox's new objects) a
-        negative one."""
+        """The name `value` goes by: the grader's id, or the sandbox's own (negative)."""
         if self.trusted:
             self.objects[id(value)] = value
             return id(value)
@@ -76,12 +85,15 @@ class Codec:
     def enc(self, v: Any, seen: set[int]) -> Any:
         if v is None or type(v) in PLAIN:
             return v
+        if id(v) in self.held.states and id(v) not in seen:  # live: a request sent before
+            seen.add(id(v))
+            return self.changes(v, id(v), state_of(v), seen)
         if isinstance(v, enum.Enum):
             return {"enum": name_of(type(v)), "name": v.name}
         if isinstance(v, (int, float, numpy.generic)) and hasattr(v, "item"):
             return v.item()  # a numpy number: its Python value
         if isinstance(v, torch.Tensor):
-            return self.tensor(v)
+            return tensor_node(v, self.ident(v), self.held.versions, self.trusted)
         if isinstance(v, (torch.dtype, torch.device)):
             return {"torch": str(v)}
         if isinstance(v, bytes):
@@ -93,21 +105,31 @@ class Codec:
             return {type(v).__name__: [self.enc(x, seen) for x in items]}
         if isinstance(v, type):
             return {"class": name_of(v)}
-        if isinstance(v, Opaque):
-            return {"opaque": v.ident}
+        if isinstance(v, (Opaque, Remote)):  # (what the other side holds: by its name)
+            return {"opaque": v.ident} if isinstance(v, Opaque) else {"handle": v.handle}
         ident = self.ident(v)
+        if ident > 0 and self.live is not None and not self.trusted:
+            return {"ref": ident}  # the tests' own (a request): theirs to change, not the policy's
         if isinstance(v, FUNCTIONS):
-            return self.function(v, ident)
+            self.callable_sent = True
+            return function_node(v, ident, self.trusted)
         if ident in seen:
             return {"ref": ident}
         seen.add(ident)
         return self.mutable(v, ident, seen)
 
     def mutable(self, v: Any, ident: int, seen: set[int]) -> Any:
+        if self.live is not None and self.trusted and type(v).__module__.startswith(GRADED):
+            self.callable_sent = True
+            return {"opaque": ident}  # the tests' own helper (a predictor): theirs, called back
+        if type(v) is list and (tail := self.held.tail(v, ident)) is not None:
+            return {"list": tail, "id": ident, "grown": 1}
+        if self.live is not None and not self.trusted and self.live(v):
+            return {"handle": ident, "class": name_of(type(v))}
         kind = type(v).__name__
         if type(v) in (list, set, deque, dict) and is_plain(v):
             return self.plain(v, ident)
-        self.synced.pop(ident, None)  # (what the other side holds is sent whole)
+        self.held.synced.pop(ident, None)  # (what the other side holds is sent whole)
         if type(v) in (list, set, deque):
             found = {kind: [self.enc(x, seen) for x in v], "id": ident}
             return found | ({"maxlen": v.maxlen} if isinstance(v, deque) else {})
@@ -120,53 +142,38 @@ class Codec:
         if isinstance(v, types.ModuleType):
             return {"module": v.__name__, "id": ident}
         if (hasattr(v, "__dict__") or slots_of(v.__class__)) and "<locals>" not in name_of(type(v)):
-            state = dict(vars(v)) if hasattr(v, "__dict__") else {}
-            for slot in slots_of(v.__class__):
-                if hasattr(v, slot):
-                    state[slot] = getattr(v, slot)
+            state = state_of(v)
+            if self.live is not None and self.trusted:
+                return self.changes(v, ident, state, seen)
             return {"obj": name_of(type(v)), "id": ident, "state": self.enc(state, seen)}
         if self.trusted:
             return {"opaque": ident}
         raise ChannelError(f"cannot send back {type(v).__qualname__} (not a value)")
 
+    def changes(self, v: Any, ident: int, state: dict, seen: set[int]) -> dict:
+        """An object the sandbox holds (live: a request) as what changed since (`Held`)."""
+        name, fields = name_of(type(v)), self.held.fields(ident, state)
+        if fields is None:
+            return {"obj": name, "id": ident, "state": self.enc(state, seen)}
+        nodes = [[k, self.enc(state[k], seen)] for k in fields]
+        pairs = [[k, node] for k, node in nodes if type(node) is not dict or not unchanged(node)]
+        changed = {"dict": pairs, "kind": "dict", "id": 0, "factory": None}
+        return {"obj": name, "id": ident, "state": changed, "delta": 1}
+
     def plain(self, v: Any, ident: int) -> dict:
-        """A container of plain values (a prompt's token ids, the counters) as it is, or as
-        its id alone where the other side holds it unchanged."""
+        """A container of plain values as it is, or its id alone where the other holds it."""
         snapshot = snapshot_of(v)
-        if self.synced.get(ident) == snapshot and ident > 0:
+        if self.held.synced.get(ident) == snapshot and ident > 0:
             return {"same": ident}
+        if self.live is not None and self.trusted and type(v) is list:
+            self.held.lists[ident] = list(v)
         if ident > 0:
-            self.synced[ident] = snapshot
+            self.held.synced[ident] = snapshot
         kind = type(v).__name__
         tag = "dict" if isinstance(v, dict) else kind
         items = [list(pair) for pair in v.items()] if isinstance(v, dict) else list(v)
         found = {tag: items, "kind": kind, "id": ident, "plain": True, "factory": None}
         return found | ({"maxlen": v.maxlen} if isinstance(v, deque) else {})
-
-    def function(self, f: Any, ident: int) -> dict:
-        """A function by its name where it has one (the grader's side: and its id, to be
-        called back or sent back as itself)."""
-        name = f"{getattr(f, '__module__', None)}:{getattr(f, '__qualname__', '')}"
-        named = (types.FunctionType, types.BuiltinFunctionType)  # (a builtin: time's clocks)
-        plain = isinstance(f, named) and "<locals>" not in name and not name.startswith("None:")
-        if self.trusted:
-            return {"function": name if plain else None, "id": ident}
-        if ident > 0:
-            return {"opaque": ident}  # the grader's own, back as itself
-        if plain:
-            return {"function": name, "id": ident}
-        raise ChannelError(f"cannot send back {name} (a function of no module)")
-
-    def tensor(self, t: torch.Tensor) -> dict:
-        ident = self.ident(t)
-        found: dict[str, Any] = {"tensor": ident}
-        version = version_of(t)
-        if version is not None and self.versions.get(ident) == version:
-            return found  # the other side holds it as it is
-        found |= tensor_fields(t)
-        if self.trusted and version is not None:
-            self.versions[ident] = version
-        return found
 
     def decode(self, node: Any) -> Any:
         try:  # (anything malformed raises one of these, which the tests see as a ChannelError)
@@ -181,13 +188,10 @@ class Codec:
             raise ChannelError("a bare list where a value was expected")
         (tag, *_) = n
         if tag in ("tuple", "frozenset", "Size", "range"):
-            items = [self.dec(x, memo) for x in n[tag]]
-            return {"tuple": tuple, "frozenset": frozenset, "Size": torch.Size}.get(
-                tag, lambda xs: range(*xs)
-            )(items)
+            return SEQUENCES[tag]([self.dec(x, memo) for x in n[tag]])
         if tag == "same":
             found = self.objects.get(n["same"])
-            if n["same"] <= 0 or found is None or n["same"] not in self.synced:
+            if n["same"] <= 0 or found is None or n["same"] not in self.held.synced:
                 raise ChannelError("an unchanged value that was never sent")
             return found
         if tag == "ref":
@@ -221,6 +225,12 @@ class Codec:
             if self.trusted:
                 return self.known(n["id"], types.ModuleType)
             return self.keep(n["id"], importlib.import_module(n["module"]))
+        if tag == "handle" and self.trusted:
+            return self.live(int(n["handle"]), str(n["class"]))
+        if tag == "handle":  # (a policy kept here: never the tests' object, never another)
+            if n["handle"] >= 0 or not self.live(found := self.objects.get(n["handle"])):
+                raise ChannelError(f"no object in the sandbox has handle {n['handle']}")
+            return found
         if tag == "opaque":
             if self.trusted:
                 return self.known(n["opaque"], object)
@@ -230,6 +240,8 @@ class Codec:
     def container(self, tag: str, n: dict, memo: dict[int, Any]) -> Any:
         kind = KINDS[n.get("kind", tag)]
         original: Any = self.objects.get(n["id"]) if n["id"] > 0 else None
+        if n.get("grown") and (self.trusted or type(original) is not list):
+            raise ChannelError("a list grown that was never sent")
         if self.trusted and n["id"] > 0 and type(original) is not kind:
             raise ChannelError(f"a {tag} sent back under the id of a {type(original).__name__}")
         if original is None:
@@ -237,9 +249,11 @@ class Codec:
             if not self.trusted and n["id"] > 0:
                 self.keep(n["id"], original)
         memo[n["id"]] = original
+        if n.get("grown"):
+            return self.plain_back(original, tag, n, grown=True)
         if n.get("plain"):
             return self.plain_back(original, tag, n)
-        self.synced.pop(n["id"], None)
+        self.held.synced.pop(n["id"], None)
         if tag == "dict":
             pairs = [(self.dec(k, memo), self.dec(x, memo)) for k, x in n["dict"]]
             original.clear()
@@ -252,27 +266,17 @@ class Codec:
             (original.update if kind is set else original.extend)(items)
         return original
 
-    def plain_back(self, original: Any, tag: str, n: dict) -> Any:
-        items = n[tag]
-        if tag == "dict":
-            if not all(type(p) is list and len(p) == 2 for p in items):
-                raise ChannelError("a malformed dict")
-            items = [tuple(p) for p in items]
-        flat = [x for p in items for x in p] if tag == "dict" else items
-        if not all(x is None or type(x) in PLAIN for x in flat):
-            raise ChannelError("a container said plain holds something else")
-        original.clear()
-        if tag == "dict":
-            original.update(items)
-        else:
-            (original.update if tag == "set" else original.extend)(items)
-        if n["id"] > 0:
-            self.synced[n["id"]] = snapshot_of(original)
+    def plain_back(self, original: Any, tag: str, n: dict, grown: bool = False) -> Any:
+        refill(original, tag, n[tag], grown)
+        if n["id"] > 0 and not grown:
+            self.held.synced[n["id"]] = snapshot_of(original)
         return original
 
     def instance(self, n: dict, memo: dict[int, Any]) -> Any:
         ident = n["id"]
         original = self.objects.get(ident) if ident > 0 else None
+        if n.get("delta") and (self.trusted or original is None):
+            raise ChannelError("the changes of an object that was never sent")
         if self.trusted and ident > 0 and original is None:
             raise ChannelError(f"a reference to nothing that was sent ({ident})")
         if original is not None and not isinstance(original, Foreign):
@@ -292,13 +296,9 @@ class Codec:
         if isinstance(original, Foreign):
             original.state = state
             return original
-        if hasattr(original, "__dict__"):
+        if hasattr(original, "__dict__") and not n.get("delta"):  # (delta: changes only)
             vars(original).clear()
-        for name, value in state.items():
-            if name in slots_of(original.__class__):
-                object.__setattr__(original, name, value)
-            else:
-                vars(original)[name] = value
+        set_state(original, state)
         return original
 
     def tensor_back(self, n: dict) -> torch.Tensor:
@@ -312,12 +312,12 @@ class Codec:
                 raise ChannelError("a tensor came back with another shape")
             with torch.no_grad():
                 original.copy_(t)
-            self.versions.pop(ident, None)
+            self.held.versions.pop(ident, None)
             return original
         made = torch.nn.Parameter(t, n["grad"]) if n.get("param") else t.requires_grad_(n["grad"])
         if not self.trusted and ident > 0:
             self.keep(ident, made)
-            self.versions[ident] = made._version  # (made here: never an inference tensor)
+            self.held.versions[ident] = made._version  # (made here: never an inference tensor)
         return made
 
     def function_back(self, n: dict) -> Any:

@@ -14,9 +14,12 @@ import ast
 import json
 import re
 import shutil
+import sys
 from pathlib import Path
 
 from minivtc.course.assignments import ASSIGNMENTS
+from minivtc.course.staff import TAG, compiled
+from minivtc.course.design.skeletons import SKELETONS
 from minivtc.course.surgery import find, is_docstring, stub
 
 PACKAGE = Path(__file__).resolve().parents[1]  # minivtc/
@@ -24,8 +27,9 @@ REPOSITORY = PACKAGE.parent  # where weights/ and lessons/ are, in a checkout
 # In the edition: each assignment's files as released (stubs), what `course test` takes the
 # student's functions into, by the grader's rules (`grade.test_edition`)
 RELEASED = Path("minivtc") / "course" / "released"
-# Not in the edition: the catalogue of wrong solutions (wrong.py, wrong_policies.py) quotes the
+# Not in the edition: the catalogue of wrong solutions (wrong*.py) quotes the
 # reference's bodies; the instructor's pages (instructor/) hold the problem sets' answers
+PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
 INSTRUCTOR_ONLY = ("__pycache__", "*.pyc", "wrong*.py", "check.py", "instructor")
 
 
@@ -41,20 +45,26 @@ def release(out: str | Path) -> Path:
             shutil.copytree(REPOSITORY / folder, out / folder, ignore=ignore)
     for notebook in sorted((out / "lessons").rglob("*.ipynb")):  # problems/ too
         without_solutions(notebook)
+        on_staff_code(notebook)
+    stubbed = set()  # a4b extends a3's and a4's functions: each keeps its first assignment's stub
     for a in ASSIGNMENTS:
         for file, qualname in a.functions:
+            if (file, qualname) in stubbed:
+                continue
+            stubbed.add((file, qualname))
             path = out / "minivtc" / file
             message = f"Assignment {a.key}: write {qualname} ({a.title})"
             path.write_text(stub(path.read_text(), qualname, message))
         if a.own_file is not None:
             path = out / "minivtc" / a.own_file
-            path.write_text(skeleton(path.read_text(), a.key))
-        for file in sorted({f for f, _ in a.answer}):
+            path.write_text(skeleton(path.read_text(), a.key, SKELETONS.get(a.own_file, SKELETON)))
+        for file in sorted({f for f, _ in a.answer} - set(instructor_only(a))):
             (out / "minivtc" / file).write_text(placeholder(a.key))
     for file in sorted({f for a in ASSIGNMENTS for f, _ in a.functions}):
         kept = out / RELEASED / file
         kept.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(out / "minivtc" / file, kept)
+    (out / "minivtc" / "course" / "staff_code.py").write_text(staff_code())
     marker = out / "minivtc" / "course" / "__init__.py"
     marker.write_text(
         marker.read_text().replace("STUDENT_EDITION = False", "STUDENT_EDITION = True")
@@ -65,14 +75,23 @@ def release(out: str | Path) -> Path:
     return out
 
 
-def skeleton(source: str, key: str) -> str:
-    """An own-file assignment's file for the edition: its docstring (the task) and an empty
-    `FairPolicy`, every method raising NotImplementedError."""
+def skeleton(source: str, key: str, empty: str) -> str:
+    """An own-file assignment's file for the edition: its docstring (the task) and `empty`
+    (`SKELETON`, an empty `FairPolicy`, or a design assignment's: `design/skeletons.py`),
+    every method raising NotImplementedError."""
     tree = ast.parse(source)
     if not tree.body or not is_docstring(tree.body[0]):
         raise ValueError(f"{key}'s file must open with its docstring: the task")
     docstring = "".join(source.splitlines(keepends=True)[: tree.body[0].end_lineno])
-    return docstring + SKELETON.replace("MESSAGE", repr(f"Assignment {key}: write FairPolicy"))
+    name = re.search(r"^class (\w+)", empty, re.MULTILINE)
+    message = f"Assignment {key}: write {name.group(1) if name else 'your policy'}"
+    return docstring + empty.replace("MESSAGE", repr(message))
+
+
+def instructor_only(a) -> list[str]:
+    """`a`'s answer files kept in `course/instructor/`, which the edition leaves out whole
+    (the design assignments'): no placeholder is written for them."""
+    return [f for f, _ in a.answer if f.startswith("course/instructor/")]
 
 
 SKELETON = """
@@ -165,15 +184,58 @@ def without_solutions(notebook: Path) -> None:
     notebook.write_text(json.dumps(book, indent=1, ensure_ascii=False) + "\n")
 
 
+STAFF_CELL = """from minivtc.course import staff
+
+# The assignments' functions run the staff's compiled answers in this notebook (your own
+# run in `minivtc course test`): the lesson runs whatever you have written so far.
+staff.use()"""
+
+
+def on_staff_code(notebook: Path) -> None:
+    """Open the notebook's code with `staff.use()`: its cells run the staff's compiled answers
+    to the assignments (`staff.py`), so it runs in its own week, before they are written."""
+    book = json.loads(notebook.read_text())
+    first = next(i for i, c in enumerate(book["cells"]) if c["cell_type"] == "code")
+    cell: dict[str, object] = {"cell_type": "code", "execution_count": None, "id": "staff-code"}
+    cell |= {"metadata": {}, "outputs": [], "source": STAFF_CELL}
+    book["cells"].insert(first, cell)
+    notebook.write_text(json.dumps(book, indent=1, ensure_ascii=False) + "\n")
+
+
+def staff_code() -> str:
+    """The edition's `minivtc/course/staff_code.py`: each assignment function's reference
+    code, compiled and marshalled (never its source), for `staff.use()`."""
+    functions = [f for a in ASSIGNMENTS for f in a.functions]
+    code = compiled(PACKAGE, list(dict.fromkeys(functions)))
+    entries = "".join(f"    {key!r}: (\n{wrapped(data)}    ),\n" for key, data in code.items())
+    return f'''"""The staff's compiled answers to the assignments, for `staff.use()` (the lessons
+run them): each function's code object, marshalled and base64-encoded, compiled by {TAG}
+(Python {PYTHON}); marshal's format is that minor version's alone, so `staff.use()` refuses
+any other Python. Written by `minivtc course release`. A determined student can disassemble
+it, as any staff binary; grading never runs it."""
+
+TAG = {TAG!r}
+PYTHON = {PYTHON!r}
+CODE = {{
+{entries}}}
+'''
+
+
+def wrapped(data: str, width: int = 88) -> str:
+    return "".join(f"        {data[i : i + width]!r}\n" for i in range(0, len(data), width))
+
+
 def what_to_write(a) -> str:
     if a.own_file is not None:
-        return f"`minivtc/{a.own_file}`: `FairPolicy`, the whole file"
+        name = "FairPolicy" if a.own_file == "course/capstone.py" else "the policy"
+        return f"`minivtc/{a.own_file}`: {name}, the whole file"
     return ", ".join(f"`minivtc/{f}`: `{q}`" for f, q in a.functions)
 
 
 def lesson_needs(lessons: Path) -> dict[str, list[str]]:
     """Each lesson's assignments, as its first cell states them ("**In the student edition**
-    this lesson runs once a1 and a2 are done ..."): lesson number -> keys (a1, a2, ...)."""
+    this lesson runs in its own week on the staff's compiled answers to a1 and a2 ..."): lesson
+    number -> keys (a1, a2, ...): the assignments whose functions the lesson runs."""
     needs = {}
     for path in sorted(lessons.glob("[0-9][0-9]_*.ipynb")):
         first = json.loads(path.read_text())["cells"][0]["source"]
@@ -218,15 +280,27 @@ paged-attention test runs a3's `Engine.step`: until those are done, those tests 
 with the other assignment's NotImplementedError (grading never needs them: it runs your
 functions in the reference package).
 
-Each lesson runs with this edition's package once the assignments it uses are done; each says
-which in its first cell: {needs}. None needs a6. Lessons 5, 8 and 10-13, whose cells run a4's
-VTC, can be read before: each of their cells that needs an assignment not yet written starts
-with `%%needs` and says so, and is skipped until it is written. Readable copies, executed, with
-the solutions and their checks' outputs left out: `minivtc course render PAGES` (the
-instructor runs it with the reference package).
+Each lesson and problem set runs in its own week, whatever you have written so far: its first
+code cell, `staff.use()`, puts the staff's compiled answers to the assignments into the
+package's functions for that notebook's run (`minivtc/course/staff.py`). They are the reference
+functions' code objects, marshalled (`minivtc/course/staff_code.py`), not their source; marshal's
+format belongs to one Python minor version, and this edition's is Python {PYTHON}: on another,
+`staff.use()` stops and says so (ask for an edition built with yours). A determined student can
+disassemble them (`dis`), as with any staff binary: the lessons are the reference to read, not
+these. Your own functions run in `minivtc course test` and in grading, which never use the
+staff's code; to watch yours in a lesson, leave `staff.use()` out. The assignments each lesson
+runs, as its first cell says: {needs}. None needs a6. Readable copies, executed, with the
+solutions and their checks' outputs left out: `minivtc course render PAGES` (the instructor runs
+it with the reference package).
 
 The capstone, a6, is yours: `minivtc/course/capstone.py` says what a fair policy must do and
 how it is graded; write `FairPolicy` and state its bound (`gap_bound` and `BOUND`).
+
+The design assignments, d1 and d2, are yours too, in settings this package does not cover:
+`minivtc/course/design/quota.py` (per-client quotas) and `minivtc/course/design/tenants.py`
+(tenants of several users) each state the task; write the policy and its bound. `minivtc
+course test d1` runs them on public example workloads (`design_bench.PUBLIC_SEEDS`); grading
+runs the same properties on workloads drawn from a seed this edition does not hold.
 
 Install this edition, and only this edition: `pip install -e '.[dev]'` from this directory
 (in a fresh virtual environment). Do not install the repository's own package: it holds the
@@ -249,8 +323,9 @@ docstrings, comments, blank lines and asserts; for a6, the instructor's DRR). "h
 estimated from measured counts: the course was taken once on this edition (by an AI coding
 agent that read only the edition), and for each assignment the words read in its files and the
 lines written were counted; the hours are those words at 200 a minute plus those lines at 4
-minutes each (working out what to write, writing it, fixing it), rounded up to a quarter hour.
-The rates are stated, not measured: lessons/SYLLABUS.md ("How these hours were found") gives
+minutes each (working out what to write, writing it, fixing it), rounded up to a quarter hour;
+for functions asked for since, their reference's lines are added. The rates are stated, not
+measured: lessons/SYLLABUS.md ("How these hours were found") gives
 the counts, to redo the arithmetic at your own pace.
 
 | assignment | what you write | lessons, graded by | points | lines | hours | functions |

@@ -11,7 +11,8 @@ it (the same expression wherever `_x` recurs; the replacement writes it back); a
 alone in a block matches the whole block. A pattern must match once in its function, or `apply`
 says so (ValueError) rather than grade the reference as a wrong solution. The function is
 written back as the mutants are (`mutate.put_function`). The catalogue itself, which quotes
-the reference, is `wrong.py` and `wrong_policies.py`; this file quotes nothing.
+the reference, is `wrong.py`, `wrong_policies.py` and `wrong_mechanisms.py`; this file
+quotes nothing.
 """
 
 from __future__ import annotations

@@ -3,13 +3,12 @@
 Owns `grade(edition, out)`. For each assignment it builds a scratch copy of the reference
 package for the tests and another for the student's code, puts in the latter the edition's
 versions of that assignment's functions and the helpers the student added beside them
-(`surgery.take`), and runs its `test_files` with a time limit, in a fresh Python process: on
-the tests' copy, each of the student's functions running in a sandbox over the student's copy
-and called through the channel (`CHANNEL`: `caller.py`, `sandbox.py`), or for a4 and a6 in the
-sandbox with the student's code. The instructor's own code (the reference; the grader's own
-checks, forked from a warm process: `warm.py`) runs without a sandbox. The points are the sum
-of its rubric's lines (`assignments.Line`: a mechanism, its points, its tests) whose tests all
-passed: a mechanism's points are lost when any of its tests fails, or does not run. A
+(`surgery.take`), and runs its `test_files` with a time limit, in a fresh Python process: on the
+tests' copy, the student's code running in a sandbox over the student's copy, called through the
+channel (`CHANNEL`: `caller.py`, `sandbox.py`). The instructor's own code (the reference; the
+grader's own checks, forked from a warm process: `warm.py`) runs without a sandbox. The points
+are the sum of its rubric's lines (`assignments.Line`: a mechanism, its points, its tests) whose
+tests all passed: a mechanism's points are lost when any of its tests fails, or does not run. A
 submission that does not parse, lacks a function, crashes the interpreter, hangs or prints
 garbage scores 0 for that assignment, with the reason in its note, and never stops the grader.
 Each failed test is reported by a name written for the student, its rubric line and its first
@@ -17,8 +16,8 @@ assertion message (`feedback.py`). Writes `grades.json`: `{"assignments": [{"nam
 "max_points", "passed", "tests", "note", "rubric": [{"mechanism", "points", "max_points",
 "failed"}], "failures": [{"test", "name", "message", "mechanism"}], "reported"}], "total",
 "max_total"}`; "reported" holds what the tests report to the student pass or fail (a6's slack:
-its stated bound over its worst gap), printed under the assignment in the table.
-`edition=None` grades the reference itself (it must score full marks).
+its stated bound over its worst gap), printed under the assignment in the table. `edition=None`
+grades the reference itself (it must score full marks).
 """
 
 from __future__ import annotations
@@ -27,15 +26,15 @@ import json
 import shutil
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from minivtc.course import sandbox
 from minivtc.course.assignments import ASSIGNMENTS, Assignment
 from minivtc.course.channel import TIMED_OUT
-from minivtc.course.edition import PACKAGE, RELEASED, REPOSITORY, placeholder
+from minivtc.course.edition import PACKAGE, RELEASED, REPOSITORY
 from minivtc.course.feedback import read_regular, read_report, read_reported
-from minivtc.course.rules import REFERENCE_POLICIES, out_of_reach, refusals
+from minivtc.course.rules import put_out_of_reach, refusals
 from minivtc.course.surgery import take
 from minivtc.course.testrun import (
     SPEC,
@@ -47,12 +46,11 @@ from minivtc.course.testrun import (
     spec,
 )
 
-# The assignments whose tests run outside the sandbox, each call of a student's function sent
-# to it through the channel (`caller.py`). a4's and a6's tests call the policy's methods
-# thousands of times, and the channel copies its whole state both ways at each call (too slow:
-# the course README), so they run in the sandbox with the student's code, their report taken
-# as written there.
-CHANNEL = frozenset({"a1_llama", "a2_blocks", "a3_batching", "a5_metric"})
+# Whose tests run outside the sandbox, calling the student's code through the channel
+CHANNEL = frozenset({"a1_llama", "a2_blocks", "a3_batching", "a4_vtc", "a5_metric", "a6_fair"})
+# Live: the classes whose objects stay in the sandbox between calls (a6: its own file's)
+LIVE = {"a4_vtc": ("minivtc.fairness.vtc:VTC",), "a6_fair": ()}
+LIVE_TIME = 2.5  # their time limit's factor: ~70,000 calls per paper workload (the README)
 # The tests' side's copy of a file the student writes whole: empty (its classes and functions
 # are the worker's, `caller.Session.stand_ins`), so nothing of the reference's answer is there
 OWN_FILE = '"""The student\'s file: what it defines runs in the sandbox."""\n'
@@ -191,9 +189,7 @@ def take_submission(a: Assignment, edition: Path, root: Path, whole: tuple[str, 
         target.write_text(source)
         notes += [f"{file}: {n}" for n in left]
     if a.own_file is not None:
-        for file in REFERENCE_POLICIES:
-            text = placeholder(a.key) if file in {f for f, _ in a.answer} else None
-            (root / "minivtc" / file).write_text(text or out_of_reach(a.key, file))
+        put_out_of_reach(a, root / "minivtc")
     for file in ((a.own_file,) if a.own_file else ()) + whole:
         text = (edition / "minivtc" / file).read_text()
         compile(text, file, "exec")  # a SyntaxError is the submission's, named in the note
@@ -208,13 +204,16 @@ def run_tests(a: Assignment, root: Path, how: How, student: Path | None = None) 
     sandbox. With `student` (a package copy holding the student's code), each function the
     assignment asks for runs there, in a sandbox, called through the channel (`caller.py`):
     the tests, their verdicts and their report stay out of the student's code's reach."""
+    if student is not None and a.key in LIVE:
+        how = replace(how, time_limit_s=how.time_limit_s * LIVE_TIME)
     with tempfile.TemporaryDirectory(prefix=f"minivtc-report-{a.key}-") as scratch:
         work = Path(scratch)
         args = pytest_args(a, root, work, how)
         env = {}
         if student is not None:
             args = ["-p", "minivtc.course.caller", *args]
-            env[SPEC] = json.dumps(spec(a, student, how))
+            live = {"live": list(LIVE[a.key])} if a.key in LIVE else {}
+            env[SPEC] = json.dumps(spec(a, student, how) | live)
         timed_out, output = launch(args, root, work, how, env)
         grade = verdict(a, root, work, how.time_limit_s if timed_out else None, output)
     if any(TIMED_OUT in f["message"] for f in grade.failures):  # a call hung: as a hang
@@ -238,9 +237,8 @@ def verdict(a: Assignment, root: Path, work: Path, timed_out: float | None, outp
 
 
 def run_in_sandbox(a: Assignment, root: Path, how: How, weights: Path | None) -> Grade:
-    """`a`'s graded tests run in the sandbox with the student's code (the assignments not in
-    `CHANNEL`): nothing outside it is reached or left running, but the tests' report is
-    written in there, where the student's code could forge it."""
+    """`a`'s graded tests in the sandbox with the student's code (not in `CHANNEL`): nothing
+    outside is reached or left running, but their report, written there, could be forged."""
     with tempfile.TemporaryDirectory(prefix=f"minivtc-exchange-{a.key}-") as scratch:
         work = Path(scratch)
         box = sandbox.Sandbox(root, work, weights if weights and weights.is_dir() else None)

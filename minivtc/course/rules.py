@@ -12,6 +12,9 @@ so a student meets each rule, by name, before the instructor does.
 from __future__ import annotations
 
 import ast
+from pathlib import Path
+
+from minivtc.course.edition import placeholder
 
 # The reference policies (VTC and its family, DRR, the official artifact's): file -> the names
 # it defines that a capstone could lean on. While a6 is graded or tested each is replaced by a
@@ -63,6 +66,28 @@ def refusals(source: str, allowed: tuple[str, ...] = ()) -> list[str]:
         "write your own policy, through the Scheduler interface only"
         for what in dict.fromkeys(found)
     ]
+
+
+def put_out_of_reach(a, package: Path) -> None:
+    """While the own-file assignment `a` is graded or tested, in the copy of the package at
+    `package`: each reference policy's file becomes a placeholder (its answer's, DRR, the
+    edition's own), and an answer kept in `course/instructor/` (the design assignments') a
+    module that refuses to be imported, where that folder is there at all (not in the
+    edition)."""
+    answers = {f for f, _ in a.answer}
+    for file in REFERENCE_POLICIES:
+        text = placeholder(a.key) if file in answers else out_of_reach(a.key, file)
+        (package / file).write_text(text)
+    for file in sorted(answers - set(REFERENCE_POLICIES)):
+        if (package / file).parent.is_dir():
+            (package / file).write_text(HIDDEN_ANSWER.format(key=a.key, own=a.own_file))
+
+
+HIDDEN_ANSWER = """\"\"\"The instructor's answer to {key}: out of reach while {key} is graded.\"\"\"
+
+raise ImportError("the instructor's answer to {key} is out of reach: write your own policy in "
+                  "minivtc/{own}")
+"""
 
 
 def out_of_reach(key: str, file: str) -> str:

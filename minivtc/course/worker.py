@@ -2,12 +2,13 @@
 
 Run as `python -m minivtc.course.worker IN OUT` inside the sandbox (`sandbox.py`), in the
 package copy that holds the student's code; IN and OUT are the channel's file descriptors
-(`channel.py`). It answers three messages: `hello` (import the assignment's modules, the
-student's code with them, and describe the classes and functions of a file the student
-writes whole, the capstone), `call` (run one function on the arguments sent, and send back
-its result and what it did to its arguments) and, while a call runs, it may ask the grader to
-call back one of the test's own functions (`Opaque`). Decides nothing: whatever it sends is
-checked by the grader's tests (`caller.py`).
+(`channel.py`). It answers `hello` (import the assignment's modules, the student's code with
+them, and describe the classes and functions of a file the student writes whole, the
+capstone), `call` (run one function on the arguments sent, and send back its result and what
+it did to its arguments) and, live (a4, a6: the policies stay here between calls, `lives`),
+`get`, `set` and `method` on an object kept here, by its handle. While a call runs it may ask
+the grader to call back one of the test's own functions or helpers (`Opaque`). Decides
+nothing: whatever it sends is checked by the grader's tests (`caller.py`).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ MESSAGE_CHARS = 2000  # an exception's message sent back is cut here
 def main(argv: list[str]) -> int:
     inbox, outbox = int(argv[0]), int(argv[1])
 
-    def callback(ident: int, args: tuple, kwargs: dict) -> Any:
-        send(outbox, {"callback": ident, "args": codec.encode([list(args), kwargs])})
+    def callback(ident: int, args: tuple, kwargs: dict, method: str | None = None) -> Any:
+        encoded = codec.encode([list(args), kwargs])
+        send(outbox, {"callback": ident, "method": method, "args": encoded})
         answer = receive(inbox, float("inf"))
         if "raised" in answer:
             raise RuntimeError(f"the test's function raised: {answer['raised']}")
@@ -44,12 +46,26 @@ def main(argv: list[str]) -> int:
 
 def answer(codec: Codec, message: dict) -> dict:
     if "hello" in message:
-        return hello(message["hello"], message.get("own"))
+        said, live = hello(message["hello"], message.get("own")), message.get("live")
+        try:
+            if "ok" in said and live is not None:  # the policies stay here: handles travel
+                codec.live = lives(tuple(resolve(c) for c in live), message.get("own"))
+        except (ImportError, AttributeError) as e:  # (the student's file lacks the class)
+            return {"raised": {"type": name_of(type(e)), "message": str(e)[:MESSAGE_CHARS]}}
+        return said
     args: list = []
     kwargs: dict = {}
     try:
-        function = resolve(message["call"])
+        if "get" in message:
+            return got(codec, codec.decode({"handle": message["self"]}), message["get"])
         args, kwargs = codec.decode(message["args"])
+        if "set" in message:
+            setattr(codec.decode({"handle": message["self"]}), message["set"], args[0])
+            return {"ok": codec.encode([None, args, kwargs])}
+        if "method" in message:
+            function = getattr(codec.decode({"handle": message["self"]}), message["method"])
+        else:
+            function = resolve(message["call"])
         result = items_of(function(*args, **kwargs))
         return {"ok": codec.encode([result, args, kwargs])}
     except BaseException as e:  # noqa: BLE001 (the student's code may raise anything)
@@ -58,6 +74,25 @@ def answer(codec: Codec, message: dict) -> dict:
             return {"raised": raised, "state": codec.encode([None, args, kwargs])}
         except Exception:
             return {"raised": raised}
+
+
+def got(codec: Codec, kept: Any, name: str) -> dict:
+    """Attribute `name` of an object kept here: its value, or word that it is a method (the
+    grader's side then calls it here by name)."""
+    value = getattr(kept, name)
+    if inspect.ismethod(value) and value.__self__ is kept:
+        return {"bound": True}
+    return {"ok": codec.encode([value, [], {}])}
+
+
+def lives(classes: tuple[type, ...], own: str | None) -> Any:
+    """Which objects stay here between calls: a policy (`Scheduler`), its books (`Ledger`),
+    the classes named, and whatever the student's own module makes."""
+    from minivtc.fairness.ledger import Ledger
+    from minivtc.fairness.scheduler import Scheduler
+
+    kept = (Scheduler, Ledger, *classes)
+    return lambda v: isinstance(v, kept) or (own is not None and type(v).__module__ == own)
 
 
 def hello(modules: list[str], own: str | None) -> dict:

@@ -1,7 +1,8 @@
 """The catalogue of wrong solutions: mistakes a student makes, each of which must lose points.
 
 Owns `WRONG` and the wrong solutions of a1, a2, a3 and a5 (the model, the blocks, the batching
-step, the metric); those of the policies, a4 and a6, are in `wrong_policies.py`. Each entry is
+step, the metric); those of the policies, a4 and a6, are in `wrong_policies.py`, those of the
+design assignments, d1 and d2, in `wrong_design.py`. Each entry is
 the assignment, the mistake in a student's words, and the edits that make it from the
 reference's functions, written on the syntax tree (`edits.py`: a pattern and its replacement),
 so a reformat of the reference, or a rename of what a pattern does not spell, leaves it as it
@@ -14,6 +15,8 @@ shipped in the student edition: the edits quote the reference.
 from __future__ import annotations
 
 from minivtc.course.edits import Wrong, drop, replace, rewrite, wrong
+from minivtc.course.wrong_design import D1, D2
+from minivtc.course.wrong_mechanisms import MECHANISMS
 from minivtc.course.wrong_policies import A4, A6
 
 LLAMA, KV_POOL = "model/llama.py", "engine/kv_pool.py"
@@ -140,7 +143,8 @@ A3 = [
         rewrite(RESERVE, "return _a", "_a\nreturn True"),
     ),
     wrong("a3_batching", "step never admits", drop(STEP, "_.schedule()")),
-    wrong("a3_batching", "step never grows the blocks (blocks on demand)", drop(STEP, "_.grow()")),
+    # a4b's (Lesson 10's blocks on demand), on a3's step
+    wrong("a4b_variants", "step never grows the blocks (blocks on demand)", drop(STEP, "_.grow()")),
     wrong("a3_batching", "step never charges the clients", drop(STEP, "_.charge(_)")),
     wrong("a3_batching", "step never retires", drop(STEP, "_.retire(_)")),
     wrong(
@@ -203,4 +207,4 @@ A5 = [
         replace(METRIC, "demand(_s, _a, _b, _c)", "demand(_s, _a, _b, cost)"),
     ),
 ]
-WRONG: list[Wrong] = A1 + A2 + A3 + A4 + A5 + A6
+WRONG: list[Wrong] = A1 + A2 + A3 + A4 + A5 + A6 + MECHANISMS + D1 + D2

@@ -1,12 +1,12 @@
-"""The catalogue's wrong solutions of the policies: a4 (VTC) and a6 (the capstone).
+"""The catalogue's wrong solutions of the policies: a4 and a4b (VTC) and a6 (the capstone).
 
-Owns `A4` and `A6`, written as `wrong.py`'s are (`edits.py`). Each function an edit targets is
-named once, (file, qualified name), in the constants below: a method that moves (say, from VTC
-to its books) is retargeted there. The patterns leave the receiver of a call open (`_.charge`,
-not `self.charge`) where the mistake is about the call, not about who answers it. a6's entries
-edit the instructor's answer (DRR, `fairness/drr.py`) and the policy built on it in the
-capstone's own file, or write that file whole. Not shipped in the student edition.
-"""
+Owns `A4` (a4's and a4b's: a4b extends a4's functions) and `A6`, written as `wrong.py`'s are
+(`edits.py`). Each function an edit targets is named once, (file, qualified name), in the
+constants below: a method that moves (say, from VTC to its books) is retargeted there. The
+patterns leave the receiver of a call open (`_.charge`, not `self.charge`) where the mistake is
+about the call, not about who answers it. a6's entries edit the instructor's answer (DRR,
+`fairness/drr.py`) and the policy built on it in the capstone's own file, or write that file
+whole. Not shipped in the student edition."""
 
 from __future__ import annotations
 
@@ -119,37 +119,37 @@ A4 = [
             """,
         ),
     ),
-    wrong("a4_vtc", "never calls predictor.observe", drop(FINISH, "_.observe(_)")),
+    wrong("a4b_variants", "never calls predictor.observe", drop(FINISH, "_.observe(_)")),
     wrong(
-        "a4_vtc",
+        "a4b_variants",
         "observes aborted requests too",
         replace(FINISH, "_a and _.finish_reason != 'abort'", "_a"),
     ),
     wrong(
-        "a4_vtc",
+        "a4b_variants",
         "a charge valid only for the linear cost",
         rewrite(CHARGE, "_now = _h(len(_r.prompt_ids), _n)", "_now = service + 2.0 * (_n - q)"),
     ),
     wrong(
-        "a4_vtc",
+        "a4b_variants",
         "no cache discount",
         replace(DISPATCH, "_o.charge(_c, _s - _d)", "_o.charge(_c, _s)"),
     ),
     wrong("a4_vtc", "no dispatch charge", drop(DISPATCH, "_.charge(_, _)")),
     wrong("a4_vtc", "never sets last_left", drop(DISPATCH, "_.last_left = _")),
     wrong(
-        "a4_vtc",
+        "a4b_variants",
         "a readmitted request's prompt charged again",
         replace(DISPATCH, "not _.num_preemptions", "True"),
     ),
     wrong(
-        "a4_vtc",
+        "a4b_variants",
         "the refund with the wrong sign",
         replace(FINISH, "_o.charge(_c, _a - _b)", "_o.charge(_c, _b - _a)"),
     ),
-    wrong("a4_vtc", "no refund", drop(FINISH, "_.charge(_, _)")),
+    wrong("a4b_variants", "no refund", drop(FINISH, "_.charge(_, _)")),
     wrong(
-        "a4_vtc",
+        "a4b_variants",
         "the lift to Algorithm 2's floor alone, not fair preemption's",
         replace(LIFT, "_s.join_floor()", "_s.lift_floor()"),
     ),
@@ -161,7 +161,7 @@ A4 = [
         replace(DISPATCH, "_q.popleft()", "_q.pop()"),
     ),
     wrong(
-        "a4_vtc",
+        "a4b_variants",
         "Algorithm 3's refund written linear, w_q (predicted - actual), whatever h",
         rewrite(
             FINISH,
@@ -176,7 +176,7 @@ A4 = [
         ),
     ),
     wrong(
-        "a4_vtc",
+        "a4b_variants",
         "Algorithm 3's dispatch charge written linear, w_p n_p + w_q predicted, whatever h",
         rewrite(
             DISPATCH,
@@ -188,7 +188,7 @@ A4 = [
         ),
     ),
     wrong(
-        "a4_vtc",
+        "a4b_variants",
         "output charges ignore the weights",
         replace(CHARGE, "_a / _w.get(_c, 1.0)", "_a"),
     ),
@@ -209,7 +209,7 @@ A4 = [
         ),
     ),
     wrong(
-        "a4_vtc",
+        "a4b_variants",
         "Algorithm 3's refund through lower(), stopped at the smallest waiting counter",
         replace(FINISH, "_o.charge(_c, _a - _b)", "_o.ledger.lower(_c, _b - _a)"),
     ),

@@ -2,7 +2,8 @@
 
 Graded through the engine: with the course harness's stand-in runner (one token per running
 request per step) for admission, head-of-line blocking and freeing; with a small real model
-for the tokens (continuous batching gives each request the tokens of generating it alone)."""
+for the tokens (continuous batching gives each request the tokens of generating it alone).
+A step under blocks on demand (Lesson 10) is a4b's (`test_a4b_memory.py`)."""
 
 from __future__ import annotations
 
@@ -88,26 +89,6 @@ def test_a_step_ends_by_checking_the_invariants():
         engine.step()
 
 
-def test_with_blocks_on_demand_a_step_grows_the_blocks_it_writes():
-    """With blocks on demand (reservation "none"), each step first gives the positions it
-    writes their blocks."""
-    engine = unit_engine(kv_tokens=64, block_size=4, reservation="none")
-    r = engine.add_request([5] * 3, SamplingParams(max_tokens=9, ignore_eos=True))
-    for n in range(1, 10):
-        engine.step()
-        if r.finish_reason is None:
-            held = len(engine.allocator.block_tables[r.request_id])
-            written = r.num_tokens - 1  # (the last token's K/V is written by the next step)
-            assert held * 4 >= written, (
-                f"after {n} steps the request wrote {written} positions but holds {held} blocks "
-                "of 4: a step must grow the blocks first (Engine.grow)"
-            )
-    assert r.output_ids == [7] * 9 and engine.allocator.num_free_blocks == 16, (
-        f"the request got {len(r.output_ids)} of 9 tokens, {engine.allocator.num_free_blocks} "
-        "of 16 blocks free at the end (Engine.step: grow, run, append, retire)"
-    )
-
-
 def test_one_step_admits_runs_appends_and_retires():
     """One step admits, runs, appends a token to each running request and retires the finished
     ones."""
@@ -160,6 +141,28 @@ def test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it():
         f"a finished and freed its blocks: big is {big.status}, small has "
         f"{len(small.output_ids)} tokens; both fit now and must be admitted"
     )
+
+
+def test_the_batch_holds_at_most_max_running_and_a_request_over_it_reserves_nothing():
+    """A step's admission: a request beyond the batch's max_running waits, holding no blocks, though
+    its blocks would fit; it is admitted when a place in the batch frees."""
+    engine = unit_engine(kv_tokens=100, max_running=2)
+    a, b, c = (
+        engine.add_request([5] * 4, SamplingParams(max_tokens=n, ignore_eos=True))
+        for n in (1, 3, 3)
+    )
+    engine.step()  # a and b admitted; a has its one token and retires
+    used = engine.allocator.num_used_blocks
+    assert a.finish_reason == "length" and engine.running == [b], (
+        f"max_running 2: a (1 token) finished, running {engine.running}: not b alone (c must "
+        "wait, though its 7 tokens fit in the pool: Engine.step admits through Engine.schedule)"
+    )
+    assert c.status is Status.WAITING and used == 7, (
+        f"c waited for a place in the batch: it must hold no blocks, but {used} are used, not "
+        "b's 7 (a step reserves only what it admits)"
+    )
+    engine.step()  # a's place is free: c takes it
+    assert c.status is Status.RUNNING, f"a left the batch: c is {c.status}, not admitted"
 
 
 def test_continuous_batching_gives_each_request_its_tokens_alone():

@@ -1,23 +1,19 @@
-"""Assignment a4, graded (2 of 3): who goes next, the pick and the lift (Lessons 5 and 11).
+"""Assignment a4, graded (2 of 3): who goes next, the pick and the lift (Lesson 5).
 
-Graded by mechanism (`assignments.A4_RUBRIC`): exact counters and dispatch orders against
+Graded by mechanism (`rubrics.A4_RUBRIC`): exact counters and dispatch orders against
 Algorithm 2 on small hand-built cases (a fair-looking policy that is not VTC keeps its counters
 within U, and only exact counters tell it apart): the pick (the smallest counter, ties to the
-client seen first, first in first out within a client) and the lift, both cases, with and
-without fair preemption. What each request is charged is `test_a4_charges.py`'s; the theorems
-on workloads, `test_a4_theorems.py`'s. Requests are moved as the engine moves them
-(`vtc_moves.py`)."""
+client seen first, whenever it joined the queue, first in first out within a client) and the
+lift, both cases (fair preemption's lift, Lesson 11, is a4b's: `test_a4b_memory.py`). What
+each request is charged is `test_a4_charges.py`'s; the theorems on workloads,
+`test_a4_theorems.py`'s. Requests are moved as the engine moves them (`vtc_moves.py`)."""
 
 from __future__ import annotations
-
-import pytest
 
 from minivtc.course.graded.vtc_moves import (
     decode,
     dispatch_next,
-    finish,
     request,
-    with_fair_preemption,
 )
 from minivtc.fairness.vtc import VTC
 
@@ -96,35 +92,38 @@ def test_a_client_joining_an_empty_queue_is_lifted_to_the_last_to_leave():
     )
 
 
-def test_with_fair_preemption_a_client_joining_an_empty_queue_is_lifted_near_those_that_ran():
-    """With fair preemption (gap 20), a client joining an empty queue is lifted to within the
-    gap of every client that ran since the queue emptied, not only to the last to leave."""
-    vtc = with_fair_preemption(VTC(), gap=20.0, pool_tokens=200)
-    f = request("F", 1, 60)
-    vtc.add(f, 0.0)
-    dispatch_next(vtc)  # F: 1; the queue is empty
-    decode(vtc, f, 1)  # F: 3
-    e = request("E", 1, 2)
-    vtc.add(e, 0.0)  # lifted to 3 (F, the last to leave and the only one that ran)
-    assert vtc.counters["E"] == vtc.counters["F"], (
-        f"E joined an empty queue whose last client to leave was F (counter "
-        f"{vtc.counters['F']}): lifted to {vtc.counters['E']}, not to F's counter (the lift: "
-        "c_u <- max(c_u, c_l), l the last to leave)"
+def test_ties_go_to_the_client_seen_first_even_when_it_joins_the_queue_last():
+    """The tie order is the order clients were first seen, not the order they joined Q."""
+    vtc = VTC()
+    vtc.add(request("a", 5, name="a0"), 0.0)
+    vtc.add(request("b", 5, name="b0"), 0.0)
+    dispatch_next(vtc), dispatch_next(vtc)  # a: 5, b: 5; Q empty, b the last to leave
+    vtc.add(request("b", 5, name="b1"), 0.0)  # b joins first, at 5
+    vtc.add(request("a", 5, name="a1"), 0.0)  # then a, at 5: a tie
+    first = dispatch_next(vtc).request_id
+    assert first == "a1", (
+        f"a (seen first) and b both wait at counter 5, b having joined the queue first: "
+        f"picked {first}, not a1 (ties go to the client seen first, however late it joined: "
+        "VTC.peek and the counter structure's tie rank, LeastCounter.entry)"
     )
-    dispatch_next(vtc)  # E: 4, the last to leave
-    for n in range(30):  # F and E run while nobody waits; E finishes after its 2 tokens
-        running = [f, e] if n < 2 else [f]
-        for r in running:
-            r.output_ids.append(1)
-        vtc.on_decode(running)
-        if n == 1:
-            finish(vtc, e, "length")
-    expected = vtc.counters["F"] - 20.0
-    vtc.add(request("G", 1), 0.0)
-    assert vtc.counters["G"] == pytest.approx(expected), (
-        f"G joined an empty queue; E (counter {vtc.counters['E']}) left it last and F "
-        f"({vtc.counters['F']}) ran since: with fair preemption's gap 20 G is lifted to "
-        f"max(c_E, c_F - 20) = {expected}, got {vtc.counters['G']} (Algorithm 2's floor alone "
-        "lets G displace F at once and then take every dispatch: the lift with fair preemption "
-        "is the floor the engine set up, Lesson 11)"
+
+
+def test_a_waiting_client_is_never_lost_however_often_others_join_and_are_aborted():
+    """The counter structure keeps every waiting client through many joins and departures (its
+    dead entries dropped, the live ones kept): b waits all along at 0 while a, at 100, joins the
+    queue and is aborted (the engine's `scheduler.remove`) 200 times; b is offered in the end."""
+    vtc = VTC()
+    vtc.add(request("a", 100, name="a0"), 0.0)
+    vtc.add(request("b", 1, name="b0"), 0.0)  # b waits from now on, at 0
+    dispatch_next(vtc)  # a0 (a tie at 0, a seen first): a at 100, above b
+    for i in range(1, 201):
+        r = request("a", 1, name=f"a{i}")
+        vtc.add(r, 0.0)
+        vtc.remove(r)
+    offered = vtc.peek()
+    assert offered is not None and offered.request_id == "b0", (
+        f"b waited while a joined the queue and was aborted 200 times: peek offers "
+        f"{offered and offered.request_id}, not b0 (the counter structure lost a waiting "
+        "client: LeastCounter.push, compact, least, is_live)"
     )
+    vtc.check_invariants()

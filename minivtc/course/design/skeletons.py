@@ -1,0 +1,76 @@
+"""What the student edition holds of each design assignment's file: its class, empty.
+
+`edition.release` writes a design file as its docstring (the task) followed by its skeleton
+here; the instructor's answer (`course/instructor/`) is not in the edition.
+"""
+
+from __future__ import annotations
+
+HEAD = """
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from minivtc.fairness.cost import PAPER_COST, Cost
+from minivtc.fairness.scheduler import Scheduler
+from minivtc.requests.request import Request
+
+"""
+METHODS = """
+    def add(self, request: Request, now: float) -> str | None:
+        raise NotImplementedError(MESSAGE)
+
+    def peek(self) -> Request | None:
+        raise NotImplementedError(MESSAGE)
+
+    def dispatch(self, request: Request) -> None:
+        raise NotImplementedError(MESSAGE)
+
+    def on_decode(self, requests: list[Request]) -> None:
+        raise NotImplementedError(MESSAGE)
+
+    def on_finish(self, request: Request) -> None:
+        raise NotImplementedError(MESSAGE)
+
+    def remove(self, request: Request) -> None:
+        raise NotImplementedError(MESSAGE)
+
+    def requeue(self, request: Request) -> None:
+        raise NotImplementedError(MESSAGE)
+
+    def waiting(self) -> Iterator[Request]:
+        raise NotImplementedError(MESSAGE)
+
+    def gap_bound(self, u: float) -> float | None:
+        raise NotImplementedError(MESSAGE)
+"""
+QUOTA = '''
+class QuotaPolicy(Scheduler):
+    """Your policy (the module docstring says what it must do)."""
+
+    BOUND = ""  # your bound in words, with the argument for it
+
+    def __init__(self, quotas: dict[str, int] | None = None, cost: Cost = PAPER_COST) -> None:
+        self.quotas = dict(quotas or {})  # client -> the most tokens it may hold at once
+        self.cost = cost  # what service is priced by: the bound's w_p and w_q
+        self.name = "quota"
+'''
+TENANTS = '''
+class TenantPolicy(Scheduler):
+    """Your policy (the module docstring says what it must do)."""
+
+    BOUND = ""  # both bounds in words, with the argument for them
+
+    def __init__(self, cost: Cost = PAPER_COST) -> None:
+        self.cost = cost  # what service is priced by: the bound's w_p and w_q
+        self.name = "tenants"
+'''
+USER_BOUND = """
+    def user_gap_bound(self, u: float) -> float | None:
+        raise NotImplementedError(MESSAGE)
+"""
+# an own file (under minivtc/) -> the skeleton the edition writes after its docstring
+SKELETONS = {
+    "course/design/quota.py": HEAD + QUOTA + METHODS,
+    "course/design/tenants.py": HEAD + TENANTS + METHODS + USER_BOUND,
+}

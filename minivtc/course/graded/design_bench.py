@@ -1,0 +1,174 @@
+"""What the design assignments' tests share (d1, d2): a watch on the policy, and workloads.
+
+Owns `Watched` (a `Scheduler` that passes every call the bench makes on to the student's
+policy and checks, from those calls alone, what the policy must never do: offer a request out
+of its client's arrival order, one that takes its client over its quota, or nothing while a
+request with room waits), `seeds` (the workloads' seeds: the instructor's hidden ones where
+`course/instructor/hidden.py` is present, the public examples in the student edition),
+the random workloads drawn from them, and `by_tenant` (a run's steps with each tenant's
+users summed). Plain Python, no clock: the same seed gives the same workloads on every run.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import deque
+from collections.abc import Iterator
+
+from minivtc.course.graded.driver import W_P, W_Q, Arrival, Step
+from minivtc.fairness.scheduler import Scheduler
+from minivtc.requests.request import Request
+
+# The student edition's workloads (`minivtc course test`): documented, so a student can replay
+# one. Grading draws as many others from the instructor's seed.
+PUBLIC_SEEDS = (11, 12, 13, 14, 15, 16, 17, 18, 19, 20)
+NUM_WORKLOADS = len(PUBLIC_SEEDS)
+
+
+def seeds(salt: int) -> tuple[int, ...]:
+    """The workloads' seeds: `NUM_WORKLOADS` drawn from the instructor's hidden seed (with
+    `salt`, one per assignment), or, where it is absent (the student edition), the public ones."""
+    try:
+        from minivtc.course.instructor.hidden import SEED
+    except ImportError:  # the student edition: `course/instructor/` is left out
+        return PUBLIC_SEEDS
+    rng = random.Random(SEED * 1000 + salt)
+    return tuple(rng.randrange(10**9) for _ in range(NUM_WORKLOADS))
+
+
+def u_of(arrivals: list[Arrival], kv_tokens: int) -> float:
+    """Lemma 4.3's U for a run (w_p <= w_q): max(w_p L_input, w_q M)."""
+    return max(W_P * max(a.prompt for a in arrivals), W_Q * kv_tokens)
+
+
+class Watched(Scheduler):
+    """`policy`, with what it must never do recorded in `broken` (first first). `quotas`:
+    client -> the most tokens it may hold (none: no client is capped)."""
+
+    def __init__(self, policy: Scheduler, quotas: dict[str, int] | None = None) -> None:
+        self.policy, self.quotas = policy, dict(quotas or {})
+        self.cost, self.name = policy.cost, policy.name
+        self.queues: dict[str, deque[Request]] = {}  # waiting, as the bench's calls say
+        self.held: dict[str, int] = {}  # tokens each client's running requests reserve
+        self.most: dict[str, int] = {}  # the most each client ever held
+        self.broken: list[str] = []
+
+    def add(self, request: Request, now: float) -> str | None:
+        reason = self.policy.add(request, now)
+        c, quota = request.client_id, self.quotas.get(request.client_id)
+        never_fits = quota is not None and request.max_num_tokens > quota
+        if reason is None and never_fits:
+            self.broken.append(
+                f"add() accepted a request of {c} with prompt + max_tokens = "
+                f"{request.max_num_tokens} > its quota {quota}: it could never run, refuse it"
+            )
+        elif reason is not None and not never_fits:
+            self.broken.append(f"add() refused a request that fits {c}'s quota: {reason!r}")
+        if reason is None:
+            self.queues.setdefault(c, deque()).append(request)
+        return reason
+
+    def peek(self) -> Request | None:
+        r = self.policy.peek()
+        if r is None:
+            ready = [c for c, q in self.queues.items() if q and self.room(c) >= q[0].max_num_tokens]
+            if ready:
+                self.broken.append(
+                    f"peek() gave None while {ready[0]}'s next request waited with room in its "
+                    f"quota ({self.room(ready[0])} tokens free): nothing that can run is held back"
+                )
+            return None
+        queue = self.queues.get(r.client_id)
+        if not queue or queue[0] is not r:
+            self.broken.append(
+                f"peek() offered {r.request_id} of {r.client_id} before a request {r.client_id} "
+                "sent earlier: each client's requests go in arrival order"
+            )
+        elif r.max_num_tokens > self.room(r.client_id):
+            self.broken.append(
+                f"peek() offered {r.client_id}'s request of {r.max_num_tokens} tokens while it "
+                f"holds {self.held.get(r.client_id, 0)} of its quota "
+                f"{self.quotas[r.client_id]}: over its quota"
+            )
+        return r
+
+    def dispatch(self, request: Request) -> None:
+        c = request.client_id
+        self.policy.dispatch(request)
+        self.queues[c].remove(request)
+        self.held[c] = self.held.get(c, 0) + request.max_num_tokens
+        self.most[c] = max(self.most.get(c, 0), self.held[c])
+
+    def on_decode(self, requests: list[Request]) -> None:
+        self.policy.on_decode(requests)
+
+    def on_finish(self, request: Request) -> None:
+        self.held[request.client_id] -= request.max_num_tokens
+        self.policy.on_finish(request)
+
+    def remove(self, request: Request) -> None:
+        self.policy.remove(request)
+
+    def requeue(self, request: Request) -> None:
+        self.policy.requeue(request)
+
+    def waiting(self) -> Iterator[Request]:
+        return self.policy.waiting()
+
+    def check_invariants(self) -> None:
+        self.policy.check_invariants()
+
+    def room(self, client: str) -> float:
+        quota = self.quotas.get(client)
+        return float("inf") if quota is None else quota - self.held.get(client, 0)
+
+
+def quota_workload(seed: int) -> tuple[list[Arrival], int, dict[str, int]]:
+    """d1's random workload: 3-5 clients, one or two of them capped (a quota between one
+    request and half the pool), Poisson or bursty arrivals; a few requests of a capped client
+    exceed its quota (they must be refused)."""
+    rng = random.Random(seed)
+    kv_tokens, n = rng.randint(60, 160), rng.randint(3, 5)
+    clients = [f"c{i}" for i in range(n)]
+    max_len = min(30, kv_tokens // 4)
+    quotas = {c: rng.randint(2 * max_len, kv_tokens // 2) for c in clients[: rng.randint(1, 2)]}
+    out, t, bursty = [], 0.0, rng.random() < 0.5
+    for _ in range(rng.randint(40, 120)):
+        t += rng.choice([0.0, 0.0, 0.0, 20.0]) if bursty else rng.expovariate(0.5)
+        out.append(Arrival(round(t, 2), rng.choice(clients), *sizes(rng, max_len)))
+    capped = sorted(quotas)
+    out += [Arrival(t / 2, c, quotas[c], 1) for c in capped]  # prompt + 1 > quota: refused
+    return out, kv_tokens, quotas
+
+
+def tenant_workload(seed: int) -> tuple[list[Arrival], int]:
+    """d2's random workload: 2-3 tenants of 1-3 users each ("t0/u1"), Poisson or bursty."""
+    rng = random.Random(seed)
+    kv_tokens = rng.randint(60, 160)
+    clients = [f"t{t}/u{u}" for t in range(rng.randint(2, 3)) for u in range(rng.randint(1, 3))]
+    max_len = min(30, kv_tokens // 4)
+    out, t, bursty = [], 0.0, rng.random() < 0.5
+    for _ in range(rng.randint(40, 120)):
+        t += rng.choice([0.0, 0.0, 0.0, 20.0]) if bursty else rng.expovariate(0.5)
+        out.append(Arrival(round(t, 2), rng.choice(clients), *sizes(rng, max_len)))
+    return out, kv_tokens
+
+
+def sizes(rng: random.Random, max_len: int) -> tuple[int, int]:
+    """A request's prompt and max_tokens, each 1 to `max_len`."""
+    return rng.randint(1, max_len), rng.randint(1, max_len)
+
+
+def tenant_of(client: str) -> str:
+    return client.partition("/")[0]
+
+
+def by_tenant(steps: list[Step]) -> list[Step]:
+    """`steps` with each tenant's users summed: a tenant waits while any of its users waits."""
+    out = []
+    for s in steps:
+        service: dict[str, float] = {}
+        for c, v in s.service.items():
+            service[tenant_of(c)] = service.get(tenant_of(c), 0.0) + v
+        out.append(Step({tenant_of(c) for c in s.backlogged}, service))
+    return out
