@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from minivtc.course.assignments import ASSIGNMENTS
-from minivtc.course.staff import TAG, compiled
 from minivtc.course.design.skeletons import SKELETONS
+from minivtc.course.staff import staff_module
 from minivtc.course.surgery import find, is_docstring, stub
 
 PACKAGE = Path(__file__).resolve().parents[1]  # minivtc/
@@ -203,26 +203,9 @@ def on_staff_code(notebook: Path) -> None:
 
 
 def staff_code() -> str:
-    """The edition's `minivtc/course/staff_code.py`: each assignment function's reference
-    code, compiled and marshalled (never its source), for `staff.use()`."""
+    """The edition's `minivtc/course/staff_code.py`, for `staff.use()`."""
     functions = [f for a in ASSIGNMENTS for f in a.functions]
-    code = compiled(PACKAGE, list(dict.fromkeys(functions)))
-    entries = "".join(f"    {key!r}: (\n{wrapped(data)}    ),\n" for key, data in code.items())
-    return f'''"""The staff's compiled answers to the assignments, for `staff.use()` (the lessons
-run them): each function's code object, marshalled and base64-encoded, compiled by {TAG}
-(Python {PYTHON}); marshal's format is that minor version's alone, so `staff.use()` refuses
-any other Python. Written by `minivtc course release`. A determined student can disassemble
-it, as any staff binary; grading never runs it."""
-
-TAG = {TAG!r}
-PYTHON = {PYTHON!r}
-CODE = {{
-{entries}}}
-'''
-
-
-def wrapped(data: str, width: int = 88) -> str:
-    return "".join(f"        {data[i : i + width]!r}\n" for i in range(0, len(data), width))
+    return staff_module(PACKAGE, list(dict.fromkeys(functions)))
 
 
 def what_to_write(a) -> str:
@@ -242,7 +225,7 @@ def lesson_needs(lessons: Path) -> dict[str, list[str]]:
         text = "".join(first) if isinstance(first, list) else first
         _, _, statement = text.partition("**In the student edition**")
         sentence = statement.split(".\n")[0].split(". ")[0]
-        needs[path.name[:2]] = sorted(set(re.findall(r"\ba[1-6]\b", sentence)))
+        needs[path.name[:2]] = sorted(set(re.findall(r"\ba[1-6]b?\b", sentence)))
     return needs
 
 

@@ -19,9 +19,9 @@ both. A determined student can disassemble the code objects (`dis`), as with any
 binary; the edition says so in its README. In the reference package (the instructor's edition)
 the package's own functions are the staff's, so `use()` changes nothing.
 
-Owns `compiled` (release's side: the code objects of the reference's functions, marshalled)
-and `use` (the lesson's side). Does not own the stubs (`surgery.stub`) or the edition
-(`edition.py`).
+Owns `compiled` and `staff_module` (release's side: the code objects of the reference's
+functions, marshalled, and the module that carries them) and `use` (the lesson's side). Does
+not own the stubs (`surgery.stub`) or the edition (`edition.py`).
 """
 
 from __future__ import annotations
@@ -52,6 +52,31 @@ def compiled(package: Path, functions: list[tuple[str, str]]) -> dict[str, str]:
             marshal.dumps(renamed(code, f"<the staff's compiled minivtc/{file}>"))
         ).decode()
     return out
+
+
+def staff_module(package: Path, functions: list[tuple[str, str]]) -> str:
+    """The edition's `minivtc/course/staff_code.py`: each of `functions`' reference code,
+    compiled and marshalled (never its source), base64 in lines of 88 characters."""
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
+    entries = "".join(
+        f"    {key!r}: (\n{wrapped(data)}    ),\n"
+        for key, data in compiled(package, functions).items()
+    )
+    return f'''"""The staff's compiled answers to the assignments, for `staff.use()` (the lessons
+run them): each function's code object, marshalled and base64-encoded, compiled by {TAG}
+(Python {python}); marshal's format is that minor version's alone, so `staff.use()` refuses
+any other Python. Written by `minivtc course release`. A determined student can disassemble
+it, as any staff binary; grading never runs it."""
+
+TAG = {TAG!r}
+PYTHON = {python!r}
+CODE = {{
+{entries}}}
+'''
+
+
+def wrapped(data: str, width: int = 88) -> str:
+    return "".join(f"        {data[i : i + width]!r}\n" for i in range(0, len(data), width))
 
 
 def find_code(code: types.CodeType, qualname: str) -> types.CodeType:
