@@ -261,3 +261,50 @@ def test_no_function_takes_more_than_eight_parameters():
                 if n > 8:
                     long.add(f"{path}:{node.name}")
     assert not long, sorted(long)
+
+
+def declared_api(path: Path) -> set[str] | None:
+    """A module's `__all__` (its API: what other modules, the tests and the lessons import from
+    it), or None if it declares none."""
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return {ast.literal_eval(e) for e in node.value.elts}  # type: ignore[attr-defined]
+    return None
+
+
+def module_path(dotted: str) -> Path | None:
+    base = PACKAGE.parent / Path(*dotted.split("."))
+    for path in (base.with_suffix(".py"), base / "__init__.py"):
+        if path.exists():
+            return path
+    return None
+
+
+def test_every_module_declares_its_api_and_others_import_only_that():
+    """Each module's `__all__` says which of its names other modules may use; the rest are its
+    own parts. Every `from minivtc.x import name` in the package and the tests names a module or
+    a name in x's `__all__`, so a reader can tell a module's API from a step's parts."""
+    undeclared = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        has_defs = any(isinstance(n, (ast.FunctionDef, ast.ClassDef)) for n in tree.body)
+        if path.name != "__main__.py" and (path.name != "__init__.py" or has_defs):
+            if declared_api(path) is None:
+                undeclared.append(str(path.relative_to(PACKAGE)))
+    assert not undeclared, f"modules without __all__: {undeclared}"
+    outside = []
+    for path in sorted(PACKAGE.rglob("*.py")) + sorted(PACKAGE.parent.glob("tests/*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.ImportFrom) and (node.module or "").startswith("minivtc")):
+                continue
+            source = module_path(node.module)  # type: ignore[arg-type]
+            api = declared_api(source) if source is not None else None
+            for alias in node.names:
+                if api is None or alias.name in api or module_path(f"{node.module}.{alias.name}"):
+                    continue
+                if source == path:
+                    continue
+                outside.append(f"{path.name}: {node.module}.{alias.name}")
+    assert not outside, f"imports of names outside their module's __all__: {outside}"

@@ -257,7 +257,7 @@ def test_stream_lines_split_at_newlines_only_not_at_unicode_line_separators():
     network's cuts; a line without end is refused rather than held without bound."""
     import asyncio
 
-    from minivtc.serving.openai_api import MAX_SSE_LINE_BYTES, sse_lines
+    from minivtc.serving.connections import MAX_SSE_LINE_BYTES, sse_lines
 
     chunk = json.dumps({"text": "a\u2028b\u0085c\u2029d"}, ensure_ascii=False).encode()
     stream = b"data: " + chunk + b"\r\n\r\ndata: [DONE]\n\n"

@@ -24,6 +24,8 @@ from minivtc.model.config import LlamaConfig, preset
 from minivtc.model.llama import Llama
 from minivtc.model.weights import bundled_weights_dir
 
+__all__ = ["write_checkpoint"]
+
 SEED, STD = 0, 0.02
 
 

@@ -22,6 +22,8 @@ from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request
 from minivtc.sim.simulator import gc_paused
 
+__all__ = ["bench_route", "time_decisions"]
+
 NUM_BACKENDS = 64
 PER_BACKEND = 4  # requests of 16 tokens each backend holds
 

@@ -32,6 +32,8 @@ import httpx
 
 from minivtc.gateway.launch import free_port, wait_healthy
 
+__all__ = ["bench_class_load", "bench_gateway", "start_backends"]
+
 NUM_BACKENDS, CONCURRENCY, REQUESTS, CHUNKS = 8, 64, 512, 16
 QUICK = 2, 16, 64  # `--quick`: backends, concurrency, requests (a smoke run)
 SLOW_S, SLOW_CHUNKS = 0.5, 3  # `--streams`: a stand-in's chunks, each after SLOW_S

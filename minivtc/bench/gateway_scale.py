@@ -41,6 +41,8 @@ import httpx
 from minivtc.bench.gateway_overhead import start_backends
 from minivtc.gateway.launch import free_port, wait_healthy
 
+__all__ = ["main"]
+
 BUDGET = 10**9  # tokens per backend: no request waits for room
 ROUND_TRIPS = ("evalsha", "eval", "exec", "ping")  # commands that are one round trip each
 OURS = ("info", "client", "hello", "auth")  # (connecting, and this benchmark's own questions)

@@ -21,6 +21,8 @@ from minivtc.model.config import preset
 from minivtc.model.llama import Llama
 from minivtc.requests.params import SamplingParams
 
+__all__ = ["bench_gpu", "random_model"]
+
 PROMPT_LEN = 32  # as `bench engine`
 
 

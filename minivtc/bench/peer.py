@@ -50,6 +50,8 @@ from pathlib import Path
 from minivtc.bench.peer_worker import ANSWER, top_logits
 from minivtc.bench.timing import load_line, spread
 
+__all__ = ["TCMALLOC", "add_arguments", "bench_peer", "vllm_python"]
+
 PROMPT_LEN = 32
 # A pause before each turn: an engine's OpenMP threads keep spinning for a while after its last
 # parallel region (vLLM sets KMP_BLOCKTIME; libgomp spins by default), on the cores the next

@@ -19,6 +19,8 @@ from minivtc.gateway.launch import wait_healthy
 from minivtc.serving.loadgen import ReplayResult, run_replay
 from minivtc.sim.workloads import poisson
 
+__all__ = ["bench_load"]
+
 PROMPT_LEN, TURN_S = 32, 20.0
 PORTS = {"minivtc": 18431, "vllm": 18432}
 

@@ -26,6 +26,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+__all__ = ["ANSWER", "top_logits", "tree_cpu_seconds"]
+
 if TYPE_CHECKING:
     from minivtc.model.llama import Llama
 

@@ -19,6 +19,8 @@ from minivtc.fairness.vtc import VTC
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request
 
+__all__ = ["ScanVTC", "bench_scheduler", "bench_sim"]
+
 if TYPE_CHECKING:
     from minivtc.sim.simulator import SimResult
 

@@ -53,6 +53,8 @@ from minivtc.model.tokenizer import Tokenizer
 from minivtc.model.weights import load_model
 from minivtc.requests.params import SamplingParams
 
+__all__ = ["bench_profile"]
+
 COLUMNS = [
     "matmuls",
     "attn gather",

@@ -31,6 +31,8 @@ from minivtc.bench.timing import load_line, machine_line, spread
 from minivtc.gateway.launch import free_port, wait_healthy
 from minivtc.vllm_plugin.overload import ASYNC_FAIR_SCHEDULER
 
+__all__ = ["main"]
+
 
 def parse(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(

@@ -78,6 +78,8 @@ from minivtc.bench.peer import add_arguments as add_peer_arguments
 from minivtc.bench.timing import interleaved, load_line, ratios, spread
 from minivtc.requests.params import SamplingParams
 
+__all__ = ["gpu_driver_seen", "main"]
+
 if TYPE_CHECKING:
     import torch
 

@@ -14,6 +14,8 @@ import statistics
 import time
 from collections.abc import Callable
 
+__all__ = ["interleaved", "load_line", "machine_line", "ratios", "spread"]
+
 
 def interleaved(
     runs: dict[str, Callable[[], object]], rounds: int, warmup: bool = True

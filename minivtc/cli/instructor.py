@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+__all__ = ["add_course"]
+
 
 def add_course(sub) -> None:
     p = sub.add_parser(

@@ -19,6 +19,8 @@ from minivtc.cli.simulate import (
     print_summary,
 )
 
+__all__ = ["main"]
+
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(

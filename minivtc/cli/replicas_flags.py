@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from minivtc.fleet.replicas import ROUTINGS
 
+__all__ = ["add_fleet_options", "run_simulate_fleet"]
+
 
 def add_fleet_options(p) -> None:
     p.add_argument(

@@ -17,6 +17,8 @@ import sys
 
 from minivtc.cli.serve import add_connection_flags, limits_of, port, warn_if_public
 
+__all__ = ["add_route"]
+
 BACKEND_IDLE_S = 600.0  # (gateway.BACKEND_IDLE_S: here too, so `--help` imports nothing)
 SYNC_S = 0.05  # tau: a store's round trip on a LAN is well under a millisecond
 LEASE_S = 10.0

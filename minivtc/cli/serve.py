@@ -12,6 +12,8 @@ import sys
 
 from minivtc.cli.simulate import add_memory_options, add_prefix_options, config_of
 
+__all__ = ["add_connection_flags", "add_serve", "limits_of", "port", "warn_if_public"]
+
 
 def add_serve(sub) -> None:
     from minivtc.fairness.policies import SCHEDULERS

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 from minivtc.course.rubrics import A4_RUBRIC, A4B_RUBRIC, A6_RUBRIC, Line, line
 
+__all__ = ["A4B_RUBRIC", "A4_RUBRIC", "ASSIGNMENTS", "Assignment"]
+
 
 @dataclass(frozen=True)
 class Assignment:

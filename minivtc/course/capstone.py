@@ -57,6 +57,8 @@ from __future__ import annotations
 from minivtc.fairness.cost import PAPER_COST, Cost
 from minivtc.fairness.drr import DRR
 
+__all__ = ["FairPolicy"]
+
 QUANTUM = 64.0  # a turn's credit: within U on every graded workload, so 2(U + Q) <= 4U
 
 

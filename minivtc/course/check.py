@@ -27,6 +27,8 @@ from minivtc.course.grade import How, grade_one
 from minivtc.course.mutate import Mutant, mutants
 from minivtc.course.wrong import WRONG, Wrong
 
+__all__ = ["CHECK_LIMIT_S", "answer_files", "assignment", "run", "write_edition"]
+
 # Per submission: a6's tests take about a minute (the paper's workloads in the simulator), and
 # a submission that runs them all must not be cut off and counted as losing points.
 CHECK_LIMIT_S = 180

@@ -19,17 +19,30 @@ from pathlib import Path
 
 from minivtc.course.assignments import ASSIGNMENTS
 from minivtc.course.design.skeletons import SKELETONS
+from minivtc.course.rubrics import rubric_table
 from minivtc.course.staff import staff_module
 from minivtc.course.surgery import find, is_docstring, stub
 
+__all__ = [
+    "INSTRUCTOR_ONLY",
+    "PACKAGE",
+    "RELEASED",
+    "REPOSITORY",
+    "lesson_needs",
+    "lines_to_write",
+    "on_staff_code",
+    "placeholder",
+    "release",
+    "stub",
+    "without_solutions",
+]
+
 PACKAGE = Path(__file__).resolve().parents[1]  # minivtc/
 REPOSITORY = PACKAGE.parent  # where weights/ and lessons/ are, in a checkout
-# In the edition: each assignment's files as released (stubs), what `course test` takes the
-# student's functions into, by the grader's rules (`grade.test_edition`)
+# in the edition, the assignments' files as released (`course test`: `grade.test_edition`)
 RELEASED = Path("minivtc") / "course" / "released"
-# Not in the edition: the catalogue of wrong solutions (wrong*.py) quotes the
-# reference's bodies; the instructor's pages (instructor/) hold the problem sets' answers
 PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+# not in the edition: wrong*.py quotes the reference's bodies, instructor/ holds the answers
 INSTRUCTOR_ONLY = ("__pycache__", "*.pyc", "wrong*.py", "check.py", "instructor")
 
 
@@ -335,13 +348,3 @@ def lines_to_write(a) -> int:
         text = "\n".join(ast.unparse(n) for n in body if not isinstance(n, ast.Assert))
         total += sum(1 for line in text.splitlines() if line.strip())
     return total
-
-
-def rubric_table(a) -> str:
-    """`a`'s rubric as a table: each mechanism, its points, the graded tests that check it."""
-    rows = "\n".join(
-        f"| {line.mechanism} | {line.points} | {', '.join(f'`{t}`' for t in line.tests)} |"
-        for line in a.rubric
-    )
-    header = f"### {a.key} ({a.max_points} points)\n\n| mechanism | points | graded tests |"
-    return f"{header}\n| --- | --- | --- |\n{rows}"

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from minivtc.course.mutate import put_function
 from minivtc.course.surgery import find
 
+__all__ = ["Wrong", "apply", "drop", "is_hole", "parse_statements", "replace", "rewrite", "wrong"]
+
 Target = tuple[str, str]  # (file under minivtc/, qualified name)
 IGNORED = ("ctx", "kind", "type_comment")  # fields that formatting or context set, not meaning
 

@@ -18,6 +18,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 from pathlib import Path
 
+__all__ = ["read_regular", "read_report", "read_reported"]
+
 MESSAGE_CHARS = 300  # a message longer than this is cut (the full output: `--verbose`)
 REPORTED = "reported"  # the property a graded test records a number under for the student
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import ast
 
+__all__ = ["carry", "not_taken"]
+
 DEFINITIONS = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
 IMPORTS = (ast.Import, ast.ImportFrom)
 ASSIGNMENTS = (ast.Assign, ast.AnnAssign)

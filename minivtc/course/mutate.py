@@ -25,6 +25,8 @@ from minivtc.course.assignments import Assignment
 from minivtc.course.edition import PACKAGE
 from minivtc.course.surgery import find, first_line, is_docstring
 
+__all__ = ["Mutant", "mutants", "put_function"]
+
 SWAPS: dict[type, type] = {
     ast.Add: ast.Sub,
     ast.Sub: ast.Add,

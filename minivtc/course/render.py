@@ -32,6 +32,8 @@ from typing import TYPE_CHECKING
 
 from minivtc.course.edition import REPOSITORY
 
+__all__ = ["EDITIONS", "LESSONS", "render", "site", "write_indexes", "write_pages"]
+
 if TYPE_CHECKING:
     from nbformat import NotebookNode
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+__all__ = ["A4B_RUBRIC", "A4_RUBRIC", "A6_RUBRIC", "Line", "line", "rubric_table"]
+
 
 @dataclass(frozen=True)
 class Line:
@@ -144,3 +146,13 @@ A6_RUBRIC = (
         lesson=6,
     ),
 )
+
+
+def rubric_table(a) -> str:
+    """`a`'s rubric as a table: each mechanism, its points, the graded tests that check it."""
+    rows = "\n".join(
+        f"| {line.mechanism} | {line.points} | {', '.join(f'`{t}`' for t in line.tests)} |"
+        for line in a.rubric
+    )
+    header = f"### {a.key} ({a.max_points} points)\n\n| mechanism | points | graded tests |"
+    return f"{header}\n| --- | --- | --- |\n{rows}"

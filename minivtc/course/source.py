@@ -13,6 +13,8 @@ from pathlib import Path
 import minivtc
 from minivtc.course.assignments import ASSIGNMENTS
 
+__all__ = ["asked_for", "show", "where"]
+
 PACKAGE = Path(minivtc.__file__).parent
 
 

@@ -35,6 +35,8 @@ from pathlib import Path
 
 from minivtc.course import STUDENT_EDITION
 
+__all__ = ["staff_module"]
+
 # What a marshalled code object is tied to: CPython's bytecode of one minor version
 TAG = sys.implementation.cache_tag  # e.g. "cpython-311"
 

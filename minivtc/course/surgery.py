@@ -14,6 +14,8 @@ import ast
 
 from minivtc.course.helpers import carry, not_taken
 
+__all__ = ["find", "first_line", "is_docstring", "splice", "stub", "take"]
+
 
 def stub(source: str, qualname: str, message: str) -> str:
     """`source` with the function `qualname`'s body replaced by its docstring (if any) and

@@ -19,6 +19,8 @@ from minivtc.course.wrong_design import D1, D2
 from minivtc.course.wrong_mechanisms import MECHANISMS
 from minivtc.course.wrong_policies import A4, A6
 
+__all__ = ["WRONG", "Wrong"]
+
 LLAMA, KV_POOL = "model/llama.py", "engine/kv_pool.py"
 RMS, ROT = (LLAMA, "RMSNorm.forward"), (LLAMA, "rotary_cos_sin")
 APPLY, ATT = (LLAMA, "apply_rotary"), (LLAMA, "causal_attention")

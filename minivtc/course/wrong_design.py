@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from minivtc.course.edits import Wrong, drop, replace, rewrite, wrong
 
+__all__ = ["D1", "D2"]
+
 QUOTA, TENANTS = "course/instructor/quota_answer.py", "course/instructor/tenants_answer.py"
 Q_ADD, Q_PEEK, Q_DISPATCH = (
     (QUOTA, "QuotaVTC.add"),

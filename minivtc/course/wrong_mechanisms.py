@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from minivtc.course.edits import Wrong, drop, replace, wrong
 
+__all__ = ["MECHANISMS"]
+
 VTC_FILE, LEAST_FILE = "fairness/vtc.py", "fairness/least_counter.py"
 PUSH, LEAST = (LEAST_FILE, "LeastCounter.push"), (LEAST_FILE, "LeastCounter.least")
 ENTRY, LIVE = (LEAST_FILE, "LeastCounter.entry"), (LEAST_FILE, "LeastCounter.is_live")

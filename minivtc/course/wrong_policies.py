@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from minivtc.course.edits import Wrong, drop, replace, rewrite, wrong
 
+__all__ = ["A4", "A6", "RETYPED_VTC"]
+
 VTC_FILE, DRR_FILE = "fairness/vtc.py", "fairness/drr.py"
 PEEK, DISPATCH, LIFT = (
     (VTC_FILE, "VTC.peek"),

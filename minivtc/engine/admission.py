@@ -26,6 +26,8 @@ from __future__ import annotations
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.requests.request import Request
 
+__all__ = ["FullReservation", "OnDemand", "PeakReservation", "make_admission", "reserve_blocks"]
+
 
 class FullReservation:
     """Reserve prompt + max_tokens at admission."""

@@ -34,6 +34,8 @@ from minivtc.engine.prefix_cache import PrefixCachingAllocator
 from minivtc.fairness.policies import make_scheduler
 from minivtc.fairness.scheduler import Scheduler
 
+__all__ = ["CONFIG_FIELDS", "ENGINE_OPTIONS", "EngineConfig"]
+
 DEFAULT_KV_TOKENS = 10000  # the pool of the paper's A10G experiments (Section 5)
 RESERVATIONS = ("full", "peak", "none")
 VICTIMS = ("latest", "fair")

@@ -21,6 +21,8 @@ from minivtc.fairness.scheduler import Scheduler
 from minivtc.model.llama import Llama
 from minivtc.model.tokenizer import Tokenizer
 
+__all__ = ["build_engine"]
+
 
 def build_engine(
     model: Llama,

@@ -17,6 +17,8 @@ from minivtc.model.attention import ContiguousAttention
 from minivtc.model.llama import Llama
 from minivtc.requests.params import SamplingParams, context_error
 
+__all__ = ["generate_plain"]
+
 
 @torch.inference_mode()
 def generate_plain(model: Llama, prompt_ids: list[int], params: SamplingParams) -> Iterator[int]:

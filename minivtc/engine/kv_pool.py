@@ -22,6 +22,8 @@ from typing import TYPE_CHECKING, Any
 
 from minivtc.model.config import LlamaConfig
 
+__all__ = ["BlockAllocator", "KVPool"]
+
 if TYPE_CHECKING:  # KVPool imports torch when it is built: BlockAllocator needs none
     import torch
 

@@ -17,6 +17,8 @@ from torch import Tensor
 
 from minivtc.requests.request import Request
 
+__all__ = ["Logprob", "record_prompt", "record_sampled"]
+
 
 @dataclass(frozen=True)
 class Logprob:

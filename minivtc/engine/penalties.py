@@ -23,6 +23,8 @@ from torch import Tensor
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request
 
+__all__ = ["penalize", "penalize_row"]
+
 
 def penalize(logits: Tensor, requests: list[Request], eos_id: int) -> Tensor:
     """The (N, V) logits with each request's penalties and min_tokens mask applied."""

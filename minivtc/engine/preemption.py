@@ -27,6 +27,8 @@ from minivtc.fairness.cost import weights_of
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.requests.request import Request
 
+__all__ = ["Fair", "Latest", "Preemption", "make_victim"]
+
 if TYPE_CHECKING:
     from minivtc.engine.runner import Runner
 

@@ -34,6 +34,8 @@ from collections import OrderedDict
 
 from minivtc.engine.kv_pool import BlockAllocator
 
+__all__ = ["PrefixCachingAllocator"]
+
 
 class PrefixCachingAllocator(BlockAllocator):
     caches_prefixes = True

@@ -32,6 +32,8 @@ from minivtc.model.attention import AttentionGroup, PagedAttention, attend_group
 from minivtc.model.llama import Llama
 from minivtc.requests.request import Request
 
+__all__ = ["ModelRunner", "Runner", "bucket", "build_group"]
+
 
 class Runner(Protocol):
     """What the engine asks of a runner: this module's `ModelRunner`, or the simulator's

@@ -15,6 +15,8 @@ from torch import Tensor
 
 from minivtc.requests.params import SamplingParams as SamplingParams  # re-exported: vLLM's home
 
+__all__ = ["SamplingParams", "min_p_filter", "sample", "sample_each", "sample_row", "top_p_filter"]
+
 
 class SamplingFailed(RuntimeError):
     """Sampling row `row` of the logits failed; `tokens` holds the rows sampled before it."""

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from minivtc.requests.params import cut_stop
 from minivtc.requests.request import Request
 
+__all__ = ["Texts"]
+
 if TYPE_CHECKING:
     from minivtc.model.tokenizer import Detokenizer, Tokenizer
 

@@ -19,6 +19,8 @@ from minivtc.fleet.replicas import simulate_fleet
 from minivtc.sim import metrics
 from minivtc.sim.metrics import Served
 
+__all__ = ["FAIR", "Row", "TENANTS", "replicas", "run_row", "table", "verdicts"]
+
 ROUTES = [
     ("global", "least-loaded"),
     ("global", "prefix"),

@@ -39,6 +39,18 @@ from minivtc.sim.simulator import SIM_EOS, SimResult, StepTimeRunner, VirtualClo
 from minivtc.sim.step_time import MeasuredStepTime, step_time_model
 from minivtc.sim.workloads import TraceRequest, workload
 
+__all__ = [
+    "MAX_TOKENS",
+    "POOL",
+    "UNIT_STEP",
+    "fair_memory",
+    "full_speed",
+    "gap_run",
+    "long_trace",
+    "number",
+    "table_rows",
+]
+
 MAX_TOKENS = 1024
 POOL = 10000
 # (reservation, victim, gap, preemption): the constructions use the first four

@@ -24,6 +24,17 @@ from minivtc.sim.simulator import SimResult, simulate
 from minivtc.sim.step_time import A100_RUNS
 from minivtc.sim.workloads import TraceRequest, uniform, workload
 
+__all__ = [
+    "A100_RUNS",
+    "ABLATION",
+    "Ablation",
+    "ablation_gap",
+    "fig12",
+    "fig13_14",
+    "fig15",
+    "simulate_ablation",
+]
+
 
 def fig12(out: Path, show: bool = False) -> list[str]:
     """Figure 12: response time of four real-trace clients, two medium and the two heaviest."""

@@ -25,6 +25,8 @@ from minivtc.sim import metrics
 from minivtc.sim.metrics import Served
 from minivtc.sim.workloads import WORKLOADS, read_trace
 
+__all__ = ["dynamo_table", "simulate_fleet_to_dir"]
+
 
 def simulate_fleet_to_dir(
     source: str,

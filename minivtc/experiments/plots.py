@@ -15,6 +15,20 @@ from pathlib import Path
 
 import matplotlib
 
+__all__ = [
+    "ablation_plot",
+    "difference_plot",
+    "gap_plot",
+    "gap_sweep_plot",
+    "panels_plot",
+    "plt",
+    "response_plot",
+    "save",
+    "service_plot",
+    "shares_plot",
+    "tradeoff_plot",
+]
+
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 

@@ -22,6 +22,8 @@ from minivtc.sim import metrics
 from minivtc.sim.simulator import simulate
 from minivtc.sim.workloads import TraceRequest
 
+__all__ = ["CLIENTS", "RUNS", "SYSTEM_PROMPT", "WINDOW", "prefix_caching", "shared_prompt_trace"]
+
 SYSTEM_PROMPT = 1500  # tokens
 RATE = 4.0  # requests per second per client: all three stay backlogged
 DURATION = 300.0  # seconds of arrivals

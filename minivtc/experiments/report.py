@@ -30,6 +30,8 @@ from minivtc.sim import metrics
 from minivtc.sim.simulator import progress_bar, simulate
 from minivtc.sim.workloads import A10G_RUNS, WORKLOADS, TraceRequest, read_trace, workload
 
+__all__ = ["SPECIAL", "measured_trace", "reproduce", "simulate_to_dir"]
+
 
 def simulate_to_dir(source: str, config: EngineConfig, step_time: str, out: str | Path) -> dict:
     """Simulate `source` (a workload's name, `workloads.WORKLOADS`, or a trace file's path;

@@ -12,6 +12,8 @@ from minivtc.fairness.cost import fairness_bound
 from minivtc.sim import metrics
 from minivtc.sim.simulator import SimResult
 
+__all__ = ["summarize"]
+
 
 def summarize(
     result: SimResult,

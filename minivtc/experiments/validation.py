@@ -19,6 +19,8 @@ from minivtc.sim.simulator import SimResult, simulate
 from minivtc.sim.step_time import A100_RUNS
 from minivtc.sim.workloads import uniform
 
+__all__ = ["HELD_OUT", "compare", "held_out_errors", "simulate_stored", "validate_a100"]
+
 # What the A100 validation allows: gap (relative), throughput (relative), share (points)
 LIMITS = (0.20, 0.05, 0.05)
 

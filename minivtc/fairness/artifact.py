@@ -12,6 +12,8 @@ from typing import Any
 from minivtc.fairness.vtc import VTC, VTCLedger
 from minivtc.requests.request import Request
 
+__all__ = ["ArtifactVTC"]
+
 
 class ArtifactVTC(VTC):
     """VTC as the official artifact counts (to reproduce its measured numbers), three ways

@@ -27,6 +27,8 @@ from minivtc.fairness.ledger import Ledger
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.requests.request import Request
 
+__all__ = ["DRR"]
+
 
 class DRR(Scheduler):
     """Deficit Round Robin with a `quantum` of credit per turn (the module docstring)."""

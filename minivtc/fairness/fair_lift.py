@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from minivtc.requests.request import Request
 
+__all__ = ["FairLift"]
+
 
 class FairLift:
     """Fair preemption's lift (the module docstring says who installs and consults it).

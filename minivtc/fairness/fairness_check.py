@@ -35,6 +35,8 @@ from minivtc.fairness.cost import spread_bound, weights_of
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.requests.request import Request
 
+__all__ = ["FairnessCheck"]
+
 SLACK = 1e-6  # float sums of charges: a spread may exceed the bound by rounding only
 
 

@@ -14,6 +14,8 @@ from collections import deque
 
 from minivtc.requests.request import Request
 
+__all__ = ["LeastCounter", "LinearScan"]
+
 
 class LeastCounter:
     """The waiting client with the smallest counter (ties: the client seen first), in

@@ -24,6 +24,8 @@ import math
 
 from minivtc.requests.request import Request
 
+__all__ = ["Ledger", "NO_BOOKS"]
+
 
 class Ledger:
     """The books of a policy that keeps no counter: nothing to read, nothing to correct."""

@@ -14,6 +14,8 @@ from minivtc.fairness.predictors import MeanOfLast, MovingAverage, Oracle, Predi
 from minivtc.fairness.scheduler import FCFS, RPM, Scheduler
 from minivtc.fairness.vtc import VTC
 
+__all__ = ["SCHEDULERS", "make_scheduler"]
+
 SCHEDULERS = (
     "fcfs, rpm:N, drr, drr:Q, lcf, vtc, vtc-artifact, vtc-predict, vtc-predict-ema, vtc-oracle, "
     "vtc-oracle:P, and any of the VTC family with -profile (e.g. vtc-profile)"

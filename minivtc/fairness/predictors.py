@@ -14,6 +14,8 @@ from typing import Protocol
 
 from minivtc.requests.request import Request
 
+__all__ = ["MeanOfLast", "MovingAverage", "Oracle", "Predictor"]
+
 
 class Predictor(Protocol):
     def predict(self, request: Request) -> float: ...

@@ -35,6 +35,8 @@ from minivtc.fairness.cost import PAPER_COST, Cost
 from minivtc.fairness.ledger import NO_BOOKS, Ledger
 from minivtc.requests.request import Request
 
+__all__ = ["FCFS", "RPM", "Scheduler", "admission_round"]
+
 
 class Scheduler:
     """The interface, with no-op hooks; each policy overrides what it needs."""

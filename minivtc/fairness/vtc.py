@@ -61,6 +61,8 @@ from minivtc.fairness.predictors import Predictor
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.requests.request import Request
 
+__all__ = ["LeastCounter", "VTC", "VTCLedger"]
+
 
 class VTC(Scheduler):
     """The Virtual Token Counter (Algorithm 2, mapped in the module docstring). `weights`:

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 from minivtc.requests.request import Request
 
+__all__ = ["Backend"]
+
 
 @dataclass(eq=False)  # a backend is itself, not its numbers: two empty ones are not equal
 class Backend:

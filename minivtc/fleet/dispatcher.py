@@ -48,6 +48,8 @@ from minivtc.fleet.backend import Backend
 from minivtc.fleet.routing import LeastLoaded, Route
 from minivtc.requests.request import Request
 
+__all__ = ["Dispatcher"]
+
 
 class Member(Protocol):
     """What the round asks a gateway that shares a store with others (`fleet_member.Member`)."""

@@ -74,6 +74,8 @@ from minivtc.fleet.served import Row, Served
 from minivtc.fleet.shared_store import MemoryStore, PolicyBooks, StoreDown, SyncIn
 from minivtc.requests.request import Request
 
+__all__ = ["Member", "RETRY_S", "fleet_bound"]
+
 RETRY_S = 1.0  # a store found down is tried again this often (each try may wait its timeout)
 
 

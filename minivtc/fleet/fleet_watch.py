@@ -18,6 +18,8 @@ from collections import Counter
 from minivtc.fairness.cost import linear_price
 from minivtc.sim.backlog import PairGaps
 
+__all__ = ["FleetWatch"]
+
 
 class FleetWatch(PairGaps):
     def __init__(self, weights: dict[str, float] | None = None) -> None:

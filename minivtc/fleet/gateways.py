@@ -34,6 +34,8 @@ from minivtc.fleet.routing import Route, make_route
 from minivtc.fleet.shared_store import MemoryStore, PolicyBooks
 from minivtc.requests.request import Request
 
+__all__ = ["GatewaySpec", "Gateways"]
+
 INGRESS = ("balanced", "skewed", "swapped")
 
 

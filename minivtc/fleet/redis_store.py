@@ -18,6 +18,8 @@ from urllib.parse import unquote, urlsplit
 from minivtc.fleet.served import Row
 from minivtc.fleet.shared_store import STORE_TIMEOUT_S, StoreDown, SyncIn, SyncOut
 
+__all__ = ["RedisStore", "parse_store_url"]
+
 
 @dataclass(frozen=True)
 class StoreAddress:

@@ -27,6 +27,8 @@ from dataclasses import dataclass, replace
 
 from minivtc.sim.workloads import WORKLOADS, TraceRequest, client_name, uniform
 
+__all__ = ["FLEET_WORKLOADS", "fleet_workload", "scaled"]
+
 SYSTEM_PROMPT_TOKENS = 128  # of each "system" request's 256 prompt tokens, shared
 
 

@@ -54,6 +54,8 @@ from minivtc.sim.simulator import (
 from minivtc.sim.step_time import step_time_model
 from minivtc.sim.workloads import TraceRequest
 
+__all__ = ["FleetResult", "ROUTINGS", "simulate_fleet"]
+
 FLEET = EngineConfig(block_size=1)  # a replica's pool is token-granular, as the paper's
 CHOSEN = ("policy", "kv_tokens", "weights", "seed", "check_fairness")  # what a caller may choose
 ROUTINGS = ("global", "round-robin", "least-loaded", "random", "prefix")

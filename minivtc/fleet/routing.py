@@ -25,6 +25,8 @@ from collections.abc import Callable, Hashable
 from minivtc.fleet.backend import Backend
 from minivtc.requests.request import Request
 
+__all__ = ["LeastLoaded", "PrefixAware", "RoundRobin", "Route", "make_route", "prompt_prefix"]
+
 PREFIX_TOKENS = 16  # a prompt's first 16 tokens name its prefix (one KV block of 16)
 
 

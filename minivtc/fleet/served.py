@@ -16,6 +16,8 @@ charged is the policy's (`PolicyBooks`); this is what each gateway passed on. Le
 
 from __future__ import annotations
 
+__all__ = ["Row", "Served", "as_json"]
+
 Row = tuple[int, int, int]  # (requests, input tokens, output tokens)
 
 

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.fleet.served import Row
 
+__all__ = ["MemoryStore", "PolicyBooks", "STORE_TIMEOUT_S", "StoreDown", "SyncIn", "SyncOut"]
+
 STORE_TIMEOUT_S = 0.5  # every call's: a store slower than this is down (`StoreDown`)
 
 

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 from minivtc.requests.request import Request
 
+__all__ = ["News"]
+
 
 @dataclass(frozen=True, slots=True)
 class Seen:

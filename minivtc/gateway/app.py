@@ -36,6 +36,8 @@ from minivtc.serving.middleware import GuardMiddleware, add_error_handlers
 from minivtc.serving.openai_api import APIError, check_unsupported
 from minivtc.serving.prompts import chat_body, check_fan_out, check_length, completion_body
 
+__all__ = ["REQUEST_CLIENTS", "backend_clients", "make_gateway"]
+
 
 def make_gateway(gateway: Gateway, limits: Limits | None = None) -> FastAPI:
     """The app; it opens its httpx client and starts health checks at startup."""

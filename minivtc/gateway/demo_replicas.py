@@ -51,6 +51,8 @@ from minivtc.serving.loadgen import ReplayResult, run_replay
 from minivtc.sim import metrics
 from minivtc.sim.workloads import TraceRequest
 
+__all__ = ["main"]
+
 RUNS = ("gateway", "round-robin")
 UNLIMITED = 1 << 40  # the round-robin router's budgets: it never holds a request back
 START_S = 120  # a backend that is not healthy by then did not start

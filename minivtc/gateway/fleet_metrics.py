@@ -13,6 +13,8 @@ from collections.abc import Callable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+__all__ = ["FleetCollector"]
+
 
 class FleetCollector:
     """Prometheus families from the fleet's view (`view()`: `/fairness`'s), made at each

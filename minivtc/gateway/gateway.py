@@ -56,6 +56,8 @@ from minivtc.serving.connections import Limits
 from minivtc.serving.openai_api import APIError
 from minivtc.serving.prompts import PromptLimits
 
+__all__ = ["DEFAULT_CHAT_MAX_TOKENS", "DEFAULT_MAX_TOKENS", "Gateway"]
+
 DEFAULT_MAX_TOKENS = 16  # a completion's, as OpenAI's and `minivtc serve`'s
 DEFAULT_CHAT_MAX_TOKENS = 256  # a chat's: the gateway must reserve something finite
 # The longest a backend may go without sending a byte (a non-streamed answer comes whole at the

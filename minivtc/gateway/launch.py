@@ -11,6 +11,8 @@ import httpx
 
 from minivtc.fleet.backend import Backend
 
+__all__ = ["backends_of", "free_port", "wait_healthy"]
+
 
 def backends_of(specs: list[str], headers: dict[str, str] | None = None) -> list:
     """`URL[=TOKENS]` each; a budget not given is read from the backend's /fairness (with

@@ -30,6 +30,14 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+__all__ = [
+    "AttentionGroup",
+    "ContiguousAttention",
+    "PagedAttention",
+    "attend_group",
+    "visibility_mask",
+]
+
 
 @dataclass
 class AttentionGroup:

@@ -19,6 +19,8 @@ from typing import Any, Protocol
 from jinja2 import TemplateSyntaxError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+__all__ = ["encode_with_specials", "llama2_ids", "load_template", "prompt_ids"]
+
 # Llama-2 chat format (Meta's reference code, generation.py).
 B_INST, E_INST = "[INST]", "[/INST]"
 B_SYS, E_SYS = "<<SYS>>\n", "\n<</SYS>>\n\n"

@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
+__all__ = ["LlamaConfig", "PRESETS", "preset"]
+
 
 @dataclass(frozen=True)
 class LlamaConfig:

@@ -25,6 +25,16 @@ from torch import Tensor, nn
 
 from minivtc.model.config import LlamaConfig
 
+__all__ = [
+    "CausalSequences",
+    "DecoderLayer",
+    "Llama",
+    "RMSNorm",
+    "apply_rotary",
+    "causal_attention",
+    "rotary_cos_sin",
+]
+
 
 class Attention(Protocol):
     """Mixes one layer's values: q (T, H, D), k and v (T, K, D) in, (T, H, D) out."""

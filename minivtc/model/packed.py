@@ -28,6 +28,8 @@ from torch import Tensor, nn
 
 from minivtc.model.llama import DecoderLayer, Llama
 
+__all__ = ["PackedLinear", "can_pack", "pack_linears", "packs_on"]
+
 
 class PackedLinear(nn.Module):
     """y = x W^T, as `nn.Linear(bias=False)` (Llama's have no bias), W packed by oneDNN.

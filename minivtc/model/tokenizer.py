@@ -24,6 +24,8 @@ import sentencepiece as spm
 
 from minivtc.model import chat
 
+__all__ = ["Detokenizer", "Tokenizer"]
+
 REPLACEMENT_CHAR = "\ufffd"  # what SentencePiece prints for an incomplete UTF-8 byte sequence
 
 

@@ -15,6 +15,8 @@ import torch
 
 from minivtc.model.weights import DTYPES, load_config
 
+__all__ = ["VLLMArgs", "check_known", "pool_bytes", "resolve_dtype"]
+
 DTYPE_NAMES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16"}
 DTYPE_NAMES |= {"bfloat16": "bf16"} | {name: name for name in DTYPES}  # vLLM's, and minivtc's
 HF_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}

@@ -27,6 +27,8 @@ from minivtc.engine.engine import Engine
 from minivtc.engine.intake import checked_params, encode
 from minivtc.requests.params import SamplingParams
 
+__all__ = ["Prompt", "Sample", "plan"]
+
 PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}
 
 

@@ -19,6 +19,8 @@ from minivtc.model.tokenizer import Tokenizer
 from minivtc.offline.inputs import Prompt
 from minivtc.requests.request import Request
 
+__all__ = ["CompletionOutput", "RequestOutput", "completion", "request_output"]
+
 FINISH_REASONS = {"eos": "stop"}  # the engine's word -> vLLM's (the others are the same)
 
 

@@ -30,6 +30,8 @@ from typing import Any, NamedTuple
 
 from minivtc.requests.params import SamplingParams, releasable
 
+__all__ = ["ClientTokens", "Request", "Status", "StepOutput"]
+
 
 class Status(enum.Enum):
     WAITING = "waiting"

@@ -36,6 +36,8 @@ from typing import Any
 
 from minivtc.serving.openai_api import MAX_CLIENT_ID_CHARS, APIError
 
+__all__ = ["Auth", "Caller", "Key", "MIN_KEY_CHARS", "read_keys", "weights_of"]
+
 FIELDS = {"client": "str", "weight": "number", "admin": "bool", "proxy": "bool"}  # of an entry
 
 

@@ -9,7 +9,9 @@ h11 refuses a request head over 16 KiB. What uvicorn lacks is a deadline for the
 that connects and trickles a header line every few seconds would hold its connection (and a
 file descriptor) for ever, and uvicorn's keep-alive timeout starts only after a response.
 `head_deadline_protocol` adds one. The body's deadline is the door's (`middleware.py`), which reads
-the body. Does not own routes (`server.py`). Lesson 9.
+the body. Also `sse_lines`: a server-sent-event stream read with a cap on a line's bytes (the
+gateway reading its backends, the load generator its server). Does not own routes (`server.py`).
+Lesson 9.
 
 Why a limit per client as well as in total: the connection cap is global, so a client whose
 requests wait (under VTC, the one that sends too much) could fill every connection and the
@@ -24,7 +26,7 @@ import asyncio
 import math
 import resource
 from collections import Counter
-from collections.abc import MutableMapping
+from collections.abc import AsyncIterator, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +34,8 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from minivtc.serving.openai_api import APIError
+
+__all__ = ["MAX_SSE_LINE_BYTES", "InFlight", "Limits", "allow_open_files", "sse_lines"]
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a 2048-token prompt is ~10 kB of text: 4 MB is generous
 HELD = "minivtc.held"  # the ASGI scope's key for what one HTTP request holds of `InFlight`
@@ -147,3 +151,26 @@ def head_deadline_protocol(seconds: float) -> type[H11Protocol]:
                 self.deadline = None
 
     return HeadDeadline
+
+
+# An SSE line's most bytes: a chunk with 20 top logprobs of a long token is well under 100 kB
+MAX_SSE_LINE_BYTES = 1024 * 1024
+
+
+async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """A server-sent-event stream's lines, without their ends, from its bytes as they come.
+
+    Split at b"\n" (a CRLF's "\r" dropped) and nowhere else: a backend writing raw UTF-8 (vLLM
+    does) may put U+2028 or U+0085 inside a chunk's text, which `str.splitlines`, and so
+    httpx's `aiter_lines`, would take for line ends and cut the chunk in two. A line longer
+    than `MAX_SSE_LINE_BYTES` raises ValueError rather than growing without bound."""
+    pending = b""
+    async for part in chunks:
+        pending += part
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.removesuffix(b"\r")
+        if len(pending) > MAX_SSE_LINE_BYTES:
+            raise ValueError(f"a stream line over {MAX_SSE_LINE_BYTES} bytes")
+    if pending:
+        yield pending.removesuffix(b"\r")

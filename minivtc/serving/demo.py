@@ -42,6 +42,22 @@ from minivtc.serving.server import make_app
 from minivtc.sim import metrics
 from minivtc.sim.workloads import TraceRequest
 
+__all__ = [
+    "BATCH",
+    "ServerSetup",
+    "WARM_UP_S",
+    "format_table",
+    "main",
+    "make_plan",
+    "plan_for",
+    "plot",
+    "say",
+    "serve_once",
+    "table",
+    "throughput",
+    "verdicts",
+]
+
 INPUT_TOKENS, OUTPUT_TOKENS = 32, 96  # per request: the demo's cost is 32 + 2 * 96 = 224
 BATCH = 16  # the KV pool holds this many requests: the server's capacity is small and clear
 OVERLOAD = 1.4  # offered load / what the server served in calibration

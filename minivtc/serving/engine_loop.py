@@ -33,6 +33,8 @@ from minivtc.requests.request import Request, StepOutput
 from minivtc.serving.server_stats import ServerStats
 from minivtc.serving.snapshot import Snapshot
 
+__all__ = ["EngineLoop", "Stream"]
+
 
 @dataclass
 class Stream:

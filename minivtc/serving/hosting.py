@@ -18,6 +18,8 @@ from fastapi import FastAPI
 
 from minivtc.serving.connections import allow_open_files
 
+__all__ = ["BackgroundServer", "Foreground"]
+
 
 class Foreground:
     """An app (`serve`'s or `route`'s) in uvicorn in the foreground, with the connection limits

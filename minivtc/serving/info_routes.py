@@ -25,6 +25,8 @@ from minivtc.serving.openai_api import APIError, Message, Text, parse_json, vali
 from minivtc.serving.prompts import check_length, check_message_count, check_tokens
 from minivtc.serving.server_state import ServerState
 
+__all__ = ["add_info_routes"]
+
 
 class TokenizeBody(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)

@@ -35,10 +35,12 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from minivtc.serving.openai_api import sse_lines
+from minivtc.serving.connections import sse_lines
 from minivtc.sim import metrics
 from minivtc.sim.metrics import Served
 from minivtc.sim.workloads import TraceRequest
+
+__all__ = ["ReplayResult", "replay", "run_replay", "write_run"]
 
 
 @dataclass

@@ -11,6 +11,8 @@ from __future__ import annotations
 from minivtc.engine.logprobs import Logprob
 from minivtc.model.tokenizer import Tokenizer
 
+__all__ = ["chat_logprobs", "completion_logprobs"]
+
 Entry = dict[int, Logprob]  # the chosen token first, then the top k
 
 

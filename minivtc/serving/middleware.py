@@ -22,6 +22,8 @@ from minivtc.serving.api_keys import Auth
 from minivtc.serving.connections import InFlight, Limits
 from minivtc.serving.openai_api import APIError, clip, validation_error
 
+__all__ = ["GuardMiddleware", "add_error_handlers", "is_loopback"]
+
 DRAIN_BYTES = 64 * 1024 * 1024  # dropped after a refusal, so a client still sending can read it
 # Answered without a key: a supervisor's liveness check, and the dashboard's page, which holds
 # no data and asks for the key its data needs (a browser cannot send one when it opens a page)

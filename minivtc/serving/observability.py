@@ -29,6 +29,8 @@ from minivtc.fairness.cost import W_P, W_Q
 from minivtc.serving.snapshot import OTHER, TOP_CLIENTS, ClientRow, Snapshot
 from minivtc.serving.vllm_metrics import vllm_families
 
+__all__ = ["fairness_view", "prometheus_text"]
+
 Counter, Gauge = CounterMetricFamily, GaugeMetricFamily  # (the tables' kinds, short)
 
 

@@ -15,7 +15,6 @@ the tokenizer or the metrics. `Text` refuses it here, at the door, with a 400.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Annotated, Literal, TypeVar
 
@@ -23,6 +22,26 @@ from fastapi.responses import JSONResponse
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from minivtc.requests.params import MAX_LOGPROBS, MAX_SEED
+
+__all__ = [
+    "APIError",
+    "ChatBody",
+    "ChunkShape",
+    "CompletionBody",
+    "FINISH_REASONS",
+    "MAX_CLIENT_ID_CHARS",
+    "MAX_N",
+    "Message",
+    "Sampling",
+    "Text",
+    "check_roles",
+    "check_unsupported",
+    "clip",
+    "parse_json",
+    "usage",
+    "validate",
+    "validation_error",
+]
 
 MAX_CLIENT_ID_CHARS = 128  # a client id is a name, not a payload: longer ones are refused
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort"}
@@ -309,26 +328,3 @@ def usage(num_prompt: int, num_output: int, num_cached: int = 0) -> dict:
         "total_tokens": num_prompt + num_output,
         "prompt_tokens_details": {"cached_tokens": num_cached},
     }
-
-
-# An SSE line's most bytes: a chunk with 20 top logprobs of a long token is well under 100 kB
-MAX_SSE_LINE_BYTES = 1024 * 1024
-
-
-async def sse_lines(chunks: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """A server-sent-event stream's lines, without their ends, from its bytes as they come.
-
-    Split at b"\n" (a CRLF's "\r" dropped) and nowhere else: a backend writing raw UTF-8 (vLLM
-    does) may put U+2028 or U+0085 inside a chunk's text, which `str.splitlines`, and so
-    httpx's `aiter_lines`, would take for line ends and cut the chunk in two. A line longer
-    than `MAX_SSE_LINE_BYTES` raises ValueError rather than growing without bound."""
-    pending = b""
-    async for part in chunks:
-        pending += part
-        *lines, pending = pending.split(b"\n")
-        for line in lines:
-            yield line.removesuffix(b"\r")
-        if len(pending) > MAX_SSE_LINE_BYTES:
-            raise ValueError(f"a stream line over {MAX_SSE_LINE_BYTES} bytes")
-    if pending:
-        yield pending.removesuffix(b"\r")

@@ -66,6 +66,8 @@ from minivtc.serving.prompts import (
 from minivtc.serving.server_state import ServerState
 from minivtc.serving.streaming import respond
 
+__all__ = ["Server", "make_app"]
+
 
 @dataclass(frozen=True)
 class AppOptions:

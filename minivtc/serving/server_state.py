@@ -17,6 +17,8 @@ from minivtc.serving.connections import InFlight, Limits
 from minivtc.serving.engine_loop import EngineLoop
 from minivtc.serving.prompts import PromptLimits
 
+__all__ = ["ServerState"]
+
 
 @dataclass
 class ServerState:

@@ -19,6 +19,8 @@ from minivtc.engine.engine import Engine, blocks_by_client, engine_stats
 from minivtc.requests.request import ClientTokens, Request
 from minivtc.serving.snapshot import OTHER, ClientRow, FirstTokens, Snapshot
 
+__all__ = ["Histogram", "LATENCY_BUCKETS", "ServerStats"]
+
 LATENCY_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)  # seconds
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from minivtc.fairness.cost import W_P, W_Q
 
+__all__ = ["ClientRow", "FirstTokens", "OTHER", "Snapshot", "TOP_CLIENTS"]
+
 OTHER = "(other)"  # the label of every client outside the top N, and of forgotten ones
 TOP_CLIENTS = 50
 RECENT_FIRST_TOKENS = 10  # a client's "recent" time to first token: the mean of its last 10

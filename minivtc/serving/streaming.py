@@ -32,6 +32,8 @@ from minivtc.serving.logprob_format import chat_logprobs, completion_logprobs
 from minivtc.serving.openai_api import FINISH_REASONS, APIError, ChunkShape, Sampling, usage
 from minivtc.serving.server_state import ServerState
 
+__all__ = ["format_logprobs", "respond"]
+
 
 @dataclass(frozen=True)
 class Choice:

@@ -24,6 +24,8 @@ from dataclasses import dataclass
 
 from minivtc.serving.api_keys import MIN_KEY_CHARS, Key
 
+__all__ = ["VLLMServe", "add_vllm_flags"]
+
 DEFAULT_NAME = "minivtc-tiny"
 
 

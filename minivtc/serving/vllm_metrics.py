@@ -39,6 +39,8 @@ from prometheus_client.core import (
 
 from minivtc.serving.openai_api import FINISH_REASONS
 
+__all__ = ["vllm_families"]
+
 if TYPE_CHECKING:  # (observability.py reports these beside its own)
     from minivtc.serving.snapshot import Snapshot
 

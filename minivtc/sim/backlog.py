@@ -22,6 +22,8 @@ import itertools
 from minivtc.fairness.cost import W_P, W_Q, LinearCost, linear_price
 from minivtc.requests.request import Request
 
+__all__ = ["BacklogWatch", "PairGaps", "watch_rejoining"]
+
 
 class PairGaps:
     """For every pair of clients backlogged together, the running difference of their service

@@ -41,6 +41,19 @@ from minivtc.sim.step_time import (
 )
 from minivtc.sim.workloads import TraceRequest
 
+__all__ = [
+    "Engine",
+    "SIM_EOS",
+    "SimResult",
+    "StepTimeRunner",
+    "VirtualClock",
+    "gc_paused",
+    "progress_bar",
+    "record",
+    "replay",
+    "simulate",
+]
+
 DEFAULT_RUNNING = EngineConfig().max_running
 SIM_TOKEN = 3  # the token every simulated step "generates"
 SIM_EOS = 2  # what it generates as a request's last, where the trace says it ends (max_tokens)

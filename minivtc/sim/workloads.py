@@ -19,6 +19,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+__all__ = [
+    "A10G_RUNS",
+    "DATA_DIR",
+    "REAL_TRACE",
+    "TraceRequest",
+    "WORKLOADS",
+    "client_name",
+    "poisson",
+    "read_trace",
+    "uniform",
+    "workload",
+    "write_trace",
+]
+
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"  # minivtc/data: the paper's data
 A10G_RUNS = DATA_DIR / "a10g_runs"  # the artifact's measured A10G runs
 REAL_TRACE = DATA_DIR / "lmsys_arena_27clients_10min.csv"

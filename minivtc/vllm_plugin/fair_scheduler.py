@@ -34,6 +34,8 @@ from minivtc.fairness.fairness_check import FairnessCheck
 from minivtc.vllm_plugin.plugin_options import PluginOptions
 from minivtc.vllm_plugin.policy_queue import PolicyQueue
 
+__all__ = []
+
 
 class FairScheduler(Scheduler):
     """vLLM's scheduler, its waiting queue ordered by a minivtc policy (VTC by default)."""

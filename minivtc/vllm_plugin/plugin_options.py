@@ -26,6 +26,8 @@ from minivtc.fairness.policies import make_scheduler
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.vllm_plugin.policy_queue import DEFAULT_CLIENT
 
+__all__ = ["PluginOptions"]
+
 CONFIG_KEY = "minivtc"  # additional_config[CONFIG_KEY]: these options
 
 

@@ -44,6 +44,8 @@ from minivtc.fairness.scheduler import Scheduler
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request, Status
 
+__all__ = ["DEFAULT_CLIENT", "PolicyQueue", "mirror_of"]
+
 DEFAULT_CLIENT = "default"  # an unnamed caller, as minivtc's server names one
 CLIENT_KEY = "client"  # SamplingParams.extra_args[CLIENT_KEY]: the request's client
 

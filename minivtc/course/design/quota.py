@@ -41,6 +41,8 @@ from __future__ import annotations
 from minivtc.course.instructor.quota_answer import QuotaVTC
 from minivtc.fairness.cost import PAPER_COST, Cost
 
+__all__ = ["QuotaPolicy"]
+
 
 class QuotaPolicy(QuotaVTC):
     """The instructor's answer: VTC over the clients with room (`instructor/quota_answer.py`)."""

@@ -6,6 +6,8 @@ here; the instructor's answer (`course/instructor/`) is not in the edition.
 
 from __future__ import annotations
 
+__all__ = ["SKELETONS"]
+
 HEAD = """
 from __future__ import annotations
 

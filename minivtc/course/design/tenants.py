@@ -36,6 +36,8 @@ from __future__ import annotations
 from minivtc.course.instructor.tenants_answer import TenantVTC
 from minivtc.fairness.cost import PAPER_COST, Cost
 
+__all__ = ["TenantPolicy"]
+
 
 class TenantPolicy(TenantVTC):
     """The instructor's answer: VTC over tenants, then over each tenant's users."""

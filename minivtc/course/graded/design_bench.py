@@ -19,6 +19,17 @@ from minivtc.course.graded.driver import W_P, W_Q, Arrival, Step
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.requests.request import Request
 
+__all__ = [
+    "PUBLIC_SEEDS",
+    "Watched",
+    "by_tenant",
+    "quota_workload",
+    "seeds",
+    "tenant_of",
+    "tenant_workload",
+    "u_of",
+]
+
 # The student edition's workloads (`minivtc course test`): documented, so a student can replay
 # one. Grading draws as many others from the instructor's seed.
 PUBLIC_SEEDS = (11, 12, 13, 14, 15, 16, 17, 18, 19, 20)

@@ -27,6 +27,27 @@ from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request
 from minivtc.sim.backlog import watch_rejoining
 
+__all__ = [
+    "Arrival",
+    "Engine",
+    "Step",
+    "UnitRunner",
+    "W_P",
+    "W_Q",
+    "admission_round",
+    "bound_u",
+    "construction",
+    "draw_workload",
+    "drive",
+    "first_over",
+    "idle_then_return",
+    "max_gap",
+    "random_arrivals",
+    "service_difference",
+    "watch_joins",
+    "workloads",
+]
+
 
 @dataclass(frozen=True)
 class Arrival:

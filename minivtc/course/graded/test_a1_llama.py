@@ -19,6 +19,8 @@ from minivtc.model.llama import (
 )
 from minivtc.model.weights import BUNDLED_WEIGHTS, load_model
 
+__all__ = []
+
 transformers = pytest.importorskip("transformers")
 from transformers.models.llama import modeling_llama as hf  # noqa: E402
 

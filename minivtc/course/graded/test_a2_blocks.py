@@ -17,6 +17,8 @@ from minivtc.model.config import LlamaConfig
 from minivtc.model.llama import Llama
 from minivtc.requests.params import SamplingParams
 
+__all__ = []
+
 
 def test_allocate_grow_free_and_slots():
     """allocate, grow, free and slots on one request: exactly the blocks needed, and the slots they

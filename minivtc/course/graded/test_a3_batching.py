@@ -25,6 +25,8 @@ from minivtc.model.llama import Llama
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request, Status
 
+__all__ = ["unit_engine"]
+
 
 def test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing():
     """reserve takes blocks for prompt + max_tokens, or nothing when they do not fit."""

@@ -17,6 +17,8 @@ from minivtc.course.graded.vtc_moves import (
 )
 from minivtc.fairness.vtc import VTC
 
+__all__ = []
+
 
 def test_dispatch_charges_the_prompt_at_once():
     """dispatch charges the prompt, h(n_p, 0), to its client's counter at once."""

@@ -17,6 +17,8 @@ from minivtc.course.graded.vtc_moves import (
 )
 from minivtc.fairness.vtc import VTC
 
+__all__ = []
+
 
 def test_ties_go_to_the_client_seen_first():
     """Among waiting clients with equal counters, peek picks the one seen first, whatever

@@ -24,6 +24,8 @@ from minivtc.fairness.policies import make_scheduler
 from minivtc.fairness.scheduler import FCFS
 from minivtc.fairness.vtc import VTC
 
+__all__ = ["PROPERTY", "replay"]
+
 # Derandomized: the same submission gets the same examples, so the same points, on every run.
 # One failure reported, the simplest: its own message is the student's, not "Hypothesis found
 # 3 distinct failures".

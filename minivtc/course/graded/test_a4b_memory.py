@@ -26,6 +26,8 @@ from minivtc.fairness.vtc import VTC
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Status
 
+__all__ = []
+
 
 def test_a_request_back_from_a_preemption_is_not_charged_again():
     """A preempted request dispatched again is not charged for its prompt a second time."""

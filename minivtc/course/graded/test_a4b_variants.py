@@ -38,6 +38,8 @@ from minivtc.fairness.vtc import VTC
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request
 
+__all__ = []
+
 
 def test_dispatch_charges_the_prompt_at_once_under_the_profiled_cost():
     """Under any cost h (here the profiled one), dispatch charges h(n_p, 0), not w_p n_p."""

@@ -13,6 +13,8 @@ from minivtc.sim import metrics
 from minivtc.sim.metrics import Served
 from minivtc.sim.workloads import A10G_RUNS
 
+__all__ = ["run"]
+
 
 def run(name: str) -> tuple[list[Served], float]:
     index = {r["run"]: r for r in json.loads((A10G_RUNS / "index.json").read_text())}

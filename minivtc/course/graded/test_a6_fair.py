@@ -41,6 +41,8 @@ from minivtc.course.graded.testbed import (
 from minivtc.fairness.cost import LinearCost
 from minivtc.fairness.scheduler import FCFS, Scheduler
 
+__all__ = ["VTC_ON_A10G"]
+
 # Derandomized: the same submission gets the same examples, so the same points, on every run.
 # One failure reported, the simplest: its own message is the student's, not "Hypothesis found
 # 3 distinct failures".

@@ -27,6 +27,8 @@ from minivtc.course.graded.driver import Arrival, Step
 from minivtc.course.graded.testbed import serve, worst_gap
 from minivtc.fairness.scheduler import Scheduler
 
+__all__ = []
+
 SEEDS = seeds(2)
 
 

@@ -12,6 +12,17 @@ from minivtc.fairness.vtc import VTC
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request, Status
 
+__all__ = [
+    "Fixed",
+    "Recording",
+    "decode",
+    "dispatch_next",
+    "finish",
+    "preempt",
+    "request",
+    "with_fair_preemption",
+]
+
 
 def request(client: str, prompt: int, max_tokens: int = 50, name: str = "") -> Request:
     """A waiting request, as the engine's `add_request` makes one."""

@@ -6,4 +6,6 @@ never seen. Change it each term; the graded tests draw every workload from it, s
 is still the same on every run (nothing reads a clock).
 """
 
+__all__ = ["SEED"]
+
 SEED = 20270117

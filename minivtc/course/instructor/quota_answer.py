@@ -17,6 +17,8 @@ from minivtc.fairness.cost import PAPER_COST, Cost
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.requests.request import Request
 
+__all__ = ["QuotaVTC"]
+
 BOUND = (
     "Two clients in Q over an interval (waiting, with room in their quotas: every client "
     "without a quota that waits) receive service within 2U of each other, U = max(w_p L_input, "

@@ -18,6 +18,8 @@ from minivtc.fairness.cost import PAPER_COST, Cost
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.requests.request import Request
 
+__all__ = ["TenantVTC"]
+
 BOUND = (
     "Two tenants both backlogged over an interval receive service within 2U of each other, "
     "and so do two users of one tenant, U = max(w_p L_input, w_q M), w_p <= w_q, under full "
