@@ -85,31 +85,69 @@ def test_an_atexit_hook_that_rewrites_the_report_changes_nothing(tmp_path):
     assert A5.key in CHANNEL and g["points"] == 0, g
 
 
-# A capstone whose every method fails, with `constant` after its imports
-CAPSTONE = (
-    '"""A capstone."""\n\nfrom minivtc.fairness.scheduler import Scheduler\n\n{constant}\n\n\n'
-    "class FairPolicy(Scheduler):\n"
+# A file the student writes whole (the capstone, d1's, d2's) whose policy fails when made, with
+# `constant` after its imports
+OWN_FILE = (
+    '"""A policy."""\n\nfrom minivtc.fairness.scheduler import Scheduler\n\n{constant}\n\n\n'
+    "class {name}(Scheduler):\n"
     "    BOUND = 'twice U: a bound argued nowhere, since nothing here is done yet, at all'\n\n"
-    "    def __init__(self):\n"
-    "        raise NotImplementedError('not done')\n"
+    "    def __init__(self, *args, **kwargs):\n"
+    "        {body}\n"
 )
+OWN = {
+    "a6_fair": ("capstone.py", "FairPolicy"),
+    "d1_quota": ("design/quota.py", "QuotaPolicy"),
+    "d2_tenants": ("design/tenants.py", "TenantPolicy"),
+}
+
+
+def own_edition(out: Path, key: str, constant: str = "", body: str = "") -> Path:
+    """An edition whose file for `key` holds a policy that raises when made (or runs `body`)."""
+    file, name = OWN[key]
+    path = out / "minivtc" / "course" / file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = body or "raise NotImplementedError('not done')"
+    path.write_text(OWN_FILE.format(constant=constant, name=name, body=body))
+    return out
 
 
 @needs_sandbox
-@pytest.mark.parametrize("key", ["a4_vtc", "a6_fair"])
+@pytest.mark.parametrize("key", ["a4_vtc", "a6_fair", "d1_quota", "d2_tenants"])
 def test_an_atexit_hook_cannot_rewrite_a_policy_s_report(key, tmp_path):
-    """a4's and a6's tests run outside the sandbox too, the policy they make living in it
-    (`grade.LIVE`): the hook runs where no report is (it once kept a4 and a6 at 30/30)."""
+    """a4's, a6's, d1's and d2's tests run outside the sandbox too, the policy they make living
+    in it (`grade.LIVE`): the hook runs where no report is (it once kept a4 and a6 at 30/30)."""
     if key == "a4_vtc":
         ed = a4_edition(tmp_path / "ed", REWRITE)
     else:
-        ed = tmp_path / "ed"
-        (ed / "minivtc" / "course").mkdir(parents=True)
         hook = "import atexit\n\n" + REWRITE.replace("__import__('atexit')", "atexit")
-        (ed / "minivtc" / "course" / "capstone.py").write_text(CAPSTONE.format(constant=hook))
+        ed = own_edition(tmp_path / "ed", key, hook)
     g = graded(ed, tmp_path / "out", key)
     assert key in CHANNEL and key in LIVE and g["points"] == 0, g
     assert g["failures"] and "refused" not in g["note"], g
+
+
+@needs_sandbox
+def test_the_hidden_seed_is_out_of_reach(tmp_path):
+    """d1's workloads are drawn from the instructor's hidden seed; a policy that reads it
+    (imported or as a file) and raises it into its feedback finds neither."""
+    body = (
+        "import pathlib\n"
+        "        try:\n"
+        "            from minivtc.course.instructor.hidden import SEED\n"
+        "        except ImportError as e:\n"
+        "            SEED = f'no seed to import ({type(e).__name__})'\n"
+        "        here = pathlib.Path(__file__).resolve().parents[1] / 'instructor' / 'hidden.py'\n"
+        f"        there = pathlib.Path({str(PACKAGE)!r}) / 'course/instructor/hidden.py'\n"
+        "        for path in (here, there):\n"
+        "            if path.is_file():\n"
+        "                SEED = path.read_text()\n"
+        "        raise RuntimeError(f'seed: {SEED}')"
+    )
+    g = graded(own_edition(tmp_path / "ed", "d1_quota", body=body), tmp_path / "out", "d1_quota")
+    from minivtc.course.instructor.hidden import SEED
+
+    assert str(SEED) not in json.dumps(g), g
+    assert any("no seed to import" in f["message"] for f in g["failures"]), g
 
 
 @needs_sandbox

@@ -132,7 +132,7 @@ class Session:
             space |= {m: self.proxy(f"{own}:{name}.{m}", True) for m in LATER & space.keys()}
             space |= {"__new__": lambda _, *a, **k: made(*a, **k), "session": self}
             space["__init__"] = lambda *_, **__: None  # (made there by `__new__`)
-            bases = (Remote, *bases)
+            bases = bases if any(issubclass(b, Remote) for b in bases) else (Remote, *bases)
         found = types.new_class(name, bases, {}, lambda ns: ns.update(space))
         self.classes[f"{own}:{name}"] = found
         return found
@@ -169,6 +169,8 @@ class Session:
         self.ask({"set": name, "self": kept.handle}, (value,), {})
 
     def base(self, name: str) -> type:
+        if name in self.classes:  # a class of the student's own file: its stand-in
+            return self.classes[name]
         try:
             found = self.codec.allowed(name)
         except ChannelError:
@@ -317,9 +319,11 @@ class Forwarded:
 
 
 def class_data(bases: tuple[type, ...]) -> dict[str, Any]:
-    """The class attributes that are not methods, of `bases` and theirs (the package's)."""
+    """The class attributes that are not methods, of `bases` and theirs (the package's; not
+    a stand-in's: the student's class's constants are described with the class itself)."""
     found: dict[str, Any] = {}
-    for klass in reversed([k for b in bases for k in b.__mro__ if k is not object]):
+    mro = [k for b in bases for k in b.__mro__ if k is not object]
+    for klass in reversed([k for k in mro if not issubclass(k, Remote)]):
         for name, value in vars(klass).items():
             if not name.startswith("__") and not isinstance(value, METHODS):
                 found[name] = value
