@@ -33,26 +33,29 @@ def a4_edition(out: Path, constant: str = "", body: str = "") -> Path:
 
 
 def edition(a: Assignment, out: Path, constant: str = "", body: str = "") -> Path:
-    """An edition whose file for `a` has every function left a stub (or given `body`, NAME in
-    it the function's name) and `constant` (a statement after the imports, carried as a
-    student's constant)."""
-    file = a.functions[0][0]
-    source = (PACKAGE / file).read_text()
-    for _, qualname in a.functions:
-        message = f"stub {qualname}"
-        source = stub(source, qualname, message)
-        if body:
-            name = repr(qualname.rpartition(".")[2])
-            stubbed = f"raise NotImplementedError({message!r})"
-            source = source.replace(stubbed, body.replace("NAME", name))
-    if constant:
-        imports = [n for n in ast.parse(source).body if isinstance(n, (ast.Import, ast.ImportFrom))]
-        lines = source.splitlines(keepends=True)
-        at = max(n.end_lineno or 0 for n in imports)
-        source = "".join(lines[:at] + ["\n", constant + "\n"] + lines[at:])
-    path = out / "minivtc" / file
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(source)
+    """An edition whose files for `a` have every function left a stub (or given `body`: NAME in
+    it the function's name, FILE its file, OWNER its class) and `constant` (a statement after
+    the imports of its first file, carried as a student's constant)."""
+    for file in dict.fromkeys(f for f, _ in a.functions):
+        source = (PACKAGE / file).read_text()
+        for _, qualname in [(f, q) for f, q in a.functions if f == file]:
+            message = f"stub {qualname}"
+            source = stub(source, qualname, message)
+            if body:
+                owner, _, name = qualname.rpartition(".")
+                named = body.replace("NAME", repr(name)).replace("OWNER", repr(owner))
+                stubbed = f"raise NotImplementedError({message!r})"
+                source = source.replace(stubbed, named.replace("FILE", repr(file)))
+        if constant and file == a.functions[0][0]:
+            imports = [
+                n for n in ast.parse(source).body if isinstance(n, (ast.Import, ast.ImportFrom))
+            ]
+            lines = source.splitlines(keepends=True)
+            at = max(n.end_lineno or 0 for n in imports)
+            source = "".join(lines[:at] + ["\n", constant + "\n"] + lines[at:])
+        path = out / "minivtc" / file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
     return out
 
 
@@ -112,12 +115,14 @@ def own_edition(out: Path, key: str, constant: str = "", body: str = "") -> Path
 
 
 @needs_sandbox
-@pytest.mark.parametrize("key", ["a4_vtc", "a6_fair", "d1_quota", "d2_tenants"])
+@pytest.mark.parametrize("key", ["a4_vtc", "a4b_variants", "a6_fair", "d1_quota", "d2_tenants"])
 def test_an_atexit_hook_cannot_rewrite_a_policy_s_report(key, tmp_path):
-    """a4's, a6's, d1's and d2's tests run outside the sandbox too, the policy they make living
-    in it (`grade.LIVE`): the hook runs where no report is (it once kept a4 and a6 at 30/30)."""
-    if key == "a4_vtc":
-        ed = a4_edition(tmp_path / "ed", REWRITE)
+    """a4's, a4b's, a6's, d1's and d2's tests run outside the sandbox too, the policy they make
+    living in it (`grade.LIVE`): the hook runs where no report is (it once kept a4 and a6 at
+    30/30)."""
+    if key in ("a4_vtc", "a4b_variants"):
+        (a,) = [a for a in ASSIGNMENTS if a.key == key]
+        ed = edition(a, tmp_path / "ed", REWRITE)
     else:
         hook = "import atexit\n\n" + REWRITE.replace("__import__('atexit')", "atexit")
         ed = own_edition(tmp_path / "ed", key, hook)
@@ -152,23 +157,26 @@ def test_the_hidden_seed_is_out_of_reach(tmp_path):
 
 @needs_sandbox
 def test_the_reference_is_out_of_reach(tmp_path):
-    """Each a4 function execs the reference's vtc.py, found through the grading copy's
-    `weights` (once a link into the checkout) or at the checkout's own path."""
+    """Each a4 function execs the reference's file (vtc.py, least_counter.py), found through
+    the grading copy's `weights` (once a link into the checkout) or at the checkout's own
+    path."""
     reference = (
-        "def _reference():\n"
+        "def _reference(file, owner):\n"
         "    import pathlib\n"
         "    here = pathlib.Path(__file__).resolve().parents[2] / 'weights'\n"
         f"    for root in (here.resolve().parent, pathlib.Path({str(REPOSITORY)!r})):\n"
-        "        path = root / 'minivtc' / 'fairness' / 'vtc.py'\n"
+        "        path = root / 'minivtc' / file\n"
         "        if path.is_file():\n"
         "            space = {'__name__': 'reference'}\n"
         "            exec(compile(path.read_text(), str(path), 'exec'), space)\n"
-        "            return space['VTC']\n"
+        "            return space[owner]\n"
         "    raise FileNotFoundError('no reference')\n"
     )
-    edition = a4_edition(tmp_path / "ed", body="return getattr(_reference(), NAME)(**locals())")
-    path = edition / "minivtc" / A4.functions[0][0]
-    path.write_text(path.read_text() + "\n\n" + reference)
+    body = "return getattr(_reference(FILE, OWNER), NAME)(**locals())"
+    edition = a4_edition(tmp_path / "ed", body=body)
+    for file in {f for f, _ in A4.functions}:
+        path = edition / "minivtc" / file
+        path.write_text(path.read_text() + "\n\n" + reference)
     g = graded(edition, tmp_path / "out")
     assert g["points"] == 0, g
 
