@@ -132,6 +132,19 @@ def test_an_atexit_hook_cannot_rewrite_a_policy_s_report(key, tmp_path):
 
 
 @needs_sandbox
+def test_a4b_s_reference_gets_full_marks_through_the_channel(tmp_path):
+    """a4b's reference in the edition's files: its VTC lives in the sandbox, and `Engine.step`,
+    called on the tests' engine (whose scheduler is that VTC), sends back what it did to it
+    (a new block table once came back as nothing: `KeyError` in the tests)."""
+    (a4b,) = [a for a in ASSIGNMENTS if a.key == "a4b_variants"]
+    for file in {f for f, _ in a4b.functions}:
+        (tmp_path / "ed" / "minivtc" / file).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "ed" / "minivtc" / file).write_text((PACKAGE / file).read_text())
+    g = graded(tmp_path / "ed", tmp_path / "out", a4b.key)
+    assert a4b.key in LIVE and g["points"] == g["max_points"], g
+
+
+@needs_sandbox
 def test_the_hidden_seed_is_out_of_reach(tmp_path):
     """d1's workloads are drawn from the instructor's hidden seed; a policy that reads it
     (imported or as a file) and raises it into its feedback finds neither."""
