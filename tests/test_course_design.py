@@ -8,9 +8,10 @@ import sys
 
 import pytest
 
+from minivtc.course import sandbox
 from minivtc.course.assignments import ASSIGNMENTS
 from minivtc.course.edition import PACKAGE, release
-from minivtc.course.grade import grade_one
+from minivtc.course.grade import CHANNEL, grade_one
 from minivtc.course.graded.design_bench import PUBLIC_SEEDS, Watched, seeds
 from minivtc.course.graded.driver import Arrival
 from minivtc.course.graded.testbed import serve
@@ -32,6 +33,26 @@ def test_the_design_assignments_come_last_with_their_answers_in_the_instructor_f
 def test_the_grader_gives_the_instructor_s_answer_full_marks(a):
     grade = grade_one(a, None)
     assert grade.points == a.max_points, (grade.note, grade.failures[:1])
+
+
+@pytest.mark.slow  # a grading each (about 30 s): the answer in the sandbox, through the channel
+@pytest.mark.skipif(sandbox.why_not() is not None, reason=str(sandbox.why_not()))
+@pytest.mark.parametrize("a", DESIGN, ids=lambda a: a.key)
+def test_the_answer_as_a_student_s_file_gets_full_marks_through_the_channel(a, tmp_path):
+    """The answer pasted into the edition's file (its base class, `QuotaVTC`, the student's own
+    there): the tests run outside the sandbox, the policy lives in it (`grade.LIVE`)."""
+    (answer,) = {f for f, _ in a.answer}
+    own = (PACKAGE / (a.own_file or "")).read_text()
+    imported = next(line for line in own.splitlines() if "course.instructor" in line)
+    policy = own[own.index(imported) + len(imported) :]
+    pasted = (PACKAGE / answer).read_text() + policy.replace(COST_IMPORT, "")
+    (tmp_path / "minivtc" / (a.own_file or "")).parent.mkdir(parents=True)
+    (tmp_path / "minivtc" / (a.own_file or "")).write_text(pasted)
+    grade = grade_one(a, tmp_path)
+    assert a.key in CHANNEL and grade.points == a.max_points, (grade.note, grade.failures[:1])
+
+
+COST_IMPORT = "from minivtc.fairness.cost import PAPER_COST, Cost\n"
 
 
 def test_grading_draws_hidden_workloads_and_the_same_ones_every_time():

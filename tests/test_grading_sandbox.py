@@ -33,26 +33,29 @@ def a4_edition(out: Path, constant: str = "", body: str = "") -> Path:
 
 
 def edition(a: Assignment, out: Path, constant: str = "", body: str = "") -> Path:
-    """An edition whose file for `a` has every function left a stub (or given `body`, NAME in
-    it the function's name) and `constant` (a statement after the imports, carried as a
-    student's constant)."""
-    file = a.functions[0][0]
-    source = (PACKAGE / file).read_text()
-    for _, qualname in a.functions:
-        message = f"stub {qualname}"
-        source = stub(source, qualname, message)
-        if body:
-            name = repr(qualname.rpartition(".")[2])
-            stubbed = f"raise NotImplementedError({message!r})"
-            source = source.replace(stubbed, body.replace("NAME", name))
-    if constant:
-        imports = [n for n in ast.parse(source).body if isinstance(n, (ast.Import, ast.ImportFrom))]
-        lines = source.splitlines(keepends=True)
-        at = max(n.end_lineno or 0 for n in imports)
-        source = "".join(lines[:at] + ["\n", constant + "\n"] + lines[at:])
-    path = out / "minivtc" / file
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(source)
+    """An edition whose files for `a` have every function left a stub (or given `body`: NAME in
+    it the function's name, FILE its file, OWNER its class) and `constant` (a statement after
+    the imports of its first file, carried as a student's constant)."""
+    for file in dict.fromkeys(f for f, _ in a.functions):
+        source = (PACKAGE / file).read_text()
+        for _, qualname in [(f, q) for f, q in a.functions if f == file]:
+            message = f"stub {qualname}"
+            source = stub(source, qualname, message)
+            if body:
+                owner, _, name = qualname.rpartition(".")
+                named = body.replace("NAME", repr(name)).replace("OWNER", repr(owner))
+                stubbed = f"raise NotImplementedError({message!r})"
+                source = source.replace(stubbed, named.replace("FILE", repr(file)))
+        if constant and file == a.functions[0][0]:
+            imports = [
+                n for n in ast.parse(source).body if isinstance(n, (ast.Import, ast.ImportFrom))
+            ]
+            lines = source.splitlines(keepends=True)
+            at = max(n.end_lineno or 0 for n in imports)
+            source = "".join(lines[:at] + ["\n", constant + "\n"] + lines[at:])
+        path = out / "minivtc" / file
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(source)
     return out
 
 
@@ -85,52 +88,108 @@ def test_an_atexit_hook_that_rewrites_the_report_changes_nothing(tmp_path):
     assert A5.key in CHANNEL and g["points"] == 0, g
 
 
-# A capstone whose every method fails, with `constant` after its imports
-CAPSTONE = (
-    '"""A capstone."""\n\nfrom minivtc.fairness.scheduler import Scheduler\n\n{constant}\n\n\n'
-    "class FairPolicy(Scheduler):\n"
+# A file the student writes whole (the capstone, d1's, d2's) whose policy fails when made, with
+# `constant` after its imports
+OWN_FILE = (
+    '"""A policy."""\n\nfrom minivtc.fairness.scheduler import Scheduler\n\n{constant}\n\n\n'
+    "class {name}(Scheduler):\n"
     "    BOUND = 'twice U: a bound argued nowhere, since nothing here is done yet, at all'\n\n"
-    "    def __init__(self):\n"
-    "        raise NotImplementedError('not done')\n"
+    "    def __init__(self, *args, **kwargs):\n"
+    "        {body}\n"
 )
+OWN = {
+    "a6_fair": ("capstone.py", "FairPolicy"),
+    "d1_quota": ("design/quota.py", "QuotaPolicy"),
+    "d2_tenants": ("design/tenants.py", "TenantPolicy"),
+}
+
+
+def own_edition(out: Path, key: str, constant: str = "", body: str = "") -> Path:
+    """An edition whose file for `key` holds a policy that raises when made (or runs `body`)."""
+    file, name = OWN[key]
+    path = out / "minivtc" / "course" / file
+    path.parent.mkdir(parents=True, exist_ok=True)
+    body = body or "raise NotImplementedError('not done')"
+    path.write_text(OWN_FILE.format(constant=constant, name=name, body=body))
+    return out
 
 
 @needs_sandbox
-@pytest.mark.parametrize("key", ["a4_vtc", "a6_fair"])
+@pytest.mark.parametrize("key", ["a4_vtc", "a4b_variants", "a6_fair", "d1_quota", "d2_tenants"])
 def test_an_atexit_hook_cannot_rewrite_a_policy_s_report(key, tmp_path):
-    """a4's and a6's tests run outside the sandbox too, the policy they make living in it
-    (`grade.LIVE`): the hook runs where no report is (it once kept a4 and a6 at 30/30)."""
-    if key == "a4_vtc":
-        ed = a4_edition(tmp_path / "ed", REWRITE)
+    """a4's, a4b's, a6's, d1's and d2's tests run outside the sandbox too, the policy they make
+    living in it (`grade.LIVE`): the hook runs where no report is (it once kept a4 and a6 at
+    30/30)."""
+    if key in ("a4_vtc", "a4b_variants"):
+        (a,) = [a for a in ASSIGNMENTS if a.key == key]
+        ed = edition(a, tmp_path / "ed", REWRITE)
     else:
-        ed = tmp_path / "ed"
-        (ed / "minivtc" / "course").mkdir(parents=True)
         hook = "import atexit\n\n" + REWRITE.replace("__import__('atexit')", "atexit")
-        (ed / "minivtc" / "course" / "capstone.py").write_text(CAPSTONE.format(constant=hook))
+        ed = own_edition(tmp_path / "ed", key, hook)
     g = graded(ed, tmp_path / "out", key)
     assert key in CHANNEL and key in LIVE and g["points"] == 0, g
     assert g["failures"] and "refused" not in g["note"], g
 
 
 @needs_sandbox
+def test_a4b_s_reference_gets_full_marks_through_the_channel(tmp_path):
+    """a4b's reference in the edition's files: its VTC lives in the sandbox, and `Engine.step`,
+    called on the tests' engine (whose scheduler is that VTC), sends back what it did to it
+    (a new block table once came back as nothing: `KeyError` in the tests)."""
+    (a4b,) = [a for a in ASSIGNMENTS if a.key == "a4b_variants"]
+    for file in {f for f, _ in a4b.functions}:
+        (tmp_path / "ed" / "minivtc" / file).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "ed" / "minivtc" / file).write_text((PACKAGE / file).read_text())
+    g = graded(tmp_path / "ed", tmp_path / "out", a4b.key)
+    assert a4b.key in LIVE and g["points"] == g["max_points"], g
+
+
+@needs_sandbox
+def test_the_hidden_seed_is_out_of_reach(tmp_path):
+    """d1's workloads are drawn from the instructor's hidden seed; a policy that reads it
+    (imported or as a file) and raises it into its feedback finds neither."""
+    body = (
+        "import pathlib\n"
+        "        try:\n"
+        "            from minivtc.course.instructor.hidden import SEED\n"
+        "        except ImportError as e:\n"
+        "            SEED = f'no seed to import ({type(e).__name__})'\n"
+        "        here = pathlib.Path(__file__).resolve().parents[1] / 'instructor' / 'hidden.py'\n"
+        f"        there = pathlib.Path({str(PACKAGE)!r}) / 'course/instructor/hidden.py'\n"
+        "        for path in (here, there):\n"
+        "            if path.is_file():\n"
+        "                SEED = path.read_text()\n"
+        "        raise RuntimeError(f'seed: {SEED}')"
+    )
+    g = graded(own_edition(tmp_path / "ed", "d1_quota", body=body), tmp_path / "out", "d1_quota")
+    from minivtc.course.instructor.hidden import SEED
+
+    assert str(SEED) not in json.dumps(g), g
+    assert any("no seed to import" in f["message"] for f in g["failures"]), g
+
+
+@needs_sandbox
 def test_the_reference_is_out_of_reach(tmp_path):
-    """Each a4 function execs the reference's vtc.py, found through the grading copy's
-    `weights` (once a link into the checkout) or at the checkout's own path."""
+    """Each a4 function execs the reference's file (vtc.py, least_counter.py), found through
+    the grading copy's `weights` (once a link into the checkout) or at the checkout's own
+    path."""
     reference = (
-        "def _reference():\n"
+        "def _reference(file, owner):\n"
         "    import pathlib\n"
         "    here = pathlib.Path(__file__).resolve().parents[2] / 'weights'\n"
         f"    for root in (here.resolve().parent, pathlib.Path({str(REPOSITORY)!r})):\n"
-        "        path = root / 'minivtc' / 'fairness' / 'vtc.py'\n"
+        "        path = root / 'minivtc' / file\n"
         "        if path.is_file():\n"
         "            space = {'__name__': 'reference'}\n"
         "            exec(compile(path.read_text(), str(path), 'exec'), space)\n"
-        "            return space['VTC']\n"
+        "            return space[owner]\n"
         "    raise FileNotFoundError('no reference')\n"
     )
-    edition = a4_edition(tmp_path / "ed", body="return getattr(_reference(), NAME)(**locals())")
-    path = edition / "minivtc" / A4.functions[0][0]
-    path.write_text(path.read_text() + "\n\n" + reference)
+    body = "return getattr(_reference(FILE, OWNER), NAME)(**locals())"
+    edition = a4_edition(tmp_path / "ed", body=body)
+    for file in {f for f, _ in A4.functions}:
+        path = edition / "minivtc" / file
+        path.write_text(path.read_text() + "\n\n" + reference)
     g = graded(edition, tmp_path / "out")
     assert g["points"] == 0, g
 

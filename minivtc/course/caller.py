@@ -5,12 +5,12 @@ environment. It starts the worker (`worker.py`) in a sandbox over the package co
 the student's code (`sandbox.py`), and replaces each function the assignment asks for, in
 this process's package, by a proxy: a call ships (arguments, self) to the worker, which runs
 the student's function there, and copies back the result and the arguments' new state onto
-the originals (`channel.Codec`). A file the student writes whole (the capstone) is met by
-stand-in classes and functions made from the worker's description of it, each method a proxy.
-Live (a4's VTC, a6's own classes: `grade.LIVE`), making one makes the object in the sandbox,
-where it stays between calls: the stand-in holds its handle (`channel.Remote`), and its
-attributes are read and written there (`Forwarded`, `Session.get`).
-So the tests, their assertions and their report stay in a process the student's code cannot
+the originals (`channel.Codec`). A file the student writes whole (the capstone, d1's, d2's) is
+met by stand-in classes (a base of the student's own: its stand-in) and functions made from the
+worker's description of it, each method a proxy. Live (a4's and a4b's VTC, an own file's
+classes: `grade.LIVE`), making one makes the object in the sandbox, where it stays between
+calls: the stand-in holds its handle (`channel.Remote`), its attributes read and written there
+(`Forwarded`, `Session.get`). So the tests and their report stay out of the student's code's
 reach: what it sends is data the tests judge, never a verdict.
 
 A worker that does not answer in time, sends what cannot be taken, or dies fails the test
@@ -85,7 +85,7 @@ class Session:
     def __init__(self, spec: dict) -> None:
         self.spec = spec
         self.deadline = float(spec["deadline"])  # time.monotonic(), shared with the grader
-        live = spec.get("live")  # a4's and a6's: the policies stay in the sandbox
+        live = spec.get("live")  # the policies stay in the sandbox (`grade.LIVE`)
         self.codec = Codec(trusted=True, live=self.remote if live is not None else None)
         self.process: Any = None
         self.scratch = tempfile.TemporaryDirectory(prefix="minivtc-worker-")
@@ -132,7 +132,7 @@ class Session:
             space |= {m: self.proxy(f"{own}:{name}.{m}", True) for m in LATER & space.keys()}
             space |= {"__new__": lambda _, *a, **k: made(*a, **k), "session": self}
             space["__init__"] = lambda *_, **__: None  # (made there by `__new__`)
-            bases = (Remote, *bases)
+            bases = bases if any(issubclass(b, Remote) for b in bases) else (Remote, *bases)
         found = types.new_class(name, bases, {}, lambda ns: ns.update(space))
         self.classes[f"{own}:{name}"] = found
         return found
@@ -169,8 +169,8 @@ class Session:
         self.ask({"set": name, "self": kept.handle}, (value,), {})
 
     def base(self, name: str) -> type:
-        try:
-            found = self.codec.allowed(name)
+        try:  # (a class of the student's own file: its stand-in)
+            found = self.classes.get(name) or self.codec.allowed(name)
         except ChannelError:
             return object  # a base of the student's own: its methods come with the class
         return found if isinstance(found, type) else object
@@ -317,9 +317,9 @@ class Forwarded:
 
 
 def class_data(bases: tuple[type, ...]) -> dict[str, Any]:
-    """The class attributes that are not methods, of `bases` and theirs (the package's)."""
+    """The class attributes that are not methods, of `bases` and theirs (not a stand-in's)."""
     found: dict[str, Any] = {}
-    for klass in reversed([k for b in bases for k in b.__mro__ if k is not object]):
+    for klass in reversed([k for b in bases for k in b.__mro__ if not issubclass(k, Remote)]):
         for name, value in vars(klass).items():
             if not name.startswith("__") and not isinstance(value, METHODS):
                 found[name] = value

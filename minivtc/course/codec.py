@@ -5,10 +5,9 @@ numbers, strings, tensors (raw bytes of an allowed dtype) and the package's obje
 it sets; another class is kept as a `Foreign` record, never imported. Each side names what it
 sent by an id, and what comes back under that id updates the original in place; what the other
 side holds travels as its id, or as its changes (`Held`). What cannot be rebuilt (a lambda)
-travels as an opaque id, which the sandbox may call back (`Opaque`: a test's clock). Live (a4,
-a6): a policy stays in the sandbox, its handle (`Remote`) stands for it, and the tests' objects
-come back as their ids, theirs to change.
-"""
+travels as an opaque id, which the sandbox may call back (`Opaque`: a test's clock). Live: a
+policy stays in the sandbox, its handle (`Remote`) stands for it, and the tests' objects come
+back from its methods as their ids, theirs to change (from a4b's `Engine.step`: `whole`)."""
 
 from __future__ import annotations
 
@@ -58,12 +57,11 @@ class Codec:
     def __init__(self, trusted: bool, callback: Any = None, live: Any = None) -> None:
         self.trusted = trusted
         self.callback = callback  # the sandbox's: calls an opaque value back
-        self.live = (
-            live  # the sandbox's: keep `live(obj)`? the grader's: (handle, class) -> a Remote
-        )
+        self.live = live  # the sandbox's: keep `live(obj)`? the grader's: handle -> a Remote
         self.objects: dict[int, Any] = {}  # id -> the object (grader: its own; sandbox: copies)
         self.names: dict[int, int] = {}  # the sandbox's: id(copy) -> the grader's id
         self.callable_sent = False  # what the sandbox may call back was sent
+        self.whole = False  # the sandbox's, in a plain call (a4b's step): the tests' objects
         self.held = Held()  # what the other side holds: sent as its id, or its changes
         self.fresh = 0
 
@@ -108,11 +106,13 @@ class Codec:
         if isinstance(v, (Opaque, Remote)):  # (what the other side holds: by its name)
             return {"opaque": v.ident} if isinstance(v, Opaque) else {"handle": v.handle}
         ident = self.ident(v)
-        if ident > 0 and self.live is not None and not self.trusted:
+        if ident > 0 and self.live is not None and not self.trusted and not self.whole:
             return {"ref": ident}  # the tests' own (a request): theirs to change, not the policy's
         if isinstance(v, FUNCTIONS):
             self.callable_sent = True
             return function_node(v, ident, self.trusted)
+        if ident < 0 and self.live is not None and not self.trusted and self.live(v):
+            return {"handle": ident, "class": name_of(type(v))}  # (each time it is met)
         if ident in seen:
             return {"ref": ident}
         seen.add(ident)
@@ -124,8 +124,6 @@ class Codec:
             return {"opaque": ident}  # the tests' own helper (a predictor): theirs, called back
         if type(v) is list and (tail := self.held.tail(v, ident)) is not None:
             return {"list": tail, "id": ident, "grown": 1}
-        if self.live is not None and not self.trusted and self.live(v):
-            return {"handle": ident, "class": name_of(type(v))}
         kind = type(v).__name__
         if type(v) in (list, set, deque, dict) and is_plain(v):
             return self.plain(v, ident)
@@ -249,6 +247,7 @@ class Codec:
             if not self.trusted and n["id"] > 0:
                 self.keep(n["id"], original)
         memo[n["id"]] = original
+        self.held.lists.pop(n["id"], None)  # (changed there, a4b's step: it holds this now)
         if n.get("grown"):
             return self.plain_back(original, tag, n, grown=True)
         if n.get("plain"):
@@ -290,6 +289,7 @@ class Codec:
             if not self.trusted and ident > 0:
                 self.keep(ident, original)
         memo[ident] = original
+        self.held.states.pop(ident, None)  # (as the list's above: the grader's side keeps them)
         state = self.dec(n["state"], memo)
         if type(state) is not dict or not all(type(k) is str for k in state):
             raise ChannelError("an object's state must be a dict of names")

@@ -47,9 +47,10 @@ from minivtc.course.testrun import (
 )
 
 # Whose tests run outside the sandbox, calling the student's code through the channel
-CHANNEL = frozenset({"a1_llama", "a2_blocks", "a3_batching", "a4_vtc", "a5_metric", "a6_fair"})
-# Live: the classes whose objects stay in the sandbox between calls (a6: its own file's)
-LIVE = {"a4_vtc": ("minivtc.fairness.vtc:VTC",), "a6_fair": ()}
+CHANNEL = frozenset(a.key for a in ASSIGNMENTS)  # (every assignment's)
+# Live: the classes whose objects stay in the sandbox between calls (a6, d1, d2: their own file's)
+VTC = ("minivtc.fairness.vtc:VTC",)
+LIVE = {"a4_vtc": VTC, "a4b_variants": VTC, "a6_fair": (), "d1_quota": (), "d2_tenants": ()}
 LIVE_TIME = 2.5  # their time limit's factor: ~70,000 calls per paper workload (the README)
 # The tests' side's copy of a file the student writes whole: empty (its classes and functions
 # are the worker's, `caller.Session.stand_ins`), so nothing of the reference's answer is there
@@ -128,6 +129,7 @@ def grade_one(
         if how.trusted:  # the student's functions put into the tests' own package
             return submit(a, edition, tests, how, whole)
         student = copy_package(PACKAGE, Path(scratch) / "student", None)
+        shutil.rmtree(student / "minivtc/course/instructor")  # (d1's, d2's hidden seed)
         return submit(a, edition, student, how, whole, tests, REPOSITORY / "weights")
 
 
