@@ -25,7 +25,7 @@ if TYPE_CHECKING:  # type checkers and editors see the real names
     from minivtc.offline.llm import LLM
     from minivtc.offline.outputs import CompletionOutput, RequestOutput
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["CompletionOutput", "LLM", "RequestOutput", "SamplingParams"]
 
 # exported name: the module that defines it (vLLM's top-level names)
 EXPORTS = {

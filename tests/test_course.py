@@ -678,39 +678,3 @@ def test_the_edition_cites_no_file_it_lacks_and_names_every_lesson_an_assignment
     assert "### a4b_variants (30 points)" in text
     assert "Install this edition, and only this edition" in text
     assert (edition / "minivtc/course/released/fairness/vtc.py").is_file()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "lesson",
-    [
-        "05_virtual_token_counter",
-        "08_variants",
-        "10_fair_memory",
-        "11_fair_memory_bound",
-        "12_prefix_caching",
-        "13_pricing_cached_tokens",
-    ],
-)
-def test_a4_s_lessons_run_on_a_fresh_edition_skipping_the_cells_that_need_a2_a3_a4(
-    lesson, tmp_path, monkeypatch
-):
-    """a4's lessons are read before a4 is written: on an edition with no assignment done, the
-    instructor's Lessons 5, 8 and 10-13 (solutions in) run top to bottom, and each cell
-    that drives the engine or runs VTC says which assignments it waits for and is skipped."""
-    nbformat = pytest.importorskip("nbformat")
-    from nbclient import NotebookClient
-
-    from minivtc.course.edition import REPOSITORY
-
-    edition = release(tmp_path / "edition")
-    monkeypatch.setenv("PYTHONPATH", str(edition))
-    monkeypatch.setenv("MINIVTC_LESSON_QUICK", "1")
-    monkeypatch.setenv("MPLBACKEND", "Agg")
-    book = nbformat.read(REPOSITORY / "lessons" / f"{lesson}.ipynb", as_version=4)
-    where = {"metadata": {"path": str(edition / "lessons")}}
-    NotebookClient(book, timeout=600, kernel_name="python3", resources=where).execute()
-    printed = "".join(o.get("text", "") for c in book.cells for o in c.get("outputs", []))
-    assert "NotImplementedError" not in printed
-    assert printed.count("(skipped: this cell runs once you have written") >= 5, printed
-    assert "a4: VTC.peek, VTC.dispatch, VTC.lift_counter" in printed

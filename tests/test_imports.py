@@ -266,12 +266,17 @@ def test_no_function_takes_more_than_eight_parameters():
 def declared_api(path: Path) -> set[str] | None:
     """A module's `__all__` (its API: what other modules, the tests and the lessons import from
     it), or None if it declares none."""
+    names: set[str] | None = None
     for node in ast.parse(path.read_text()).body:
         if isinstance(node, ast.Assign) and any(
             isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
         ):
-            return {ast.literal_eval(e) for e in node.value.elts}  # type: ignore[attr-defined]
-    return None
+            names = set()
+        elif not (isinstance(node, ast.AugAssign) and getattr(node.target, "id", "") == "__all__"):
+            continue
+        assert names is not None, f"{path}: __all__ += before __all__ ="
+        names |= {ast.literal_eval(e) for e in node.value.elts}  # type: ignore[attr-defined]
+    return names
 
 
 def module_path(dotted: str) -> Path | None:

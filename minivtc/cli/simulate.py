@@ -7,16 +7,8 @@ every command.
 
 from __future__ import annotations
 
-__all__ = [
-    "add_calibrate",
-    "add_memory_options",
-    "add_prefix_options",
-    "add_reproduce",
-    "add_simulate",
-    "add_trace_source",
-    "config_of",
-    "print_summary",
-]
+__all__ = ["add_calibrate", "add_memory_options", "add_prefix_options", "add_reproduce"]
+__all__ += ["add_simulate", "add_trace_source", "config_of", "print_summary"]
 
 
 def add_simulate(sub) -> None:

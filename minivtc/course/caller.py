@@ -40,6 +40,7 @@ from minivtc.course.codec import Codec
 from minivtc.course.testrun import SPEC  # {"root", "modules", "functions", "own", "deadline"}
 from minivtc.course.worker import describe_class
 
+__all__ = ["Session"]
 CALL_LIMIT_S = 60.0  # one call of a student's function (a step, a dispatch) takes far less
 START_LIMIT_S = 120.0  # the worker's start: importing torch and the student's modules
 KEY = pytest.StashKey["Session"]()

@@ -6,8 +6,7 @@ it sets; another class is kept as a `Foreign` record, never imported. Each side 
 sent by an id, and what comes back under that id updates the original in place; what the other
 side holds travels as its id, or as its changes (`Held`). What cannot be rebuilt (a lambda)
 travels as an opaque id, which the sandbox may call back (`Opaque`: a test's clock). Live: a
-policy stays in the sandbox, its handle (`Remote`) stands for it, and the tests' objects come
-back from its methods as their ids, theirs to change (from a4b's `Engine.step`: `whole`)."""
+policy stays in the sandbox behind a `Remote`; the tests' objects return as ids, or `whole`."""
 
 from __future__ import annotations
 
@@ -47,6 +46,7 @@ from minivtc.course.channel import (
     unchanged,
 )
 
+__all__ = ["Codec"]
 GRADED = "minivtc.course.graded"
 
 

@@ -23,19 +23,8 @@ from minivtc.course.rubrics import rubric_table
 from minivtc.course.staff import staff_module
 from minivtc.course.surgery import find, is_docstring, stub
 
-__all__ = [
-    "INSTRUCTOR_ONLY",
-    "PACKAGE",
-    "RELEASED",
-    "REPOSITORY",
-    "lesson_needs",
-    "lines_to_write",
-    "on_staff_code",
-    "placeholder",
-    "release",
-    "stub",
-    "without_solutions",
-]
+__all__ = ["INSTRUCTOR_ONLY", "PACKAGE", "RELEASED", "REPOSITORY", "lesson_needs", "lines_to_write"]
+__all__ += ["on_staff_code", "placeholder", "release", "stub", "without_solutions"]
 
 PACKAGE = Path(__file__).resolve().parents[1]  # minivtc/
 REPOSITORY = PACKAGE.parent  # where weights/ and lessons/ are, in a checkout

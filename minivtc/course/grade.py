@@ -46,8 +46,8 @@ from minivtc.course.testrun import (
     spec,
 )
 
-# Whose tests run outside the sandbox, calling the student's code through the channel
-CHANNEL = frozenset(a.key for a in ASSIGNMENTS)  # (every assignment's)
+__all__ = ["CHANNEL", "How", "LIVE", "grade", "grade_one", "rubric", "table", "test_edition"]
+CHANNEL = frozenset(a.key for a in ASSIGNMENTS)  # tests outside the sandbox: every assignment
 # Live: the classes whose objects stay in the sandbox between calls (a6, d1, d2: their own file's)
 VTC = ("minivtc.fairness.vtc:VTC",)
 LIVE = {"a4_vtc": VTC, "a4b_variants": VTC, "a6_fair": (), "d1_quota": (), "d2_tenants": ()}

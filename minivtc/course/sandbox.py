@@ -34,6 +34,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+__all__ = ["EXCHANGE", "INSIDE", "Limits", "NOBODY", "Sandbox", "stop", "why_not"]
+
 NOBODY = 65534  # the uid and gid root's sandboxes run as
 INSIDE = Path("/grading")  # where the package copy is seen from inside
 EXCHANGE = Path("/exchange")  # the one folder the sandbox may write that outlives it

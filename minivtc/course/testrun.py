@@ -20,6 +20,8 @@ from minivtc.course import sandbox, warm
 from minivtc.course.assignments import Assignment
 from minivtc.course.feedback import read_regular
 
+__all__ = ["How", "SPEC", "TIME_LIMIT_S", "boxed", "launch", "pytest_args", "spec"]
+
 TIME_LIMIT_S = 240  # per assignment: its tests take seconds; a hang is cut off here
 OUTPUT_BYTES = 1 << 20  # the tests' output kept for --verbose
 SPEC = "MINIVTC_SANDBOXED"  # the environment variable `caller.py` reads its settings from

@@ -48,7 +48,8 @@ if TYPE_CHECKING:  # the engine only calls them: the simulator runs without torc
     from minivtc.engine.runner import Runner
     from minivtc.model.tokenizer import Tokenizer
 
-__all__ = ["Engine", "EngineConfig", "RequestRejected"]
+__all__ = ["Engine", "EngineConfig", "RequestRejected", "StepOutput", "blocks_by_client"]
+__all__ += ["build_fairness_check", "engine_stats", "forget_idle_clients"]
 
 DEFAULTS = EngineConfig()  # frozen: one value serves every engine
 

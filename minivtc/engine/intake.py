@@ -10,14 +10,8 @@ from typing import TYPE_CHECKING
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.requests.params import SamplingParams, context_error
 
-__all__ = [
-    "RequestRejected",
-    "check_context",
-    "check_ids",
-    "checked_params",
-    "encode",
-    "max_model_len",
-]
+__all__ = ["RequestRejected", "check_context", "check_ids", "checked_params", "encode"]
+__all__ += ["max_model_len"]
 
 if TYPE_CHECKING:
     from minivtc.model.tokenizer import Tokenizer

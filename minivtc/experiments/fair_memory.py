@@ -39,17 +39,8 @@ from minivtc.sim.simulator import SIM_EOS, SimResult, StepTimeRunner, VirtualClo
 from minivtc.sim.step_time import MeasuredStepTime, step_time_model
 from minivtc.sim.workloads import TraceRequest, workload
 
-__all__ = [
-    "MAX_TOKENS",
-    "POOL",
-    "UNIT_STEP",
-    "fair_memory",
-    "full_speed",
-    "gap_run",
-    "long_trace",
-    "number",
-    "table_rows",
-]
+__all__ = ["MAX_TOKENS", "POOL", "UNIT_STEP", "fair_memory", "full_speed", "gap_run", "long_trace"]
+__all__ += ["number", "table_rows"]
 
 MAX_TOKENS = 1024
 POOL = 10000

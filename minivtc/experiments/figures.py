@@ -24,16 +24,8 @@ from minivtc.sim.simulator import SimResult, simulate
 from minivtc.sim.step_time import A100_RUNS
 from minivtc.sim.workloads import TraceRequest, uniform, workload
 
-__all__ = [
-    "A100_RUNS",
-    "ABLATION",
-    "Ablation",
-    "ablation_gap",
-    "fig12",
-    "fig13_14",
-    "fig15",
-    "simulate_ablation",
-]
+__all__ = ["A100_RUNS", "ABLATION", "Ablation", "ablation_gap", "fig12", "fig13_14", "fig15"]
+__all__ += ["simulate_ablation"]
 
 
 def fig12(out: Path, show: bool = False) -> list[str]:

@@ -15,25 +15,14 @@ from pathlib import Path
 
 import matplotlib
 
-__all__ = [
-    "ablation_plot",
-    "difference_plot",
-    "gap_plot",
-    "gap_sweep_plot",
-    "panels_plot",
-    "plt",
-    "response_plot",
-    "save",
-    "service_plot",
-    "shares_plot",
-    "tradeoff_plot",
-]
-
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from minivtc.sim import metrics
 from minivtc.sim.metrics import Served  # noqa: E402
+
+__all__ = ["ablation_plot", "difference_plot", "gap_plot", "gap_sweep_plot", "panels_plot", "plt"]
+__all__ += ["response_plot", "save", "service_plot", "shares_plot", "tradeoff_plot"]
 
 MAX_LINES = 8  # more clients than this: plot the busiest ones, say so in the title
 

@@ -25,19 +25,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-__all__ = [
-    "Cost",
-    "LinearCost",
-    "PAPER_COST",
-    "ProfiledCost",
-    "cache_discount",
-    "check_cached_weight",
-    "fairness_bound",
-    "linear_price",
-    "preemptive_bound",
-    "spread_bound",
-    "weights_of",
-]
+__all__ = ["Cost", "LinearCost", "PAPER_COST", "ProfiledCost", "W_P", "W_Q", "cache_discount"]
+__all__ += ["check_cached_weight", "fairness_bound", "linear_price", "preemptive_bound"]
+__all__ += ["spread_bound", "weights_of"]
 
 W_P, W_Q = 1.0, 2.0  # the paper's weights: an output token costs twice a prompt token
 

@@ -26,17 +26,8 @@ import httpx
 
 from minivtc.serving.connections import sse_lines
 
-__all__ = [
-    "Answered",
-    "Broken",
-    "Invalid",
-    "Refused",
-    "chunk_of",
-    "counts",
-    "error_event",
-    "send_once",
-    "send_stream",
-]
+__all__ = ["Answered", "Broken", "Invalid", "Refused", "chunk_of", "counts", "error_event"]
+__all__ += ["send_once", "send_stream"]
 
 GIVE_BACK = {429, 503}  # a backend's "not now": the request may run elsewhere, or later
 # A whole answer's most bytes: n=16 samples of 768 tokens with 20 top logprobs each are ~18 MB

@@ -30,13 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = [
-    "AttentionGroup",
-    "ContiguousAttention",
-    "PagedAttention",
-    "attend_group",
-    "visibility_mask",
-]
+__all__ = ["AttentionGroup", "ContiguousAttention", "PagedAttention", "attend_group"]
+__all__ += ["visibility_mask"]
 
 
 @dataclass

@@ -25,15 +25,8 @@ from torch import Tensor, nn
 
 from minivtc.model.config import LlamaConfig
 
-__all__ = [
-    "CausalSequences",
-    "DecoderLayer",
-    "Llama",
-    "RMSNorm",
-    "apply_rotary",
-    "causal_attention",
-    "rotary_cos_sin",
-]
+__all__ = ["CausalSequences", "DecoderLayer", "Llama", "RMSNorm", "apply_rotary"]
+__all__ += ["causal_attention", "rotary_cos_sin"]
 
 
 class Attention(Protocol):

@@ -26,15 +26,8 @@ from minivtc.model.llama import Llama
 from minivtc.model.packed import pack_linears
 from minivtc.model.tokenizer import Tokenizer
 
-__all__ = [
-    "BUNDLED_WEIGHTS",
-    "CheckpointError",
-    "DTYPES",
-    "bundled_weights_dir",
-    "load_config",
-    "load_model",
-    "resolve_dtype",
-]
+__all__ = ["BUNDLED_WEIGHTS", "CheckpointError", "DTYPES", "bundled_weights_dir", "load_config"]
+__all__ += ["load_model", "resolve_dtype"]
 
 BUNDLED_WEIGHTS = Path(__file__).resolve().parents[2] / "weights"  # the repository's weights/
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}

@@ -38,7 +38,8 @@ from minivtc.offline.outputs import CompletionOutput, RequestOutput, request_out
 from minivtc.requests.params import MAX_SEED
 from minivtc.requests.request import Request
 
-__all__ = ["LLM", "CompletionOutput", "RequestOutput", "SamplingParams", "build_engine"]
+__all__ = ["CompletionOutput", "ENGINE_KEYWORDS", "LLM", "RequestOutput", "SamplingParams"]
+__all__ += ["build_engine"]
 # vLLM's constructor arguments that LLM takes through **engine_options (`llm_args.VLLMArgs`)
 VLLM_ONLY = (
     "max_num_seqs",

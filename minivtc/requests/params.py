@@ -12,17 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-__all__ = [
-    "MAX_LOGPROBS",
-    "MAX_SEED",
-    "ParamError",
-    "SamplingParams",
-    "context_error",
-    "cut_stop",
-    "releasable",
-    "stop_reason",
-    "trim_stop",
-]
+__all__ = ["MAX_LOGPROBS", "MAX_SEED", "ParamError", "SamplingParams", "context_error", "cut_stop"]
+__all__ += ["releasable", "stop_reason", "trim_stop"]
 
 if TYPE_CHECKING:
     import torch

@@ -35,7 +35,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from minivtc.serving.openai_api import APIError
 
-__all__ = ["MAX_SSE_LINE_BYTES", "InFlight", "Limits", "allow_open_files", "sse_lines"]
+__all__ = ["InFlight", "Limits", "MAX_SSE_LINE_BYTES", "allow_open_files", "sse_lines"]
 
 MAX_BODY_BYTES = 4 * 1024 * 1024  # a 2048-token prompt is ~10 kB of text: 4 MB is generous
 HELD = "minivtc.held"  # the ASGI scope's key for what one HTTP request holds of `InFlight`

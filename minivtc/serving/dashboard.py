@@ -48,19 +48,8 @@ from minivtc.serving.observability import fairness_view
 from minivtc.serving.openai_api import APIError
 from minivtc.serving.snapshot import Snapshot
 
-__all__ = [
-    "EVERY_S",
-    "Setup",
-    "add_dashboard",
-    "announce",
-    "dashboard_url",
-    "on_loopback",
-    "read_page",
-    "server_data",
-    "spread_bound",
-    "spread_view",
-    "viewer",
-]
+__all__ = ["EVERY_S", "Setup", "add_dashboard", "announce", "dashboard_url", "on_loopback"]
+__all__ += ["read_page", "server_data", "spread_bound", "spread_view", "viewer"]
 
 PAGE = "dashboard.html"  # package data, next to this file
 EVERY_S = 0.5  # how often the page polls (its `?every=` changes it)

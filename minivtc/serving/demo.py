@@ -42,21 +42,9 @@ from minivtc.serving.server import make_app
 from minivtc.sim import metrics
 from minivtc.sim.workloads import TraceRequest
 
-__all__ = [
-    "BATCH",
-    "ServerSetup",
-    "WARM_UP_S",
-    "format_table",
-    "main",
-    "make_plan",
-    "plan_for",
-    "plot",
-    "say",
-    "serve_once",
-    "table",
-    "throughput",
-    "verdicts",
-]
+__all__ = ["BATCH", "INPUT_TOKENS", "OUTPUT_TOKENS", "ServerSetup", "WARM_UP_S", "format_table"]
+__all__ += ["main", "make_plan", "plan_for", "plot", "say", "serve_once", "table", "throughput"]
+__all__ += ["verdicts"]
 
 INPUT_TOKENS, OUTPUT_TOKENS = 32, 96  # per request: the demo's cost is 32 + 2 * 96 = 224
 BATCH = 16  # the KV pool holds this many requests: the server's capacity is small and clear

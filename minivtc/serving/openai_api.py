@@ -23,25 +23,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from minivtc.requests.params import MAX_LOGPROBS, MAX_SEED
 
-__all__ = [
-    "APIError",
-    "ChatBody",
-    "ChunkShape",
-    "CompletionBody",
-    "FINISH_REASONS",
-    "MAX_CLIENT_ID_CHARS",
-    "MAX_N",
-    "Message",
-    "Sampling",
-    "Text",
-    "check_roles",
-    "check_unsupported",
-    "clip",
-    "parse_json",
-    "usage",
-    "validate",
-    "validation_error",
-]
+__all__ = ["APIError", "ChatBody", "ChunkShape", "CompletionBody", "FINISH_REASONS"]
+__all__ += ["MAX_CLIENT_ID_CHARS", "MAX_N", "Message", "Sampling", "Text", "check_roles"]
+__all__ += ["check_unsupported", "clip", "parse_json", "usage", "validate", "validation_error"]
 
 MAX_CLIENT_ID_CHARS = 128  # a client id is a name, not a payload: longer ones are refused
 FINISH_REASONS = {"eos": "stop", "stop": "stop", "length": "length", "abort": "abort"}

@@ -27,18 +27,9 @@ from minivtc.serving.openai_api import (
     validate,
 )
 
-__all__ = [
-    "PromptLimits",
-    "chat_body",
-    "check_fan_out",
-    "check_length",
-    "check_logprob_volume",
-    "check_message_count",
-    "check_tokens",
-    "completion_body",
-    "completion_inputs",
-    "sampling_params",
-]
+__all__ = ["PromptLimits", "chat_body", "check_fan_out", "check_length", "check_logprob_volume"]
+__all__ += ["check_message_count", "check_tokens", "completion_body", "completion_inputs"]
+__all__ += ["sampling_params"]
 
 # The most logprob entries one response may carry (completions x tokens x (top + 1)): ~70
 # bytes each in JSON, so ~5 MB

@@ -41,18 +41,8 @@ from minivtc.sim.step_time import (
 )
 from minivtc.sim.workloads import TraceRequest
 
-__all__ = [
-    "Engine",
-    "SIM_EOS",
-    "SimResult",
-    "StepTimeRunner",
-    "VirtualClock",
-    "gc_paused",
-    "progress_bar",
-    "record",
-    "replay",
-    "simulate",
-]
+__all__ = ["Engine", "SIM_EOS", "SimResult", "StepTimeRunner", "VirtualClock", "gc_paused"]
+__all__ += ["progress_bar", "record", "replay", "simulate"]
 
 DEFAULT_RUNNING = EngineConfig().max_running
 SIM_TOKEN = 3  # the token every simulated step "generates"

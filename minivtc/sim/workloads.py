@@ -19,19 +19,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = [
-    "A10G_RUNS",
-    "DATA_DIR",
-    "REAL_TRACE",
-    "TraceRequest",
-    "WORKLOADS",
-    "client_name",
-    "poisson",
-    "read_trace",
-    "uniform",
-    "workload",
-    "write_trace",
-]
+__all__ = ["A10G_RUNS", "DATA_DIR", "REAL_TRACE", "TraceRequest", "WORKLOADS", "client_name"]
+__all__ += ["poisson", "read_trace", "uniform", "workload", "write_trace"]
 
 DATA_DIR = Path(__file__).resolve().parents[1] / "data"  # minivtc/data: the paper's data
 A10G_RUNS = DATA_DIR / "a10g_runs"  # the artifact's measured A10G runs

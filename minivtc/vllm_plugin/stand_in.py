@@ -17,7 +17,8 @@ from minivtc.fairness.fairness_check import FairnessCheck
 from minivtc.fairness.policies import make_scheduler
 from minivtc.vllm_plugin.policy_queue import PolicyQueue
 
-__all__ = ["FakeRequest", "Loop", "Params", "request", "run_overload"]
+__all__ = ["FakeRequest", "L_INPUT", "Loop", "MAX_RUNNING", "POOL", "PROMPT", "Params", "request"]
+__all__ += ["run_overload"]
 
 POOL, MAX_RUNNING, PROMPT, OUTPUT = 96, 4, 8, 16  # the overload's memory and requests
 STEPS, L_INPUT = 400, PROMPT + OUTPUT  # L_INPUT: `max_model_len` bounds any prompt

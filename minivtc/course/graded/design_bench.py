@@ -19,16 +19,8 @@ from minivtc.course.graded.driver import W_P, W_Q, Arrival, Step
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.requests.request import Request
 
-__all__ = [
-    "PUBLIC_SEEDS",
-    "Watched",
-    "by_tenant",
-    "quota_workload",
-    "seeds",
-    "tenant_of",
-    "tenant_workload",
-    "u_of",
-]
+__all__ = ["PUBLIC_SEEDS", "Watched", "by_tenant", "quota_workload", "seeds", "tenant_of"]
+__all__ += ["tenant_workload", "u_of"]
 
 # The student edition's workloads (`minivtc course test`): documented, so a student can replay
 # one. Grading draws as many others from the instructor's seed.

@@ -27,26 +27,9 @@ from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request
 from minivtc.sim.backlog import watch_rejoining
 
-__all__ = [
-    "Arrival",
-    "Engine",
-    "Step",
-    "UnitRunner",
-    "W_P",
-    "W_Q",
-    "admission_round",
-    "bound_u",
-    "construction",
-    "draw_workload",
-    "drive",
-    "first_over",
-    "idle_then_return",
-    "max_gap",
-    "random_arrivals",
-    "service_difference",
-    "watch_joins",
-    "workloads",
-]
+__all__ = ["Arrival", "Engine", "Step", "UnitRunner", "W_P", "W_Q", "admission_round", "bound_u"]
+__all__ += ["construction", "draw_workload", "drive", "first_over", "idle_then_return", "max_gap"]
+__all__ += ["random_arrivals", "service_difference", "watch_joins", "workloads"]
 
 
 @dataclass(frozen=True)

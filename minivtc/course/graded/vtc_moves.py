@@ -12,16 +12,8 @@ from minivtc.fairness.vtc import VTC
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request, Status
 
-__all__ = [
-    "Fixed",
-    "Recording",
-    "decode",
-    "dispatch_next",
-    "finish",
-    "preempt",
-    "request",
-    "with_fair_preemption",
-]
+__all__ = ["Fixed", "Recording", "decode", "dispatch_next", "finish", "preempt", "request"]
+__all__ += ["with_fair_preemption"]
 
 
 def request(client: str, prompt: int, max_tokens: int = 50, name: str = "") -> Request:
