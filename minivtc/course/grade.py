@@ -51,7 +51,7 @@ CHANNEL = frozenset(a.key for a in ASSIGNMENTS)  # tests outside the sandbox: ev
 # Live: the classes whose objects stay in the sandbox between calls (a6, d1, d2: their own file's)
 VTC = ("minivtc.fairness.vtc:VTC",)
 LIVE = {"a4_vtc": VTC, "a4b_variants": VTC, "a6_fair": (), "d1_quota": (), "d2_tenants": ()}
-LIVE_TIME = 2.5  # their time limit's factor: ~70,000 calls per paper workload (the README)
+LIVE_TIME = 2.5  # their time limit's factor: a live policy answers every call (README: counts)
 # The tests' side's copy of a file the student writes whole: empty (its classes and functions
 # are the worker's, `caller.Session.stand_ins`), so nothing of the reference's answer is there
 OWN_FILE = '"""The student\'s file: what it defines runs in the sandbox."""\n'
