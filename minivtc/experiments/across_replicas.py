@@ -53,7 +53,7 @@ class Row:
 
 
 def replicas(out: Path, show: bool = False) -> list[str]:
-    runs = [(8, name, route) for name in FLEET_WORKLOADS for route in ROUTES]
+    runs = [(8, name, route) for name in TENANTS for route in ROUTES]
     rows = [
         run_row(n, name, *route) for n, name, route in runs + [(64, "affinity", r) for r in AT_64]
     ]
