@@ -1,7 +1,7 @@
 """`Snapshot`: a copy of what the server's reports need, taken on the engine thread between two
 steps (plain dict copies: the engine waits only for those).
 
-`/fairness` and `/metrics` (`observability.py`), vLLM's metric names (`vllm_metrics.py`) and the
+`/fairness` and `/metrics` (`observability.py`, vLLM's metric names included) and the
 dashboard (`dashboard.py`) are all built from one, afterwards, away from the engine thread.
 """
 
