@@ -46,7 +46,7 @@ from minivtc.serving.api_keys import Auth, Caller
 from minivtc.serving.middleware import is_loopback
 from minivtc.serving.observability import fairness_view
 from minivtc.serving.openai_api import APIError
-from minivtc.serving.snapshot import Snapshot
+from minivtc.serving.server_stats import Snapshot
 
 __all__ = ["EVERY_S", "Setup", "add_dashboard", "announce", "dashboard_url", "on_loopback"]
 __all__ += ["read_page", "server_data", "spread_bound", "spread_view", "viewer"]

@@ -1,6 +1,6 @@
 """What the server reports: the fairness view (`/fairness`) and Prometheus metrics (`/metrics`).
 
-Owns: the two views, built from a `Snapshot` (`snapshot.py`: a copy of what the reports need,
+Owns: the two views, built from a `Snapshot` (`server_stats.py`: a copy of what the reports need,
 taken on the engine thread between two steps) away from the engine thread. Does not own: routes
 (`server.py`) or the numbers' meaning (the scheduler's counters, the engine's token counts).
 Lesson 9 reads both views.
@@ -50,7 +50,7 @@ from prometheus_client.core import (
 
 from minivtc.fairness.cost import W_P, W_Q
 from minivtc.serving.openai_api import FINISH_REASONS
-from minivtc.serving.snapshot import OTHER, TOP_CLIENTS, ClientRow, Snapshot
+from minivtc.serving.server_stats import OTHER, TOP_CLIENTS, ClientRow, Snapshot
 
 __all__ = ["fairness_view", "prometheus_text", "vllm_families"]
 
