@@ -6,7 +6,7 @@ backends (`backend.py`). The admission round is Algorithm 2's, over the fleet:
 
     while (r := scheduler.peek()) is not None:          who is next: the policy
         room <- the healthy backends where r fits        prompt + max_tokens (full reservation)
-        b <- route.choose(r, room); none: stop           where: the route (`routing.py`)
+        b <- route.choose(r, room); none: stop           where: the route (`backend.py`)
         reserve r on b; scheduler.dispatch(r)            c_k <- c_k + h(n_p, 0)
 
 A request is bound to a backend only when that backend has room, so backends never queue and
@@ -44,8 +44,7 @@ from typing import Protocol
 
 from minivtc.fairness.fairness_check import FairnessCheck
 from minivtc.fairness.scheduler import Scheduler, admission_round
-from minivtc.fleet.backend import Backend
-from minivtc.fleet.routing import LeastLoaded, Route
+from minivtc.fleet.backend import Backend, LeastLoaded, Route
 from minivtc.requests.request import Request
 
 __all__ = ["Dispatcher"]

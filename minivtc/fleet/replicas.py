@@ -34,10 +34,9 @@ from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.fairness.cost import W_Q
 from minivtc.fairness.scheduler import FCFS
-from minivtc.fleet.backend import Backend
+from minivtc.fleet.backend import Backend, make_route
 from minivtc.fleet.dispatcher import Dispatcher
 from minivtc.fleet.gateways import Gateways, GatewaySpec
-from minivtc.fleet.routing import make_route
 from minivtc.fleet.staleness import News
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request

@@ -32,10 +32,9 @@ import httpx
 from fastapi.responses import JSONResponse, Response
 
 from minivtc.fairness.scheduler import Scheduler
-from minivtc.fleet.backend import Backend
+from minivtc.fleet.backend import Backend, Route
 from minivtc.fleet.dispatcher import Dispatcher
 from minivtc.fleet.fleet_member import RETRY_S, Member
-from minivtc.fleet.routing import Route
 from minivtc.fleet.served import Row, Served
 from minivtc.gateway.proxy import (
     Answered,
