@@ -35,9 +35,8 @@ from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.fairness.cost import W_Q
 from minivtc.fairness.scheduler import FCFS
 from minivtc.fleet.backend import Backend, make_route
-from minivtc.fleet.dispatcher import Dispatcher
+from minivtc.fleet.dispatcher import Dispatcher, News
 from minivtc.fleet.gateways import Gateways, GatewaySpec
-from minivtc.fleet.staleness import News
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request
 from minivtc.sim.backlog import FleetWatch
@@ -300,7 +299,7 @@ class Fleet:
                 self.dispatcher.on_finish(request)
 
     def bound(self) -> float | None:
-        """2U; with a stale view, 2U + 2 w_q G in counter units (`staleness.py`)."""
+        """2U; with a stale view, 2U + 2 w_q G in counter units (`News`, `dispatcher.py`)."""
         bound = self.dispatcher.gap_bound() if self.dispatcher else None
         if bound is None or self.news is None:
             return bound
