@@ -30,7 +30,7 @@ from minivtc.serving.engine_loop import EngineLoop
 from minivtc.serving.hosting import BackgroundServer
 from minivtc.serving.observability import fairness_view
 from minivtc.serving.server import make_app
-from minivtc.serving.snapshot import ClientRow, FirstTokens, Snapshot
+from minivtc.serving.server_stats import ClientRow, FirstTokens, Snapshot
 
 KEYS = {
     "sk-alice-1": Key("alice", 2.0),

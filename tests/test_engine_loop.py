@@ -23,8 +23,7 @@ from minivtc.engine.generate import generate_plain
 from minivtc.engine.sampler import SamplingParams
 from minivtc.model.llama import Llama
 from minivtc.serving.engine_loop import EngineLoop
-from minivtc.serving.server_stats import LATENCY_BUCKETS, Histogram
-from minivtc.serving.snapshot import OTHER
+from minivtc.serving.server_stats import LATENCY_BUCKETS, OTHER, Histogram
 from tests.conftest import TINY_GQA
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from minivtc.bench.dispatch_cost import bench_route, time_decisions
+from minivtc.bench.policy import bench_route, time_dispatcher_decisions
 
 
 def test_bench_route_prints_a_median_and_its_range_for_each_number_of_clients(capsys):
@@ -21,8 +21,8 @@ def test_bench_route_prints_a_median_and_its_range_for_each_number_of_clients(ca
 
 
 def test_each_round_is_timed_after_a_warm_up_the_fleet_kept_full():
-    # (time_decisions asserts that the fleet fills, and each decision binds exactly one request)
-    assert len(time_decisions(10, decisions=50, rounds=4)) == 4
+    # (time_dispatcher_decisions asserts that the fleet fills, and each decision binds one request)
+    assert len(time_dispatcher_decisions(10, decisions=50, rounds=4)) == 4
 
 
 @pytest.mark.slow

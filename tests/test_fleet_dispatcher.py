@@ -8,9 +8,8 @@ import pytest
 
 from minivtc.fairness.scheduler import FCFS
 from minivtc.fairness.vtc import VTC
-from minivtc.fleet.backend import Backend
+from minivtc.fleet.backend import Backend, LeastLoaded, PrefixAware, RoundRobin, make_route
 from minivtc.fleet.dispatcher import Dispatcher
-from minivtc.fleet.routing import LeastLoaded, PrefixAware, RoundRobin, make_route
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request
 

@@ -111,7 +111,7 @@ def test_simulate_replicas_refuses_what_a_replica_does_not_model(tmp_path, capsy
 def test_a_stale_view_keeps_lemma_4_3_and_the_gap_within_its_extra_term():
     """Tokens and finishes heard 2 s late: the check (Lemma 4.3 on the counters the
     dispatcher sees) holds after every event, and the measured gap stays within 2U + 2 w_q G,
-    G the most output tokens a client had unseen (`staleness.py`)."""
+    G the most output tokens a client had unseen (`News`, `dispatcher.py`)."""
     trace = first(FLEET_WORKLOADS["affinity"].make(2))
     exact = simulate_fleet(trace, 2, "global", check_fairness=True, watch_backlog=True)
     stale = simulate_fleet(

@@ -1,4 +1,4 @@
-"""Which gateway served what (`fleet/served.py`) as a user sees it: `/fairness`' `served`
+"""Which gateway served what (`shared_store.Served`) as a user sees it: `/fairness`' `served`
 (a tenant sees its own rows), `/metrics` with a `gateway` label, at two gateways sharing a
 Redis store and at one alone (its own numbers under its own id). The dashboard's table is
 `tests/test_dashboard_browser.py`'s; the rows in the store are `tests/test_fleet_store.py`'s."""

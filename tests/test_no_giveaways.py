@@ -45,7 +45,7 @@ ANSWERS = [
     ("problem set 2, 5(b)", "differs from what its counter says by the output not yet seen"),
     ("problem set 2, 5(b)", "may be off by w_q g"),
 ]
-# Sentences the edition once kept (fleet/staleness.py, fleet/dispatcher.py): the search finds them
+# Sentences the edition once kept (fleet/dispatcher.py: `News`, `Dispatcher`): the search finds them
 ONCE_KEPT = [
     "What a client has received differs from what its counter says by the output not yet seen:"
     " between 0 and w_q G",

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from minivtc.fairness.cost import W_P, W_Q
 from minivtc.serving.observability import fairness_view, prometheus_text
-from minivtc.serving.snapshot import OTHER, ClientRow, Snapshot
+from minivtc.serving.server_stats import OTHER, ClientRow, Snapshot
 
 PER_CLIENT = {  # family -> the row field it sums
     "minivtc_client_input_tokens": "input_tokens",

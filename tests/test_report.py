@@ -24,8 +24,7 @@ from minivtc.experiments.paper_table import (
     table2_verdict,
     ttft_verdict,
 )
-from minivtc.experiments.report import SPECIAL, measured_trace, simulate_to_dir
-from minivtc.experiments.summary import summarize
+from minivtc.experiments.report import SPECIAL, measured_trace, simulate_to_dir, summarize
 from minivtc.fairness.policies import make_scheduler
 from minivtc.sim import metrics
 from minivtc.sim.metrics import Served

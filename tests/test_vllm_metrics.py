@@ -5,7 +5,7 @@ from __future__ import annotations
 from prometheus_client.parser import text_string_to_metric_families
 
 from minivtc.serving.observability import prometheus_text
-from minivtc.serving.snapshot import ClientRow, Snapshot
+from minivtc.serving.server_stats import ClientRow, Snapshot
 
 
 def samples(text: bytes) -> dict[tuple[str, tuple], float]:

@@ -15,8 +15,7 @@ from minivtc.fairness.fairness_check import FairnessCheck
 from minivtc.fairness.policies import make_scheduler
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.fairness.vtc import VTC
-from minivtc.vllm_plugin.plugin_options import PluginOptions
-from minivtc.vllm_plugin.policy_queue import DEFAULT_CLIENT, PolicyQueue
+from minivtc.vllm_plugin.policy_queue import DEFAULT_CLIENT, PluginOptions, PolicyQueue
 from minivtc.vllm_plugin.stand_in import FakeRequest, Loop, Params, request
 
 

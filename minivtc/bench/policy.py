@@ -1,7 +1,9 @@
-"""`minivtc bench scheduler` (VTC's heap against the artifact's linear scan) and `minivtc bench
-sim` (the simulator's speed on the paper's workloads, or on a million requests): the policy
-layer's benchmarks, plain Python. `suite.py`'s docstring says what each prints; both take turns
-round by round (`timing.py`).
+"""`minivtc bench scheduler` (VTC's heap against the artifact's linear scan), `minivtc bench
+route` (one decision of the fleet's dispatcher) and `minivtc bench sim` (the simulator's speed on
+the paper's workloads, or on a million requests): the policy layer's benchmarks, plain Python.
+`suite.py`'s docstring says what each prints; the scheduler's and the simulator's take turns
+round by round (`timing.py`). (The gateway's HTTP overhead against direct requests, `bench route
+--gateway`, is `gateway_overhead.py`'s.)
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from typing import TYPE_CHECKING
 from minivtc.bench.timing import interleaved, ratios, spread
 from minivtc.fairness.least_counter import LinearScan
 from minivtc.fairness.vtc import VTC
+from minivtc.fleet.backend import Backend
+from minivtc.fleet.dispatcher import Dispatcher
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request
 
-__all__ = ["ScanVTC", "bench_scheduler", "bench_sim"]
+__all__ = ["ScanVTC", "bench_route", "bench_scheduler", "bench_sim", "time_dispatcher_decisions"]
 
 if TYPE_CHECKING:
     from minivtc.sim.simulator import SimResult
@@ -54,7 +58,8 @@ def bench_scheduler(quick: bool, rounds: int) -> int:
             charge: dict[str, list[float]] = {"heap": [], "scan": []}
             for k in range(-1, rounds):  # heap and scan take turns, who goes first alternating
                 for name, cls in (("heap", VTC), ("scan", ScanVTC))[:: 1 - 2 * (k % 2)]:
-                    decision, token = time_decisions(cls(), n, quick), time_charges(cls(), n)
+                    decision = time_scheduler_decisions(cls(), n, quick)
+                    token = time_charges(cls(), n)
                     if k >= 0:  # round -1 warms up
                         decide[name].append(decision)
                         charge[name].append(token)
@@ -84,7 +89,7 @@ def populate(vtc: VTC, n_clients: int) -> list[Request]:
     return requests
 
 
-def time_decisions(vtc: VTC, n_clients: int, quick: bool) -> tuple[float, float]:
+def time_scheduler_decisions(vtc: VTC, n_clients: int, quick: bool) -> tuple[float, float]:
     """One decision = peek at the minimum, dispatch it (charge its prompt), refill its queue.
     Microseconds per decision: (wall, process CPU)."""
     populate(vtc, n_clients)
@@ -113,6 +118,66 @@ def time_charges(vtc: VTC, n_clients: int) -> float:
         r.output_ids.append(1)
         vtc.on_decode([r])
     return 1e6 * (time.perf_counter() - start) / rounds
+
+
+# --- dispatcher: one decision at fleet scale ------------------------------------------------
+# 64 backends, every one full, and n clients (10 to 100,000) each with requests waiting at the
+# dispatcher. One decision: a request finishes on a backend (`on_finish`: its room freed) and the
+# admission round binds the next one (`bind`: peek the smallest counter, scan the backends for
+# room, route, reserve, dispatch, charge the prompt), and the dispatched client sends a new
+# request so that everyone stays waiting. Microseconds per decision: a warm-up round, then rounds
+# of decisions, each round's mean; printed as the median round with the fastest and the slowest
+# (this VM's speed drifts between rounds).
+
+NUM_BACKENDS = 64
+PER_BACKEND = 4  # requests of 16 tokens each backend holds
+
+
+def bench_route(quick: bool, rounds: int = 5) -> int:
+    from minivtc.sim.simulator import gc_paused
+
+    sizes = [10, 1000] if quick else [10, 1000, 10_000, 100_000]
+    decisions = 200 if quick else 2000
+    print(
+        f"microseconds per dispatcher decision, {NUM_BACKENDS} backends, all full: median "
+        f"[min, max] of {rounds} rounds of {decisions} decisions, after a warm-up round"
+    )
+    print(f"{'clients':>8} {'decision':>10}  range")
+    with gc_paused():  # a collection over 200k live requests is not the dispatcher's cost
+        for n in sizes:
+            times = time_dispatcher_decisions(n, decisions, rounds)
+            print(f"{n:>8} {statistics.median(times):>10.2f}  [{min(times):.2f}, {max(times):.2f}]")
+    return 0
+
+
+def time_dispatcher_decisions(n_clients: int, decisions: int, rounds: int) -> list[float]:
+    """Each round's mean microseconds per decision (the first, a warm-up, left out)."""
+    vtc = VTC()
+    backends = [Backend(f"b{k}", 16 * PER_BACKEND) for k in range(NUM_BACKENDS)]
+    dispatcher = Dispatcher(vtc, backends)
+    per_client = 2 + NUM_BACKENDS * PER_BACKEND // n_clients  # still waiting once it fills
+    for i in range(n_clients):
+        for j in range(per_client):
+            dispatcher.add(small_request(f"{i}-{j}", f"client-{i}"), 0.0)
+    running = [r for r, _ in dispatcher.bind()]  # the fleet fills
+    assert len(running) == NUM_BACKENDS * PER_BACKEND
+    times = []
+    for round_ in range(rounds + 1):
+        refills = [small_request(f"new-{round_}-{k}", "") for k in range(decisions)]
+        start = time.perf_counter()
+        for k, refill in enumerate(refills):
+            done = running[k % len(running)]
+            dispatcher.on_finish(done)
+            ((new, _),) = dispatcher.bind()
+            running[k % len(running)] = new
+            refill.client_id = new.client_id  # it keeps waiting
+            dispatcher.add(refill, 0.0)
+        times.append(1e6 * (time.perf_counter() - start) / decisions)
+    return times[1:]
+
+
+def small_request(request_id: str, client: str) -> Request:
+    return Request(request_id, client, [1] * 8, SamplingParams(max_tokens=8), 0.0)
 
 
 # --- simulator speed -------------------------------------------------------------------------

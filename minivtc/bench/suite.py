@@ -41,7 +41,7 @@ rounds after a warm-up round.
 
 `route`: microseconds per decision of the fleet's dispatcher, 64 full backends and up to
 100,000 waiting clients, the median of `--repeat` rounds (default 5) with its range
-(`bench/dispatch_cost.py`); `route --gateway`: the gateway's added latency and throughput against
+(`bench/policy.py`); `route --gateway`: the gateway's added latency and throughput against
 direct requests, 8 stand-in backends x 64 streams (`bench/gateway_overhead.py`; `--quick`: 2 x 16).
 
 `gateways` (`bench/gateway_scale.py`, its own options: `minivtc bench gateways --help`): k
@@ -160,8 +160,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return bench_gpu(args)
     if args.what == "route":  # the fleet: plain Python, no torch (`fleet/bench*.py`)
-        from minivtc.bench.dispatch_cost import bench_route
         from minivtc.bench.gateway_overhead import bench_class_load, bench_gateway
+        from minivtc.bench.policy import bench_route
 
         if args.streams is not None:
             return bench_class_load(args.streams)

@@ -5,7 +5,8 @@ Owns the experiment: the two constructed workloads (`replica_workloads.py`) at 8
 global dispatcher (least-loaded and prefix-aware) and the field's four routings, each replica
 with its own VTC; "affinity" again at 64 replicas, global with prefix-aware routing against
 cache affinity. Each row: the tenants' service rates, the worst backlogged gap over the fleet
-(`fleet_watch.py`) and the global dispatcher's 2U, asserted after every event of its runs.
+(`FleetWatch`, `sim/backlog.py`) and the global dispatcher's 2U, asserted after every event of
+its runs.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from minivtc.engine.engine_config import EngineConfig
 from minivtc.experiments import plots
-from minivtc.experiments.summary import summarize
+from minivtc.experiments.report import summarize
 from minivtc.fleet.gateways import GatewaySpec
 from minivtc.fleet.replica_workloads import FLEET_WORKLOADS, fleet_workload, scaled
 from minivtc.fleet.replicas import FleetResult, simulate_fleet

@@ -70,8 +70,7 @@ from minivtc.fairness.cost import fairness_bound
 from minivtc.fleet.backend import Backend
 from minivtc.fleet.dispatcher import Dispatcher
 from minivtc.fleet.redis_store import RedisStore
-from minivtc.fleet.served import Row, Served
-from minivtc.fleet.shared_store import MemoryStore, PolicyBooks, StoreDown, SyncIn
+from minivtc.fleet.shared_store import MemoryStore, PolicyBooks, Row, Served, StoreDown, SyncIn
 from minivtc.requests.request import Request
 
 __all__ = ["Member", "RETRY_S", "fleet_bound"]
@@ -93,7 +92,7 @@ def fleet_bound(
 class Member:
     """`name`: this gateway's, unique in the fleet (a restart's too: its bookings and who waits
     at it); `store`: the shared one; `sync_s`: tau; `gateway_id`: the row its service is kept
-    under (`served.py`; default `name`), the same across its restarts."""
+    under (`Served`; default `name`), the same across its restarts."""
 
     def __init__(
         self,
@@ -119,7 +118,7 @@ class Member:
         self.next_sync = -math.inf  # when `due` says to sync again
         self.lifts: dict[str, tuple[float, float]] = {}  # client -> (its floor, lifted by)
         self.gateway_id = gateway_id or name
-        self.served = Served()  # what this gateway served (`served.py`)
+        self.served = Served()  # what this gateway served (`Served`)
         self.fleet_served: dict[str, dict[str, Row]] = {}  # every gateway's, as last synced
 
     # --- what the dispatcher and the gateway call -------------------------------------------
@@ -297,7 +296,7 @@ class Member:
         return grew
 
     def saw_served(self, epoch: str, served: dict[str, dict[str, Row]], rows: dict) -> None:
-        """A sync's answer about who served what (`served.py`: our row read back at our
+        """A sync's answer about who served what (`Served`: our row read back at our
         first sync, every row again after a store that lost its data)."""
         if self.epoch is None:
             self.served.first_seen(served.get(self.gateway_id, {}))

@@ -27,10 +27,9 @@ from dataclasses import dataclass
 
 from minivtc.engine.engine_config import EngineConfig
 from minivtc.fairness.scheduler import Scheduler
-from minivtc.fleet.backend import Backend
+from minivtc.fleet.backend import Backend, Route, make_route
 from minivtc.fleet.dispatcher import Dispatcher
 from minivtc.fleet.fleet_member import Member, fleet_bound
-from minivtc.fleet.routing import Route, make_route
 from minivtc.fleet.shared_store import MemoryStore, PolicyBooks
 from minivtc.requests.request import Request
 

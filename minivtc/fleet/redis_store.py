@@ -15,8 +15,7 @@ import uuid
 from dataclasses import dataclass
 from urllib.parse import unquote, urlsplit
 
-from minivtc.fleet.served import Row
-from minivtc.fleet.shared_store import STORE_TIMEOUT_S, StoreDown, SyncIn, SyncOut
+from minivtc.fleet.shared_store import STORE_TIMEOUT_S, Row, StoreDown, SyncIn, SyncOut
 
 __all__ = ["RedisStore", "parse_store_url"]
 
@@ -53,7 +52,7 @@ def parse_store_url(url: str) -> StoreAddress:
 # (sorted by lease expiry), per gateway G P:waiting:G (a set: its latest snapshot, expiring with
 # its lease), per backend B P:room:B (booking -> tokens) and P:lease:B (booking by expiry);
 # P:served-by (the gateway ids that served) and per id I P:served:I (client -> "requests,input,
-# output", `served.py`; never expiring: it is history, gateways x clients of it).
+# output", `Served`; never expiring: it is history, gateways x clients of it).
 LUA_NOW_AND_PURGE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -17,7 +17,7 @@ handled in time order: the next arrival, or the replica whose step ends first. T
 The dispatcher binds at the event that makes room (an arrival, a step's end) and the replica
 admits at its next step, as a backend behind an HTTP gateway would; with one replica that is
 exactly the single engine's run (a test checks it). The service gap is measured over the
-fleet (`fleet_watch.py`). Plain Python. minivtc/fleet/README.md; Lesson 14.
+fleet (`FleetWatch`, `sim/backlog.py`). Plain Python. minivtc/fleet/README.md; Lesson 14.
 """
 
 from __future__ import annotations
@@ -34,14 +34,12 @@ from minivtc.engine.engine_config import EngineConfig
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.fairness.cost import W_Q
 from minivtc.fairness.scheduler import FCFS
-from minivtc.fleet.backend import Backend
-from minivtc.fleet.dispatcher import Dispatcher
-from minivtc.fleet.fleet_watch import FleetWatch
+from minivtc.fleet.backend import Backend, make_route
+from minivtc.fleet.dispatcher import Dispatcher, News
 from minivtc.fleet.gateways import Gateways, GatewaySpec
-from minivtc.fleet.routing import make_route
-from minivtc.fleet.staleness import News
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request
+from minivtc.sim.backlog import FleetWatch
 from minivtc.sim.metrics import Served
 from minivtc.sim.simulator import (
     SIM_EOS,
@@ -301,7 +299,7 @@ class Fleet:
                 self.dispatcher.on_finish(request)
 
     def bound(self) -> float | None:
-        """2U; with a stale view, 2U + 2 w_q G in counter units (`staleness.py`)."""
+        """2U; with a stale view, 2U + 2 w_q G in counter units (`News`, `dispatcher.py`)."""
         bound = self.dispatcher.gap_bound() if self.dispatcher else None
         if bound is None or self.news is None:
             return bound

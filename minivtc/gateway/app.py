@@ -5,7 +5,7 @@ Owns `make_gateway` (the app over a `Gateway`, `gateway.py`), the routes (`/v1/c
 `/dashboard/data`: its page is `serving/dashboard.py`'s) and what they say about the fleet:
 each client's counter, weight and requests waiting and running at the gateway, each backend's
 budget, reservation and health, the bound, and which gateway served what (`served`: per
-gateway id, per client, requests and input and output tokens; `fleet/served.py`). The body
+gateway id, per client, requests and input and output tokens; `shared_store.Served`). The body
 rules are the server's own (`serving/prompts.py`, `serving/openai_api.py`), the door the
 server's (`serving/middleware.py`), the callers the server's (`serving/api_keys.py`).
 README: "Fair across replicas"; Lesson 14.
@@ -25,7 +25,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import Response, StreamingResponse
 from prometheus_client import CollectorRegistry, generate_latest
 
-from minivtc.fleet.served import as_json
+from minivtc.fleet.shared_store import as_json
 from minivtc.gateway.fleet_metrics import FleetCollector
 from minivtc.gateway.gateway import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKENS, Gateway
 from minivtc.model import chat

@@ -37,8 +37,7 @@ from pathlib import Path
 
 from minivtc.fairness.scheduler import FCFS
 from minivtc.fairness.vtc import VTC
-from minivtc.fleet.backend import Backend
-from minivtc.fleet.routing import RoundRobin
+from minivtc.fleet.backend import Backend, RoundRobin
 from minivtc.gateway.app import make_gateway
 from minivtc.gateway.gateway import Gateway
 from minivtc.gateway.launch import backends_of, free_port, wait_healthy

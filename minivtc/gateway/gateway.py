@@ -32,11 +32,10 @@ import httpx
 from fastapi.responses import JSONResponse, Response
 
 from minivtc.fairness.scheduler import Scheduler
-from minivtc.fleet.backend import Backend
+from minivtc.fleet.backend import Backend, Route
 from minivtc.fleet.dispatcher import Dispatcher
 from minivtc.fleet.fleet_member import RETRY_S, Member
-from minivtc.fleet.routing import Route
-from minivtc.fleet.served import Row, Served
+from minivtc.fleet.shared_store import Row, Served
 from minivtc.gateway.proxy import (
     Answered,
     Broken,
@@ -88,7 +87,7 @@ class Gateway:
         checked = scheduler.ledger.keeps_counters and member is None
         self.dispatcher = Dispatcher(scheduler, backends, route, checked, member)
         self.member = member  # sharing a store with other gateways (`fleet/fleet_member.py`)
-        # What this gateway served, per client (`fleet/served.py`), under its id: the fleet's
+        # What this gateway served, per client (`shared_store.Served`), under its id: the fleet's
         # row of it with a store, its own book without (`minivtc route`: host:port either way)
         self.gateway_id = member.gateway_id if member else "gateway"
         self.served = member.served if member else Served()

@@ -16,7 +16,7 @@ per output token: the paper's Figure 3 view), its requests waiting and running, 
 and recent time to first token; for the server: the policy and its options, KV blocks used,
 tokens/s, and for the VTC family the waiting counters' spread under its ceiling, Lemma 4.3's U
 (or, with fair preemption, U_P: `cost.preemptive_bound`); for the gateway, its backends and
-which gateway served what (clients x gateways: `fleet/served.py`). The page polls; the server
+which gateway served what (clients x gateways: `shared_store.Served`). The page polls; the server
 keeps no history for it (each page keeps its own, and computes rates from consecutive
 snapshots' times), so a dashboard nobody watches costs nothing. The spread is sampled at each
 poll; the engine's `check_fairness` is what asserts Lemma 4.3 after every step.
@@ -46,7 +46,7 @@ from minivtc.serving.api_keys import Auth, Caller
 from minivtc.serving.middleware import is_loopback
 from minivtc.serving.observability import fairness_view
 from minivtc.serving.openai_api import APIError
-from minivtc.serving.snapshot import Snapshot
+from minivtc.serving.server_stats import Snapshot
 
 __all__ = ["EVERY_S", "Setup", "add_dashboard", "announce", "dashboard_url", "on_loopback"]
 __all__ += ["read_page", "server_data", "spread_bound", "spread_view", "viewer"]

@@ -30,8 +30,7 @@ import torch
 from minivtc.engine.engine import Engine, forget_idle_clients
 from minivtc.engine.sampler import SamplingParams
 from minivtc.requests.request import Request, StepOutput
-from minivtc.serving.server_stats import ServerStats
-from minivtc.serving.snapshot import Snapshot
+from minivtc.serving.server_stats import ServerStats, Snapshot
 
 __all__ = ["EngineLoop", "Stream"]
 

@@ -8,6 +8,12 @@ the caller's client, scheduled and charged as a separate request would be (`offl
 how), and a stream interleaves their chunks as their tokens come. A request that failed alone
 ends its stream with one error event (an OpenAI error object), or its response with a 500. Does
 not own routes (`server.py`). Lesson 9.
+
+Logprobs are written as OpenAI's two APIs spell them, from a request's `Logprob`s
+(`engine/logprobs.py`): the legacy completions shape (`completion_logprobs`: parallel lists
+`tokens`, `token_logprobs`, `top_logprobs`, `text_offset`) and chat's (`chat_logprobs`: one
+object per token with its `bytes` and `top_logprobs`). A token's text is `Tokenizer.token_text`
+(its leading space kept), so a completion's tokens joined spell its text.
 """
 
 from __future__ import annotations
@@ -23,16 +29,18 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minivtc.engine.engine import RequestRejected
+from minivtc.engine.logprobs import Logprob
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import StepOutput
 from minivtc.serving.api_keys import Caller
 from minivtc.serving.engine_loop import EngineLoop, Stream
-from minivtc.serving.logprob_format import chat_logprobs, completion_logprobs
 from minivtc.serving.openai_api import FINISH_REASONS, APIError, ChunkShape, Sampling, usage
 from minivtc.serving.server_state import ServerState
 
 __all__ = ["format_logprobs", "respond"]
+
+Entry = dict[int, Logprob]  # the chosen token first, then the top k
 
 
 @dataclass(frozen=True)
@@ -219,6 +227,46 @@ def format_logprobs(reply: Reply, tokens: list[int], entries: list, offset: int)
     if reply.shape.chat:
         return chat_logprobs(reply.tokenizer, tokens, entries, top)
     return completion_logprobs(reply.tokenizer, tokens, entries, top, offset)
+
+
+def piece(tokenizer: Tokenizer, token: int) -> str:
+    return tokenizer.token_text(token)
+
+
+def top_k(entry: Entry, k: int) -> list[tuple[int, Logprob]]:
+    """The k likeliest of an entry (its chosen token among them only if it ranks so)."""
+    return sorted(entry.items(), key=lambda item: item[1].rank)[:k]
+
+
+def completion_logprobs(
+    tokenizer: Tokenizer, tokens: list[int], entries: list[Entry], k: int, offset: int
+) -> dict:
+    """`tokens` and their entries; `offset`: characters of text before the first of them."""
+    pieces = [piece(tokenizer, t) for t in tokens]
+    offsets = []
+    for p in pieces:
+        offsets.append(offset)
+        offset += len(p)
+    return {
+        "tokens": pieces,
+        "token_logprobs": [e[t].logprob for t, e in zip(tokens, entries, strict=True)],
+        "top_logprobs": [
+            {piece(tokenizer, t): lp.logprob for t, lp in top_k(e, k)} for e in entries
+        ],
+        "text_offset": offsets,
+    }
+
+
+def chat_logprobs(tokenizer: Tokenizer, tokens: list[int], entries: list[Entry], k: int) -> dict:
+    def one(token: int, logprob: float) -> dict:
+        text = piece(tokenizer, token)
+        return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+    content = [
+        {**one(t, e[t].logprob), "top_logprobs": [one(u, lp.logprob) for u, lp in top_k(e, k)]}
+        for t, e in zip(tokens, entries, strict=True)
+    ]
+    return {"content": content}
 
 
 def event(payload: dict) -> str:

