@@ -79,9 +79,9 @@ A4_FUNCTIONS = (
     ("fairness/vtc.py", "VTC.charge_outputs"),
     ("fairness/vtc.py", "VTC.on_decode"),
 )
-# a4's functions and a3's step, extended (Lessons 8-13), and fair memory's own mechanisms
-# (Lessons 10-11): making room (the fair victim's displacement loop), the fair victim and fair
-# preemption's lift.
+# a4's functions and a3's step and make_room, extended (Lessons 8-13: make_room's displacement
+# loop), and fair memory's own mechanisms (Lessons 10-11): the fair victim and fair preemption's
+# lift.
 A4B_FUNCTIONS = (
     *A4_FUNCTIONS,
     ("engine/engine.py", "Engine.step"),
@@ -216,11 +216,13 @@ ASSIGNMENTS = (
         (
             ("fairness/scheduler.py", "admission_round"),
             ("engine/admission.py", "FullReservation.reserve"),
+            ("engine/engine.py", "Engine.make_room"),
             ("engine/engine.py", "Engine.step"),
         ),
         A3_RUBRIC,
         1.5,
-        "Lesson 3; graded through the engine with a stand-in runner and a real model",
+        "Lesson 3; graded on a scheduler alone (the admission round) and through the engine with "
+        "a stand-in runner and a real model",
     ),
     Assignment(
         "a4_vtc",

@@ -40,8 +40,8 @@ A3_RUBRIC = (
         lesson=3,
     ),
     line(
-        "admission: full reservation (prompt + max_tokens, or nothing), at most max_running in "
-        "the batch",
+        "admission: full reservation (prompt + max_tokens, or nothing), make_room within "
+        "max_running",
         "test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing",
         "test_the_batch_holds_at_most_max_running_and_a_request_over_it_reserves_nothing",
         lesson=3,

@@ -1,6 +1,7 @@
 """The catalogue's wrong solutions of the mechanisms a student writes beside VTC's hooks: a3's
-admission round (`admission_round`); a4's counter structure (`LeastCounter`), joining Q, the
-lift's floor, the charge and each step's charge (`VTC.on_decode`); a4b's making room
+admission round (`admission_round`) and making room (`Engine.make_room`); a4's counter
+structure (`LeastCounter`), joining Q, the lift's floor, the charge and each step's charge
+(`VTC.on_decode`); a4b's displacement loop
 (`Engine.make_room`), fair victim (`preemption.Fair`) and fair preemption's lift (`FairLift`).
 Written as `wrong.py`'s are (`edits.py`); each must lose points. Not shipped in the student
 edition: the edits quote the reference."""
@@ -48,6 +49,11 @@ A3: list[Wrong] = [
         "a3_batching",
         "the admission round never tells `dispatched` (a check's bookkeeping)",
         drop(ROUND, "if _d is not None:\n    _d(_r)"),
+    ),
+    wrong(
+        "a3_batching",
+        "make_room reserves before checking max_running (a request over it keeps its blocks)",
+        replace(MAKE_ROOM, "_n >= _m or not _fits", "not _fits or _n >= _m"),
     ),
 ]
 A4: list[Wrong] = [
