@@ -220,7 +220,7 @@ ASSIGNMENTS = (
             ("engine/engine.py", "Engine.step"),
         ),
         A3_RUBRIC,
-        1.5,
+        2.25,
         "Lesson 3; graded on a scheduler alone (the admission round) and through the engine with "
         "a stand-in runner and a real model",
     ),
@@ -229,7 +229,7 @@ ASSIGNMENTS = (
         "The Virtual Token Counter: the counter structure, pick, lift, charge",
         A4_FUNCTIONS,
         A4_RUBRIC,
-        3.5,
+        3.75,
         "Lessons 5 (the counter structure, the pick, the lift, the charges) and 7 (Theorem "
         "4.9); graded by exact counters for each mechanism, Lemma 4.3, Theorems 4.4, 4.8 "
         "and 4.9 and the LCF counterexample",
