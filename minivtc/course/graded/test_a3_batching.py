@@ -1,10 +1,11 @@
 """Assignment a3: admission and one continuous-batching step (Lesson 3).
 
 Algorithm 2's admission round (`admission_round`) is graded on a scheduler alone, with a
-`place` that records each request it is offered; the rest through the engine: with the course harness's stand-in runner (one token per running
-request per step) for admission, head-of-line blocking and freeing; with a small real model
-for the tokens (continuous batching gives each request the tokens of generating it alone).
-A step under blocks on demand (Lesson 10) is a4b's (`test_a4b_memory.py`)."""
+`place` that records each request it is offered; the rest through the engine: with the course
+harness's stand-in runner (one token per running request per step) for admission, head-of-line
+blocking and freeing; with a small real model for the tokens (continuous batching gives each
+request the tokens of generating it alone). A step under blocks on demand (Lesson 10) and
+make_room's displacement loop are a4b's (`test_a4b_memory.py`)."""
 
 from __future__ import annotations
 
@@ -35,7 +36,9 @@ class Place:
     misfit would offer it forever)."""
 
     def __init__(self, room: int) -> None:
-        self.room, self.offered, self.placed = room, [], []
+        self.room = room
+        self.offered: list[Request] = []
+        self.placed: list[Request] = []
 
     def __call__(self, r: Request) -> bool:
         assert r not in self.offered, (
