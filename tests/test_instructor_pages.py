@@ -156,6 +156,29 @@ def test_the_wrong_answers_cited_are_the_catalogue_s():
     assert cited >= 6 * 8  # the catalogue holds at least 8 per assignment
 
 
+# The lesson exercises that build a mechanism: lesson -> the function or class it asks for
+BUILT = {0: "fair_rates", 1: "nucleus", 2: "KVCache", 6: "service", 9: "deltas"}
+
+
+def test_each_exercise_that_builds_a_mechanism_is_on_its_lesson_s_week_page():
+    weeks_table = SYLLABUS.read_text().split("## The weeks", 1)[1]
+    header, rows = tables(weeks_table)[0]
+    week_of = {
+        int(n): int(row[0]) for row in rows for n in re.findall(r"\[(\d\d)\]\(\d\d_", row[1])
+    }
+    for lesson, name in BUILT.items():
+        (notebook,) = (REPOSITORY / "lessons").glob(f"{lesson:02d}_*.ipynb")
+        assert f"Write `{name}" in readable_text_of(notebook), (lesson, name)
+        page = PAGES / f"week_{week_of[lesson]:02d}.md"
+        assert f"Lesson {lesson}'s `{name}" in page.read_text(), (page.name, name)
+
+
+def readable_text_of(notebook: Path) -> str:
+    return " ".join(
+        " ".join("".join(c["source"]).split()) for c in json.loads(notebook.read_text())["cells"]
+    )
+
+
 # --- the problem sets ------------------------------------------------------------------------
 
 

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from minivtc.course.rubrics import A4_RUBRIC, A4B_RUBRIC, A6_RUBRIC, Line, line
+from minivtc.course.rubrics import A3_RUBRIC, A4_RUBRIC, A4B_RUBRIC, A6_RUBRIC, Line, line
 
-__all__ = ["A4B_RUBRIC", "A4_RUBRIC", "ASSIGNMENTS", "Assignment"]
+__all__ = ["A3_RUBRIC", "A4B_RUBRIC", "A4_RUBRIC", "ASSIGNMENTS", "Assignment"]
 
 
 @dataclass(frozen=True)
@@ -61,8 +61,7 @@ class Assignment:
 
 
 # Algorithm 2 (Lesson 5): the counter structure that picks the smallest waiting counter, and
-# VTC's pick, lift and charges. The admission round (`admission_round`) and VTC.on_decode ship
-# written: Lessons 3 and 5 show them whole.
+# VTC's pick, lift and charges (each step's, `on_decode`). Its admission round is a3's.
 A4_FUNCTIONS = (
     ("fairness/least_counter.py", "LeastCounter.push"),
     ("fairness/least_counter.py", "LeastCounter.compact"),
@@ -78,13 +77,15 @@ A4_FUNCTIONS = (
     ("fairness/vtc.py", "VTC.lift_floor"),
     ("fairness/vtc.py", "VTC.charge"),
     ("fairness/vtc.py", "VTC.charge_outputs"),
+    ("fairness/vtc.py", "VTC.on_decode"),
 )
-# a4's functions and a3's step, extended (Lessons 8-13), and fair memory's own mechanisms
-# (Lessons 10-11): the fair victim and fair preemption's lift. Engine.make_room ships written:
-# Lessons 5 and 10 show it whole.
+# a4's functions and a3's step and make_room, extended (Lessons 8-13: make_room's displacement
+# loop), and fair memory's own mechanisms (Lessons 10-11): the fair victim and fair preemption's
+# lift.
 A4B_FUNCTIONS = (
     *A4_FUNCTIONS,
     ("engine/engine.py", "Engine.step"),
+    ("engine/engine.py", "Engine.make_room"),
     ("engine/preemption.py", "Fair.choose"),
     ("engine/preemption.py", "Fair.displace"),
     ("fairness/fair_lift.py", "FairLift.ran"),
@@ -213,40 +214,22 @@ ASSIGNMENTS = (
         "a3_batching",
         "Admission and one continuous-batching step",
         (
+            ("fairness/scheduler.py", "admission_round"),
             ("engine/admission.py", "FullReservation.reserve"),
+            ("engine/engine.py", "Engine.make_room"),
             ("engine/engine.py", "Engine.step"),
         ),
-        (
-            line(
-                "admission: full reservation (prompt + max_tokens, or nothing), at most "
-                "max_running in the batch",
-                "test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing",
-                "test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it",
-                "test_the_batch_holds_at_most_max_running_and_a_request_over_it_reserves_nothing",
-                lesson=3,
-            ),
-            line(
-                "the step: admit, run, append, charge, retire, check",
-                "test_each_step_charges_its_tokens_to_the_clients",
-                "test_a_step_ends_by_checking_the_invariants",
-                "test_one_step_admits_runs_appends_and_retires",
-                lesson=3,
-            ),
-            line(
-                "continuous batching with the real model",
-                "test_continuous_batching_gives_each_request_its_tokens_alone",
-                lesson=3,
-            ),
-        ),
-        1.5,
-        "Lesson 3; graded through the engine with a stand-in runner and a real model",
+        A3_RUBRIC,
+        2.25,
+        "Lesson 3; graded on a scheduler alone (the admission round) and through the engine with "
+        "a stand-in runner and a real model",
     ),
     Assignment(
         "a4_vtc",
         "The Virtual Token Counter: the counter structure, pick, lift, charge",
         A4_FUNCTIONS,
         A4_RUBRIC,
-        3.5,
+        3.75,
         "Lessons 5 (the counter structure, the pick, the lift, the charges) and 7 (Theorem "
         "4.9); graded by exact counters for each mechanism, Lemma 4.3, Theorems 4.4, 4.8 "
         "and 4.9 and the LCF counterexample",

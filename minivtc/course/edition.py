@@ -258,12 +258,12 @@ Grading itself (`minivtc course grade`) is the instructor's: it runs each assign
 the reference package, with only your functions for that assignment taken from your edition,
 and this edition holds no reference solutions (run here, it says so and stops).
 
-a4 and a6 are tested on a bench of their own (`minivtc/course/graded/testbed.py`), not through
-the engine, so they need no other assignment done; so do a1 and a5. a3's tests run the
-engine, so they need a2's allocator, a1's model pieces and a4's VTC (one test), and a2's
-paged-attention test runs a3's `Engine.step`: until those are done, those tests fail here
-with the other assignment's NotImplementedError (grading never needs them: it runs your
-functions in the reference package).
+a4, a6, d1 and d2 are tested on a bench of their own (`minivtc/course/graded/testbed.py`), not
+through the engine, whose rounds are a3's `admission_round`; a1 and a5 need no other
+assignment done. a3's tests run the engine, so they need a2's allocator, a1's model pieces
+and a4's VTC (one test), and a2's paged-attention test runs a3's `Engine.step`: until those
+are done, those tests fail here with the other assignment's NotImplementedError (grading
+never needs them: it runs your functions in the reference package).
 
 Each lesson and problem set runs in its own week, whatever you have written so far: its first
 code cell, `staff.use()`, puts the staff's compiled answers to the assignments into the

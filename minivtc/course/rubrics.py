@@ -1,15 +1,15 @@
 """The rubrics: each assignment's points by mechanism, a line per mechanism.
 
 Owns `Line` (a mechanism, its points, the graded tests that check it, the lesson that teaches
-it) and the longer rubrics (a4's, a4b's, a6's), which `assignments.py` names; the shorter ones
-are written beside their assignment there.
+it) and the longer rubrics (a3's, a4's, a4b's, a6's), which `assignments.py` names; the shorter
+ones are written beside their assignment there.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["A4B_RUBRIC", "A4_RUBRIC", "A6_RUBRIC", "Line", "line", "rubric_table"]
+__all__ = ["A3_RUBRIC", "A4B_RUBRIC", "A4_RUBRIC", "A6_RUBRIC", "Line", "line", "rubric_table"]
 
 
 @dataclass(frozen=True)
@@ -28,6 +28,37 @@ def line(mechanism: str, *tests: str, points: int = 5, lesson: int | None = None
     return Line(mechanism, points, tests, lesson)
 
 
+# Lesson 3's admission and step, each a mechanism: Algorithm 2's round (peek, place or stop,
+# dispatch), full reservation within max_running, the step, and the step with the real model.
+A3_RUBRIC = (
+    line(
+        "the admission round: peek, place or stop at the first request that does not fit (never "
+        "skipping it), dispatch before the next peek",
+        "test_the_admission_round_dispatches_what_fits_and_stops_at_the_first_misfit",
+        "test_the_admission_round_charges_each_prompt_before_the_next_peek",
+        "test_a_request_that_does_not_fit_waits_and_blocks_those_behind_it",
+        lesson=3,
+    ),
+    line(
+        "admission: full reservation (prompt + max_tokens, or nothing), make_room within "
+        "max_running",
+        "test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing",
+        "test_the_batch_holds_at_most_max_running_and_a_request_over_it_reserves_nothing",
+        lesson=3,
+    ),
+    line(
+        "the step: admit, run, append, charge, retire, check",
+        "test_each_step_charges_its_tokens_to_the_clients",
+        "test_a_step_ends_by_checking_the_invariants",
+        "test_one_step_admits_runs_appends_and_retires",
+        lesson=3,
+    ),
+    line(
+        "continuous batching with the real model",
+        "test_continuous_batching_gives_each_request_its_tokens_alone",
+        lesson=3,
+    ),
+)
 # VTC's three details (charge at dispatch, never skip, the lift) as Lesson 5 teaches them, and the
 # theorems (Lessons 5 and 7): each a mechanism. A wrong one costs 5 of 25 points, whichever test
 # sees it. What the package adds to Algorithm 2 later in the course is a4b's.
@@ -53,7 +84,7 @@ A4_RUBRIC = (
         lesson=5,
     ),
     line(
-        "the output charge: each token to its own client",
+        "the output charge: each step's tokens (on_decode), each to its own client, once",
         "test_each_output_token_is_charged_to_its_own_client",
         lesson=5,
     ),
@@ -90,19 +121,21 @@ A4B_RUBRIC = (
         lesson=8,
     ),
     line(
-        "blocks on demand: a step grows the blocks it writes; a readmitted request's prompt "
-        "is not charged again",
+        "fair memory (Lesson 10): a step grows the blocks it writes; make_room admits within "
+        "max_running, displacing the fair victim (the youngest request of the client furthest "
+        "ahead) only beyond the gap; a readmitted request's prompt is not charged again",
         "test_with_blocks_on_demand_a_step_grows_the_blocks_it_writes",
+        "test_the_fair_victim_is_the_youngest_request_of_the_client_furthest_ahead",
+        "test_make_room_displaces_a_client_more_than_the_gap_ahead",
+        "test_make_room_admits_within_max_running_and_displaces_for_a_place_in_the_batch",
         "test_a_request_back_from_a_preemption_is_not_charged_again",
         lesson=10,
     ),
     line(
-        "fair preemption: the victim furthest ahead, displaced beyond the gap (Lesson 10), and "
-        "the lift near every client that ran since the queue emptied",
+        "fair preemption's lift: a client joining an empty queue lifted near every client that "
+        "ran since the queue emptied",
         "test_with_fair_preemption_a_client_joining_an_empty_queue_is_lifted_near_those_that_ran",
         "test_with_fair_preemption_only_who_ran_while_the_queue_was_empty_raises_the_lift",
-        "test_the_fair_victim_is_the_youngest_request_of_the_client_furthest_ahead",
-        "test_make_room_displaces_a_client_more_than_the_gap_ahead",
         lesson=11,
     ),
     line(

@@ -1,19 +1,23 @@
 """What a lesson prints of the package: a function's source, with the file and line it starts at.
 
-Owns `where` (open the file there) and `show` (print the source under that line). `show` never
-prints a function an assignment asks students to write (`assignments.py`): a lesson points at
-those (`point_to`, `where`) instead, so its page gives no answer away.
+Owns `where` (open the file there), `show` (print the source under that line) and `task`
+(print a function's signature and docstring, no more). `show` never prints a function an
+assignment asks students to write (`assignments.py`): a lesson points at those (`point_to`,
+`where`) or prints what they must do (`task`) instead, so its page gives no answer away.
 """
 
 from __future__ import annotations
 
+import ast
 import inspect
+import textwrap
 from pathlib import Path
 
 import minivtc
 from minivtc.course.assignments import ASSIGNMENTS
+from minivtc.course.surgery import is_docstring
 
-__all__ = ["asked_for", "show", "where"]
+__all__ = ["asked_for", "show", "task", "where"]
 
 PACKAGE = Path(minivtc.__file__).parent
 
@@ -37,6 +41,19 @@ def show(*functions, point_to=()) -> None:
         print("To read in the file:")
     for function in point_to:
         print("   ", where(function))
+
+
+def task(*functions) -> None:
+    """Print each function's signature and docstring under its `where` line: what it must do
+    (the edition's stub, as the student sees it), never its body."""
+    for function in functions:
+        source = textwrap.dedent(inspect.getsource(function))
+        node = ast.parse(source).body[0]
+        assert isinstance(node, ast.FunctionDef), f"{function.__qualname__} is not a function"
+        first = node.body[0]
+        end = first.end_lineno if is_docstring(first) else first.lineno - 1
+        print(f"# {where(function)}")
+        print("".join(source.splitlines(keepends=True)[:end]) + "    ...  # yours to write\n")
 
 
 def asked_for(function) -> bool:

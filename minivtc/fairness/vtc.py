@@ -129,6 +129,9 @@ class VTC(Scheduler):
             self.last_left = request.client_id
 
     def on_decode(self, requests: list[Request]) -> None:
+        """One step's tokens: each request's new output charged to its own client, once
+        (`charge_outputs`); with fair preemption, while Q is empty, its lift is told who ran
+        (`FairLift.ran`: Lesson 11)."""
         self.charge_outputs(requests)
         if self.fair_lift is not None and self.least.least() is None:
             self.fair_lift.ran(requests)

@@ -1,9 +1,11 @@
 """Assignment a3: admission and one continuous-batching step (Lesson 3).
 
-Graded through the engine: with the course harness's stand-in runner (one token per running
-request per step) for admission, head-of-line blocking and freeing; with a small real model
-for the tokens (continuous batching gives each request the tokens of generating it alone).
-A step under blocks on demand (Lesson 10) is a4b's (`test_a4b_memory.py`)."""
+Algorithm 2's admission round (`admission_round`) is graded on a scheduler alone, with a
+`place` that records each request it is offered; the rest through the engine: with the course
+harness's stand-in runner (one token per running request per step) for admission, head-of-line
+blocking and freeing; with a small real model for the tokens (continuous batching gives each
+request the tokens of generating it alone). A step under blocks on demand (Lesson 10) and
+make_room's displacement loop are a4b's (`test_a4b_memory.py`)."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from minivtc.engine.factory import build_engine
 from minivtc.engine.generate import generate_plain
 from minivtc.engine.kv_pool import BlockAllocator
 from minivtc.fairness.cost import W_P, W_Q
-from minivtc.fairness.scheduler import FCFS
+from minivtc.fairness.scheduler import FCFS, admission_round
 from minivtc.fairness.vtc import VTC
 from minivtc.model.config import LlamaConfig
 from minivtc.model.llama import Llama
@@ -26,6 +28,72 @@ from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request, Status
 
 __all__ = ["unit_engine"]
+
+
+class Place:
+    """`place` for an admission round: room for `room` requests; records each offer, and
+    refuses to be offered the same request twice in one round (a round that does not stop at a
+    misfit would offer it forever)."""
+
+    def __init__(self, room: int) -> None:
+        self.room = room
+        self.offered: list[Request] = []
+        self.placed: list[Request] = []
+
+    def __call__(self, r: Request) -> bool:
+        assert r not in self.offered, (
+            f"{r.request_id} was offered to place twice in one round: the round must stop at "
+            "the first request that does not fit (return it), never try again or skip it"
+        )
+        self.offered.append(r)
+        if len(self.placed) == self.room:
+            return False
+        self.placed.append(r)
+        return True
+
+
+def waiting_vtc(clients: str) -> VTC:
+    vtc = VTC()
+    for i, client in enumerate(clients):
+        vtc.add(Request(f"{client}{i}", client, [1] * 10, SamplingParams(max_tokens=4), 0.0), 0.0)
+    return vtc
+
+
+def test_the_admission_round_dispatches_what_fits_and_stops_at_the_first_misfit():
+    """admission_round: peek, place, dispatch, until place says no; the misfit is returned,
+    still waiting and uncharged, and nothing behind it is offered."""
+    vtc, place, seen = waiting_vtc("AAB"), Place(room=2), []
+    stopped = admission_round(vtc, place, seen.append)
+    ids = [r.request_id for r in place.offered]
+    assert ids == ["A0", "B2", "A1"], (
+        f"offered {ids} to place, not A0, B2, A1: each peeked request is offered once, and "
+        "the round stops at the first that does not fit"
+    )
+    assert stopped is place.offered[-1] and [r.request_id for r in vtc.waiting()] == ["A1"], (
+        f"the round returned {stopped and stopped.request_id} and left "
+        f"{[r.request_id for r in vtc.waiting()]} waiting: it returns the request it stopped at, "
+        "which stays in Q (dispatch only what place admitted)"
+    )
+    assert vtc.counters == {"A": 10 * W_P, "B": 10 * W_P}, (
+        f"counters {vtc.counters}: each admitted prompt is charged once, the misfit's not at "
+        "all (dispatch only after place says yes)"
+    )
+    assert seen == place.placed, (
+        f"`dispatched` heard {[r.request_id for r in seen]}, not each dispatched request in "
+        "order (a check's bookkeeping: call it after each dispatch)"
+    )
+
+
+def test_the_admission_round_charges_each_prompt_before_the_next_peek():
+    """Each dispatch comes before the next peek, so VTC alternates A and B; with room for all,
+    the round empties Q and returns None."""
+    vtc, place = waiting_vtc("AAABBB"), Place(room=6)
+    stopped = admission_round(vtc, place)
+    order = "".join(r.client_id for r in place.offered)
+    assert order == "ABABAB" and stopped is None and vtc.peek() is None, (
+        f"admitted {order} and returned {stopped}, not ABABAB and None: dispatch (the prompt's "
+        "charge) before the next peek, and a round with room for all empties Q"
+    )
 
 
 def test_full_reservation_reserves_prompt_plus_max_tokens_or_nothing():

@@ -46,5 +46,6 @@ def test_each_output_token_is_charged_to_its_own_client():
     want = {"a": W_P * 10 + W_Q * 3, "b": W_P * 4 + W_Q * 3}
     assert got == want, (
         f"a (10 prompt tokens) and b (4) decoded 3 tokens each, in the same steps: counters "
-        f"{got}, not {want} (VTC.charge_outputs: each request's tokens go to its own client)"
+        f"{got}, not {want} (VTC.on_decode, once a step, and charge_outputs: each request's "
+        "tokens go to its own client, once)"
     )

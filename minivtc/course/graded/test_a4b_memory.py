@@ -2,7 +2,8 @@
 (Lessons 10, 11 and 13), on a3's step and a4's VTC.
 
 Graded by mechanism (`assignments.A4B_RUBRIC`): with blocks on demand a step grows the blocks
-it writes, and a request back from a preemption is not charged its prompt again (Lesson 10);
+it writes, `make_room` admits within max_running and displaces the fair victim only beyond the
+gap, and a request back from a preemption is not charged its prompt again (Lesson 10);
 under fair preemption a client joining an empty queue is lifted near those that ran (Lesson
 11); a cached prompt token is charged at w_c (Lesson 13). Requests are moved as the engine
 moves them (`vtc_moves.py`)."""
@@ -187,4 +188,40 @@ def test_make_room_displaces_a_client_more_than_the_gap_ahead():
     assert a[2].status is Status.WAITING and a[:2] == engine.running[:2], (
         f"running {[r.request_id for r in engine.running]}: the victim must be A's youngest "
         "running request"
+    )
+
+
+def test_make_room_admits_within_max_running_and_displaces_for_a_place_in_the_batch():
+    """A full batch (max_running 2) admits no one, though the pool has room, until the waiting
+    client trails a running one by more than the gap (10): then that client's youngest request
+    leaves the batch to make a place (Engine.make_room), and the batch never exceeds 2."""
+    engine = unit_engine(
+        kv_tokens=400,
+        scheduler=VTC(),
+        max_running=2,
+        reservation="none",
+        victim="fair",
+        preempt_gap=10.0,
+    )
+    params = SamplingParams(max_tokens=30, ignore_eos=True)
+    a = [engine.add_request([5] * 8, params, client_id="A") for _ in range(3)]
+    engine.step()
+    assert engine.running == a[:2] and a[2].status is Status.WAITING, (
+        f"max_running 2, three of A's requests: running {[r.request_id for r in engine.running]},"
+        " not A's first two (a full batch admits no one, and A trails no one: no victim)"
+    )
+    b = engine.add_request([5] * 8, params, client_id="B")
+    gaps, sizes = [], []
+    while b.status is not Status.RUNNING and len(gaps) < 10:
+        gaps.append(engine.scheduler.counters["A"] - engine.scheduler.counters["B"])
+        engine.step()
+        sizes.append(len(engine.running))
+    assert b.status is Status.RUNNING and gaps[-1] > 10.0 >= max(gaps[:-1], default=0.0), (
+        f"A led waiting B by {gaps} at the start of each step (gap 10): B must be admitted at "
+        f"the first step A leads by more than 10, not before; B is {b.status} (Engine.make_room: "
+        "a full batch is room to make too)"
+    )
+    assert max(sizes) == 2 and a[1].status is Status.WAITING, (
+        f"batch sizes {sizes} (max_running 2), A's second request {a[1].status}: B takes the "
+        "place of A's youngest running request"
     )
