@@ -449,7 +449,7 @@ def test_each_failed_test_is_named_with_its_message_in_the_table_and_grades_json
 
 @pytest.mark.slow
 def test_the_same_submission_gets_the_same_points_every_time(tmp_path):
-    """Three gradings of one submission (a4b whose output charges ignore the weights: it fails
+    """Two gradings of one submission (a4b whose output charges ignore the weights: it fails
     the derandomized property tests of weighted VTC): identical, failures and all."""
     edition = edition_with(
         tmp_path,
@@ -457,8 +457,8 @@ def test_the_same_submission_gets_the_same_points_every_time(tmp_path):
         ") / weights.get(request.client_id, 1.0)",
         ")",
     )
-    runs = [grade(edition, tmp_path / f"out{i}", only=["a4b_variants"]) for i in range(3)]
-    assert runs[0]["total"] < 30 and runs[0] == runs[1] == runs[2], runs
+    runs = [grade(edition, tmp_path / f"out{i}", only=["a4b_variants"]) for i in range(2)]
+    assert runs[0]["total"] < 30 and runs[0] == runs[1], runs
 
 
 @pytest.mark.slow

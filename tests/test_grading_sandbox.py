@@ -240,7 +240,8 @@ def test_nothing_outside_the_sandbox_is_written(a, tmp_path):
     canary = tmp_path / "checkout" / "feedback.py"
     canary.parent.mkdir()
     canary.write_text("untouched\n")
-    write = f"open({str(canary)!r}, 'w').write('rewritten')"
+    # the write's error caught, so the module imports and the worker starts once, not per test
+    write = f"try:\n    open({str(canary)!r}, 'w').write('rewritten')\nexcept OSError:\n    pass"
     constant = f"_WRITE = exec({write!r})"
     graded(edition(a, tmp_path / "ed", constant), tmp_path / "out", a.key)
     assert canary.read_text() == "untouched\n"
