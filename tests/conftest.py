@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -32,6 +33,18 @@ TINY_GQA = LlamaConfig(
     max_positions=256,
     rope_theta=500000.0,
 )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (`-n`), each worker takes its share of the cores for torch's threads,
+    and so do the servers, lessons and graders it starts (OMP_NUM_THREADS is inherited): two
+    workers with a team of OpenMP threads each, spinning on the same cores, would be slower
+    than one. A thread count the caller set is kept."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    if workers > 1 and "OMP_NUM_THREADS" not in os.environ:
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
 
 
 def write_hf_checkpoint(config: LlamaConfig, path: Path, seed: int = 0) -> Path:
