@@ -92,7 +92,7 @@ def test_wrong_solutions_lose_points_through_the_sandbox_and_its_channel(key, tm
     """The catalogue's check runs the instructor's code unsandboxed; graded as a student's
     (the tests outside the sandbox, the wrong functions inside it), the first two wrong
     solutions of each assignment whose tests call through the channel lose points too (each
-    stopped at its first failed test, as the catalogue's check is: losing points is the question)."""
+    stopped at its first failed test, as in the catalogue's check: losing points is the test)."""
     a = assignment(key)
     for i, wrong in enumerate([w for w in WRONG if w.key == key][:2]):
         edition = write_edition(wrong, tmp_path / str(i))
