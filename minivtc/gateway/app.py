@@ -95,10 +95,10 @@ def backend_clients(
     backends' budgets take (httpx's default cap of 100, shared with the health checks, made 150
     streams wait and every backend look dead). Several, not one: httpcore walks every
     connection of a pool each time a response closes, so one pool of n streams costs n walks
-    of n connections on the event loop (200 streams stalled `/health` for half a second); a
+    of n connections on the event loop (`/health` stalled behind them); a
     backend that sends nothing for `idle_s` is given up on, so a request's room is never held
     for ever. Health checks: their own small pool, 2 s in all. All share one TLS context:
-    each makes its own otherwise, reading the CA bundle, 20-30 ms apiece on the event loop."""
+    each makes its own otherwise, reading the CA bundle on the event loop."""
     tls = httpx.create_ssl_context()
     requests = [
         httpx.AsyncClient(

@@ -67,10 +67,10 @@ class Foreground:
 
 def set_aside_startup() -> None:
     """Freeze what the process has made so far (the modules, torch's among them, and the app),
-    so that the collector's full passes walk only what serving makes. A full pass over the
-    ~200,000 objects a started gateway holds took 120 ms on an idle core and 290 ms under 200
-    streams, all of it on the event loop: `/health` answered that late. They live as long as
-    the process, so setting them aside frees nothing less (`gc.freeze`)."""
+    so that the collector's full passes walk only what serving makes: a full pass over all a
+    started gateway holds runs on the event loop, and `/health` answers that late (what it
+    cost: minivtc/bench/README.md). They live as long as the process, so setting them aside
+    frees nothing less (`gc.freeze`)."""
     gc.collect()  # (garbage made so far is freed, not kept for ever)
     gc.freeze()
 

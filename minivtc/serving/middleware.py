@@ -130,8 +130,8 @@ def announces_body(headers: dict[str, str]) -> bool:
     """Whether a body follows the head (HTTP/1.1: a Content-Length other than 0, or chunked).
     A request without one (a GET: `/health`, `/fairness`) has all arrived with its head, so the
     door reads it without the deadline, whose task costs two more turns of the event loop:
-    under 200 streams each turn waits behind a batch of their chunks, and `/health` answered in
-    up to 233 ms instead of 112 (`minivtc route`, 200 streams over two backends)."""
+    under many streams each turn waits behind a batch of their chunks, and `/health` answers
+    that much later (minivtc/bench/README.md)."""
     return headers.get("content-length", "0") != "0" or "transfer-encoding" in headers
 
 
