@@ -1,10 +1,10 @@
 """The catalogue's wrong solutions of the mechanisms a student writes beside VTC's hooks: a3's
 admission round (`admission_round`) and making room (`Engine.make_room`); a4's counter
 structure (`LeastCounter`), joining Q, the lift's floor, the charge and each step's charge
-(`VTC.on_decode`); a4b's displacement loop
-(`Engine.make_room`), fair victim (`preemption.Fair`) and fair preemption's lift (`FairLift`).
-Written as `wrong.py`'s are (`edits.py`); each must lose points. Not shipped in the student
-edition: the edits quote the reference."""
+(`VTC.on_decode`); a4b's displacement loop (`Engine.make_room`), fair victim
+(`preemption.Fair`) and fair preemption's lift (`FairLift`). Written as `wrong.py`'s are
+(`edits.py`); each must lose points. Not shipped in the student edition: the edits quote the
+reference."""
 
 from __future__ import annotations
 

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from minivtc.course.graded.driver import UnitRunner
+from minivtc.course.graded.vtc_moves import request
 from minivtc.engine.admission import FullReservation
 from minivtc.engine.engine import Engine
 from minivtc.engine.engine_config import EngineConfig
@@ -55,7 +56,7 @@ class Place:
 def waiting_vtc(clients: str) -> VTC:
     vtc = VTC()
     for i, client in enumerate(clients):
-        vtc.add(Request(f"{client}{i}", client, [1] * 10, SamplingParams(max_tokens=4), 0.0), 0.0)
+        vtc.add(request(client, 10, max_tokens=4, name=f"{client}{i}"), 0.0)
     return vtc
 
 
