@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 import subprocess
 import sys
 
@@ -207,7 +208,12 @@ def test_serve_command_answers_over_http(tmp_path):
     finally:
         server.terminate()
         server.wait(timeout=30)
-    assert "serving minivtc-tiny with vtc" in server.stderr.read()
+    log = server.stderr.read()
+    assert "serving minivtc-tiny with vtc" in log
+    import ctypes.util  # where TCMalloc is installed, the command restarted itself on it
+
+    tcmalloc = ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library("tcmalloc")
+    assert ("allocator: TCMalloc" in log) == bool(tcmalloc and "LD_PRELOAD" not in os.environ)
 
 
 @pytest.mark.slow
@@ -276,3 +282,46 @@ def test_reproduce_only_takes_commas_and_repeats_alike(tmp_path, monkeypatch):
     for args in (["--only", "fig3,validate"], ["--only", "fig3", "--only", "validate"]):
         assert main(["reproduce", *args, "--out", str(tmp_path)]) == 0
     assert chosen == [["fig3", "validate"]] * 2
+
+
+class Restarted(Exception):
+    """What the stand-in for `os.execve` raises: the process would have been replaced."""
+
+
+def test_serve_restarts_itself_with_tcmalloc_where_installed(monkeypatch):
+    from minivtc.cli import serve
+
+    def execve(path, command, env):
+        raise Restarted(path, command, env)
+
+    monkeypatch.setattr(serve.os, "execve", execve)
+    monkeypatch.setattr(serve.ctypes.util, "find_library", lambda name: f"lib{name}.so.4")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    with pytest.raises(Restarted) as restarted:
+        serve.with_tcmalloc(["serve", "--port", "8001"])
+    path, command, env = restarted.value.args
+    assert path == sys.executable and command[1:] == ["-m", "minivtc", "serve", "--port", "8001"]
+    assert env["LD_PRELOAD"] == "libtcmalloc_minimal.so.4"
+    # the user's preload, even an empty one (glibc's malloc chosen), is left as it is
+    for chosen in ("", "/opt/libjemalloc.so"):
+        monkeypatch.setenv("LD_PRELOAD", chosen)
+        serve.with_tcmalloc(["serve"])
+    # not installed: the server starts as it is, and its first lines say how to get it
+    monkeypatch.delenv("LD_PRELOAD")
+    monkeypatch.setattr(serve.ctypes.util, "find_library", lambda name: None)
+    serve.with_tcmalloc(["serve"])
+    assert serve.allocator().startswith("glibc malloc: install TCMalloc")
+    monkeypatch.setenv("LD_PRELOAD", "")
+    assert serve.allocator() == "glibc malloc"
+    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libtcmalloc_minimal.so.4")
+    assert serve.allocator().startswith("TCMalloc")
+
+
+def test_only_the_command_line_restarts(monkeypatch, capsys):
+    """`main([...])` called in a process (a test, a notebook) never replaces that process."""
+    from minivtc.cli import serve
+
+    monkeypatch.setattr(serve, "with_tcmalloc", lambda argv: pytest.fail("restarted"))
+    refused = ["serve", "--api-keys", "keys.json", "--client-weights", "weights.json"]
+    assert main(refused) == 2  # parsed, then refused by run_serve: no restart on the way
+    assert "not also --client-weights" in capsys.readouterr().err

@@ -125,7 +125,7 @@ def bench_peer(args: argparse.Namespace) -> int:
             f"{weights}, {args.dtype}, prompts of {PROMPT_LEN} random ids, {args.new_tokens} new "
             f"tokens each, greedy, EOS ignored; {rounds} rounds after a warm-up, contenders "
             f"taking turns; {args.background} competing busy processes; "
-            f"{'TCMalloc' if 'LD_PRELOAD' in env else 'the default allocator'}; "
+            f"{'TCMalloc' if env.get('LD_PRELOAD') else 'the default allocator'}; "
             f"threads {env.get('OMP_NUM_THREADS', 'default')}"
         )
         if vllm is None:
@@ -159,8 +159,8 @@ def offered_rate(workers: list[Worker], batches: list[int], args: argparse.Names
 
 def worker_env(args: argparse.Namespace) -> dict[str, str]:
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
-    if not args.no_tcmalloc and Path(TCMALLOC).exists():
-        env["LD_PRELOAD"] = TCMALLOC
+    # set either way: an empty LD_PRELOAD keeps `minivtc serve` from preloading TCMalloc itself
+    env["LD_PRELOAD"] = TCMALLOC if not args.no_tcmalloc and Path(TCMALLOC).exists() else ""
     if args.threads is not None:
         env["OMP_NUM_THREADS"] = str(args.threads)
     return env

@@ -75,8 +75,8 @@ def main(argv: list[str]) -> int:
 
     weights = str(args.weights or bundled_weights_dir())
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
-    if not args.no_tcmalloc and Path(TCMALLOC).exists():
-        env["LD_PRELOAD"] = TCMALLOC
+    # set either way: an empty LD_PRELOAD keeps `minivtc serve` from preloading TCMalloc itself
+    env["LD_PRELOAD"] = TCMALLOC if not args.no_tcmalloc and Path(TCMALLOC).exists() else ""
     vllm = vllm_python(args.vllm_python)
     print(machine_line(env), flush=True)
     print(

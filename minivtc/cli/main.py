@@ -10,7 +10,7 @@ import sys
 
 from minivtc.cli.instructor import add_course
 from minivtc.cli.route import add_route
-from minivtc.cli.serve import add_serve, port
+from minivtc.cli.serve import add_serve, port, with_tcmalloc
 from minivtc.cli.simulate import (
     add_calibrate,
     add_reproduce,
@@ -41,6 +41,8 @@ def main(argv: list[str] | None = None) -> int:
     add_bench(sub)
     add_course(sub)
     args = parser.parse_args(argv)
+    if argv is None and args.command == "serve":  # from the command line, not called in-process
+        with_tcmalloc(sys.argv[1:])
     try:
         return args.run(args)
     except (ValueError, FileNotFoundError) as e:  # bad input: say what is wrong, no traceback

@@ -1,18 +1,67 @@
 """`minivtc serve`: its flags (minivtc's, and vLLM's: `vllm_flags.py`) and starting the server.
 
 Owns parsing the serve command's arguments into the engine, the keys and the app's options,
-and `port` (the argparse type the client commands share). Terminal output only; the server is
-`server.py`'s. Lesson 9.
+`port` (the argparse type the client commands share), and the allocator the server starts with
+(`with_tcmalloc`). Terminal output only; the server is `server.py`'s. Lesson 9.
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes.util
+import os
 import sys
 
 from minivtc.cli.simulate import add_memory_options, add_prefix_options, config_of
 
-__all__ = ["add_connection_flags", "add_serve", "limits_of", "port", "warn_if_public"]
+__all__ = [
+    "add_connection_flags",
+    "add_serve",
+    "allocator",
+    "limits_of",
+    "port",
+    "warn_if_public",
+    "with_tcmalloc",
+]
+
+TCMALLOC_NAMES = ("tcmalloc_minimal", "tcmalloc")  # Debian's libtcmalloc-minimal4, gperftools'
+
+
+def with_tcmalloc(argv: list[str]) -> None:
+    """Start `minivtc argv` again in this process with TCMalloc preloaded, where it is installed
+    and the user preloads nothing (an `LD_PRELOAD` set, even to nothing, is the user's choice).
+
+    Why: PyTorch allocates every CPU tensor with `posix_memalign`, and oneDNN's packed products
+    (`model/packed.py`) make about 40 small aligned allocations per call; glibc before 2.38
+    serves aligned requests outside its per-thread cache, under the arena's lock, several times
+    slower than a plain `malloc`, while TCMalloc serves both from its caches. A step makes about
+    a thousand of them (minivtc/bench/README.md has the counts and what it costs). Returns only
+    where there is nothing to do; otherwise the process is replaced (`os.execve`)."""
+    if sys.platform != "linux" or "LD_PRELOAD" in os.environ:
+        return
+    library = next(filter(None, map(ctypes.util.find_library, TCMALLOC_NAMES)), None)
+    if library is None:
+        return
+    command = [sys.executable, "-m", "minivtc", *argv]
+    os.execve(sys.executable, command, dict(os.environ, LD_PRELOAD=library))
+
+
+def allocator() -> str:
+    """The allocator this process runs on, in words, for the server's first lines."""
+    preloaded = os.environ.get("LD_PRELOAD", "")
+    if "tcmalloc" in preloaded:
+        return f"TCMalloc (LD_PRELOAD={preloaded})"
+    if preloaded:
+        return f"LD_PRELOAD={preloaded}"
+    hint = (
+        ""
+        if "LD_PRELOAD" in os.environ
+        else (
+            ": install TCMalloc (Debian, Ubuntu: apt install libtcmalloc-minimal4) for faster steps"
+            " on glibc before 2.38; minivtc serve then preloads it"
+        )
+    )
+    return f"glibc malloc{hint}"
 
 
 def add_serve(sub) -> None:
@@ -125,6 +174,7 @@ def run_serve(args) -> int:
         f"serving {name} with {args.scheduler} on {root}/v1 (watch it live: {root}/dashboard)",
         file=sys.stderr,
     )
+    print(f"allocator: {allocator()}", file=sys.stderr)
     warn_if_public(args.host, keys is not None, "serving")
     auth = Auth(keys)
     server = Server(
