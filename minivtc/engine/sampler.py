@@ -1,8 +1,9 @@
-"""From a step's logits to each request's next token: what its own history does to them, then
-the draw (greedy, temperature, top-k, top-p, min-p), each request seeded.
+"""From a step's logits to each request's next token: what its own history does to them, the
+draw (greedy, temperature, top-k, top-p, min-p, each request seeded), and the log-probabilities
+it asked for.
 
-Owns `penalize` and `sample()` (what a caller may ask for, `SamplingParams`, is `params.py`'s).
-The runner calls them in vLLM's order:
+Owns `penalize`, `sample()` and `Logprob` (what a caller may ask for, `SamplingParams`, is
+`params.py`'s). The runner calls them in vLLM's order:
 
 1. `penalize`, applied to the logits before sampling (greedy too: a penalty can change the
    argmax):
@@ -20,14 +21,22 @@ The runner calls them in vLLM's order:
 2. `sample`: greedy rows are one batched argmax; sampled rows each draw from their own
    `torch.Generator`, so a request's tokens depend on its seed alone, never on which other
    requests share its batch.
+3. `record_sampled` after each sampled token, `record_prompt` for the prompt positions a
+   prefill computed: the log-probabilities a request asked for (`logprobs`,
+   `prompt_logprobs`), as vLLM returns them (`Logprob`: the value, its rank, the token's text).
+   They are of the model's own distribution, log_softmax of the logits before penalties,
+   temperature and the top-k/top-p cuts (vLLM's default, "raw_logprobs"), so a greedy
+   request's logprobs equal `transformers`' scores. The request keeps plain Python values
+   (`Request.logprobs`).
 
-Does not own: stop conditions (the engine), the model, or the logprobs, which read the
-model's logits before any of this (`logprobs.py`). Lesson 1 teaches it.
+Does not own: stop conditions (the engine) or the model. Lesson 1 teaches it.
 
 Shape legend: N rows (one per request that needs a token), V vocabulary, U distinct tokens.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -35,8 +44,17 @@ from torch import Tensor
 from minivtc.requests.params import SamplingParams as SamplingParams  # re-exported: vLLM's home
 from minivtc.requests.request import Request
 
-__all__ = ["SamplingParams", "min_p_filter", "penalize", "penalize_row", "sample", "sample_each"]
-__all__ += ["sample_row", "top_p_filter"]
+__all__ = ["Logprob", "SamplingParams", "min_p_filter", "penalize", "penalize_row", "record_prompt"]
+__all__ += ["record_sampled", "sample", "sample_each", "sample_row", "top_p_filter"]
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """One token's entry at one position, as vLLM returns it."""
+
+    logprob: float
+    rank: int  # 1 for the most likely token
+    decoded_token: str | None = None  # filled in by the front door, which has the tokenizer
 
 
 class SamplingFailed(RuntimeError):
@@ -149,3 +167,43 @@ def penalize_row(
         counts = torch.bincount(ids, minlength=logits.numel()).to(logits.dtype)  # (V,)
         logits = logits - p.frequency_penalty * counts - p.presence_penalty * (counts > 0)
     return logits
+
+
+# --- the log-probabilities a request asked for (of the logits before any of this) ----------------
+
+
+def record_sampled(logits: Tensor, requests: list[Request], tokens: list[int | Exception]) -> None:
+    """Each request that asked for `logprobs`: the sampled token's logprob (and the running
+    sum) and the top `logprobs` of the distribution it was drawn from (rows of `logits`)."""
+    for row, (r, token) in enumerate(zip(requests, tokens, strict=True)):
+        if r.params.logprobs is None or isinstance(token, Exception):
+            continue
+        lp = torch.log_softmax(logits[row].float(), dim=-1)  # (V,)
+        if r.logprobs is None:
+            r.logprobs = []
+        r.logprobs.append(top_logprobs(lp, r.params.logprobs, token))
+        r.cumulative_logprob = (r.cumulative_logprob or 0.0) + float(lp[token])
+
+
+def record_prompt(logits: Tensor, request: Request, start: int) -> None:
+    """Prompt logprobs from a prefill: row j of `logits` predicted prompt position start + j + 1
+    (position 0 has none: nothing precedes it; positions a prefix cache held have none)."""
+    if request.prompt_logprobs is None:
+        request.prompt_logprobs = [None] * (start + 1)
+    lp = torch.log_softmax(logits.float(), dim=-1)  # (rows, V)
+    k = request.params.prompt_logprobs
+    assert k is not None, "asked for by a request with prompt_logprobs only"
+    for j in range(lp.shape[0]):
+        token = request.prompt_ids[start + j + 1]
+        request.prompt_logprobs.append(top_logprobs(lp[j], k, token))
+
+
+def top_logprobs(lp: Tensor, k: int, chosen: int) -> dict[int, Logprob]:
+    """The chosen token's entry first, then the k most likely (vLLM's order)."""
+    rank = int((lp > lp[chosen]).sum()) + 1
+    entries = {chosen: Logprob(float(lp[chosen]), rank)}
+    if k:
+        values, ids = lp.topk(k)
+        for j, (v, t) in enumerate(zip(values.tolist(), ids.tolist(), strict=True)):
+            entries.setdefault(t, Logprob(v, j + 1))
+    return entries
