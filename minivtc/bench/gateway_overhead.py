@@ -30,7 +30,7 @@ import time
 
 import httpx
 
-from minivtc.gateway.launch import free_port, wait_healthy
+from minivtc.gateway.proxy import free_port, wait_healthy
 
 __all__ = ["bench_class_load", "bench_gateway", "start_backends"]
 

@@ -39,7 +39,7 @@ import time
 import httpx
 
 from minivtc.bench.gateway_overhead import start_backends
-from minivtc.gateway.launch import free_port, wait_healthy
+from minivtc.gateway.proxy import free_port, wait_healthy
 
 __all__ = ["main"]
 
