@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minivtc.fairness.cost import W_P, W_Q
 from minivtc.gateway.app import make_gateway
-from minivtc.gateway.launch import backends_of
+from minivtc.gateway.proxy import backends_of
 from minivtc.serving.connections import Limits
 from minivtc.serving.hosting import BackgroundServer
 from tests.test_gateway import fleet, free_port, gateway_over, healthy

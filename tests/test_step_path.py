@@ -54,15 +54,13 @@ FAIR_MEMORY_ROOMS = PAPER_ROOMS | {"engine/prefix_cache.py", "fairness/fair_lift
 # The student's real step (`build_engine`: VTC, full reservation; the bundled model on the
 # CPU): the paper's rooms with the simulator's runner replaced by the real one, and what its
 # forward pass and sampling enter: the model (its rotary table made at the first step, so the
-# traced step, the second, does not read the config), attention, the sampler with its
-# penalties and log-probabilities (each asked, none needed here), the tokenizer's detokenizer.
+# traced step, the second, does not read the config), attention, the sampler (its penalties
+# and log-probabilities each asked, none needed here), the tokenizer's detokenizer.
 REAL_ROOMS = (PAPER_ROOMS - {"sim/simulator.py"}) | {
     "engine/runner.py",
     "model/llama.py",
     "model/attention.py",
     "engine/sampler.py",
-    "engine/penalties.py",
-    "engine/logprobs.py",
     "model/tokenizer.py",
 }
 

@@ -7,8 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivtc.engine.penalties import penalize
-from minivtc.engine.sampler import min_p_filter
+from minivtc.engine.sampler import min_p_filter, penalize, penalize_row
 from minivtc.model.weights import BUNDLED_WEIGHTS
 from minivtc.offline.llm import LLM
 from minivtc.offline.outputs import completion
@@ -186,8 +185,6 @@ def test_an_extreme_repetition_penalty_keeps_the_logits_finite(penalty):
     """Issue: `repetition_penalty: 1e-300` (inside the allowed range) made the logits of the seen
     tokens inf and the server answered 500 "probability tensor contains inf/nan". Now they are
     kept finite: with a tiny penalty the seen tokens win, with a huge one they lose."""
-    from minivtc.engine.penalties import penalize_row
-
     logits = torch.tensor([3.0, -2.0, 1.0, 0.5])
     params = SamplingParams(repetition_penalty=penalty)
     out = penalize_row(logits, [0, 1], [], params)

@@ -30,13 +30,14 @@ import time
 
 import httpx
 
-from minivtc.gateway.launch import free_port, wait_healthy
+from minivtc.gateway.proxy import free_port, wait_healthy
 
-__all__ = ["bench_class_load", "bench_gateway", "start_backends"]
+__all__ = ["BUDGET", "bench_class_load", "bench_gateway", "start_backends", "start_route", "stop"]
 
 NUM_BACKENDS, CONCURRENCY, REQUESTS, CHUNKS = 8, 64, 512, 16
 QUICK = 2, 16, 64  # `--quick`: backends, concurrency, requests (a smoke run)
 SLOW_S, SLOW_CHUNKS = 0.5, 3  # `--streams`: a stand-in's chunks, each after SLOW_S
+BUDGET = 10**9  # tokens per backend: no request waits for room (each still books and releases)
 
 
 def standin_app():
@@ -92,12 +93,10 @@ def bench_class_load(streams: int) -> int:
         "sk-light-bench": {"client": "light"},
     }
     backends, procs = start_backends(2, SLOW_S)
-    port = free_port()
-    gateway = f"http://127.0.0.1:{port}"
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(keys, f)
-    args = ["-m", "minivtc", "route", "--port", str(port), "--api-keys", f.name]
-    procs.append(start(args + [a for url in backends for a in ("--backend", f"{url}=100000")]))
+    gateway, route = start_route(backends, "--api-keys", f.name)
+    procs.append(route)
     try:
         for url in [*backends, gateway]:
             wait_healthy(url)
@@ -111,9 +110,7 @@ def bench_class_load(streams: int) -> int:
         health = json.loads(probe.communicate()[0])
     finally:
         os.unlink(f.name)
-        for proc in procs:
-            proc.terminate()
-            proc.wait()
+        stop(procs)
     ms = sorted(1e3 * t for t in health["seconds"])
     print(f"{streams} streams at once through `minivtc route`, 2 stand-in backends ({SLOW_S} s)")
     print(f"served: {served}/{streams}")
@@ -172,19 +169,15 @@ def probe(url: str) -> None:
 def bench_gateway(quick: bool = False) -> int:
     n_backends, concurrency, requests = QUICK if quick else (NUM_BACKENDS, CONCURRENCY, REQUESTS)
     backends, procs = start_backends(n_backends)
-    port = free_port()
-    gateway = f"http://127.0.0.1:{port}"
-    args = ["-m", "minivtc", "route", "--port", str(port)]
-    procs.append(start(args + [a for url in backends for a in ("--backend", f"{url}=1000000")]))
+    gateway, route = start_route(backends)
+    procs.append(route)
     try:
         for url in [*backends, gateway]:
             wait_healthy(url)
         direct = asyncio.run(load(lambda i: backends[i % n_backends], requests, concurrency))
         routed = asyncio.run(load(lambda i: gateway, requests, concurrency))
     finally:
-        for proc in procs:
-            proc.terminate()
-            proc.wait()
+        stop(procs)
     print(f"{requests} streams of {CHUNKS} chunks, {concurrency} at once, {n_backends} backends")
     print(f"{'':>16} {'median ms':>10} {'p99 ms':>8} {'req/s':>7}")
     for name, (latencies, rate) in [("direct", direct), ("through gateway", routed)]:
@@ -216,6 +209,35 @@ async def load(url_of, requests: int, concurrency: int) -> tuple[list[float], fl
         return latencies, requests / (time.perf_counter() - start)
 
 
-def start(args: list[str], extra_env: dict[str, str] | None = None) -> subprocess.Popen:
+# --- each server its own process (`bench gateways` starts its gateways here too) -----------------
+
+
+def start_route(
+    backends: list[str], *options: str, env: dict[str, str] | None = None, stderr=None
+) -> tuple[str, subprocess.Popen]:
+    """`minivtc route` on a free port in front of `backends`, each given `BUDGET` tokens, with
+    `options` besides: its URL and its process."""
+    port = free_port()
+    args = ["-m", "minivtc", "route", "--port", str(port), *options]
+    args += [a for url in backends for a in ("--backend", f"{url}={BUDGET}")]
+    return f"http://127.0.0.1:{port}", start(args, env, stderr)
+
+
+def start(
+    args: list[str], extra_env: dict[str, str] | None = None, stderr=None
+) -> subprocess.Popen:
+    """`python args` with one torch thread (each server is one process, as in production),
+    its output discarded (`stderr`: where its errors go, else inherited)."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", **(extra_env or {})}
-    return subprocess.Popen([sys.executable, *args], env=env, stdout=subprocess.DEVNULL)
+    return subprocess.Popen(
+        [sys.executable, *args], env=env, stdout=subprocess.DEVNULL, stderr=stderr
+    )
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """Terminate each process still running, then wait for every one."""
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+    for proc in procs:
+        proc.wait()

@@ -38,12 +38,11 @@ import time
 
 import httpx
 
-from minivtc.bench.gateway_overhead import start_backends
-from minivtc.gateway.launch import free_port, wait_healthy
+from minivtc.bench.gateway_overhead import start_backends, start_route, stop
+from minivtc.gateway.proxy import free_port, wait_healthy
 
 __all__ = ["main"]
 
-BUDGET = 10**9  # tokens per backend: no request waits for room
 ROUND_TRIPS = ("evalsha", "eval", "exec", "ping")  # commands that are one round trip each
 OURS = ("info", "client", "hello", "auth")  # (connecting, and this benchmark's own questions)
 CLIENTS = 16  # the streams' tenants, in turn (each client's requests in flight are capped)
@@ -92,9 +91,7 @@ def bench_gateways(ks: list[int], args) -> int:
         for k in ks:
             rows.append(run_k(k, url, backends, [p.pid for p in standins], store.pid, args))
     finally:
-        for proc in [*standins, store]:
-            proc.terminate()
-            proc.wait()
+        stop([*standins, store])
     report(rows, args)
     return 0
 
@@ -104,15 +101,10 @@ def run_k(k: int, store_url: str, backends: list[str], standins: list[int], stor
     say(f"k = {k}: starting {k} gateway(s)")
     prefix = f"bench-{k}-{secrets.token_hex(3)}"
     env = {"MINIVTC_STORE": store_url}  # (an environment variable: `ps` shows no password)
-    ports = [free_port() for _ in range(k)]
-    base = ["-m", "minivtc", "route", "--store-prefix", prefix, "--sync", str(args.sync)]
-    base += [a for b in backends for a in ("--backend", f"{b}={BUDGET}")]
-    logs = [tempfile.TemporaryFile("w+") for _ in ports]  # (their stderr: read if one fails)
-    gateways = [
-        start_gateway([*base, "--port", str(p)], env, log)
-        for p, log in zip(ports, logs, strict=True)
-    ]
-    urls = [f"http://127.0.0.1:{p}" for p in ports]
+    options = ("--store-prefix", prefix, "--sync", str(args.sync))
+    logs = [tempfile.TemporaryFile("w+") for _ in range(k)]  # (their stderr: read if one fails)
+    started = [start_route(backends, *options, env=env, stderr=log) for log in logs]
+    urls, gateways = [url for url, _ in started], [proc for _, proc in started]
     drivers: list[subprocess.Popen] = []
     try:
         for url, proc, log in zip(urls, gateways, logs, strict=True):
@@ -141,10 +133,7 @@ def run_k(k: int, store_url: str, backends: list[str], standins: list[int], stor
         cpu1, ops1 = cpu_of(pids), commandstats(store_url)
         counts = [json.loads(d.communicate(timeout=60 + args.seconds)[0]) for d in drivers]
     finally:
-        for proc in [*drivers, *gateways]:
-            if proc.poll() is None:
-                proc.terminate()
-            proc.wait()
+        stop([*drivers, *gateways])
         for log in logs:
             log.close()
     cpu = {who: [b - a for a, b in zip(cpu0[who], cpu1[who], strict=True)] for who in cpu0}
@@ -210,12 +199,6 @@ def commandstats(url: str) -> dict[str, int]:
     with redis.Redis.from_url(url) as r:
         info = r.info("commandstats")
     return {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in info.items()}
-
-
-def start_gateway(args: list[str], env: dict[str, str], log) -> subprocess.Popen:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", **env}
-    out = subprocess.DEVNULL
-    return subprocess.Popen([sys.executable, *args], env=env, stdout=out, stderr=log)
 
 
 def start_store() -> tuple[subprocess.Popen, str]:

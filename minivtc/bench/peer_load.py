@@ -15,7 +15,7 @@ import statistics
 import subprocess
 import sys
 
-from minivtc.gateway.launch import wait_healthy
+from minivtc.gateway.proxy import wait_healthy
 from minivtc.serving.loadgen import ReplayResult, run_replay
 from minivtc.sim.workloads import poisson
 

@@ -28,7 +28,7 @@ from pathlib import Path
 
 from minivtc.bench.peer import TCMALLOC, vllm_python
 from minivtc.bench.timing import load_line, machine_line, spread
-from minivtc.gateway.launch import free_port, wait_healthy
+from minivtc.gateway.proxy import free_port, wait_healthy
 from minivtc.vllm_plugin.overload import ASYNC_FAIR_SCHEDULER
 
 __all__ = ["main"]

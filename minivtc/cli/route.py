@@ -151,7 +151,7 @@ def run_route(args) -> int:
     from minivtc.fairness.policies import make_scheduler
     from minivtc.gateway.app import make_gateway
     from minivtc.gateway.gateway import Gateway
-    from minivtc.gateway.launch import backends_of
+    from minivtc.gateway.proxy import backends_of
     from minivtc.model.tokenizer import Tokenizer
     from minivtc.model.weights import bundled_weights_dir
     from minivtc.serving.api_keys import MIN_KEY_CHARS, Auth, read_keys, weights_of

@@ -25,9 +25,7 @@ from typing import Protocol
 import torch
 
 from minivtc.engine.kv_pool import BlockAllocator, KVPool
-from minivtc.engine.logprobs import record_prompt, record_sampled
-from minivtc.engine.penalties import penalize
-from minivtc.engine.sampler import sample_each
+from minivtc.engine.sampler import penalize, record_prompt, record_sampled, sample_each
 from minivtc.model.attention import AttentionGroup, PagedAttention, attend_group
 from minivtc.model.llama import Llama
 from minivtc.requests.request import Request

@@ -1,21 +1,60 @@
-"""Next-token choice from logits: greedy, temperature, top-k, top-p, min-p, each request seeded.
+"""From a step's logits to each request's next token: what its own history does to them, the
+draw (greedy, temperature, top-k, top-p, min-p, each request seeded), and the log-probabilities
+it asked for.
 
-Owns: `sample()` (what a caller may ask for, `SamplingParams`, is `params.py`'s). Greedy rows are
-one batched argmax; sampled rows each draw from their own `torch.Generator`, so a request's
-tokens depend on its seed alone, never on which other requests share its batch. Does not own:
-stop conditions (the engine) or the model. Lesson 1 teaches it.
+Owns `penalize`, `sample()` and `Logprob` (what a caller may ask for, `SamplingParams`, is
+`params.py`'s). The runner calls them in vLLM's order:
 
-Shape legend: N rows (one per request that needs a token), V vocabulary.
+1. `penalize`, applied to the logits before sampling (greedy too: a penalty can change the
+   argmax):
+
+   - `repetition_penalty` r (Keskar et al. 2019, as `transformers`'
+     RepetitionPenaltyLogitsProcessor): every token already in the prompt or the output has
+     its logit divided by r if positive, multiplied by r if negative (r > 1 makes it less
+     likely either way);
+   - `frequency_penalty` f and `presence_penalty` p (OpenAI's definitions): a token the output
+     holds c times loses f * c + p * (c > 0) from its logit (prompt tokens are not counted);
+   - before `min_tokens` outputs, EOS and `stop_token_ids` cannot be sampled (their logits
+     -inf).
+
+   Rows of requests that ask for none of these are untouched (no copy).
+2. `sample`: greedy rows are one batched argmax; sampled rows each draw from their own
+   `torch.Generator`, so a request's tokens depend on its seed alone, never on which other
+   requests share its batch.
+3. `record_sampled` after each sampled token, `record_prompt` for the prompt positions a
+   prefill computed: the log-probabilities a request asked for (`logprobs`,
+   `prompt_logprobs`), as vLLM returns them (`Logprob`: the value, its rank, the token's text).
+   They are of the model's own distribution, log_softmax of the logits before penalties,
+   temperature and the top-k/top-p cuts (vLLM's default, "raw_logprobs"), so a greedy
+   request's logprobs equal `transformers`' scores. The request keeps plain Python values
+   (`Request.logprobs`).
+
+Does not own: stop conditions (the engine) or the model. Lesson 1 teaches it.
+
+Shape legend: N rows (one per request that needs a token), V vocabulary, U distinct tokens.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from minivtc.requests.params import SamplingParams as SamplingParams  # re-exported: vLLM's home
+from minivtc.requests.request import Request
 
-__all__ = ["SamplingParams", "min_p_filter", "sample", "sample_each", "sample_row", "top_p_filter"]
+__all__ = ["Logprob", "SamplingParams", "min_p_filter", "penalize", "penalize_row", "record_prompt"]
+__all__ += ["record_sampled", "sample", "sample_each", "sample_row", "top_p_filter"]
+
+
+@dataclass(frozen=True)
+class Logprob:
+    """One token's entry at one position, as vLLM returns it."""
+
+    logprob: float
+    rank: int  # 1 for the most likely token
+    decoded_token: str | None = None  # filled in by the front door, which has the tokenizer
 
 
 class SamplingFailed(RuntimeError):
@@ -87,3 +126,84 @@ def min_p_filter(probs: Tensor, min_p: float) -> Tensor:
     """Keep the tokens at least `min_p` times as likely as the likeliest (Nguyen et al., 2024:
     the cut scales with the model's confidence)."""
     return torch.where(probs >= min_p * probs.max(), probs, 0.0)  # (V,)
+
+
+# --- what a request's own history does to its logits (before the draw) ---------------------------
+
+
+def penalize(logits: Tensor, requests: list[Request], eos_id: int) -> Tensor:
+    """The (N, V) logits with each request's penalties and min_tokens mask applied."""
+    rows = [i for i, r in enumerate(requests) if needs_processing(r)]
+    if not rows:
+        return logits
+    logits = logits.float().clone()  # (N, V): the caller's logits stay as the model gave them
+    for i in rows:
+        r = requests[i]
+        logits[i] = penalize_row(logits[i], r.prompt_ids, r.output_ids, r.params)
+        if r.num_output < r.params.min_tokens:
+            banned = list(r.params.stop_token_ids) + ([] if r.params.ignore_eos else [eos_id])
+            logits[i, banned] = -float("inf")
+    return logits
+
+
+def needs_processing(request: Request) -> bool:
+    return request.params.penalized or request.num_output < request.params.min_tokens
+
+
+def penalize_row(
+    logits: Tensor, prompt_ids: list[int], output_ids: list[int], p: SamplingParams
+) -> Tensor:
+    """One row (V,) with the repetition, frequency and presence penalties applied."""
+    if p.repetition_penalty != 1:
+        seen = torch.tensor(sorted(set(prompt_ids) | set(output_ids)), device=logits.device)  # (U,)
+        score = logits[seen]  # (U,)
+        score = torch.where(score < 0, score * p.repetition_penalty, score / p.repetition_penalty)
+        # A tiny r (1e-300 is > 0, so allowed) makes score / r overflow to inf, and sampling
+        # from inf is NaN: kept at the largest finite logit, the seen tokens still win
+        big = torch.finfo(score.dtype).max
+        logits = logits.scatter(0, seen, score.clamp(-big, big))  # (V,)
+    if output_ids and (p.frequency_penalty or p.presence_penalty):
+        ids = torch.tensor(output_ids, device=logits.device)
+        counts = torch.bincount(ids, minlength=logits.numel()).to(logits.dtype)  # (V,)
+        logits = logits - p.frequency_penalty * counts - p.presence_penalty * (counts > 0)
+    return logits
+
+
+# --- the log-probabilities a request asked for (of the logits before any of this) ----------------
+
+
+def record_sampled(logits: Tensor, requests: list[Request], tokens: list[int | Exception]) -> None:
+    """Each request that asked for `logprobs`: the sampled token's logprob (and the running
+    sum) and the top `logprobs` of the distribution it was drawn from (rows of `logits`)."""
+    for row, (r, token) in enumerate(zip(requests, tokens, strict=True)):
+        if r.params.logprobs is None or isinstance(token, Exception):
+            continue
+        lp = torch.log_softmax(logits[row].float(), dim=-1)  # (V,)
+        if r.logprobs is None:
+            r.logprobs = []
+        r.logprobs.append(top_logprobs(lp, r.params.logprobs, token))
+        r.cumulative_logprob = (r.cumulative_logprob or 0.0) + float(lp[token])
+
+
+def record_prompt(logits: Tensor, request: Request, start: int) -> None:
+    """Prompt logprobs from a prefill: row j of `logits` predicted prompt position start + j + 1
+    (position 0 has none: nothing precedes it; positions a prefix cache held have none)."""
+    if request.prompt_logprobs is None:
+        request.prompt_logprobs = [None] * (start + 1)
+    lp = torch.log_softmax(logits.float(), dim=-1)  # (rows, V)
+    k = request.params.prompt_logprobs
+    assert k is not None, "asked for by a request with prompt_logprobs only"
+    for j in range(lp.shape[0]):
+        token = request.prompt_ids[start + j + 1]
+        request.prompt_logprobs.append(top_logprobs(lp[j], k, token))
+
+
+def top_logprobs(lp: Tensor, k: int, chosen: int) -> dict[int, Logprob]:
+    """The chosen token's entry first, then the k most likely (vLLM's order)."""
+    rank = int((lp > lp[chosen]).sum()) + 1
+    entries = {chosen: Logprob(float(lp[chosen]), rank)}
+    if k:
+        values, ids = lp.topk(k)
+        for j, (v, t) in enumerate(zip(values.tolist(), ids.tolist(), strict=True)):
+            entries.setdefault(t, Logprob(v, j + 1))
+    return entries

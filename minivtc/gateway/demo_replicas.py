@@ -40,7 +40,7 @@ from minivtc.fairness.vtc import VTC
 from minivtc.fleet.backend import Backend, RoundRobin
 from minivtc.gateway.app import make_gateway
 from minivtc.gateway.gateway import Gateway
-from minivtc.gateway.launch import backends_of, free_port, wait_healthy
+from minivtc.gateway.proxy import backends_of, free_port, wait_healthy
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.model.weights import bundled_weights_dir
 from minivtc.serving import demo

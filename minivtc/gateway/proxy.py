@@ -13,21 +13,30 @@ apart, because the dispatcher treats them differently:
 Any other answer (a 4xx the backend found in the body) is `Answered`: passed to the caller as
 the backend said it. An answer that is not what an OpenAI server sends (not a JSON object, or
 larger than `MAX_ANSWER_BYTES`, or a stream line over `MAX_SSE_LINE_BYTES`) is `Invalid`:
-the caller gets a 502, and the gateway's memory stays bounded whatever a backend sends. Plain
-Python over httpx; no FastAPI. README: "Fair across replicas"; Lesson 14.
+the caller gets a 502, and the gateway's memory stays bounded whatever a backend sends.
+
+Before it serves, the gateway asks its backends too: `backends_of` turns `--backend URL[=TOKENS]`
+into `Backend`s, a budget not given read from the backend's `/fairness`; and whoever starts a
+server to stand behind it (the fleet demo, the benchmarks) takes a `free_port` and waits for
+its `/health` (`wait_healthy`). Plain Python over httpx; no FastAPI. README: "Fair across
+replicas"; Lesson 14.
 """
 
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
+import time
 from collections.abc import AsyncIterator
 
 import httpx
 
+from minivtc.fleet.backend import Backend
 from minivtc.serving.connections import sse_lines
 
-__all__ = ["Answered", "Broken", "Invalid", "Refused", "chunk_of", "counts", "error_event"]
-__all__ += ["send_once", "send_stream"]
+__all__ = ["Answered", "Broken", "Invalid", "Refused", "backends_of", "chunk_of", "counts"]
+__all__ += ["error_event", "free_port", "send_once", "send_stream", "wait_healthy"]
 
 GIVE_BACK = {429, 503}  # a backend's "not now": the request may run elsewhere, or later
 # A whole answer's most bytes: n=16 samples of 768 tokens with 20 top logprobs each are ~18 MB
@@ -156,3 +165,58 @@ def error_event(message: str) -> bytes:
     """An OpenAI-shaped error as a stream event, then the end of the stream."""
     body = {"error": {"message": message, "type": "server_error", "param": None, "code": None}}
     return f"data: {json.dumps(body)}\n\ndata: [DONE]\n\n".encode()
+
+
+# --- before serving: the backends it is given, a server started behind it ------------------------
+
+
+def backends_of(specs: list[str], headers: dict[str, str] | None = None) -> list:
+    """`URL[=TOKENS]` each; a budget not given is read from the backend's /fairness (with
+    `headers`: the key the gateway presents to its backends). ValueError if it cannot be."""
+    backends = []
+    for spec in specs:
+        url, _, tokens = spec.partition("=")
+        url = url.rstrip("/")
+        if not tokens:
+            tokens = str(budget_of(url, headers or {}))
+        if not tokens.isdigit() or int(tokens) < 1:
+            raise ValueError(f"--backend {spec}: the budget must be a whole number of tokens")
+        backends.append(Backend(url, int(tokens)))
+    return backends
+
+
+def budget_of(url: str, headers: dict[str, str]) -> int:
+    """A minivtc backend's KV pool in tokens, from its /fairness."""
+    advice = f"give it as --backend {url}=TOKENS, or, for a keyed backend, --backend-api-key"
+    try:
+        answer = httpx.get(url + "/fairness", headers=headers, timeout=10)
+    except httpx.HTTPError as e:
+        raise ValueError(f"cannot reach {url}/fairness ({e!r}): {advice}") from None
+    try:
+        kv = answer.json()["kv"]
+        return int(kv["total_blocks"]) * int(kv["block_size"])
+    except (ValueError, KeyError, TypeError):
+        raise ValueError(
+            f"{url}/fairness answered {answer.status_code} without a budget: {advice}"
+        ) from None
+
+
+def wait_healthy(url: str, seconds: float = 60.0, proc: subprocess.Popen | None = None) -> None:
+    """Until `url/health` answers 200; RuntimeError if `proc` (the server) exits first."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"the server at {url} exited with {proc.returncode} at start")
+        try:
+            if httpx.get(url + "/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} did not start")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import cast
 
-from minivtc.engine.logprobs import Logprob
+from minivtc.engine.sampler import Logprob
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.offline.inputs import Prompt
 from minivtc.requests.request import Request

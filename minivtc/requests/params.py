@@ -29,7 +29,7 @@ class SamplingParams:
 
     Penalties follow vLLM: `repetition_penalty` (Keskar et al., as `transformers`' processor:
     on every prompt and output token) and the OpenAI `presence_penalty` / `frequency_penalty`
-    (on output tokens only), applied to the logits before everything else (`penalties.py`).
+    (on output tokens only), applied to the logits before everything else (`sampler.penalize`).
     `logprobs` / `prompt_logprobs` ask for that many top log-probabilities per position, of the
     model's own distribution (before penalties and temperature, vLLM's default "raw"), plus the
     chosen token's. `n` samples are `n` requests of one client (`offline/llm.py`: how they are

@@ -61,7 +61,7 @@ class Request:
     finish_reason: str | None = None  # "eos" | "length" | "stop" | "abort" | "error"
     error: str | None = None  # why serving this request failed (finish_reason "error")
     stop_reason: str | int | None = None  # finish_reason "stop": the stop string or token id
-    # params.logprobs / prompt_logprobs: per position, token id -> Logprob (`logprobs.py`),
+    # params.logprobs / prompt_logprobs: per position, token id -> Logprob (`sampler.py`),
     # written by the runner from the forward pass that sampled (or read) the token
     logprobs: list[dict[int, Any]] | None = None
     prompt_logprobs: list[dict[int, Any] | None] | None = None

@@ -10,7 +10,7 @@ ends its stream with one error event (an OpenAI error object), or its response w
 not own routes (`server.py`). Lesson 9.
 
 Logprobs are written as OpenAI's two APIs spell them, from a request's `Logprob`s
-(`engine/logprobs.py`): the legacy completions shape (`completion_logprobs`: parallel lists
+(`engine/sampler.py`): the legacy completions shape (`completion_logprobs`: parallel lists
 `tokens`, `token_logprobs`, `top_logprobs`, `text_offset`) and chat's (`chat_logprobs`: one
 object per token with its `bytes` and `top_logprobs`). A token's text is `Tokenizer.token_text`
 (its leading space kept), so a completion's tokens joined spell its text.
@@ -29,7 +29,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minivtc.engine.engine import RequestRejected
-from minivtc.engine.logprobs import Logprob
+from minivtc.engine.sampler import Logprob
 from minivtc.model.tokenizer import Tokenizer
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import StepOutput
