@@ -34,3 +34,12 @@ def test_bench_serve_prints_a_row_per_stream_count(tmp_path):
     compared = "one stream through minivtc's server / its engine offline at batch 1"
     assert any(line.startswith(compared) for line in lines)
     assert (tmp_path / "bench-serve-minivtc.log").exists()
+
+
+def test_stream_counts_are_checked_where_they_are_read():
+    from minivtc.bench.serve_http import parse
+
+    assert parse(["--streams", "1,16"]).stream_counts == [1, 16]
+    for bad in ("1,x", "0", ""):
+        with pytest.raises(SystemExit):
+            parse(["--streams", bad])

@@ -38,6 +38,7 @@ import time
 
 import httpx
 
+from minivtc.bench import timing
 from minivtc.bench.gateway_overhead import start_backends, start_route, stop
 from minivtc.gateway.proxy import free_port, wait_healthy
 
@@ -54,7 +55,9 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--gateways", default="1,2", help="the k to run, e.g. 1,2,4 (1,2)")
+    parser.add_argument(
+        "--gateways", type=timing.counts, default=[1, 2], help="the k to run, e.g. 1,2,4 (1,2)"
+    )
     parser.add_argument("--streams", type=int, default=64, help="S, streams at once (64)")
     parser.add_argument("--seconds", type=float, default=10.0, help="measured per k (10)")
     parser.add_argument("--warmup", type=float, default=2.0, help="before measuring (2)")
@@ -64,12 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sync", type=float, default=0.05, help="the gateways' --sync (0.05)")
     parser.add_argument("--drivers", type=int, default=None, help="load generators (k)")
     args = parser.parse_args(argv)
-    try:
-        ks = [int(k) for k in args.gateways.split(",")]
-    except ValueError:
-        parser.error(f"--gateways: whole numbers joined by commas, not {args.gateways!r}")
-    if min(ks) < 1 or args.streams < 1 or args.backends < 1 or args.tokens < 1:
-        parser.error("--gateways, --streams, --backends and --tokens: at least 1")
+    ks = args.gateways
+    if args.streams < 1 or args.backends < 1 or args.tokens < 1:
+        parser.error("--streams, --backends and --tokens: at least 1")
     if not args.seconds > 0 or args.warmup < 0 or args.pace < 0:
         parser.error("--seconds > 0, --warmup and --pace >= 0")
     if shutil.which("redis-server") is None:

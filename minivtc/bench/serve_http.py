@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 
 from minivtc.bench.peer import TCMALLOC, vllm_python
-from minivtc.bench.timing import load_line, machine_line, spread
+from minivtc.bench.timing import counts, load_line, machine_line, spread
 from minivtc.gateway.proxy import free_port, wait_healthy
 from minivtc.vllm_plugin.overload import ASYNC_FAIR_SCHEDULER
 
@@ -40,7 +40,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawTextHelpFormatter,
     )
-    p.add_argument("--streams", default="1,16,64", help="concurrent streams (default 1,16,64)")
+    p.add_argument(
+        "--streams", type=counts, default=[1, 16, 64], help="concurrent streams (default 1,16,64)"
+    )
     p.add_argument("--prompt-tokens", type=int, default=32, help="per request (default 32)")
     p.add_argument("--new-tokens", type=int, default=64, help="per request, EOS ignored (64)")
     p.add_argument(
@@ -60,9 +62,9 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="also vLLM with VTC inside it (AsyncFairScheduler): what the plugin costs vLLM",
     )
     args = p.parse_args(argv)
-    args.stream_counts = [int(s) for s in args.streams.split(",")]
-    if args.rounds < 1 or args.requests < 1 or min(args.stream_counts) < 1:
-        p.error("--rounds, --requests and every stream count: at least 1")
+    args.stream_counts = args.streams
+    if args.rounds < 1 or args.requests < 1:
+        p.error("--rounds and --requests: at least 1")
     return args
 
 
@@ -81,7 +83,8 @@ def main(argv: list[str]) -> int:
     print(machine_line(env), flush=True)
     print(
         f"{weights}, {args.dtype}, /v1/completions streamed, prompts of {args.prompt_tokens} "
-        f"tokens, {args.new_tokens} new tokens (EOS ignored), streams {args.streams}, "
+        f"tokens, {args.new_tokens} new tokens (EOS ignored), "
+        f"streams {','.join(map(str, args.streams))}, "
         f"{args.rounds} rounds after a warm-up"
     )
     if vllm is None:

@@ -9,12 +9,24 @@ compares two different machines. Used by `suite.py` and `policy.py`.
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
 from collections.abc import Callable
 
-__all__ = ["interleaved", "load_line", "machine_line", "ratios", "spread"]
+__all__ = ["counts", "interleaved", "load_line", "machine_line", "ratios", "spread"]
+
+
+def counts(text: str) -> list[int]:
+    """An argparse type: whole numbers of at least 1 joined by commas ("1,16,64")."""
+    try:
+        values = [int(part) for part in text.split(",")]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"whole numbers >= 1 joined by commas, not {text!r}")
+    return values
 
 
 def interleaved(
