@@ -5,9 +5,12 @@ A lesson's code cells (but the solutions, which the edition drops) that define a
 assignment asks for (by its name: a module's function, or the method of the asked class or of a
 class built on it) are pasted into the edition as the student's answer, the assignment's other
 functions left as the edition's stubs, and graded: none may gain a point. A planted cell holding
-the reference's own `table_metrics` shows the same path finds and scores a real answer. The
-docstrings of every file the edition keeps are searched for the problem sets' answers, by their
-key numbers and phrases (`ANSWERS`)."""
+the reference's own `table_metrics` shows the same path finds and scores a real answer. Under
+another name an answer escapes that check, so no lesson's loop may make the calls an answer's
+loop makes, in its order, whatever the function holding it is called (Lesson 5's `one_round`
+once made `admission_round`'s: peek, dispatch before the next peek; a3's answer renamed, its
+room counted where the answer asks `place`). The docstrings of every file the edition keeps
+are searched for the problem sets' answers, by their key numbers and phrases (`ANSWERS`)."""
 
 from __future__ import annotations
 
