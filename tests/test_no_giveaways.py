@@ -5,9 +5,12 @@ A lesson's code cells (but the solutions, which the edition drops) that define a
 assignment asks for (by its name: a module's function, or the method of the asked class or of a
 class built on it) are pasted into the edition as the student's answer, the assignment's other
 functions left as the edition's stubs, and graded: none may gain a point. A planted cell holding
-the reference's own `table_metrics` shows the same path finds and scores a real answer. The
-docstrings of every file the edition keeps are searched for the problem sets' answers, by their
-key numbers and phrases (`ANSWERS`)."""
+the reference's own `table_metrics` shows the same path finds and scores a real answer. Under
+another name an answer escapes that check, so no lesson's loop may make the calls an answer's
+loop makes, in its order, whatever the function holding it is called (Lesson 5's `one_round`
+once made `admission_round`'s: peek, dispatch before the next peek; a3's answer renamed, its
+room counted where the answer asks `place`). The docstrings of every file the edition keeps
+are searched for the problem sets' answers, by their key numbers and phrases (`ANSWERS`)."""
 
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import ast
 import fnmatch
 import json
 import re
+from collections import deque
 from pathlib import Path
 
 import pytest
@@ -183,3 +187,89 @@ def test_the_reference_answer_pasted_from_a_cell_is_found_and_scores(tmp_path):
     a, qualname, code = found
     assert (a.key, qualname) == ("a5_metric", "table_metrics")
     assert points(a, qualname, code, tmp_path) == a.max_points
+
+
+# Methods every list, dict, set and deque has: a loop's bookkeeping, not a mechanism's calls
+CONTAINER_METHODS = frozenset(name for kind in (list, dict, set, deque) for name in dir(kind))
+
+# Lesson 5's round as it once was: peek, dispatch, before the next peek (a3's answer, renamed)
+OLD_ROUND = """
+def one_round(policy, room, charge_at_dispatch=True):
+    admitted = []
+    while (request := policy.peek()) is not None and len(admitted) < room:
+        policy.dispatch(request)
+        admitted.append(request)
+    return "".join(r.client_id for r in admitted)
+"""
+
+
+def loop_calls(tree: ast.AST) -> list[list[str]]:
+    """For each loop in `tree` (a `for` or `while`, its test included), the methods it calls on
+    a named object (`policy.peek()`, `heapq.heappop()`), in the order they are written, less
+    the containers' own."""
+    found = []
+    for loop in ast.walk(tree):
+        if isinstance(loop, (ast.For, ast.While)):
+            calls = sorted(
+                (n.lineno, n.col_offset, n.func.attr)
+                for n in ast.walk(loop)
+                if isinstance(n, ast.Call)
+                and isinstance(n.func, ast.Attribute)
+                and n.func.attr not in CONTAINER_METHODS
+                and named(n.func.value)
+            )
+            found.append([name for *_, name in calls])
+    return found
+
+
+def named(node: ast.expr) -> bool:
+    while isinstance(node, (ast.Attribute, ast.Subscript, ast.Call)):
+        node = node.func if isinstance(node, ast.Call) else node.value
+    return isinstance(node, ast.Name)
+
+
+def answer_loops() -> list[tuple[str, list[str]]]:
+    """(assignment: function, the calls of one of its loops) for each loop of a reference
+    answer that calls two methods or more: a round, a pick, a displacement."""
+    return [
+        (f"{a.key}: {qualname}", calls)
+        for a in ASSIGNMENTS
+        for file, qualname in a.reference_functions
+        for calls in loop_calls(find(ast.parse((PACKAGE / file).read_text()), qualname))
+        if len(set(calls)) >= 2
+    ]
+
+
+def copies(tree: ast.AST, answers: list[tuple[str, list[str]]]) -> list[str]:
+    """The answers one of `tree`'s loops makes the calls of, in their order (among others)."""
+    return [
+        f"{name} ({', '.join(calls)})"
+        for made in loop_calls(tree)
+        for name, calls in answers
+        if in_order(calls, made)
+    ]
+
+
+def in_order(calls: list[str], made: list[str]) -> bool:
+    rest = iter(made)
+    return all(call in rest for call in calls)
+
+
+def test_no_lesson_loop_makes_an_answer_s_loop_calls_in_its_order():
+    answers = answer_loops()
+    found = [
+        f"{notebook.relative_to(LESSONS)} cell {i}: {copy}"
+        for notebook in sorted(LESSONS.rglob("*.ipynb"))
+        for i, tree in visible_cells(notebook)
+        for copy in copies(tree, answers)
+    ]
+    assert not found, f"lesson loops that are an answer's loop renamed: {found}"
+
+
+def test_the_loop_search_finds_lesson_5_s_old_round_and_what_it_looks_for():
+    answers = dict(answer_loops())
+    assert answers["a3_batching: admission_round"] == ["peek", "dispatch"]
+    assert answers["a3_batching: Engine.make_room"] == ["reserve", "displace", "preempt"]
+    assert copies(ast.parse(OLD_ROUND), answer_loops()) == [
+        "a3_batching: admission_round (peek, dispatch)"
+    ]

@@ -3,9 +3,9 @@
 Owns `release(out)` (the edition: the package, its bundled model, the lessons without their
 solution cells, and a README; every assignment's function kept up to its docstring and then
 `raise NotImplementedError`, by `surgery.stub`), what the edition holds in place of an answer
-(the capstone's skeleton, the placeholder of its instructor's answer) and the edition's README
-with each assignment's rubric. Does not own grading (`grade.py`) or the source surgery it
-shares with the grader (`surgery.py`).
+(the placeholder of the capstone's instructor's answer, DRR; each own file's empty class is
+`skeletons.py`'s) and the edition's README with each assignment's rubric. Does not own grading
+(`grade.py`) or the source surgery it shares with the grader (`surgery.py`).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import sys
 from pathlib import Path
 
 from minivtc.course.assignments import ASSIGNMENTS
-from minivtc.course.design.skeletons import SKELETONS
 from minivtc.course.rubrics import rubric_table
+from minivtc.course.skeletons import SKELETONS
 from minivtc.course.staff import staff_module
 from minivtc.course.surgery import find, is_docstring, stub
 
@@ -59,7 +59,7 @@ def release(out: str | Path) -> Path:
             path.write_text(stub(path.read_text(), qualname, message))
         if a.own_file is not None:
             path = out / "minivtc" / a.own_file
-            path.write_text(skeleton(path.read_text(), a.key, SKELETONS.get(a.own_file, SKELETON)))
+            path.write_text(skeleton(path.read_text(), a.key, SKELETONS[a.own_file]))
         for file in sorted({f for f, _ in a.answer} - set(instructor_only(a))):
             (out / "minivtc" / file).write_text(placeholder(a.key))
     for file in sorted({f for a in ASSIGNMENTS for f, _ in a.functions}):
@@ -78,9 +78,8 @@ def release(out: str | Path) -> Path:
 
 
 def skeleton(source: str, key: str, empty: str) -> str:
-    """An own-file assignment's file for the edition: its docstring (the task) and `empty`
-    (`SKELETON`, an empty `FairPolicy`, or a design assignment's: `design/skeletons.py`),
-    every method raising NotImplementedError."""
+    """An own-file assignment's file for the edition: its docstring (the task) and `empty`,
+    its class with every method raising NotImplementedError (`skeletons.py`)."""
     tree = ast.parse(source)
     if not tree.body or not is_docstring(tree.body[0]):
         raise ValueError(f"{key}'s file must open with its docstring: the task")
@@ -94,54 +93,6 @@ def instructor_only(a) -> list[str]:
     """`a`'s answer files kept in `course/instructor/`, which the edition leaves out whole
     (the design assignments'): no placeholder is written for them."""
     return [f for f, _ in a.answer if f.startswith("course/instructor/")]
-
-
-SKELETON = """
-from __future__ import annotations
-
-from collections.abc import Iterator
-
-from minivtc.fairness.cost import PAPER_COST, Cost
-from minivtc.requests.request import Request
-from minivtc.fairness.scheduler import Scheduler
-
-
-class FairPolicy(Scheduler):
-    \"\"\"Your fair policy (the module docstring says what it must do).\"\"\"
-
-    BOUND = ""  # your bound in words, with the argument for it
-
-    def __init__(self, cost: Cost = PAPER_COST) -> None:
-        self.cost = cost  # what service is priced by: the bound's w_p and w_q
-        self.name = "fair"
-
-    def add(self, request: Request, now: float) -> str | None:
-        raise NotImplementedError(MESSAGE)
-
-    def peek(self) -> Request | None:
-        raise NotImplementedError(MESSAGE)
-
-    def dispatch(self, request: Request) -> None:
-        raise NotImplementedError(MESSAGE)
-
-    def on_decode(self, requests: list[Request]) -> None:
-        raise NotImplementedError(MESSAGE)
-
-    def on_finish(self, request: Request) -> None:
-        raise NotImplementedError(MESSAGE)
-
-    def remove(self, request: Request) -> None:
-        raise NotImplementedError(MESSAGE)
-
-    def requeue(self, request: Request) -> None:
-        raise NotImplementedError(MESSAGE)
-
-    def waiting(self) -> Iterator[Request]:
-        raise NotImplementedError(MESSAGE)
-
-    def gap_bound(self, u: float) -> float | None:
-        raise NotImplementedError(MESSAGE)
-"""
 
 
 def placeholder(key: str) -> str:

@@ -6,5 +6,5 @@ by properties any right answer has (the quota never exceeded, work conservation,
 a backlogged gap within the bound the student states) on workloads drawn at grading time from
 a seed the student edition does not hold. The instructor's answers and that seed are in
 `course/instructor/`, which the edition leaves out; the edition ships each task's docstring
-with an empty class (`skeletons.py`).
+with an empty class (`course/skeletons.py`).
 """

@@ -9,20 +9,22 @@ through `design_bench.Watched`, which checks each call from outside the policy."
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from minivtc.course.design.quota import QuotaPolicy
 from minivtc.course.graded.design_bench import (
-    Watched,
+    SIZE_IDS,
+    SIZES,
+    check_equal_shares,
+    check_gap,
+    check_states_bounds,
     quota_workload,
     seeds,
+    serve_watched,
     u_of,
 )
 from minivtc.course.graded.driver import Arrival, Step
-from minivtc.course.graded.testbed import serve, worst_gap
-from minivtc.fairness.scheduler import Scheduler
+from minivtc.course.graded.testbed import worst_gap
 
 __all__ = []
 
@@ -31,32 +33,26 @@ SEEDS = seeds(1)
 
 def run(arrivals: list[Arrival], kv_tokens: int, quotas: dict[str, int]):
     """The bench's run of QuotaPolicy(quotas) through the watch: (watch, steps, refused)."""
-    watch = Watched(QuotaPolicy(quotas), quotas)
-    _, steps, refused = serve(watch, arrivals, kv_tokens)
-    return watch, steps, refused
+    return serve_watched(QuotaPolicy(quotas), arrivals, kv_tokens, quotas)
 
 
-def check_gap(steps: list[Step], clients: list[str], u: float, what: str) -> None:
+def check_free_gap(steps: list[Step], clients: list[str], u: float, what: str) -> None:
+    """Two of `clients` (no quota), both waiting, within the stated gap_bound(u) and 4U."""
     bound = QuotaPolicy().gap_bound(u)
     assert bound is not None, "gap_bound(u) returned None: state your policy's bound"
-    gap, f, g = worst_gap(steps, clients)
-    assert gap <= min(bound, 4 * u) + 1e-6, (
-        f"{what}: {f} and {g} (no quota) both waiting, service gap {gap:g} ({gap / u:.2f}U) > "
-        f"your gap_bound(U = {u:g}) = {bound:g} or 4U: a client the quota holds back must not "
-        "pull the lift's floor down, nor come back with credit it banked while held back"
+    hint = (
+        "a client the quota holds back must not pull the lift's floor down, nor come back with "
+        "credit it banked while held back"
     )
+    check_gap(steps, clients, u, bound, who=what + ": {f} and {g} (no quota)", hint=hint)
 
 
 def test_it_is_a_scheduler_and_states_its_bound():
     """QuotaPolicy is a Scheduler, gap_bound(u) is a finite number within 4U, BOUND argues it."""
-    assert isinstance(QuotaPolicy(), Scheduler), "QuotaPolicy must be a Scheduler"
-    for u in (64.0, 256.0, 10_000.0):
-        bound = QuotaPolicy().gap_bound(u)
-        assert bound is not None and math.isfinite(bound) and 0 <= bound <= 4 * u, (
-            f"gap_bound({u:g}) = {bound}: state a finite bound within 4U"
-        )
-    words = len(str(getattr(QuotaPolicy, "BOUND", "")).split())
-    assert words >= 40, f"BOUND has {words} words: state your bound and argue for it"
+    policy = QuotaPolicy()
+    check_states_bounds(
+        policy, lambda u: [policy.gap_bound(u)], "state your bound and argue for it"
+    )
 
 
 def test_the_stated_bound_is_reached_on_an_adversarial_workload(record_property):
@@ -138,9 +134,7 @@ def test_nothing_is_held_back_that_has_room(seed):
     assert not held, f"workload {seed}: {held[0]}"
 
 
-@pytest.mark.parametrize(
-    "sizes", [((4, 4), (16, 40)), ((40, 2), (2, 20))], ids=["small-large", "prompt-output"]
-)
+@pytest.mark.parametrize("sizes", SIZES, ids=SIZE_IDS)
 def test_clients_without_a_quota_share_equally_beside_a_capped_one(sizes):
     """A and B (no quota) and C (a quota of a quarter of the pool) always waiting: A and B get
     equal service whatever their request sizes, and C never holds more than its quota."""
@@ -150,11 +144,8 @@ def test_clients_without_a_quota_share_equally_beside_a_capped_one(sizes):
     arrivals += [Arrival(0.0, "C", 10, 20) for _ in range(150)]
     watch, steps, _ = run(arrivals, 120, quotas)
     assert not watch.broken, watch.broken[0]
-    busy = [s for s in steps if {"A", "B", "C"} <= s.backlogged]
-    total = {c: sum(s.service.get(c, 0.0) for s in busy) for c in "AB"}
-    assert busy and abs(total["A"] - total["B"]) <= 0.15 * max(total.values()), (
-        f"A and B, no quota, always waiting beside capped C: service {total}, not within 15%"
-    )
+    what = "A and B, no quota, always waiting beside capped C"
+    check_equal_shares(steps, {"A", "B", "C"}, ("A", "B"), what)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -163,7 +154,7 @@ def test_the_gap_stays_within_your_bound_on_random_workloads(seed):
     arrivals, m, quotas = quota_workload(seed)
     _, steps, _ = run(arrivals, m, quotas)
     free = sorted({a.client for a in arrivals} - set(quotas))
-    check_gap(steps, free, u_of(arrivals, m), f"workload {seed}")
+    check_free_gap(steps, free, u_of(arrivals, m), f"workload {seed}")
 
 
 def come_and_go_beside_a_capped_flood() -> tuple[list[Arrival], int, dict[str, int]]:
@@ -206,4 +197,4 @@ def test_the_gap_stays_within_your_bound_on_adversarial_workloads(make):
     watch, steps, _ = run(arrivals, m, quotas)
     assert not watch.broken, f"{make.__name__}: {watch.broken[0]}"
     free = sorted({a.client for a in arrivals} - set(quotas))
-    check_gap(steps, free, u_of(arrivals, m), make.__name__)
+    check_free_gap(steps, free, u_of(arrivals, m), make.__name__)

@@ -10,22 +10,24 @@ served by the course's bench (`testbed.py`) through `design_bench.Watched`."""
 
 from __future__ import annotations
 
-import math
-
 import pytest
 
 from minivtc.course.design.tenants import TenantPolicy
 from minivtc.course.graded.design_bench import (
+    SIZE_IDS,
+    SIZES,
     Watched,
     by_tenant,
+    check_equal_shares,
+    check_gap,
+    check_states_bounds,
     seeds,
+    serve_watched,
     tenant_of,
     tenant_workload,
     u_of,
 )
 from minivtc.course.graded.driver import Arrival, Step
-from minivtc.course.graded.testbed import serve, worst_gap
-from minivtc.fairness.scheduler import Scheduler
 
 __all__ = []
 
@@ -33,8 +35,7 @@ SEEDS = seeds(2)
 
 
 def run(arrivals: list[Arrival], kv_tokens: int) -> tuple[Watched, list[Step]]:
-    watch = Watched(TenantPolicy())
-    _, steps, _ = serve(watch, arrivals, kv_tokens)
+    watch, steps, _ = serve_watched(TenantPolicy(), arrivals, kv_tokens)
     return watch, steps
 
 
@@ -49,32 +50,23 @@ def check_gaps(steps: list[Step], arrivals: list[Arrival], u: float, what: str) 
     """Tenants within gap_bound(u), each tenant's users within user_gap_bound(u), all 4U."""
     tenants, users = bounds(u)
     names = sorted({tenant_of(a.client) for a in arrivals})
-    gap, f, g = worst_gap(by_tenant(steps), names)
-    assert gap <= min(tenants, 4 * u) + 1e-6, (
-        f"{what}: tenants {f} and {g} both waiting, service gap {gap:g} ({gap / u:.2f}U) > your "
-        f"gap_bound(U = {u:g}) = {tenants:g} or 4U: charge the tenant for every token of its "
-        "users, and lift a tenant that joins"
-    )
+    hint = "charge the tenant for every token of its users, and lift a tenant that joins"
+    check_gap(by_tenant(steps), names, u, tenants, who=what + ": tenants {f} and {g}", hint=hint)
     for t in names:
         mine = sorted({a.client for a in arrivals if tenant_of(a.client) == t})
-        gap, f, g = worst_gap(steps, mine)
-        assert gap <= min(users, 4 * u) + 1e-6, (
-            f"{what}: users {f} and {g} of tenant {t} both waiting, service gap {gap:g} "
-            f"({gap / u:.2f}U) > your user_gap_bound(U = {u:g}) = {users:g} or 4U: rank a "
-            "tenant's users by what each got, and lift a user that joins"
-        )
+        who = what + ": users {f} and {g} of tenant " + t
+        hint = "rank a tenant's users by what each got, and lift a user that joins"
+        check_gap(steps, mine, u, users, who=who, hint=hint, stated="user_gap_bound")
 
 
 def test_it_is_a_scheduler_and_states_its_bounds():
     """TenantPolicy is a Scheduler; both bounds are finite and within 4U; BOUND argues them."""
-    assert isinstance(TenantPolicy(), Scheduler), "TenantPolicy must be a Scheduler"
-    for u in (64.0, 256.0, 10_000.0):
-        for bound in bounds(u):
-            assert math.isfinite(bound) and 0 <= bound <= 4 * u, (
-                f"a bound of {bound} for U = {u:g}: state a finite bound within 4U"
-            )
-    words = len(str(getattr(TenantPolicy, "BOUND", "")).split())
-    assert words >= 40, f"BOUND has {words} words: state your bounds and argue for them"
+    policy = TenantPolicy()
+    check_states_bounds(
+        policy,
+        lambda u: [policy.gap_bound(u), policy.user_gap_bound(u)],
+        "state your bounds and argue for them",
+    )
 
 
 def test_a_preempted_request_waits_first_again_and_an_aborted_one_is_forgotten():
@@ -116,16 +108,11 @@ def test_tenants_share_equally_whatever_their_number_of_users():
     clients = ["X/a", "Y/a", "Y/b", "Y/c", "Y/d"]
     arrivals = [Arrival(0.0, c, 8, 8) for c in clients for _ in range(100)]
     _, steps = run(arrivals, 96)
-    busy = [s for s in by_tenant(steps) if s.backlogged == {"X", "Y"}]
-    total = {t: sum(s.service.get(t, 0.0) for s in busy) for t in "XY"}
-    assert busy and abs(total["X"] - total["Y"]) <= 0.15 * max(total.values()), (
-        f"tenant X (1 user) and Y (4 users), always waiting: service {total}, not within 15%"
-    )
+    what = "tenant X (1 user) and Y (4 users), always waiting"
+    check_equal_shares(by_tenant(steps), {"X", "Y"}, ("X", "Y"), what)
 
 
-@pytest.mark.parametrize(
-    "sizes", [((4, 4), (16, 40)), ((40, 2), (2, 20))], ids=["small-large", "prompt-output"]
-)
+@pytest.mark.parametrize("sizes", SIZES, ids=SIZE_IDS)
 def test_users_of_a_tenant_share_equally_whatever_their_request_sizes(sizes):
     """Tenant T's users a and b (requests of different sizes) and tenant S's one user, all
     always waiting: a and b get equal service."""
@@ -133,11 +120,8 @@ def test_users_of_a_tenant_share_equally_whatever_their_request_sizes(sizes):
     arrivals += [Arrival(0.0, "T/b", *sizes[1]) for _ in range(150)]
     arrivals += [Arrival(0.0, "S/a", 10, 10) for _ in range(150)]
     _, steps = run(arrivals, 120)
-    busy = [s for s in steps if {"T/a", "T/b", "S/a"} <= s.backlogged]
-    total = {c: sum(s.service.get(c, 0.0) for s in busy) for c in ("T/a", "T/b")}
-    assert busy and abs(total["T/a"] - total["T/b"]) <= 0.15 * max(total.values()), (
-        f"users a and b of tenant T, always waiting: service {total}, not within 15%"
-    )
+    what = "users a and b of tenant T, always waiting"
+    check_equal_shares(steps, {"T/a", "T/b", "S/a"}, ("T/a", "T/b"), what)
 
 
 @pytest.mark.parametrize("seed", SEEDS)

@@ -1,7 +1,10 @@
-"""What the student edition holds of each design assignment's file: its class, empty.
+"""What the student edition holds of each file a student writes whole: its class, empty.
 
-`edition.release` writes a design file as its docstring (the task) followed by its skeleton
-here; the instructor's answer (`course/instructor/`) is not in the edition.
+The capstone (a6, `capstone.py`: `FairPolicy`) and the design assignments (d1 and d2,
+`design/quota.py` and `design/tenants.py`) are each one file, written whole by the student.
+`edition.release` writes each as its docstring (the task) followed by its skeleton here, every
+method raising NotImplementedError; the instructors' answers (DRR, `course/instructor/`) are
+not in the edition. Does not own the release (`edition.py`).
 """
 
 from __future__ import annotations
@@ -46,6 +49,16 @@ METHODS = """
     def gap_bound(self, u: float) -> float | None:
         raise NotImplementedError(MESSAGE)
 """
+FAIR = '''
+class FairPolicy(Scheduler):
+    """Your fair policy (the module docstring says what it must do)."""
+
+    BOUND = ""  # your bound in words, with the argument for it
+
+    def __init__(self, cost: Cost = PAPER_COST) -> None:
+        self.cost = cost  # what service is priced by: the bound's w_p and w_q
+        self.name = "fair"
+'''
 QUOTA = '''
 class QuotaPolicy(Scheduler):
     """Your policy (the module docstring says what it must do)."""
@@ -73,6 +86,7 @@ USER_BOUND = """
 """
 # an own file (under minivtc/) -> the skeleton the edition writes after its docstring
 SKELETONS = {
+    "course/capstone.py": HEAD + FAIR + METHODS,
     "course/design/quota.py": HEAD + QUOTA + METHODS,
     "course/design/tenants.py": HEAD + TENANTS + METHODS + USER_BOUND,
 }
