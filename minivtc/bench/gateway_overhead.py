@@ -2,11 +2,15 @@
 `--streams N`, how the gateway holds a class's load.
 
 Owns the measurement: 8 stand-in backends (`standin_app`: an OpenAI-compatible server that
-streams 16 one-token chunks and its usage at once, so that the time measured is HTTP and the
-gateway, not a model), `minivtc route` in front of them with budgets no request waits for, and
-64 concurrent streams, 512 requests, sent twice: round-robin straight to the backends, then
-through the gateway. Per request, the time from sending it to its `[DONE]`: median and p99;
-and requests per second over the run. Each server is its own process, as in production.
+streams 16 one-token chunks and its usage, `--chunk-rate` chunks a second, default 20, as a
+model decodes; 0: all at once, so that the time measured is HTTP and the gateway alone, its
+capacity), `minivtc route` in front of them with budgets no request waits for, and 64
+concurrent streams, 512 requests, sent straight to the backends (round-robin) and through the
+gateway in turn, `--repeat` rounds (default 2). Per request, the time from sending it to its
+`[DONE]`: median and p99; requests per second over each pass; what the gateway added at the
+median (its median minus direct's, per round) and its throughput over direct's; and
+`/health` probed every 50 ms by a process of its own while the gateway serves. Each server is
+its own process, as in production.
 
 `--streams N` (`bench_class_load`): N streams held open at once through the gateway over two
 stand-in backends that send each of their 3 chunks `SLOW_S` apart (a class asking at once),
@@ -166,25 +170,57 @@ def probe(url: str) -> None:
             time.sleep(0.05)
 
 
-def bench_gateway(quick: bool = False) -> int:
+def bench_gateway(quick: bool = False, chunk_rate: float = 20.0, rounds: int = 2) -> int:
+    """The module docstring says what; prints a table and the gateway's cost."""
     n_backends, concurrency, requests = QUICK if quick else (NUM_BACKENDS, CONCURRENCY, REQUESTS)
-    backends, procs = start_backends(n_backends)
+    backends, procs = start_backends(n_backends, 1 / chunk_rate if chunk_rate else 0.0, CHUNKS)
     gateway, route = start_route(backends)
     procs.append(route)
+    passes: dict[str, list[tuple[list[float], float]]] = {"direct": [], "through gateway": []}
+    health: list[float] = []
     try:
         for url in [*backends, gateway]:
             wait_healthy(url)
-        direct = asyncio.run(load(lambda i: backends[i % n_backends], requests, concurrency))
-        routed = asyncio.run(load(lambda i: gateway, requests, concurrency))
+        asyncio.run(load(lambda i: gateway, concurrency, concurrency))  # warm-up, not measured
+        for _ in range(rounds):
+            direct = asyncio.run(load(lambda i: backends[i % n_backends], requests, concurrency))
+            passes["direct"].append(direct)
+            probe_process = subprocess.Popen(
+                [sys.executable, "-c", f"from {__name__} import probe; probe({gateway!r})"],
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+            passes["through gateway"].append(
+                asyncio.run(load(lambda i: gateway, requests, concurrency))
+            )
+            probe_process.terminate()
+            health += json.loads(probe_process.communicate()[0])["seconds"]
     finally:
         stop(procs)
-    print(f"{requests} streams of {CHUNKS} chunks, {concurrency} at once, {n_backends} backends")
+    pace = f"{chunk_rate:g} chunks/s each" if chunk_rate else "chunks at once"
+    print(
+        f"{requests} streams of {CHUNKS} chunks ({pace}), {concurrency} at once, {n_backends} "
+        f"backends, {rounds} rounds, direct and through the gateway in turn"
+    )
     print(f"{'':>16} {'median ms':>10} {'p99 ms':>8} {'req/s':>7}")
-    for name, (latencies, rate) in [("direct", direct), ("through gateway", routed)]:
+    for name, runs in passes.items():
+        latencies = [t for run, _ in runs for t in run]
         p99 = statistics.quantiles(latencies, n=100)[98]
+        rate = statistics.median(r for _, r in runs)
         print(
             f"{name:>16} {1e3 * statistics.median(latencies):>10.1f} {1e3 * p99:>8.1f} {rate:>7.0f}"
         )
+    pairs = list(zip(passes["direct"], passes["through gateway"], strict=True))
+    added = [1e3 * (statistics.median(g) - statistics.median(d)) for (d, _), (g, _) in pairs]
+    kept = [g / d for (_, d), (_, g) in pairs]
+    ms = sorted(1e3 * t for t in health)
+    print(
+        f"the gateway added {statistics.median(added):.1f} ms at the median "
+        f"[{min(added):.1f}, {max(added):.1f}] and kept {statistics.median(kept):.0%} "
+        f"[{min(kept):.0%}, {max(kept):.0%}] of direct's requests/s; /health from its own "
+        f"process while it served: median {statistics.median(ms):.0f} ms, worst {ms[-1]:.0f} ms "
+        f"({len(ms)} probes)"
+    )
     return 0
 
 

@@ -125,6 +125,13 @@ def main(argv: list[str] | None = None) -> int:
         "--gateway", action="store_true", help="route: the gateway's overhead instead"
     )
     parser.add_argument(
+        "--chunk-rate",
+        type=float,
+        default=20.0,
+        help="route --gateway: each stand-in stream's chunks per second, as a model decodes "
+        "(default 20); 0: all at once, the gateway's capacity",
+    )
+    parser.add_argument(
         "--streams",
         type=int,
         default=None,
@@ -136,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         type=int,
         default=None,
         help="engine, scheduler, sim, route: measured rounds, contenders interleaved "
-        "(default 5), after a discarded warm-up round (not sim --million)",
+        "(default 5; route --gateway 2), after a discarded warm-up round (not sim --million)",
     )
     parser.add_argument(
         "--threads",
@@ -150,6 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeat is not None and args.repeat < 1:
         parser.error("--repeat: at least 1")
+    if args.chunk_rate < 0:
+        parser.error("--chunk-rate: at least 0")
     if args.threads is not None and args.threads < 1:
         parser.error("--threads: at least 1")
     if args.what == "gpu":
@@ -166,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.streams is not None:
             return bench_class_load(args.streams)
         return (
-            bench_gateway(args.quick) if args.gateway else bench_route(args.quick, args.repeat or 5)
+            bench_gateway(args.quick, args.chunk_rate, args.repeat or 2)
+            if args.gateway
+            else bench_route(args.quick, args.repeat or 5)
         )
     if args.what == "checkpoint":
         if args.out is None:
