@@ -91,10 +91,10 @@ def admission_round(
     dispatched: Callable[[Request], None] | None = None,
 ) -> Request | None:
     """Algorithm 2's admission round: peek; `place` the request (reserve its memory; False: it
-    fits nowhere now) or stop, never skipping to one that would fit (Lemma 4.3's "a dispatch
-    raises the minimum by at most w_p L_input" would break); `dispatch` it, charging its
-    prompt now, before the next pick; then `dispatched` (a check's bookkeeping). Returns the
-    request the round stopped at (None: Q is empty)."""
+    fits nowhere now) or stop, never skipping to one that would fit (the argument behind Lemma
+    4.3, that a dispatch charges only the smallest counter, and by at most w_p L_input, would
+    break); `dispatch` it, charging its prompt now, before the next pick; then `dispatched` (a
+    check's bookkeeping). Returns the request the round stopped at (None: Q is empty)."""
     while (request := scheduler.peek()) is not None:
         if not place(request):
             return request
