@@ -18,9 +18,10 @@ Owns `penalize`, `sample()` and `Logprob` (what a caller may ask for, `SamplingP
      -inf).
 
    Rows of requests that ask for none of these are untouched (no copy).
-2. `sample`: greedy rows are one batched argmax; sampled rows each draw from their own
-   `torch.Generator`, so a request's tokens depend on its seed alone, never on which other
-   requests share its batch.
+2. `sample`: greedy rows are one batched argmax; the other rows' distributions are one batch
+   too (`probabilities`), and each draws its token with one uniform number from its own
+   `torch.Generator` (inverse transform sampling), so a request's tokens depend on its seed
+   alone, never on which other requests share its batch.
 3. `record_sampled` after each sampled token, `record_prompt` for the prompt positions a
    prefill computed: the log-probabilities a request asked for (`logprobs`,
    `prompt_logprobs`), as vLLM returns them (`Logprob`: the value, its rank, the token's text).
@@ -44,8 +45,8 @@ from torch import Tensor
 from minivtc.requests.params import SamplingParams as SamplingParams  # re-exported: vLLM's home
 from minivtc.requests.request import Request
 
-__all__ = ["Logprob", "SamplingParams", "min_p_filter", "penalize", "penalize_row", "record_prompt"]
-__all__ += ["record_sampled", "sample", "sample_each", "sample_row", "top_p_filter"]
+__all__ = ["Logprob", "SamplingParams", "min_p_filter", "penalize", "penalize_row", "probabilities"]
+__all__ += ["record_prompt", "record_sampled", "sample", "sample_each", "top_p_filter"]
 
 
 @dataclass(frozen=True)
@@ -68,16 +69,44 @@ class SamplingFailed(RuntimeError):
 def sample(
     logits: Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]
 ) -> list[int]:
-    """One token id per row of `logits` (N, V). Raises `SamplingFailed` naming the row at fault,
-    so the engine can fail that request alone."""
+    """One token id per row of `logits` (N, V): a greedy row's argmax, any other a draw from its
+    own distribution (`probabilities`) with its own generator. Raises `SamplingFailed` naming
+    the first row at fault (the rows before it drawn), so the engine can fail that request
+    alone."""
     logits = logits.float()  # (N, V)
-    tokens = logits.argmax(dim=-1).tolist()  # greedy for every row; sampled rows overwrite
-    for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
-        if not p.greedy:
-            try:
-                tokens[row] = sample_row(logits[row], p, gen)
-            except Exception as e:
-                raise SamplingFailed(row, e, tokens[:row]) from e
+    rows = [i for i, p in enumerate(params) if not p.greedy]
+    if not rows:
+        return logits.argmax(dim=-1).tolist()
+    tokens = [0] * len(params)
+    greedy = [i for i, p in enumerate(params) if p.greedy]
+    for row, token in zip(greedy, logits[greedy].argmax(dim=-1).tolist(), strict=True):
+        tokens[row] = token
+    # One batch for every drawn row: the distributions and their cumulative sums are row by row
+    # in the arithmetic, so a row's token never depends on the rows beside it.
+    probs = probabilities(logits[rows], [params[i] for i in rows])  # (S, V)
+    cdf = probs.cumsum(dim=-1, dtype=torch.float64)  # (S, V) (a float32 u could round to 1)
+    total = cdf[:, -1]  # (S,) a nan or an inf anywhere in a row reaches its total
+    valid = (torch.isfinite(total) & (total > 0)).tolist()
+    # Inverse transform sampling: a uniform u per row, from the request's own generator; the
+    # row's token is the first at which its cumulative probability reaches (1 - u) of its total,
+    # so token t is drawn with probability p_t / total, and a token of probability 0 never.
+    draws: list[float] = []
+
+    def settle() -> None:  # the tokens of the rows drawn so far
+        targets = (1 - torch.tensor(draws, dtype=torch.float64)) * cdf[: len(draws), -1]  # (D,)
+        picked = torch.searchsorted(cdf[: len(draws)], targets[:, None]).flatten().tolist()
+        for row, token in zip(rows, picked, strict=False):
+            tokens[row] = token
+
+    for k, row in enumerate(rows):
+        try:
+            if not valid[k]:
+                raise ValueError("its probabilities are not a distribution (nan, inf or all 0)")
+            draws.append(float(torch.rand(1, dtype=torch.float64, generator=generators[row])))
+        except Exception as e:
+            settle()
+            raise SamplingFailed(row, e, tokens[:row]) from e
+    settle()
     return tokens
 
 
@@ -98,20 +127,26 @@ def sample_each(
     return out
 
 
-def sample_row(logits: Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
-    # Shift so the largest logit is 0, in float64: with a tiny temperature (1e-40 is valid
-    # input) float32 logits / T overflow to inf, or T itself rounds to 0, and softmax gives
-    # NaN; shifted, the others go to -inf and the distribution is the argmax, as it should be.
-    logits = logits.cpu().double()  # (V,)
-    probs = torch.softmax((logits - logits.max()) / p.temperature, dim=-1)  # (V,)
-    if p.top_k > 0:  # (0 and vLLM's -1: no cut)
-        kth = torch.topk(probs, min(p.top_k, probs.numel())).values[-1]
-        probs = torch.where(probs >= kth, probs, 0.0)  # (V,)
-    if p.top_p < 1:
-        probs = top_p_filter(probs, p.top_p)  # (V,)
-    if p.min_p > 0:
-        probs = min_p_filter(probs, p.min_p)  # (V,)
-    return int(torch.multinomial(probs / probs.sum(), 1, generator=gen))
+def probabilities(logits: Tensor, params: list[SamplingParams]) -> Tensor:
+    """Each row's distribution to draw from (S, V): softmax(logits / T), then the cuts its
+    request asked for (top-k, top-p, min-p; what is cut is 0, the rest not renormalized)."""
+    # Shift so the largest logit is 0: with a tiny temperature (5e-324 is valid input) logits / T
+    # overflow to inf and softmax gives NaN; shifted, the others go to -inf and the distribution
+    # is the argmax, as it should be. A temperature below 1e-30 is taken as 1e-30 (in float32
+    # a smaller one may round to 0, and 0 / 0 is NaN): any two logits float32 tells apart are
+    # then e^(-10^23) apart, so both are the argmax, ties drawn evenly.
+    x = logits.cpu().float()  # (S, V)
+    temperature = torch.tensor([max(p.temperature, 1e-30) for p in params])  # (S,)
+    probs = torch.softmax((x - x.amax(dim=-1, keepdim=True)) / temperature[:, None], dim=-1)
+    for k, p in enumerate(params):  # a row at a time: few requests ask for a cut
+        if p.top_k > 0:  # (0 and vLLM's -1: no cut)
+            kth = torch.topk(probs[k], min(p.top_k, probs.shape[-1])).values[-1]
+            probs[k] = torch.where(probs[k] >= kth, probs[k], 0.0)  # (V,)
+        if p.top_p < 1:
+            probs[k] = top_p_filter(probs[k], p.top_p)  # (V,)
+        if p.min_p > 0:
+            probs[k] = min_p_filter(probs[k], p.min_p)  # (V,)
+    return probs  # (S, V)
 
 
 def top_p_filter(probs: Tensor, top_p: float) -> Tensor:
