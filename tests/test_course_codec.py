@@ -42,15 +42,83 @@ def test_a_request_sent_again_travels_as_its_changes():
     assert state_of(copy) == state_of(r)
 
 
+def deep(v: Any) -> Any:
+    """A request's fields, its parameters' and its lists', as values (types count)."""
+    if isinstance(v, (Request, SamplingParams)):
+        return {k: deep(x) for k, x in state_of(v).items()}
+    if isinstance(v, (list, tuple)):
+        return [deep(x) for x in v]
+    return (type(v), v)
+
+
+def test_a_request_unchanged_travels_as_its_id_and_a_step_as_what_it_changed():
+    tests, sandbox = ends()
+    r = Request("r1", "a", [5] * 300, SamplingParams(max_tokens=100), 0.0)
+    (copy,) = sandbox.decode(through(tests.encode([r])))
+    assert through(tests.encode([r]))["list"] == [{"ref": id(r)}]
+    r.output_ids.append(7)
+    r.num_computed = 301
+    step = through(tests.encode([r]))
+    grown = {"grown": id(r.output_ids), "list": [7]}
+    assert step["list"] == [{"delta": id(r), "set": [["num_computed", 301], ["output_ids", grown]]}]
+    assert sandbox.decode(step)[0] is copy
+    assert deep(copy) == deep(r)
+
+
+def test_whatever_the_tests_change_between_calls_reaches_the_sandbox_s_copy():
+    """A request sent again as its changes: after each of these, the sandbox's copy equals
+    the tests' request, field by field, its lists and its parameters included (a field set
+    to an equal value of another type, a list changed before its end, a list that replaced
+    a value and then grew, parameters changed in place, one parameters object shared)."""
+    tests, sandbox = ends()
+    shared = SamplingParams(max_tokens=100)
+    r = Request("r1", "a", [5] * 8, shared, 0.0)
+    s = Request("r2", "b", [6] * 4, shared, 0.0)
+    copies = sandbox.decode(through(tests.encode([r, s])))
+    changes = [
+        lambda: r.output_ids.extend([7, 8]),
+        lambda: setattr(r, "num_computed", 10),
+        lambda: setattr(r, "num_computed", 10.0),
+        lambda: r.output_ids.__setitem__(0, 9),
+        lambda: setattr(r, "status", Status.RUNNING),
+        lambda: setattr(r, "logprobs", []),
+        lambda: r.logprobs.append(-0.5),
+        lambda: r.logprobs.append(-0.25),
+        lambda: setattr(r, "output_ids", [1]),
+        lambda: r.output_ids.append(2),
+        lambda: object.__setattr__(shared, "temperature", 0.5),
+        lambda: r.prompt_ids.pop(),
+        lambda: setattr(s, "params", SamplingParams(max_tokens=3)),
+        lambda: object.__setattr__(shared, "max_tokens", 50),
+        lambda: object.__setattr__(shared, "note", "a field it did not have"),
+    ]
+    for change in changes:
+        change()
+        assert sandbox.decode(through(tests.encode([r, s]))) == copies
+        assert deep(copies) == deep([r, s])
+    assert copies[0].params is not copies[1].params
+
+
 def test_changes_of_what_was_never_sent_are_refused():
-    _, sandbox = ends()
-    state = {"dict": [], "kind": "dict", "id": 0, "factory": None}
+    """By the sandbox (it holds no such copy) and by the tests' side (it never takes changes:
+    what comes back is whole, checked, or the tests' own)."""
+    tests, sandbox = ends()
+    r = Request("r1", "a", [5] * 3, SamplingParams(max_tokens=4), 0.0)
+    (copy,) = sandbox.decode(through(tests.encode([r])))
+    for end in (sandbox, tests):
+        with pytest.raises(ChannelError, match="never sent"):
+            end.decode({"delta": 7, "set": []})
+        with pytest.raises(ChannelError, match="never sent"):
+            end.decode({"grown": 8, "list": [1]})
     with pytest.raises(ChannelError, match="never sent"):
-        sandbox.decode(
-            {"obj": "minivtc.requests.request:Request", "id": 7, "state": state, "delta": 1}
-        )
-    with pytest.raises(ChannelError, match="never sent"):
-        sandbox.decode({"list": [1], "id": 8, "grown": 1})
+        tests.decode({"delta": id(r), "set": [["num_cached", 3]]})
+    with pytest.raises(ChannelError, match="never sent"):  # (a request is no list)
+        sandbox.decode({"grown": id(r), "list": [1]})
+    with pytest.raises(ChannelError, match="by name"):
+        sandbox.decode({"delta": id(r), "set": [[1, 3]]})
+    with pytest.raises(ChannelError, match="plain"):
+        sandbox.decode({"grown": id(r.output_ids), "list": [{"obj": "os:system"}]})
+    assert r.num_cached == copy.num_cached == 0
 
 
 def test_the_tests_objects_come_back_as_themselves():

@@ -64,15 +64,15 @@ def answer(codec: Codec, message: dict) -> dict:
         # a function the tests call (a4b's `Engine.step` on their engine), not a live object's
         # method nor a class: what it did to the tests' objects is its result, sent back whole
         live = codec.live is not None and bool(args) and codec.live(args[0])
-        made = "call" in message and isinstance(resolve(message["call"]), type)
-        codec.whole = "call" in message and not live and not made
+        called = resolve(message["call"]) if "call" in message else None
+        codec.whole = "call" in message and not live and not isinstance(called, type)
         if "set" in message:
             setattr(codec.decode({"handle": message["self"]}), message["set"], args[0])
             return {"ok": codec.encode([None, args, kwargs])}
         if "method" in message:
             function = getattr(codec.decode({"handle": message["self"]}), message["method"])
         else:
-            function = resolve(message["call"])
+            function = called
         result = items_of(function(*args, **kwargs))
         return {"ok": codec.encode([result, args, kwargs])}
     except BaseException as e:  # noqa: BLE001 (the student's code may raise anything)
