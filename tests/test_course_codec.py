@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 
 from minivtc.course.caller import Session
-from minivtc.course.channel import ChannelError, Opaque, state_of
+from minivtc.course.channel import ChannelError, Opaque, receive, state_of
 from minivtc.course.codec import Codec
-from minivtc.course.worker import describe_class, lives
+from minivtc.course.worker import answer, describe_class, lives
 from minivtc.fairness.vtc import VTC
 from minivtc.requests.params import SamplingParams
 from minivtc.requests.request import Request, Status
@@ -191,11 +191,13 @@ def test_the_stand_in_reads_the_object_in_the_sandbox_not_its_base_s_class():
 
 
 RAISED = {"raised": {"type": "builtins:ValueError", "message": "broken"}}
+RAISED_LATER = RAISED | {"later": True}  # (a call left for later answers only if it raised)
 OK = {"ok": Codec(trusted=False).encode([None, [], {}])}
 
 
 class Piped(Session):
-    """A session whose worker's answers are `replies`, in order (what it is sent is dropped)."""
+    """A session whose worker's answers are `replies`, in order; what it is sent is read back
+    by `sent` (the pipe's two ends are the session's inbox and outbox)."""
 
     def __init__(self, replies: list[dict]) -> None:
         super().__init__({"deadline": 0, "live": []})
@@ -203,7 +205,15 @@ class Piped(Session):
         self.inbox, self.outbox = os.pipe()
 
     def await_reply(self) -> dict:
+        if not self.replies:
+            raise ChannelError("no answer")
         return self.replies.pop(0)
+
+    def sent(self) -> dict:
+        return receive(self.inbox, float("inf"))
+
+    def stop(self) -> None:  # (no sandbox to kill: a failed call stops the session)
+        self.unread = 0
 
     def close(self) -> None:
         os.close(self.inbox)
@@ -215,25 +225,27 @@ class Piped(Session):
 def test_a_method_s_answer_read_later_still_fails_the_next_call():
     """`caller.LATER`: `on_decode` is not waited for, but its failure comes with the next
     call's answer, before that call returns."""
-    session = Piped([RAISED, OK])
+    session = Piped([RAISED_LATER, OK])
     try:
         assert session.ask({"call": "on_decode"}, (), {}, later=True) is None
-        assert session.unread == 1 and session.replies == [RAISED, OK]
+        assert session.sent()["later"] and session.unread == 1
         with pytest.raises(ValueError, match="broken"):
             session.ask({"call": "peek"}, (), {})
+        assert "later" not in session.sent()
         assert session.unread == 0 and not session.replies
     finally:
         session.close()
 
 
 def test_an_answer_left_for_later_is_read_at_the_test_s_end():
-    session = Piped([RAISED, OK, OK, OK])
+    session = Piped([RAISED_LATER, OK, OK])
     try:
         session.ask({"call": "on_finish"}, (), {}, later=True)
         with pytest.raises(ValueError, match="broken"):
             session.settle()
         session.ask({"call": "on_finish"}, (), {}, later=True)
-        session.settle()
+        session.ask({"call": "on_finish"}, (), {}, later=True)
+        session.settle()  # (two calls that did not raise: no answer but the settling call's)
         assert session.unread == 0 and not session.replies
     finally:
         session.close()
@@ -244,6 +256,27 @@ def test_nothing_is_left_for_later_once_the_sandbox_may_call_the_tests_back():
     try:
         session.codec.callable_sent = True  # (a test's predictor was sent: see above)
         session.ask({"call": "on_finish"}, (), {}, later=True)
+        assert "later" not in session.sent()
         assert session.unread == 0 and not session.replies
     finally:
         session.close()
+
+
+def test_only_a_call_left_for_later_that_raised_is_answered():
+    """The sandbox's side: no answer to a call left for later unless it raised (saying so);
+    the tests' side: an answer to such a call that is not a failure, or answers past the calls
+    sent, fail the call."""
+    sandbox = Codec(trusted=False)
+    call = {"call": "builtins:len", "args": sandbox.encode([[[1, 2]], {}])}
+    assert Codec(trusted=True).decode(answer(sandbox, call)["ok"])[0] == 2
+    assert answer(sandbox, call | {"later": 1}) is None
+    broken = {"call": "builtins:len", "args": sandbox.encode([[3], {}]), "later": 1}
+    assert answer(sandbox, broken)["later"] and "TypeError" in str(answer(sandbox, broken))
+    for replies in ([OK | {"later": True}, OK], [RAISED_LATER, RAISED_LATER]):
+        session = Piped(replies)
+        try:
+            session.ask({"call": "on_finish"}, (), {}, later=True)
+            with pytest.raises(ChannelError, match="answer"):
+                session.ask({"call": "peek"}, (), {})
+        finally:
+            session.close()

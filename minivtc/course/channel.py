@@ -4,7 +4,8 @@ results out, as JSON on a pair of pipes.
 Owns the framing (`send`, `receive`: a length, then the JSON; every read has a deadline and a
 size cap, so that nothing the sandbox does can stall the grader), `ChannelError` (what the
 sandbox sent cannot be taken: the test that called fails with it), and the values that stand
-for what cannot travel (`Foreign`, `Opaque`). Turning values into JSON and back is
+for what cannot travel (`Foreign`, `Opaque`), and the exception the sandbox's code raised as
+the grader may make it (`rebuilt`). Turning values into JSON and back is
 `codec.py`'s; running calls is `caller.py`'s (the grader's side) and `worker.py`'s (the
 sandbox's).
 """
@@ -12,6 +13,7 @@ sandbox's).
 from __future__ import annotations
 
 import base64
+import builtins
 import functools
 import importlib
 import json
@@ -28,8 +30,8 @@ import torch
 
 __all__ = ["ChannelError", "DTYPES", "FUNCTIONS", "Foreign", "KINDS", "Opaque", "PLAIN"]
 __all__ += ["Remote", "SEQUENCES", "TIMED_OUT", "function_node", "importable", "is_plain"]
-__all__ += ["items_of", "name_of", "receive", "refill", "resolve", "send", "set_state", "slots_of"]
-__all__ += ["SCALARS", "snapshot_of", "state_of", "tensor_node", "tensor_of"]
+__all__ += ["items_of", "name_of", "rebuilt", "receive", "refill", "resolve", "send", "set_state"]
+__all__ += ["SCALARS", "slots_of", "snapshot_of", "state_of", "tensor_node", "tensor_of"]
 
 TIMED_OUT = "no answer within the time limit"  # a failure's note that `grade.py` looks for
 MAX_MESSAGE = 256 << 20  # bytes: a1's and a3's tensors fit many times over
@@ -242,6 +244,29 @@ def items_of(result: Any) -> Any:
     return (
         list(result) if isinstance(result, Iterator) and not isinstance(result, deque) else result
     )
+
+
+def rebuilt(raised: Any) -> BaseException:
+    """The exception the student's code raised, as the grader may make it: a built-in or the
+    package's exception class with its message, else a RuntimeError naming it."""
+    if type(raised) is not dict:
+        return ChannelError("a malformed exception")
+    name, message = str(raised.get("type")), str(raised.get("message"))[:2000]
+    module, _, qualname = name.partition(":")
+    cls: Any = None
+    if module == "builtins":
+        cls = getattr(builtins, qualname, None)
+    elif module.startswith("minivtc.") and not module.startswith("minivtc.course"):
+        try:
+            cls = resolve(name)
+        except (ImportError, AttributeError):
+            cls = None
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(message)
+        except Exception:
+            pass
+    return RuntimeError(f"{qualname}: {message}")
 
 
 # -- framing ---------------------------------------------------------------------------------

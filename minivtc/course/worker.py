@@ -5,10 +5,11 @@ package copy that holds the student's code; IN and OUT are the channel's file de
 (`channel.py`). It answers `hello` (import the assignment's modules, the student's code with
 them, and describe the classes and functions of a file the student writes whole, the
 capstone), `call` (run one function on the arguments sent, and send back its result and what
-it did to its arguments) and, live (a4, a6: the policies stay here between calls, `lives`),
-`get`, `set` and `method` on an object kept here, by its handle. While a call runs it may ask
-the grader to call back one of the test's own functions or helpers (`Opaque`). Decides
-nothing: whatever it sends is checked by the grader's tests (`caller.py`).
+it did to its arguments; a call left for later, `later`, is answered only if it raised) and,
+live (a4, a6: the policies stay here between calls, `lives`), `get`, `set` and `method` on an
+object kept here, by its handle. While a call runs it may ask the grader to call back one of
+the test's own functions or helpers (`Opaque`). Decides nothing: whatever it sends is checked
+by the grader's tests (`caller.py`).
 """
 
 from __future__ import annotations
@@ -43,10 +44,12 @@ def main(argv: list[str]) -> int:
             message = receive(inbox, float("inf"))
         except Exception:  # the grader is gone: so is this
             return 0
-        send(outbox, answer(codec, message))
+        reply = answer(codec, message)
+        if reply is not None:  # (a call left for later that did not raise: no answer)
+            send(outbox, reply)
 
 
-def answer(codec: Codec, message: dict) -> dict:
+def answer(codec: Codec, message: dict) -> dict | None:
     if "hello" in message:
         said, live = hello(message["hello"], message.get("own")), message.get("live")
         try:
@@ -74,13 +77,14 @@ def answer(codec: Codec, message: dict) -> dict:
         else:
             function = called
         result = items_of(function(*args, **kwargs))
-        return {"ok": codec.encode([result, args, kwargs])}
+        return None if message.get("later") else {"ok": codec.encode([result, args, kwargs])}
     except BaseException as e:  # noqa: BLE001 (the student's code may raise anything)
         raised = {"type": name_of(type(e)), "message": str(e)[:MESSAGE_CHARS]}
+        found = {"raised": raised, "later": bool(message.get("later"))}
         try:
-            return {"raised": raised, "state": codec.encode([None, args, kwargs])}
+            return found | {"state": codec.encode([None, args, kwargs])}
         except Exception:
-            return {"raised": raised}
+            return found
 
 
 def got(codec: Codec, kept: Any, name: str) -> dict:
