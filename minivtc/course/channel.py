@@ -169,8 +169,9 @@ def state_of(v: Any) -> dict:
 
 def set_state(v: Any, state: dict) -> None:
     """`v`'s fields (`state_of`) set to `state`."""
+    slots = slots_of(v.__class__)
     for name, value in state.items():
-        if name in slots_of(v.__class__):
+        if name in slots:
             object.__setattr__(v, name, value)
         else:
             vars(v)[name] = value

@@ -25,7 +25,6 @@ from minivtc.course.channel import (
     SCALARS,
     ChannelError,
     Foreign,
-    refill,
     set_state,
     slots_of,
     state_of,
@@ -93,17 +92,18 @@ class Held:
     def inside(self, x: Any, seen: set[int], enc: Callable) -> Any:
         """The node for a field that holds the object it held when sent: None where the other
         side's copy holds all of it (unchanged, or sent elsewhere in this message)."""
-        if id(x) in seen:
+        key = id(x)
+        if key in seen:
             return None
-        if type(x) is list and (tail := self.tail(x, id(x))) is not None:  # (a request's tokens)
-            seen.add(id(x))
-            return {"grown": id(x), "list": tail} if tail else None
-        if id(x) in self.states:  # (an object sent before: a request's parameters)
-            seen.add(id(x))
-            if (node := self.changes(x, id(x), seen, enc)) is not None:
+        if type(x) is list and (tail := self.tail(x, key)) is not None:  # (a request's tokens)
+            seen.add(key)
+            return {"grown": key, "list": tail} if tail else None
+        if key in self.states:  # (an object sent before: a request's parameters)
+            seen.add(key)
+            if (node := self.changes(x, key, seen, enc)) is not None:
                 return None if "ref" in node else node
-            del self.states[id(x)]  # (its fields are others: whole)
-            seen.discard(id(x))
+            del self.states[key]  # (its fields are others: whole)
+            seen.discard(key)
         node = enc(x, seen)
         return None if unchanged(node) else node
 
@@ -114,11 +114,12 @@ class Held:
         old = self.lists.get(ident)
         if old is None:
             return None
-        if len(v) == len(old):  # (the common case, a prompt: compared without a copy)
+        held, now = len(old), len(v)
+        if now == held:  # (the common case, a prompt: compared without a copy)
             return [] if v == old else None
-        tail = v[len(old) :]
-        if len(v) < len(old) or v[: len(old)] != old:
+        if now < held or v[:held] != old:
             return None
+        tail = v[held:]
         if not SCALARS.issuperset(map(type, tail)):
             return None
         old.extend(tail)
@@ -131,7 +132,9 @@ def changed(held: Any, tag: str, n: dict, dec: Callable, memo: dict[int, Any]) -
     if held is None or (tag == "grown") != (type(held) is list):
         raise ChannelError(f"the changes of an object that was never sent ({tag})")
     if tag == "grown":
-        refill(held, "list", n["list"], True)
+        if type(n["list"]) is not list or not SCALARS.issuperset(map(type, n["list"])):
+            raise ChannelError("a list grown by what is not plain values")
+        held.extend(n["list"])
         return held
     state = {k: x if x is None or type(x) in PLAIN else dec(x, memo) for k, x in n["set"]}
     if isinstance(held, Foreign) or not NAMES.issuperset(map(type, state)):
