@@ -1,5 +1,6 @@
 """What the other side of the channel holds of what this side sent, so that only what changed
-travels (`codec.py`'s `Held`).
+travels: owns `Held` (the tests' side: what to send) and `changed` (the sandbox's: its copy
+changed as sent).
 
 Live (a4's, a4b's and a6's policies stay in the sandbox between calls), the tests send the same
 requests at every call: a6's paper workloads send each running request at each of tens of
