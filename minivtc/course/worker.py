@@ -22,7 +22,7 @@ from typing import Any
 from minivtc.course.channel import items_of, name_of, receive, resolve, send
 from minivtc.course.codec import Codec
 
-__all__ = ["describe_class", "lives"]
+__all__ = ["answer", "describe_class", "lives"]
 
 MESSAGE_CHARS = 2000  # an exception's message sent back is cut here
 
