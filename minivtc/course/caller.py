@@ -20,7 +20,6 @@ afresh (until the grader's deadline). Does not decide points (`grade.py`).
 
 from __future__ import annotations
 
-import builtins
 import functools
 import importlib
 import json
@@ -35,7 +34,7 @@ from typing import Any
 import pytest
 
 from minivtc.course import sandbox
-from minivtc.course.channel import TIMED_OUT, ChannelError, Remote, receive, resolve, send
+from minivtc.course.channel import TIMED_OUT, ChannelError, Remote, rebuilt, receive, resolve, send
 from minivtc.course.codec import Codec
 from minivtc.course.testrun import SPEC  # {"root", "modules", "functions", "own", "deadline"}
 from minivtc.course.worker import describe_class
@@ -46,10 +45,11 @@ START_LIMIT_S = 120.0  # the worker's start: importing torch and the student's m
 KEY = pytest.StashKey["Session"]()
 BOUND = object()  # the answer to a read of a method (`Session.get`)
 # Live: the policy's methods whose answer (None) the tests never use, sent without waiting, so
-# the tests and the sandbox run at once (a6's paper workloads: 70,000 calls each); each answer
-# is read with the next call's, before any read of the policy: one that raised fails the test
+# the tests and the sandbox run at once (a6's paper workloads: 70,000 calls each); such a call
+# is answered only if it raised, read with the next call's answer, before any read of the
+# policy: one that raised fails the test
 LATER = frozenset({"dispatch", "on_decode", "on_finish", "requeue", "remove", "check_invariants"})
-MAX_UNREAD = 64  # answers of ~100 bytes: far below what a pipe holds, so neither side blocks
+MAX_UNREAD = 64  # calls left for later at most: their failures fit in what a pipe holds
 METHODS = (types.FunctionType, property, staticmethod, classmethod, type)
 
 
@@ -185,13 +185,14 @@ class Session:
 
     def ask(self, message: dict, args: tuple, kwargs: dict, later: bool = False) -> Any:
         """Send a call (a read, a write); its result, the arguments' new state copied back.
-        `later` (`LATER`): its answer read with the next's, unless the sandbox may call back."""
+        `later` (`LATER`): answered only if it raised, unless the sandbox may call back."""
         if self.process is None:
             self.start()
-        sent = list(args)
-        send(self.outbox, message | {"args": self.codec.encode([sent, kwargs])})
+        encoded = self.codec.encode([list(args), kwargs])
+        later = later and not self.codec.callable_sent and self.unread + 1 < MAX_UNREAD
+        send(self.outbox, message | {"args": encoded} | ({"later": 1} if later else {}))
         self.unread += 1
-        if later and not self.codec.callable_sent and self.unread < MAX_UNREAD:
+        if later:
             return None
         try:
             reply = self.answers()
@@ -208,10 +209,18 @@ class Session:
         return result
 
     def answers(self) -> dict:
-        """The answers of the calls sent, the last this one's: the first that raised, or it."""
-        replies = [self.await_reply() for _ in range(self.unread)]
-        self.unread = 0
-        return next((r for r in replies if "raised" in r), replies[-1])
+        """This call's answer, after those of the calls left for later that raised (no other
+        answers): the first of these, or this one's."""
+        raised = None
+        for _ in range(self.unread):  # (each call sent has at most one answer)
+            reply = self.await_reply()
+            if not reply.get("later"):
+                self.unread = 0
+                return raised or reply
+            if "raised" not in reply:
+                raise ChannelError("an answer to a call that asked for none")
+            raised = raised or reply
+        raise ChannelError("no answer to the call")
 
     def settle(self, strict: bool = True) -> None:
         """At a test's end: the answers not read yet (`strict`: one that raised fails it)."""
@@ -325,26 +334,3 @@ def class_data(bases: tuple[type, ...]) -> dict[str, Any]:
             if not name.startswith("__") and not isinstance(value, METHODS):
                 found[name] = value
     return found
-
-
-def rebuilt(raised: Any) -> BaseException:
-    """The exception the student's code raised, as the grader may make it: a built-in or the
-    package's exception class with its message, else a RuntimeError naming it."""
-    if type(raised) is not dict:
-        return ChannelError("a malformed exception")
-    name, message = str(raised.get("type")), str(raised.get("message"))[:2000]
-    module, _, qualname = name.partition(":")
-    cls: Any = None
-    if module == "builtins":
-        cls = getattr(builtins, qualname, None)
-    elif module.startswith("minivtc.") and not module.startswith("minivtc.course"):
-        try:
-            cls = resolve(name)
-        except (ImportError, AttributeError):
-            cls = None
-    if isinstance(cls, type) and issubclass(cls, Exception):
-        try:
-            return cls(message)
-        except Exception:
-            pass
-    return RuntimeError(f"{qualname}: {message}")

@@ -4,7 +4,8 @@ results out, as JSON on a pair of pipes.
 Owns the framing (`send`, `receive`: a length, then the JSON; every read has a deadline and a
 size cap, so that nothing the sandbox does can stall the grader), `ChannelError` (what the
 sandbox sent cannot be taken: the test that called fails with it), and the values that stand
-for what cannot travel (`Foreign`, `Opaque`). Turning values into JSON and back is
+for what cannot travel (`Foreign`, `Opaque`), and the exception the sandbox's code raised as
+the grader may make it (`rebuilt`). Turning values into JSON and back is
 `codec.py`'s; running calls is `caller.py`'s (the grader's side) and `worker.py`'s (the
 sandbox's).
 """
@@ -12,7 +13,7 @@ sandbox's).
 from __future__ import annotations
 
 import base64
-import enum
+import builtins
 import functools
 import importlib
 import json
@@ -27,10 +28,10 @@ from typing import Any
 
 import torch
 
-__all__ = ["ChannelError", "DTYPES", "FUNCTIONS", "Foreign", "Held", "KINDS", "Opaque", "PLAIN"]
+__all__ = ["ChannelError", "DTYPES", "FUNCTIONS", "Foreign", "KINDS", "Opaque", "PLAIN"]
 __all__ += ["Remote", "SEQUENCES", "TIMED_OUT", "function_node", "importable", "is_plain"]
-__all__ += ["items_of", "name_of", "receive", "refill", "resolve", "send", "set_state", "slots_of"]
-__all__ += ["snapshot_of", "state_of", "tensor_node", "tensor_of", "unchanged"]
+__all__ += ["items_of", "name_of", "rebuilt", "receive", "refill", "resolve", "send", "set_state"]
+__all__ += ["SCALARS", "slots_of", "snapshot_of", "state_of", "tensor_node", "tensor_of"]
 
 TIMED_OUT = "no answer within the time limit"  # a failure's note that `grade.py` looks for
 MAX_MESSAGE = 256 << 20  # bytes: a1's and a3's tensors fit many times over
@@ -108,6 +109,8 @@ def resolve(name: str) -> Any:
 
 
 PLAIN = (bool, int, float, str)
+SCALARS = frozenset((*PLAIN, type(None)))  # (checked over a container at once: `is_plain`)
+KEYS = frozenset(PLAIN)  # a plain dict's keys: no None
 MISSING = object()  # an unset slot
 KINDS: dict[str, Any] = {"list": list, "set": set, "deque": deque, "dict": dict}
 KINDS |= {"OrderedDict": OrderedDict, "defaultdict": defaultdict}
@@ -147,7 +150,7 @@ def refill(original: Any, tag: str, items: list, grown: bool) -> None:
             raise ChannelError("a malformed dict")
         items = [tuple(p) for p in items]
     flat = [x for p in items for x in p] if tag == "dict" else items
-    if not all(x is None or type(x) in PLAIN for x in flat):
+    if not SCALARS.issuperset(map(type, flat)):
         raise ChannelError("a container said plain holds something else")
     if not grown:
         original.clear()
@@ -166,8 +169,9 @@ def state_of(v: Any) -> dict:
 
 def set_state(v: Any, state: dict) -> None:
     """`v`'s fields (`state_of`) set to `state`."""
+    slots = slots_of(v.__class__)
     for name, value in state.items():
-        if name in slots_of(v.__class__):
+        if name in slots:
             object.__setattr__(v, name, value)
         else:
             vars(v)[name] = value
@@ -220,8 +224,8 @@ def version_of(t: torch.Tensor) -> int | None:
 def is_plain(v: Any) -> bool:
     """Holds `v` plain values only (None, bool, int, float, str; a dict's keys too)?"""
     if isinstance(v, dict):
-        return all(type(k) in PLAIN and (x is None or type(x) in PLAIN) for k, x in v.items())
-    return all(x is None or type(x) in PLAIN for x in v)
+        return SCALARS.issuperset(map(type, v.values())) and KEYS.issuperset(map(type, v))
+    return SCALARS.issuperset(map(type, v))
 
 
 def snapshot_of(v: Any) -> Any:
@@ -243,67 +247,27 @@ def items_of(result: Any) -> Any:
     )
 
 
-class Held:
-    """What the other side holds of what this side sent, so that only what changed travels:
-    each tensor's version, each plain container's content, and (live: a4's and a6's requests,
-    which the sandbox keeps between calls) each object's plain fields and each list's items."""
-
-    def __init__(self) -> None:
-        self.versions: dict[int, int] = {}  # tensor id -> the version the other side holds
-        self.synced: dict[int, Any] = {}  # container id -> the plain content the other holds
-        self.states: dict[int, dict] = {}  # live: object id -> its fields as sent, fixed?
-        self.lists: dict[int, list] = {}  # live: list id -> its plain items, as sent
-
-    def clear(self) -> None:  # (a new worker holds nothing)
-        for held in (self.versions, self.synced, self.states, self.lists):
-            held.clear()
-
-    def fields(self, ident: int, state: dict) -> list[str] | None:
-        """The fields of object `ident` to send, now `state`: those whose value changed (by
-        type and value) and those compared by their own changes (a list, an object); None:
-        all (never sent, or its fields are others). The same value object, immutable, is
-        taken unchanged at once: this runs for every request at every call."""
-        before = self.states.get(ident)
-        if before is None or before.keys() != state.keys():
-            self.states[ident] = {k: (x, fixed(x)) for k, x in state.items()}
-            return None
-        changed = []
-        for k, x in state.items():
-            old, was_fixed = before[k]
-            if x is old and was_fixed:
-                continue
-            now = fixed(x)
-            before[k] = (x, now)
-            if not (now and was_fixed and type(x) is type(old) and x == old):
-                changed.append(k)
-        return changed
-
-    def tail(self, v: list, ident: int) -> list | None:
-        """The items a list the other side holds grew by at its end (a request's output
-        tokens); None: it is not held, or changed otherwise. (Its old items are compared with
-        `==`: an int turned into an equal float would go unseen; the tests make neither.)"""
-        old = self.lists.get(ident)
-        if old is None:
-            return None
-        tail = v[len(old) :]
-        if v[: len(old)] != old or not all(x is None or type(x) in PLAIN for x in tail):
-            return None
-        old.extend(tail)
-        return tail
-
-
-def fixed(x: Any) -> bool:
-    """Is `x` a value that cannot change in place (then compared by type and value)?"""
-    if x is None or type(x) in PLAIN or isinstance(x, enum.Enum):
-        return True
-    return type(x) is tuple and all(y is None or type(y) in PLAIN for y in x)
-
-
-def unchanged(node: dict) -> bool:
-    """Is `node` (a list grown, an object's changes) no change at all?"""
-    if node.get("grown"):
-        return not node["list"]
-    return bool(node.get("delta")) and not node["state"]["dict"]
+def rebuilt(raised: Any) -> BaseException:
+    """The exception the student's code raised, as the grader may make it: a built-in or the
+    package's exception class with its message, else a RuntimeError naming it."""
+    if type(raised) is not dict:
+        return ChannelError("a malformed exception")
+    name, message = str(raised.get("type")), str(raised.get("message"))[:2000]
+    module, _, qualname = name.partition(":")
+    cls: Any = None
+    if module == "builtins":
+        cls = getattr(builtins, qualname, None)
+    elif module.startswith("minivtc.") and not module.startswith("minivtc.course"):
+        try:
+            cls = resolve(name)
+        except (ImportError, AttributeError):
+            cls = None
+    if isinstance(cls, type) and issubclass(cls, Exception):
+        try:
+            return cls(message)
+        except Exception:
+            pass
+    return RuntimeError(f"{qualname}: {message}")
 
 
 # -- framing ---------------------------------------------------------------------------------

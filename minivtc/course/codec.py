@@ -4,7 +4,7 @@ Owns `Codec`. The grader's side never unpickles what the sandbox sends: it rebui
 numbers, strings, tensors (raw bytes of an allowed dtype) and the package's objects, whose state
 it sets; another class is kept as a `Foreign` record, never imported. Each side names what it
 sent by an id, and what comes back under that id updates the original in place; what the other
-side holds travels as its id, or as its changes (`Held`). What cannot be rebuilt (a lambda)
+side holds travels as its id, or as its changes (`held.Held`). What cannot be rebuilt (a lambda)
 travels as an opaque id, which the sandbox may call back (`Opaque`: a test's clock). Live: a
 policy stays in the sandbox behind a `Remote`; the tests' objects return as ids, or `whole`."""
 
@@ -28,7 +28,6 @@ from minivtc.course.channel import (
     SEQUENCES,
     ChannelError,
     Foreign,
-    Held,
     Opaque,
     Remote,
     function_node,
@@ -43,11 +42,12 @@ from minivtc.course.channel import (
     state_of,
     tensor_node,
     tensor_of,
-    unchanged,
 )
+from minivtc.course.held import Held, changed
 
 __all__ = ["Codec"]
 GRADED = "minivtc.course.graded"
+CONTAINERS, OBJECT = frozenset(KINDS.values()), object()  # (`value`: none of its kinds)
 
 
 class Codec:
@@ -85,7 +85,24 @@ class Codec:
             return v
         if id(v) in self.held.states and id(v) not in seen:  # live: a request sent before
             seen.add(id(v))
-            return self.changes(v, id(v), state_of(v), seen)
+            return self.changes(v, id(v), seen)
+        if type(v) not in CONTAINERS and (found := self.value(v, seen)) is not OBJECT:
+            return found
+        ident = self.ident(v)
+        if ident > 0 and self.live is not None and not self.trusted and not self.whole:
+            return {"ref": ident}  # the tests' own (a request): theirs to change, not the policy's
+        if isinstance(v, FUNCTIONS):
+            self.callable_sent = True
+            return function_node(v, ident, self.trusted)
+        if ident < 0 and self.live is not None and not self.trusted and self.live(v):
+            return {"handle": ident, "class": name_of(type(v))}  # (each time it is met)
+        if ident in seen:
+            return {"ref": ident}
+        seen.add(ident)
+        return self.mutable(v, ident, seen)
+
+    def value(self, v: Any, seen: set[int]) -> Any:
+        """`v` as a value that has no id (a number, a tuple, a class), or `OBJECT`."""
         if isinstance(v, enum.Enum):
             return {"enum": name_of(type(v)), "name": v.name}
         if isinstance(v, (int, float, numpy.generic)) and hasattr(v, "item"):
@@ -105,25 +122,14 @@ class Codec:
             return {"class": name_of(v)}
         if isinstance(v, (Opaque, Remote)):  # (what the other side holds: by its name)
             return {"opaque": v.ident} if isinstance(v, Opaque) else {"handle": v.handle}
-        ident = self.ident(v)
-        if ident > 0 and self.live is not None and not self.trusted and not self.whole:
-            return {"ref": ident}  # the tests' own (a request): theirs to change, not the policy's
-        if isinstance(v, FUNCTIONS):
-            self.callable_sent = True
-            return function_node(v, ident, self.trusted)
-        if ident < 0 and self.live is not None and not self.trusted and self.live(v):
-            return {"handle": ident, "class": name_of(type(v))}  # (each time it is met)
-        if ident in seen:
-            return {"ref": ident}
-        seen.add(ident)
-        return self.mutable(v, ident, seen)
+        return OBJECT
 
     def mutable(self, v: Any, ident: int, seen: set[int]) -> Any:
         if self.live is not None and self.trusted and type(v).__module__.startswith(GRADED):
             self.callable_sent = True
             return {"opaque": ident}  # the tests' own helper (a predictor): theirs, called back
         if type(v) is list and (tail := self.held.tail(v, ident)) is not None:
-            return {"list": tail, "id": ident, "grown": 1}
+            return {"grown": ident, "list": tail} if tail else {"ref": ident}
         kind = type(v).__name__
         if type(v) in (list, set, deque, dict) and is_plain(v):
             return self.plain(v, ident)
@@ -140,23 +146,19 @@ class Codec:
         if isinstance(v, types.ModuleType):
             return {"module": v.__name__, "id": ident}
         if (hasattr(v, "__dict__") or slots_of(v.__class__)) and "<locals>" not in name_of(type(v)):
-            state = state_of(v)
             if self.live is not None and self.trusted:
-                return self.changes(v, ident, state, seen)
-            return {"obj": name_of(type(v)), "id": ident, "state": self.enc(state, seen)}
+                return self.changes(v, ident, seen)
+            return {"obj": name_of(type(v)), "id": ident, "state": self.enc(state_of(v), seen)}
         if self.trusted:
             return {"opaque": ident}
         raise ChannelError(f"cannot send back {type(v).__qualname__} (not a value)")
 
-    def changes(self, v: Any, ident: int, state: dict, seen: set[int]) -> dict:
+    def changes(self, v: Any, ident: int, seen: set[int]) -> dict:
         """An object the sandbox holds (live: a request) as what changed since (`Held`)."""
-        name, fields = name_of(type(v)), self.held.fields(ident, state)
-        if fields is None:
-            return {"obj": name, "id": ident, "state": self.enc(state, seen)}
-        nodes = [[k, self.enc(state[k], seen)] for k in fields]
-        pairs = [[k, node] for k, node in nodes if type(node) is not dict or not unchanged(node)]
-        changed = {"dict": pairs, "kind": "dict", "id": 0, "factory": None}
-        return {"obj": name, "id": ident, "state": changed, "delta": 1}
+        node = self.held.changes(v, ident, seen, self.enc)
+        if node is None:  # (not held, or its fields are others: whole)
+            return {"obj": name_of(type(v)), "id": ident, "state": self.enc(state_of(v), seen)}
+        return node
 
     def plain(self, v: Any, ident: int) -> dict:
         """A container of plain values as it is, or its id alone where the other holds it."""
@@ -194,6 +196,10 @@ class Codec:
             return found
         if tag == "ref":
             return memo[n["ref"]] if n["ref"] in memo else self.known(n["ref"], object)
+        if tag in ("delta", "grown"):  # (never on the tests' side: it holds no copy)
+            held = None if self.trusted or n[tag] <= 0 else self.objects.get(n[tag])
+            memo[n[tag]] = held
+            return changed(held, tag, n, self.dec, memo)
         if tag in ("list", "set", "deque", "dict"):
             return self.container(tag, n, memo)
         if tag == "obj":
@@ -238,8 +244,6 @@ class Codec:
     def container(self, tag: str, n: dict, memo: dict[int, Any]) -> Any:
         kind = KINDS[n.get("kind", tag)]
         original: Any = self.objects.get(n["id"]) if n["id"] > 0 else None
-        if n.get("grown") and (self.trusted or type(original) is not list):
-            raise ChannelError("a list grown that was never sent")
         if self.trusted and n["id"] > 0 and type(original) is not kind:
             raise ChannelError(f"a {tag} sent back under the id of a {type(original).__name__}")
         if original is None:
@@ -248,8 +252,6 @@ class Codec:
                 self.keep(n["id"], original)
         memo[n["id"]] = original
         self.held.lists.pop(n["id"], None)  # (changed there, a4b's step: it holds this now)
-        if n.get("grown"):
-            return self.plain_back(original, tag, n, grown=True)
         if n.get("plain"):
             return self.plain_back(original, tag, n)
         self.held.synced.pop(n["id"], None)
@@ -265,17 +267,15 @@ class Codec:
             (original.update if kind is set else original.extend)(items)
         return original
 
-    def plain_back(self, original: Any, tag: str, n: dict, grown: bool = False) -> Any:
-        refill(original, tag, n[tag], grown)
-        if n["id"] > 0 and not grown:
+    def plain_back(self, original: Any, tag: str, n: dict) -> Any:
+        refill(original, tag, n[tag], False)
+        if n["id"] > 0:
             self.held.synced[n["id"]] = snapshot_of(original)
         return original
 
     def instance(self, n: dict, memo: dict[int, Any]) -> Any:
         ident = n["id"]
         original = self.objects.get(ident) if ident > 0 else None
-        if n.get("delta") and (self.trusted or original is None):
-            raise ChannelError("the changes of an object that was never sent")
         if self.trusted and ident > 0 and original is None:
             raise ChannelError(f"a reference to nothing that was sent ({ident})")
         if original is not None and not isinstance(original, Foreign):
@@ -296,7 +296,7 @@ class Codec:
         if isinstance(original, Foreign):
             original.state = state
             return original
-        if hasattr(original, "__dict__") and not n.get("delta"):  # (delta: changes only)
+        if hasattr(original, "__dict__"):
             vars(original).clear()
         set_state(original, state)
         return original

@@ -5,10 +5,11 @@ package copy that holds the student's code; IN and OUT are the channel's file de
 (`channel.py`). It answers `hello` (import the assignment's modules, the student's code with
 them, and describe the classes and functions of a file the student writes whole, the
 capstone), `call` (run one function on the arguments sent, and send back its result and what
-it did to its arguments) and, live (a4, a6: the policies stay here between calls, `lives`),
-`get`, `set` and `method` on an object kept here, by its handle. While a call runs it may ask
-the grader to call back one of the test's own functions or helpers (`Opaque`). Decides
-nothing: whatever it sends is checked by the grader's tests (`caller.py`).
+it did to its arguments; a call left for later, `later`, is answered only if it raised) and,
+live (a4, a6: the policies stay here between calls, `lives`), `get`, `set` and `method` on an
+object kept here, by its handle. While a call runs it may ask the grader to call back one of
+the test's own functions or helpers (`Opaque`). Decides nothing: whatever it sends is checked
+by the grader's tests (`caller.py`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any
 from minivtc.course.channel import items_of, name_of, receive, resolve, send
 from minivtc.course.codec import Codec
 
-__all__ = ["describe_class", "lives"]
+__all__ = ["answer", "describe_class", "lives"]
 
 MESSAGE_CHARS = 2000  # an exception's message sent back is cut here
 
@@ -43,10 +44,12 @@ def main(argv: list[str]) -> int:
             message = receive(inbox, float("inf"))
         except Exception:  # the grader is gone: so is this
             return 0
-        send(outbox, answer(codec, message))
+        reply = answer(codec, message)
+        if reply is not None:  # (a call left for later that did not raise: no answer)
+            send(outbox, reply)
 
 
-def answer(codec: Codec, message: dict) -> dict:
+def answer(codec: Codec, message: dict) -> dict | None:
     if "hello" in message:
         said, live = hello(message["hello"], message.get("own")), message.get("live")
         try:
@@ -64,23 +67,24 @@ def answer(codec: Codec, message: dict) -> dict:
         # a function the tests call (a4b's `Engine.step` on their engine), not a live object's
         # method nor a class: what it did to the tests' objects is its result, sent back whole
         live = codec.live is not None and bool(args) and codec.live(args[0])
-        made = "call" in message and isinstance(resolve(message["call"]), type)
-        codec.whole = "call" in message and not live and not made
+        called = resolve(message["call"]) if "call" in message else None
+        codec.whole = "call" in message and not live and not isinstance(called, type)
         if "set" in message:
             setattr(codec.decode({"handle": message["self"]}), message["set"], args[0])
             return {"ok": codec.encode([None, args, kwargs])}
         if "method" in message:
             function = getattr(codec.decode({"handle": message["self"]}), message["method"])
         else:
-            function = resolve(message["call"])
+            function = called
         result = items_of(function(*args, **kwargs))
-        return {"ok": codec.encode([result, args, kwargs])}
+        return None if message.get("later") else {"ok": codec.encode([result, args, kwargs])}
     except BaseException as e:  # noqa: BLE001 (the student's code may raise anything)
         raised = {"type": name_of(type(e)), "message": str(e)[:MESSAGE_CHARS]}
+        found = {"raised": raised, "later": bool(message.get("later"))}
         try:
-            return {"raised": raised, "state": codec.encode([None, args, kwargs])}
+            return found | {"state": codec.encode([None, args, kwargs])}
         except Exception:
-            return {"raised": raised}
+            return found
 
 
 def got(codec: Codec, kept: Any, name: str) -> dict:
