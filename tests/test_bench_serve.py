@@ -36,10 +36,16 @@ def test_bench_serve_prints_a_row_per_stream_count(tmp_path):
     assert (tmp_path / "bench-serve-minivtc.log").exists()
 
 
-def test_stream_counts_are_checked_where_they_are_read():
-    from minivtc.bench.serve_http import parse
+def test_stream_counts_are_checked_where_they_are_read(capsys):
+    import argparse
 
-    assert parse(["--streams", "1,16"]).stream_counts == [1, 16]
+    from minivtc.bench.serve_http import main
+    from minivtc.bench.timing import counts
+
+    assert counts("1,16,64") == [1, 16, 64]
     for bad in ("1,x", "0", ""):
-        with pytest.raises(SystemExit):
-            parse(["--streams", bad])
+        with pytest.raises(argparse.ArgumentTypeError):
+            counts(bad)
+        with pytest.raises(SystemExit):  # refused with a message, before any server starts
+            main(["--streams", bad])
+        assert "whole numbers >= 1 joined by commas" in capsys.readouterr().err
