@@ -21,11 +21,13 @@ from minivtc.course.assignments import ASSIGNMENTS, Assignment
 from minivtc.course.feedback import read_regular
 from minivtc.course.rules import REFERENCE_POLICIES
 
-__all__ = ["How", "SPEC", "TIME_LIMIT_S", "boxed", "kept", "launch", "pytest_args", "spec"]
+__all__ = ["How", "SPEC", "STAFF_KEEP", "TIME_LIMIT_S", "boxed", "kept", "launch", "pytest_args"]
+__all__ += ["spec"]
 
 TIME_LIMIT_S = 240  # per assignment: its tests take seconds; a hang is cut off here
 OUTPUT_BYTES = 1 << 20  # the tests' output kept for --verbose
 SPEC = "MINIVTC_SANDBOXED"  # the environment variable `caller.py` reads its settings from
+STAFF_KEEP = "--staff-keep"  # `staffed.py`'s option: the functions that keep the student's code
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ def pytest_args(a: Assignment, package: Path, work: Path, how: How) -> list[str]
     args = ["-q", "-p", "no:cacheprovider", f"--junitxml={work / 'report.xml'}", *tests]
     args += ["-o", "junit_family=xunit1"]  # xunit2 drops what the tests report (`reported`)
     if how.staffed:
-        args += ["-p", "minivtc.course.staffed", f"--staff-keep={','.join(kept(a))}"]
+        args += ["-p", "minivtc.course.staffed", f"{STAFF_KEEP}={','.join(kept(a))}"]
     return args + ["-x"] * how.first_failure
 
 
