@@ -3,9 +3,10 @@
 The edition carries each assignment function's reference code, compiled and marshalled
 (`minivtc/course/staff.py`); a lesson's first code cell, `staff.use()`, runs it. Checked here:
 it behaves as the reference does (a run through the model, the pool, the step, VTC and the
-metric gives the reference's numbers, where the edition's own stubs raise); `course test` and
-grading never run it (a fresh edition scores 0, and a submission calling `staff.use()` gains
-nothing); another Python is refused; and the lessons run top to bottom on a fresh edition.
+metric gives the reference's numbers, where the edition's own stubs raise); `course test KEY`
+runs it for every assignment but KEY, as grading runs the reference's, never for KEY (a fresh
+edition scores 0, and a submission calling `staff.use()` gains nothing); another Python is
+refused; and the lessons run top to bottom on a fresh edition.
 """
 
 from __future__ import annotations
@@ -98,9 +99,10 @@ def test_another_python_is_refused_with_a_message_naming_both(edition):
 
 
 def test_course_test_never_runs_the_staff_code(edition, tmp_path):
-    """A fresh edition scores 0 in `course test` (the stubs are tested, not the staff's code
-    beside them), and a5 written as a call to `staff.use()` scores 0 too: it refuses where the
-    graded tests run. (Grading a fresh edition gives 0 as well: tests/test_course.py.)"""
+    """A fresh edition scores 0 in `course test` (a5's stubs are tested, not the staff's code
+    beside them, which runs only for the other assignments), and a5 written as a call to
+    `staff.use()` scores 0 too: it refuses where the graded tests run. (Grading a fresh edition
+    gives 0 as well: tests/test_course.py.)"""
     from minivtc.course.grade import test_edition
 
     assert test_edition("a5_metric", edition)["total"] == 0
@@ -119,6 +121,43 @@ def test_course_test_never_runs_the_staff_code(edition, tmp_path):
         assert test_edition("a5_metric", edition)["total"] == 0
     finally:
         metrics.write_text(original)
+
+
+@pytest.mark.slow
+def test_course_test_runs_the_staffs_answers_for_every_other_assignment(tmp_path):
+    """`course test KEY` scores what `course grade` does, whatever else the student has done:
+    KEY's functions are the student's, every other assignment's the staff's compiled answers.
+    a4 written (the reference's), a3 left as stubs: a4 gets full marks though its bench runs
+    a3's admission round (on the tests' side), and a3's tests still meet its own stubs. a3
+    written, a1, a2 and a4 left as stubs: its step, run in the sandbox, runs a1's model, a2's
+    allocator and a4's VTC there, and `course test` gives what `course grade` gives."""
+    import shutil
+
+    from minivtc.course import sandbox
+    from minivtc.course.edition import RELEASED
+    from minivtc.course.grade import grade, test_edition
+
+    edition = release(tmp_path / "edition")
+    a4 = ("fairness/vtc.py", "fairness/least_counter.py")
+    a3 = ("fairness/scheduler.py", "engine/admission.py", "engine/engine.py")
+    for file in a4:
+        (edition / "minivtc" / file).write_text((PACKAGE / file).read_text())
+    assert test_edition("a4_vtc", edition)["total"] == 25
+    (stubbed,) = test_edition("a3_batching", edition)["assignments"]
+    assert stubbed["points"] == 0 and stubbed["failures"], stubbed
+    assert all("Assignment a3_batching: write" in f["message"] for f in stubbed["failures"])
+    for file in a4:
+        shutil.copyfile(edition / RELEASED / file, edition / "minivtc" / file)
+    for file in a3:
+        (edition / "minivtc" / file).write_text((PACKAGE / file).read_text())
+    tested = test_edition("a3_batching", edition)
+    trusted = sandbox.why_not() is not None  # as `course test` runs it here
+    graded = grade(edition, tmp_path / "out", only=["a3_batching"], trust_submissions=trusted)
+    assert tested == graded, (tested, graded)
+    lines = {line["mechanism"]: line for line in tested["assignments"][0]["rubric"]}
+    for mechanism in ("the step:", "continuous batching with the real model"):
+        (line,) = [x for name, x in lines.items() if name.startswith(mechanism)]
+        assert line["points"] == line["max_points"], tested
 
 
 LESSONS = sorted((REPOSITORY / "lessons").glob("[0-9][0-9]_*.ipynb"))

@@ -277,7 +277,7 @@ class Session:
             object.__setattr__(gone, "handle", 0)  # (a handle no worker gives)
         self.handles.clear()
         hello = {"hello": self.spec["modules"], "own": self.spec.get("own")}
-        send(outbox, hello | {"live": self.spec.get("live")})
+        send(outbox, hello | {"live": self.spec.get("live"), "staff": self.spec.get("staff")})
         try:
             reply = receive(inbox, min(self.deadline, time.monotonic() + START_LIMIT_S))
         except ChannelError as e:

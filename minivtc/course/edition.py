@@ -209,12 +209,10 @@ Grading itself (`minivtc course grade`) is the instructor's: it runs each assign
 the reference package, with only your functions for that assignment taken from your edition,
 and this edition holds no reference solutions (run here, it says so and stops).
 
-a4, a6, d1 and d2 are tested on a bench of their own (`minivtc/course/graded/testbed.py`), not
-through the engine, whose rounds are a3's `admission_round`; a1 and a5 need no other
-assignment done. a3's tests run the engine, so they need a2's allocator, a1's model pieces
-and a4's VTC (one test), and a2's paged-attention test runs a3's `Engine.step`: until those
-are done, those tests fail here with the other assignment's NotImplementedError (grading
-never needs them: it runs your functions in the reference package).
+`minivtc course test a4` takes only a4's functions from your edition, as grading does: every
+other assignment's functions run the staff's compiled answers (below), with the assignments'
+files as released, so it scores what grading would, whatever you have written elsewhere (a4's
+bench runs a3's `admission_round`; a3's tests run a1's model, a2's allocator and a4's VTC).
 
 Each lesson and problem set runs in its own week, whatever you have written so far: its first
 code cell, `staff.use()`, puts the staff's compiled answers to the assignments into the
@@ -223,8 +221,9 @@ functions' code objects, marshalled (`minivtc/course/staff_code.py`), not their 
 format belongs to one Python minor version, and this edition's is Python {PYTHON}: on another,
 `staff.use()` stops and says so (ask for an edition built with yours). A determined student can
 disassemble them (`dis`), as with any staff binary: the lessons are the reference to read, not
-these. Your own functions run in `minivtc course test` and in grading, which never use the
-staff's code; to watch yours in a lesson, leave `staff.use()` out. The assignments each lesson
+these. `minivtc course test` and grading run your own functions for the assignment they
+test (grading runs the reference for the others, `course test` the staff's code); to watch
+yours in a lesson, leave `staff.use()` out. The assignments each lesson
 runs, as its first cell says: {needs}. None needs a6. Readable copies, executed, with the
 solutions and their checks' outputs left out: `minivtc course render PAGES` (the instructor runs
 it with the reference package).

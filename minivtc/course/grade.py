@@ -296,23 +296,23 @@ def rubric(a: Assignment, ran: list[str], failed: list[dict]) -> list[dict]:
 
 def test_edition(key: str, edition: str | Path, time_limit_s: float = TIME_LIMIT_S) -> dict:
     """`key`'s graded tests on `edition`'s own package (`minivtc course test`), taken as the
-    grader takes it, through the same sandbox and channel: the edition's files as released
-    (`released/`, kept by `release`) with the student's functions and helpers put in by the
-    same rules (`take_submission`), the rest of the package the student's own. Nothing of the
-    reference's is used. Where no sandbox starts, the student's own code runs unsandboxed."""
+    grader takes it, through the same sandbox and channel: the assignments' files as released
+    (`released/`, kept by `release`), `key`'s functions and helpers put in by the same rules
+    (`take_submission`), every other assignment's functions on the staff's compiled answers
+    (`How.staffed`) as grading runs the reference's, whatever else the student wrote. Where no
+    sandbox starts, the student's code runs unsandboxed."""
     (a,) = [a for a in ASSIGNMENTS if a.key == key]
     edition = Path(edition).resolve()
-    how = How(time_limit_s, trusted=sandbox.why_not() is not None)
+    how = How(time_limit_s, trusted=sandbox.why_not() is not None, staffed=True)
     with tempfile.TemporaryDirectory(prefix=f"minivtc-test-{key}-") as scratch:
         tests = copy_package(edition / "minivtc", Path(scratch) / "tests", edition / "weights")
         student = copy_package(edition / "minivtc", Path(scratch) / "student", None)
         released = edition / RELEASED
-        for file in {f for f, _ in a.functions}:
+        for file in sorted({f for x in ASSIGNMENTS for f, _ in x.functions}):
             if not (released / file).is_file():
                 raise ValueError(
                     f"{released / file} is missing: the edition keeps its files as released "
-                    "there (made by `minivtc course release`), to take your code as the "
-                    "grader does"
+                    "there (`minivtc course release`), to take your code as the grader does"
                 )
             for root in (tests, student):
                 shutil.copyfile(released / file, root / "minivtc" / file)

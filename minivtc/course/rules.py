@@ -16,7 +16,7 @@ from pathlib import Path
 
 from minivtc.course.edition import placeholder
 
-__all__ = ["out_of_reach", "put_out_of_reach", "refusals"]
+__all__ = ["REFERENCE_POLICIES", "out_of_reach", "put_out_of_reach", "refusals"]
 
 # The reference policies (VTC and its family, DRR, the official artifact's): file -> the names
 # it defines that a capstone could lean on. While a6 is graded or tested each is replaced by a

@@ -7,11 +7,12 @@ staff's answer to it, compiled: the reference function's code object, marshalled
 (`staff_code.py`, written by `minivtc course release`; never its source, nor its line
 numbers), as courses ship a compiled staff solution. A lesson or problem set of the edition
 opens with `staff.use()`, which puts that code into the package's functions for the lesson's
-own process, so the lesson runs on the staff's answers. `minivtc course test` and `course
-grade` never call it (they run the graded tests in processes of their own, on the student's
-code alone), and it refuses to run where graded tests run (pytest, the grading channel's
-worker), so a submission that calls it gains nothing in `course test`; in grading it is the
-reference package's, which changes nothing.
+own process, so the lesson runs on the staff's answers. It refuses to run where graded tests
+run (pytest, the grading channel's worker), so a submission that calls it gains nothing in
+`course test`; in grading it is the reference package's, which changes nothing. `minivtc course
+test KEY` runs the staff's answers too, for every assignment but KEY (`load`, called by the
+test runner's side before the student's code is imported: `staffed.py`, the worker), as
+grading runs the reference's: KEY's functions stay the student's, whatever the rest holds.
 
 Marshal's format belongs to one Python minor version (and one implementation, CPython): the
 edition says which it was built with, and `use()` refuses any other with a message naming
@@ -20,7 +21,8 @@ binary; the edition says so in its README. In the reference package (the instruc
 the package's own functions are the staff's, so `use()` changes nothing.
 
 Owns `compiled` and `staff_module` (release's side: the code objects of the reference's
-functions, marshalled, and the module that carries them) and `use` (the lesson's side). Does
+functions, marshalled, and the module that carries them), `use` (the lesson's side) and `load`
+(`course test`'s). Does
 not own the stubs (`surgery.stub`) or the edition (`edition.py`).
 """
 
@@ -31,11 +33,12 @@ import importlib
 import marshal
 import sys
 import types
+from collections.abc import Collection
 from pathlib import Path
 
 from minivtc.course import STUDENT_EDITION
 
-__all__ = ["staff_module"]
+__all__ = ["load", "staff_module", "use"]
 
 # What a marshalled code object is tied to: CPython's bytecode of one minor version
 TAG = sys.implementation.cache_tag  # e.g. "cpython-311"
@@ -126,9 +129,19 @@ def use() -> int:
         return 0
     if "pytest" in sys.modules or "minivtc.course.channel" in sys.modules:
         raise RuntimeError(
-            "staff.use() is for the lessons: `minivtc course test` and grading run your own "
-            "code, never the staff's"
+            "staff.use() is for the lessons: `minivtc course test` runs your own code for the "
+            "assignment it tests (the staff's for the others, as grading runs the reference's)"
         )
+    return load(())
+
+
+def load(keep: Collection[str]) -> int:
+    """Each assignment function of the package but those in `keep` ("file:qualname", the
+    student's own) gets its staff code; how many it set. `use`'s, and `course test`'s, whose
+    runner names the assignment under test's functions in `keep` before any of the student's
+    code runs. Nothing outside the student edition (the reference's functions are the staff's)."""
+    if not STUDENT_EDITION:
+        return 0
     from minivtc.course import staff_code  # type: ignore[attr-defined]  # the edition's alone
 
     if staff_code.TAG != TAG:
@@ -138,10 +151,11 @@ def use() -> int:
             f"Marshalled code runs only on the Python minor version that wrote it: run the "
             f"lessons with Python {staff_code.PYTHON}, or ask for an edition built with yours"
         )
-    for key, data in staff_code.CODE.items():
+    chosen = {k: v for k, v in staff_code.CODE.items() if k not in keep}
+    for key, data in chosen.items():
         file, _, qualname = key.partition(":")
         put(file, qualname, marshal.loads(base64.b64decode(data)))
-    return len(staff_code.CODE)
+    return len(chosen)
 
 
 def put(file: str, qualname: str, code: types.CodeType) -> None:

@@ -17,14 +17,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from minivtc.course import sandbox, warm
-from minivtc.course.assignments import Assignment
+from minivtc.course.assignments import ASSIGNMENTS, Assignment
 from minivtc.course.feedback import read_regular
+from minivtc.course.rules import REFERENCE_POLICIES
 
-__all__ = ["How", "SPEC", "TIME_LIMIT_S", "boxed", "launch", "pytest_args", "spec"]
+__all__ = ["How", "SPEC", "STAFF_KEEP", "TIME_LIMIT_S", "boxed", "kept", "launch", "pytest_args"]
+__all__ += ["spec"]
 
 TIME_LIMIT_S = 240  # per assignment: its tests take seconds; a hang is cut off here
 OUTPUT_BYTES = 1 << 20  # the tests' output kept for --verbose
 SPEC = "MINIVTC_SANDBOXED"  # the environment variable `caller.py` reads its settings from
+STAFF_KEEP = "--staff-keep"  # `staffed.py`'s option: the functions that keep the student's code
 
 
 @dataclass(frozen=True)
@@ -37,21 +40,33 @@ class How:
     forked: bool = False
     first_failure: bool = False
     trusted: bool = False  # the instructor's own code (the reference, check-grader): no sandbox
+    # `course test` on the student edition: every other assignment's functions run the staff's
+    # compiled answers (`staffed.py`), as grading runs the reference's
+    staffed: bool = False
 
 
 def spec(a: Assignment, student: Path, how: How) -> dict:
     """What the tests' side needs to start the student's code (`caller.SPEC`): the package
-    copy, the modules to import, the functions to replace, the file written whole, and when
+    copy, the modules to import, the functions to replace, the file written whole, when
     every call must be answered by (a margin before the grader's own limit, so the tests
-    still end and report)."""
+    still end and report) and, in `course test`, the functions the worker keeps the student's
+    (`kept`: it puts the staff's answers into the others)."""
     modules = sorted({module_of(f) for f, _ in a.functions})
     functions = [f"{module_of(f)}:{q}" for f, q in a.functions]
     margin = min(10.0, how.time_limit_s / 4)
     deadline = time.monotonic() + how.time_limit_s - margin
     own = module_of(a.own_file) if a.own_file else None
-    return {"root": str(student), "modules": modules, "functions": functions, "own": own} | {
-        "deadline": deadline
-    }
+    found = {"root": str(student), "modules": modules, "functions": functions, "own": own}
+    return found | {"deadline": deadline} | ({"staff": kept(a)} if how.staffed else {})
+
+
+def kept(a: Assignment) -> list[str]:
+    """The functions ("file:qualname") that keep the student's code when `course test` runs
+    `a` (`How.staffed`; the staff's answers run every other): `a`'s own and, for a file the
+    student writes whole, the reference policies', which are out of its reach (`rules.py`:
+    their classes there are placeholders, which the staff's code must not go into)."""
+    away = {f for x in ASSIGNMENTS for f in x.functions if f[0] in REFERENCE_POLICIES}
+    return sorted(f"{file}:{q}" for file, q in set(a.functions) | (away if a.own_file else set()))
 
 
 def module_of(file: str) -> str:
@@ -60,10 +75,13 @@ def module_of(file: str) -> str:
 
 def pytest_args(a: Assignment, package: Path, work: Path, how: How) -> list[str]:
     """pytest's arguments: `a`'s tests in `package`, the report to `work` (both as the
-    process that runs them sees them)."""
+    process that runs them sees them); in `course test`, the plugin that puts the staff's
+    answers into every function but `kept(a)`, before the tests are collected."""
     tests = [str(package / "minivtc" / file) for file in a.test_files]
     args = ["-q", "-p", "no:cacheprovider", f"--junitxml={work / 'report.xml'}", *tests]
     args += ["-o", "junit_family=xunit1"]  # xunit2 drops what the tests report (`reported`)
+    if how.staffed:
+        args += ["-p", "minivtc.course.staffed", f"{STAFF_KEEP}={','.join(kept(a))}"]
     return args + ["-x"] * how.first_failure
 
 
