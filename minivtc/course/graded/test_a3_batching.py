@@ -64,7 +64,11 @@ def test_the_admission_round_dispatches_what_fits_and_stops_at_the_first_misfit(
     """admission_round: peek, place, dispatch, until place says no; the misfit is returned,
     still waiting and uncharged, and nothing behind it is offered."""
     vtc, place, seen = waiting_vtc("AAB"), Place(room=2), []
-    stopped = admission_round(vtc, place, seen.append)
+
+    def dispatched(request: Request) -> None:  # (a function of the tests': the sandbox calls it)
+        seen.append(request)
+
+    stopped = admission_round(vtc, place, dispatched)
     ids = [r.request_id for r in place.offered]
     assert ids == ["A0", "B2", "A1"], (
         f"offered {ids} to place, not A0, B2, A1: each peeked request is offered once, and "
