@@ -325,3 +325,16 @@ def test_only_the_command_line_restarts(monkeypatch, capsys):
     refused = ["serve", "--api-keys", "keys.json", "--client-weights", "weights.json"]
     assert main(refused) == 2  # parsed, then refused by run_serve: no restart on the way
     assert "not also --client-weights" in capsys.readouterr().err
+
+
+def test_serve_binds_its_threads_unless_told_where(monkeypatch):
+    from minivtc.cli import serve
+
+    for name in serve.BINDING:
+        monkeypatch.delenv(name, raising=False)
+    serve.bind_threads()
+    assert os.environ["OMP_PROC_BIND"] == "true"
+    monkeypatch.delenv("OMP_PROC_BIND")
+    monkeypatch.setenv("OMP_PLACES", "{0}")  # the user's placement is kept as it is
+    serve.bind_threads()
+    assert "OMP_PROC_BIND" not in os.environ

@@ -10,7 +10,7 @@ import sys
 
 from minivtc.cli.instructor import add_course
 from minivtc.cli.route import add_route
-from minivtc.cli.serve import add_serve, port, with_tcmalloc
+from minivtc.cli.serve import add_serve, bind_threads, port, with_tcmalloc
 from minivtc.cli.simulate import (
     add_calibrate,
     add_reproduce,
@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     add_course(sub)
     args = parser.parse_args(argv)
     if argv is None and args.command == "serve":  # from the command line, not called in-process
+        bind_threads()
         with_tcmalloc(sys.argv[1:])
     try:
         return args.run(args)
