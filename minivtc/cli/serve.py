@@ -33,11 +33,11 @@ def with_tcmalloc(argv: list[str]) -> None:
     and the user preloads nothing (an `LD_PRELOAD` set, even to nothing, is the user's choice).
 
     Why: PyTorch allocates every CPU tensor with `posix_memalign`, and oneDNN's packed products
-    (`model/packed.py`) make about 40 small aligned allocations per call; glibc before 2.38
-    serves aligned requests outside its per-thread cache, under the arena's lock, several times
-    slower than a plain `malloc`, while TCMalloc serves both from its caches. A step makes about
-    a thousand of them (minivtc/bench/README.md has the counts and what it costs). Returns only
-    where there is nothing to do; otherwise the process is replaced (`os.execve`)."""
+    (`model/packed.py`) make small aligned allocations in every call; glibc before 2.38 serves
+    aligned requests outside its per-thread cache, under the arena's lock, while TCMalloc
+    serves them from its caches as it does a plain `malloc` (minivtc/bench/README.md has the
+    counts and what they cost). Returns only where there is nothing to do; otherwise the
+    process is replaced (`os.execve`)."""
     if sys.platform != "linux" or "LD_PRELOAD" in os.environ:
         return
     library = next(filter(None, map(ctypes.util.find_library, TCMALLOC_NAMES)), None)
@@ -55,8 +55,8 @@ def bind_threads() -> None:
     (`OMP_PROC_BIND=true`), unless the user said where they go, as vLLM's CPU backend binds
     its own. Why: between steps the threads sleep; woken, the scheduler may put two of them on
     one core, and at each of a product's barriers the one that spins waits out the other's
-    time slice: a freshly started server then took some 200 ms a step until a long run of
-    steps had spread them (minivtc/bench/README.md has the measurements)."""
+    time slice, so a freshly started server stepped slowly until a long run of steps had
+    spread them (minivtc/bench/README.md has the measurements)."""
     if not any(name in os.environ for name in BINDING):
         os.environ["OMP_PROC_BIND"] = "true"
 
