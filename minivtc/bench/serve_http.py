@@ -62,7 +62,6 @@ def parse(argv: list[str]) -> argparse.Namespace:
         help="also vLLM with VTC inside it (AsyncFairScheduler): what the plugin costs vLLM",
     )
     args = p.parse_args(argv)
-    args.stream_counts = args.streams
     if args.rounds < 1 or args.requests < 1:
         p.error("--rounds and --requests: at least 1")
     return args
@@ -106,8 +105,8 @@ def main(argv: list[str]) -> int:
                 offline.append(rate)
             print(f"round {k + 1}/{args.rounds} done" if k >= 0 else "warm-up done", flush=True)
         print(f"after: {load_line()}")
-    print(table(results, args.stream_counts))
-    if 1 in args.stream_counts:
+    print(table(results, args.streams))
+    if 1 in args.streams:
         ones = [r[1]["tokens_s"] / o for r, o in zip(results["minivtc"], offline, strict=True)]
         print(
             f"one stream through minivtc's server / its engine offline at batch 1 "
@@ -119,7 +118,7 @@ def main(argv: list[str]) -> int:
 def start_servers(args, weights: str, vllm: str | None, env: dict, stack) -> dict[str, str]:
     """Both servers, started once and left idle while the other is measured."""
     max_len = str(args.prompt_tokens + args.new_tokens + 16)
-    seqs = str(max(args.stream_counts))
+    seqs = str(max(args.streams))
     ports = {"minivtc": free_port(), "vllm": free_port()}
     commands = {
         "minivtc": [sys.executable, "-m", "minivtc", "serve", "--weights", weights]
@@ -161,7 +160,7 @@ def guidellm(url: str, args, out: Path, weights: str) -> dict[int, dict]:
     scenario = {
         "spec": {
             "backend": {"kind": "openai_http", "target": url, "request_format": "/v1/completions"},
-            "profile": {"kind": "concurrent", "streams": args.stream_counts[0]},
+            "profile": {"kind": "concurrent", "streams": args.streams[0]},
             "data": [
                 {
                     "kind": "synthetic_text",
@@ -177,7 +176,7 @@ def guidellm(url: str, args, out: Path, weights: str) -> dict[int, dict]:
                 "profile.streams": s,
                 "constraints": [{"kind": "max_requests", "count": max(16, args.requests * s)}],
             }
-            for s in args.stream_counts
+            for s in args.streams
         ],
     }
     path = out.with_suffix(".scenario.json")

@@ -22,8 +22,7 @@ the package's own functions are the staff's, so `use()` changes nothing.
 
 Owns `compiled` and `staff_module` (release's side: the code objects of the reference's
 functions, marshalled, and the module that carries them), `use` (the lesson's side) and `load`
-(`course test`'s). Does
-not own the stubs (`surgery.stub`) or the edition (`edition.py`).
+(`course test`'s). Does not own the stubs (`surgery.stub`) or the edition (`edition.py`).
 """
 
 from __future__ import annotations

@@ -93,7 +93,7 @@ def sample(
     draws: list[float] = []
 
     def settle() -> None:  # the tokens of the rows drawn so far
-        targets = (1 - torch.tensor(draws, dtype=torch.float64)) * cdf[: len(draws), -1]  # (D,)
+        targets = (1 - torch.tensor(draws, dtype=torch.float64)) * total[: len(draws)]  # (D,)
         picked = torch.searchsorted(cdf[: len(draws)], targets[:, None]).flatten().tolist()
         for row, token in zip(rows, picked, strict=False):
             tokens[row] = token
