@@ -313,3 +313,20 @@ def test_every_module_declares_its_api_and_others_import_only_that():
                     continue
                 outside.append(f"{path.name}: {node.module}.{alias.name}")
     assert not outside, f"imports of names outside their module's __all__: {outside}"
+
+
+def top_class(path: str, name: str) -> ast.ClassDef:
+    tree = package_trees()[path]
+    return next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == name)
+
+
+def test_the_classes_a_student_reads_stay_the_size_of_the_paper_s_loop():
+    """VTC is Algorithm 2 and nothing else (its books are `VTCLedger`'s), `Engine.step` reads as
+    pseudocode on one screen, and no module is longer than a reader holds at once."""
+    vtc, engine = top_class("fairness/vtc.py", "VTC"), top_class("engine/engine.py", "Engine")
+    step = next(n for n in engine.body if isinstance(n, ast.FunctionDef) and n.name == "step")
+    sizes = {name: n.end_lineno - n.lineno + 1 for name, n in [("VTC", vtc), ("Engine", engine)]}
+    sizes["Engine.step"] = step.end_lineno - step.lineno + 1
+    assert sizes["VTC"] <= 160 and sizes["Engine"] <= 220 and sizes["Engine.step"] <= 20, sizes
+    long = {p: len(PACKAGE.joinpath(p).read_text().splitlines()) for p in package_trees()}
+    assert not {p: n for p, n in long.items() if n > 350}

@@ -109,13 +109,11 @@ class VTC(Scheduler):
     def dispatch(self, request: Request) -> None:
         """Algorithm 2's c_k <- c_k + h(n_p, 0) (with a predictor h(n_p, predicted), Algorithm
         3; a cached prompt token at w_c), now: before the next pick, or the same client would
-        stay the minimum and take the whole round. Back from a preemption: charged already,
-        nothing charged or recorded again. The record `charged[request_id] = (predicted,
-        h(n_p, predicted))` holds the prediction (0.0 without a predictor; a fractional one is
-        used as it is, never rounded) and h itself, not the charge after the cached tokens'
-        discount: `charge_outputs` and `on_finish` count from h. A client whose queue empties
-        becomes `last_left`, the floor of the next client to join an empty Q (the lift;
-        `remove` does the same)."""
+        stay the minimum and take the whole round. Back from a preemption: charged already.
+        `charged[request_id] = (predicted, h(n_p, predicted))` records the prediction (0.0
+        without a predictor; never rounded) and h, not h less the cache's discount:
+        `charge_outputs` and `on_finish` count from h. A client whose queue empties becomes
+        `last_left`, the floor of the next client to join an empty Q (as in `remove`)."""
         queue = self.queues[request.client_id]
         assert queue[0] is request, "dispatch takes the request peek offered"
         if not request.num_preemptions:
@@ -169,8 +167,6 @@ class VTC(Scheduler):
 
     def check_invariants(self) -> None:
         self.least.check()  # Lemma 4.3 itself is checked by `fairness_check.FairnessCheck`
-
-    # helpers
 
     def meet(self, client: str) -> None:
         """A client new, or forgotten (a forgotten counter was <= the floor): counter 0."""
