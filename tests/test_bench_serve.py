@@ -33,6 +33,8 @@ def test_bench_serve_prints_a_row_per_stream_count(tmp_path):
     assert all(row[-1] == "0 |" for row in rows), rows  # no request failed
     compared = "one stream through minivtc's server / its engine offline at batch 1"
     assert any(line.startswith(compared) for line in lines)
+    cpu = lines.index("one stream, the server's CPU per output token (ms, median of the rounds):")
+    assert lines[cpu + 1].startswith("  minivtc: ") and "minivtc-http" in lines[cpu + 1]
     assert (tmp_path / "bench-serve-minivtc.log").exists()
 
 

@@ -9,7 +9,11 @@ other (who goes first alternates by round), then the engine alone decodes one re
 same shape in a process of its own (`LLM.generate`, batch 1). Per server and stream count:
 output tokens/s, time to first token p50 and p99 over every request of every round, and failed
 requests; minivtc / vLLM as the median of the rounds' ratios with their range, and one stream's
-rate through HTTP over the engine's offline rate the same way. A first round is a discarded
+rate through HTTP over the engine's offline rate the same way. One stream runs in a guidellm
+process of its own, and each server's CPU time meanwhile is read from /proc by thread: per
+output token, what the engine's threads, the HTTP thread (minivtc) or the API server (vLLM)
+spent, so the distance from the engine's rate can be laid at the right door (on a machine of
+few cores, the client's own CPU comes out of the engine's). A first round is a discarded
 warm-up. Run it on a quiet machine: anything else running shifts both servers unevenly.
 """
 
@@ -91,13 +95,15 @@ def main(argv: list[str]) -> int:
     results: dict[str, list[dict[int, dict]]] = {}
     offline: list[float] = []
     with contextlib.ExitStack() as stack, tempfile.TemporaryDirectory() as tmp:
-        urls = start_servers(args, weights, vllm, env, stack)
+        urls, pids = start_servers(args, weights, vllm, env, stack)
+        cpu: dict[str, list[dict[str, float]]] = {name: [] for name in urls}
         print(f"before: {load_line()}", flush=True)
         for k in range(-1, args.rounds):
             shift = k % len(urls)  # who goes first turns with the rounds
             names = list(urls)[shift:] + list(urls)[:shift]
             for name in names:
-                measured = guidellm(urls[name], args, Path(tmp) / f"{name}-{k}.json", weights)
+                out = Path(tmp) / f"{name}-{k}.json"
+                measured = guidellm(urls[name], args, out, weights, pids[name], cpu[name])
                 if k >= 0:
                     results.setdefault(name, []).append(measured)
             rate = offline_in_process(weights, args, env)
@@ -112,11 +118,15 @@ def main(argv: list[str]) -> int:
             f"one stream through minivtc's server / its engine offline at batch 1 "
             f"({statistics.median(offline):.0f} tokens/s): {spread(ones, '{:.0%}')}"
         )
+        print(cpu_lines(cpu))
     return 0
 
 
-def start_servers(args, weights: str, vllm: str | None, env: dict, stack) -> dict[str, str]:
-    """Both servers, started once and left idle while the other is measured."""
+def start_servers(
+    args, weights: str, vllm: str | None, env: dict, stack
+) -> tuple[dict[str, str], dict[str, int]]:
+    """Both servers, started once and left idle while the other is measured: their URLs and
+    process ids."""
     max_len = str(args.prompt_tokens + args.new_tokens + 16)
     seqs = str(max(args.streams))
     ports = {"minivtc": free_port(), "vllm": free_port()}
@@ -136,15 +146,15 @@ def start_servers(args, weights: str, vllm: str | None, env: dict, stack) -> dic
             commands["vllm vtc"] = commands["vllm"][:-1] + [str(ports["vllm vtc"])]
             commands["vllm vtc"] += ["--scheduler-cls", ASYNC_FAIR_SCHEDULER]
             commands["vllm vtc"] += ["--additional-config", '{"minivtc": {"policy": "vtc"}}']
-    urls = {}
+    urls, pids = {}, {}
     for name, command in commands.items():
         print(f"starting {name}'s server (its log: bench-serve-{name}.log) ...", flush=True)
         log = stack.enter_context(open(f"bench-serve-{name}.log", "w"))
         process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
         stack.callback(stop, process)
-        urls[name] = f"http://127.0.0.1:{ports[name]}"
+        urls[name], pids[name] = f"http://127.0.0.1:{ports[name]}", process.pid
         wait_healthy(urls[name], 900, process)
-    return urls
+    return urls, pids
 
 
 def stop(process: subprocess.Popen) -> None:
@@ -155,12 +165,32 @@ def stop(process: subprocess.Popen) -> None:
         process.kill()
 
 
-def guidellm(url: str, args, out: Path, weights: str) -> dict[int, dict]:
-    """One guidellm run over every stream count; per count: tokens/s, TTFTs (ms), failures."""
+def guidellm(
+    url: str, args, out: Path, weights: str, pid: int, cpu: list[dict[str, float]]
+) -> dict[int, dict]:
+    """guidellm over every stream count; per count: tokens/s, TTFTs (ms), failures. One stream
+    runs alone first, and what the server's threads spent of the CPU meanwhile, per output
+    token, is added to `cpu` (`server_cpu`): the server is idle but for it."""
+    measured: dict[int, dict] = {}
+    if 1 in args.streams:
+        before = server_cpu(pid)
+        one, tokens = guidellm_run(url, args, [1], out.with_suffix(".one.json"), weights)
+        after = server_cpu(pid)
+        cpu.append({k: (t - before.get(k, 0.0)) / max(tokens, 1) for k, t in after.items()})
+        measured |= one
+    if rest := [s for s in args.streams if s != 1]:
+        measured |= guidellm_run(url, args, rest, out, weights)[0]
+    return measured
+
+
+def guidellm_run(
+    url: str, args, streams: list[int], out: Path, weights: str
+) -> tuple[dict[int, dict], float]:
+    """One guidellm process over `streams`, and the output tokens it counted in all."""
     scenario = {
         "spec": {
             "backend": {"kind": "openai_http", "target": url, "request_format": "/v1/completions"},
-            "profile": {"kind": "concurrent", "streams": args.streams[0]},
+            "profile": {"kind": "concurrent", "streams": streams[0]},
             "data": [
                 {
                     "kind": "synthetic_text",
@@ -176,7 +206,7 @@ def guidellm(url: str, args, out: Path, weights: str) -> dict[int, dict]:
                 "profile.streams": s,
                 "constraints": [{"kind": "max_requests", "count": max(16, args.requests * s)}],
             }
-            for s in args.streams
+            for s in streams
         ],
     }
     path = out.with_suffix(".scenario.json")
@@ -186,15 +216,56 @@ def guidellm(url: str, args, out: Path, weights: str) -> dict[int, dict]:
     done = subprocess.run(command, capture_output=True, text=True, env=env)
     if done.returncode != 0:
         raise RuntimeError(f"guidellm failed against {url}:\n{done.stderr[-3000:]}")
-    measured = {}
+    measured, tokens = {}, 0.0
     for benchmark in json.loads(out.read_text())["benchmarks"]:
         metrics = benchmark["metrics"]
+        tokens += metrics["output_token_count"]["successful"]["total_sum"]
         measured[benchmark["config"]["strategy"]["streams"]] = {
             "tokens_s": metrics["output_tokens_per_second"]["total"]["mean"],
             "ttfts": [r["time_to_first_token_ms"] for r in benchmark["requests"]["successful"]],
             "failed": metrics["request_totals"]["errored"],
         }
-    return measured
+    return measured, tokens
+
+
+def server_cpu(pid: int) -> dict[str, float]:
+    """CPU seconds so far of the server's process and its children, by thread name (minivtc:
+    the engine's threads are "python", HTTP is "minivtc-http"; vLLM: its API server's and its
+    engine core's process names), from /proc."""
+    tick, spent = os.sysconf("SC_CLK_TCK"), dict[str, float]()
+    processes = [pid] + children(pid)
+    for p in processes:
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{tid}/stat") as stat:
+                    text = stat.read()
+                name, fields = text[text.index("(") + 1 : text.rindex(")")], text.split(") ")[-1]
+                utime, stime = (int(v) for v in fields.split()[11:13])
+                spent[name] = spent.get(name, 0.0) + (utime + stime) / tick
+    return spent
+
+
+def children(pid: int) -> list[int]:
+    """Every process below `pid` (vLLM's engine core runs in one)."""
+    below = []
+    with contextlib.suppress(OSError):
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/children") as kids:
+                for child in map(int, kids.read().split()):
+                    below += [child] + children(child)
+    return below
+
+
+def cpu_lines(cpu: dict[str, list[dict[str, float]]]) -> str:
+    """Per server, CPU ms per output token of one stream by thread (median of the rounds):
+    what the server itself costs the machine per token, beside what its engine does."""
+    lines = ["one stream, the server's CPU per output token (ms, median of the rounds):"]
+    for name, rounds in cpu.items():
+        names = {k for r in rounds for k in r}
+        each = {k: statistics.median(r.get(k, 0.0) for r in rounds) * 1e3 for k in names}
+        shown = sorted((k for k in each if each[k] >= 0.005), key=lambda k: -each[k])
+        lines.append(f"  {name}: " + ", ".join(f"{k} {each[k]:.2f}" for k in shown))
+    return "\n".join(lines)
 
 
 def offline_in_process(weights: str, args, env: dict) -> float:

@@ -49,7 +49,7 @@ from minivtc.serving.api_keys import Auth, Caller, weights_of
 from minivtc.serving.connections import InFlight, Limits
 from minivtc.serving.dashboard import Setup, add_dashboard, server_data, viewer
 from minivtc.serving.engine_loop import EngineLoop
-from minivtc.serving.hosting import Foreground
+from minivtc.serving.hosting import Foreground, name_os_thread
 from minivtc.serving.info_routes import add_info_routes
 from minivtc.serving.middleware import GuardMiddleware, add_error_handlers
 from minivtc.serving.observability import fairness_view, prometheus_text
@@ -295,6 +295,7 @@ class Server:
     def serve_http(self) -> None:
         """uvicorn, until it exits; then the engine loop ends too (at the latest: the app's
         shutdown stops it first). uvicorn exits with SystemExit when it cannot start."""
+        name_os_thread("minivtc-http")
         try:
             self.foreground.run()
         except SystemExit as e:
