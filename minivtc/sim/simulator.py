@@ -165,7 +165,7 @@ def simulate(
         total_time=max((s.end_s for s in served), default=first) - first,
         wall_s=time.perf_counter() - start,
         steps=steps,
-        counters={c: n for c, (n, _) in policy.ledger.accounts().items() if n is not None},
+        counters=policy.ledger.counters(),
         bound=engine.fairness.gap_bound() if engine.fairness else None,
         backlogged_gap=watch.worst if watch else None,
         **asdict(engine_stats(engine)),
