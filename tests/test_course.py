@@ -514,8 +514,8 @@ def test_a_student_tests_one_assignment_on_their_edition_as_it_stands(tmp_path, 
 
 @pytest.mark.slow
 def test_the_bench_serves_as_the_engine_does_step_by_step():
-    """a4's and a6's bench (`graded/bench.py`, no engine) gives the service and backlogs the
-    real engine gives (`harness.drive`: the engine with a unit runner), step by step, for VTC
+    """a4's and a6's bench (`graded/testbed.py`, no engine) gives the service and backlogs the
+    real engine gives (`driver.drive`: the engine with a unit runner), step by step, for VTC
     (with its fairness check), weighted VTC, FCFS and DRR on random workloads."""
     from hypothesis import given, settings
 

@@ -33,6 +33,7 @@ from minivtc.fairness.cost import preemptive_bound
 from minivtc.fairness.policies import make_scheduler
 from minivtc.fairness.vtc import VTC
 from minivtc.requests.params import SamplingParams
+from minivtc.requests.request import Request
 
 
 @settings(max_examples=60, deadline=None)
@@ -201,6 +202,23 @@ def test_a_client_joining_an_empty_queue_is_lifted_to_within_the_gap_of_those_ru
         lifted[victim] = {c: vtc.counters[c] for c in "EFG"}
     assert lifted["latest"]["G"] == lifted["latest"]["E"]  # Algorithm 2: the last to leave Q
     assert lifted["fair"]["G"] == lifted["fair"]["F"] - 20.0  # within the gap of F
+
+
+def test_fair_lift_floors_near_who_ran_until_q_fills_and_drops_a_forgotten_client():
+    from minivtc.fairness.fair_lift import FairLift
+
+    lift = FairLift(gap=5.0)
+    lift.ran(
+        [
+            Request("a0", "a", [1], SamplingParams(), 0.0),
+            Request("b0", "b", [1], SamplingParams(), 0.0),
+        ]
+    )
+    assert lift.floor({"a": 20.0, "b": 30.0}, None) == 25.0  # within the gap of b
+    lift.forget("b")  # its counter dropped: the floor no longer reads it
+    assert lift.floor({"a": 20.0}, 17.0) == 17.0 and lift.floor({"a": 20.0}, None) == 15.0
+    lift.reset()  # a client joined Q: who ran before counts no more
+    assert lift.floor({"a": 20.0}, 3.0) == 3.0 and lift.floor({"a": 20.0}, None) is None
 
 
 def test_check_fairness_refuses_the_latest_victim_which_states_no_bound():

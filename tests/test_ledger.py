@@ -75,6 +75,17 @@ def test_unadmit_refunds_and_the_caller_requeues():
     vtc.check_invariants()
 
 
+def test_counters_are_the_clients_counters_and_none_for_a_policy_without():
+    vtc, drr = VTC(), DRR()
+    for policy in (vtc, drr):
+        policy.add(request("a0", "a"), 0.0)
+        policy.add(request("b0", "b", n_p=4), 0.0)
+        admission_round(policy, lambda r: True)
+    assert vtc.ledger.counters() == {"a": 10.0, "b": 4.0}
+    assert set(drr.ledger.accounts()) == {"a", "b"} and drr.ledger.counters() == {}
+    assert FCFS().ledger.counters() == {}
+
+
 def test_drr_reports_the_bound_it_states():
     drr = DRR(quantum=64.0)
     assert drr.ledger.gap_bound(100.0) == drr.gap_bound(100.0) == 2 * (100.0 + 64.0)

@@ -168,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
         from minivtc.bench.gpu import bench_gpu  # torch then confirms the device works
 
         return bench_gpu(args)
-    if args.what == "route":  # the fleet: plain Python, no torch (`fleet/bench*.py`)
+    if args.what == "route":  # the fleet: plain Python, no torch
         from minivtc.bench.gateway_overhead import bench_class_load, bench_gateway
         from minivtc.bench.policy import bench_route
 

@@ -13,11 +13,11 @@ append detokenizes and applies the stop rules (`params.py`); charge is one sched
 retire gives finished requests' blocks back.
 
 Control flows down: the engine asks the scheduler, the admission policy, the victim and the pool;
-none of them calls back (an observer in `on_preempt` is told, not asked). The runner is the only
-part that touches tensors; `sim.py` replaces it with a step-time model and the clock with a virtual
-one, so a simulation runs this same code, policy and all. A fault in one request's own work (its
-sampler, its detokenizer) ends that request alone, with finish_reason "error"; a fault in shared
-work propagates, and whoever runs the engine must stop. Does not own: the policy (`scheduler.py`),
+none of them calls back (an observer in `on_preempt` is told, not asked). Only the runner touches
+tensors; `sim/simulator.py` replaces it with a step-time model and the clock with a virtual one, so
+a simulation runs this same code, policy and all. A fault in one request's own work (its sampler,
+its detokenizer) ends that request alone, with finish_reason "error"; a fault in shared work
+propagates, and whoever runs the engine must stop. Does not own: the policy (`scheduler.py`),
 whether blocks may be reserved (`admission.py`), blocks (`kv_pool.py`), whom to preempt and what a
 victim keeps (`preemption.py`), the fairness check (`fairness_check.py`), the checks before a
 request is queued (`intake.py`). After the class: its reports (`engine_stats`, `blocks_by_client`),

@@ -80,7 +80,7 @@ class Fair:
         return victim if above > self.gap else None
 
     def counters(self) -> dict[str, float]:
-        return {c: n or 0.0 for c, (n, _) in self.scheduler.ledger.accounts().items()}
+        return self.scheduler.ledger.counters()  # a client without one: 0.0 (`get`)
 
 
 def make_victim(

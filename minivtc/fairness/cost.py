@@ -11,8 +11,8 @@ and fair preemption's U_P (`preemptive_bound`). A leaf module: it imports
 nothing of the package, so the scheduler, the fairness check, the metrics, the server's
 reports and the report generator all price service the same way.
 
-Not to be confused with the simulator's step-time models (`sim.py`): those say how long a step
-takes on a GPU; this says how much service a client received.
+Not to be confused with the simulator's step-time models (`sim/step_time.py`): those say how long
+a step takes on a GPU; this says how much service a client received.
 
 A request with n_p prompt tokens that has generated n_q tokens has received h(n_p, n_q). VTC
 charges it in pieces as it grows: h(n_p, 0) when it is dispatched (the prompt), then

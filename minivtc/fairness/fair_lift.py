@@ -40,3 +40,12 @@ class FairLift:
             return floor
         top = max(counters[c] for c in self.ran_since) - self.gap
         return top if floor is None else max(floor, top)
+
+    def reset(self) -> None:
+        """A client joined Q: Q is empty no longer, and who ran while it was counts no more."""
+        self.ran_since.clear()
+
+    def forget(self, client: str) -> None:
+        """`client`'s counter was dropped (`VTCLedger.forget`: it was at most the floor, so it
+        lifts no one): `floor` reads it no more."""
+        self.ran_since.discard(client)

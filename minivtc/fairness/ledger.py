@@ -6,7 +6,8 @@ on_decode, on_finish, requeue, remove). Everything else other layers want of a p
 through its `ledger`, one object per policy (`policy.ledger`):
 
 - reads: `counter`, `waiting_counters` (Lemma 4.3's spread, `fairness_check.py`), `accounts`
-  (the server's fairness view, the fair victim), `client_weights` (Section 4.3's shares),
+  (the server's fairness view), `counters` (its counters alone: the fair victim, a run's
+  result, a shared store), `client_weights` (Section 4.3's shares),
   `refunds` (Algorithm 3 may lower a counter), `dispatch_charge`, `gap_bound` (the bound the
   policy states), `keeps_counters` (the VTC family);
 - corrections: `settle` and `unadmit` (the gateway learns a request's true size, or that it
@@ -44,6 +45,11 @@ class Ledger:
         """Per client the policy knows: (counter, weight); counter None for a policy without
         one. What the server's fairness view shows."""
         return {}
+
+    def counters(self) -> dict[str, float]:
+        """Per client with a counter: the counter (`accounts` without the weights and without
+        the clients a policy keeps no counter for)."""
+        return {c: n for c, (n, _) in self.accounts().items() if n is not None}
 
     def client_weights(self) -> dict[str, float]:
         """The operator-set shares (Section 4.3), by client; {}: every client weighs 1."""

@@ -180,7 +180,7 @@ class VTC(Scheduler):
         if self.lift:
             self.lift_counter(request.client_id)
         if self.fair_lift is not None:
-            self.fair_lift.ran_since.clear()  # Q is empty no longer
+            self.fair_lift.reset()  # Q is empty no longer
         self.queues[request.client_id].append(request)
         self.least.push(request.client_id)
 
@@ -311,7 +311,7 @@ class VTCLedger(Ledger):
             del counters[c], queues[c]
             vtc.least.forget(c)
             if vtc.fair_lift is not None:
-                vtc.fair_lift.ran_since.discard(c)
+                vtc.fair_lift.forget(c)
         return gone
 
     def set_preempt_gap(self, gap: float | None, pool_tokens: int) -> float:

@@ -158,12 +158,11 @@ class Dispatcher:
         pool = self.backends
         if request.request_id == self.stuck:
             # PERF: the head that fitted nowhere can fit now only where room was freed since
-            # (a reservation only shrinks room; `wake` forgets it), so a decision of `minivtc
-            # bench route` scans its 64 backends once, not twice: 0.85-0.87 of the time at
-            # 10-1,000 clients (old and new alternating in one process; README, "One decision")
+            # (a reservation only shrinks room; `wake` forgets it), so a decision scans the
+            # backends once, not twice (what it measured: minivtc/bench/README.md)
             pool = sorted(self.grown, key=self.order.__getitem__)
-        # PERF: `Backend.fits` inlined (need computed once): the scan is half of a decision
-        # with 64 backends, and this halves it (`minivtc bench route`)
+        # PERF: `Backend.fits` inlined (need computed once): this loop runs once per backend
+        # per decision (what it measured: minivtc/bench/README.md)
         need = request.max_num_tokens
         return [b for b in pool if b.healthy and b.reserved + b.elsewhere + need <= b.budget]
 

@@ -311,14 +311,13 @@ class Fleet:
         served = [s for s, _ in self.served]
         first = min((t.arrival_s for t in trace), default=0.0)
         policy = self.dispatcher.scheduler if self.dispatcher else None
-        counters = {c: n for c, (n, _) in policy.ledger.accounts().items()} if policy else {}
         sim = SimResult(
             served=served,
             rejected=self.rejected,
             total_time=max((s.end_s for s in served), default=first) - first,
             wall_s=wall_s,
             steps=self.steps,
-            counters={c: n for c, n in counters.items() if n is not None},
+            counters=policy.ledger.counters() if policy else {},
             bound=self.bound(),
             backlogged_gap=self.watch.worst if self.watch else None,
         )

@@ -105,7 +105,7 @@ class PolicyBooks:
         self.policy = policy
 
     def counters(self) -> dict[str, float]:
-        return {c: n for c, (n, _) in self.policy.ledger.accounts().items() if n is not None}
+        return self.policy.ledger.counters()
 
     def counter(self, client: str) -> float | None:
         return self.policy.ledger.counter(client)

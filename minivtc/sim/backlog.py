@@ -89,10 +89,10 @@ class BacklogWatch(PairGaps):
         ran = self.engine.step()
         backlogged = sorted(before & self.waiting() - self.rejoined)
         after = self.tokens(backlogged)
-        weights = self.engine.scheduler.ledger.accounts()
+        weights = self.engine.scheduler.ledger.client_weights()
         service = {
             c: self.price(*(a - b for a, b in zip(after[c], tokens[c], strict=True)))
-            / weights.get(c, (None, 1.0))[1]
+            / weights.get(c, 1.0)
             for c in backlogged
         }
         self.update(backlogged, service)

@@ -8,7 +8,7 @@ b * requests + c * context tokens, the linear form of `Roofline` before its max(
 `check` (one held-out workload run for real and in simulation with the fitted model, side by
 side). The result is a JSON file; `simulate --step-time measured` (or a path to the file) uses
 it, so a simulation of the tiny model can be compared with a real run of it. Does not own the
-simulator (`sim.py`).
+simulator (`simulator.py`).
 
 `fit_runs` fits the same form plus its two squares (d * requests^2 + e * context tokens^2,
 `MeasuredStepTime` says why) to runs measured elsewhere, from nothing but the client's records

@@ -165,7 +165,7 @@ def simulate(
         total_time=max((s.end_s for s in served), default=first) - first,
         wall_s=time.perf_counter() - start,
         steps=steps,
-        counters={c: n for c, (n, _) in policy.ledger.accounts().items() if n is not None},
+        counters=policy.ledger.counters(),
         bound=engine.fairness.gap_bound() if engine.fairness else None,
         backlogged_gap=watch.worst if watch else None,
         **asdict(engine_stats(engine)),
@@ -278,7 +278,7 @@ def progress_bar(total: float, desc: str, unit: str, enabled: bool = True) -> tq
 def gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off for a while (process-wide). A simulation makes
     millions of small objects and no reference cycles; with a million requests waiting, every
-    full collection walks them all, which cost 15-20% of a long simulation."""
+    full collection walks them all (what that cost: minivtc/bench/README.md)."""
     enabled = gc.isenabled()
     gc.disable()
     try:

@@ -3,7 +3,7 @@
 Owns: `StepShape` (what a step computes: prefill tokens, requests, context tokens), the
 `StepTimeModel` interface, `Roofline`, `MeasuredStepTime` (a step's time from its shape,
 linear terms and two squares, fitted by `calibrate.py`), the presets (`STEP_TIME_MODELS`)
-and `step_time_model(name)`. The simulator (`sim.py`) advances its virtual clock by these;
+and `step_time_model(name)`. The simulator (`simulator.py`) advances its virtual clock by these;
 they say how long a step takes, not what service a client received (that is the cost h,
 `cost.py`). Lessons 4-8.
 

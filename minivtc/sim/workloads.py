@@ -3,8 +3,8 @@
 Owns: `TraceRequest` (client, arrival time, input and output lengths), the trace CSV format
 (`client,arrival_s,input_tokens,output_tokens`), the generators of the experiments of Sections
 5.2-5.4 and Appendix B with their rates, lengths and durations, and `WORKLOADS`, the named
-suites. Does not own: running a trace (`sim.py` for virtual time, the load generator for a real
-server). Lessons 4-8 use it.
+suites. Does not own: running a trace (`simulator.py` for virtual time, the load generator for a
+real server). Lessons 4-8 use it.
 
 Generators follow the artifact's `fair_bench/trace.py`; Python's `random` stands in for
 NumPy's, so individual draws differ from the artifact's while the processes are the same.

@@ -189,12 +189,12 @@ def finish_run(llm: Any, policy: str, workload: Overload, clients, wall_s: float
     scheduler = scheduler_of(llm)
     queue = scheduler.waiting
     fair = isinstance(queue, PolicyQueue)  # FairScheduler's; vLLM's own FCFS deque else
-    accounts = queue.policy.ledger.accounts() if fair else {}
+    counters = queue.policy.ledger.counters() if fair else {}
     return OverloadRun(
         policy=policy,
         clients=clients,
         num_steps=workload.steps,
-        counters={c: n for c, (n, _) in accounts.items() if n is not None} or None,
+        counters=counters or None,
         pool_tokens=scheduler.cache_config.num_gpu_blocks * scheduler.block_size,
         max_model_len=scheduler.max_model_len,
         num_preemptions=queue.num_preemptions if fair else -1,

@@ -10,7 +10,7 @@ near); no starvation of a returning client; then on the paper's workloads with t
 simulator's A10G step times, side by side with VTC and FCFS. No other assignment needs to be
 done: the bench is not the engine, and VTC's numbers are recorded. At grading the reference
 policies (VTC and its family, DRR, the artifact's) are out of reach: a capstone that imports
-one is refused by name (`course/refusals.py`)."""
+one is refused by name (`course/rules.py`)."""
 
 from __future__ import annotations
 

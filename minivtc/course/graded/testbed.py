@@ -6,7 +6,7 @@ drives. It is not the engine: no blocks, no runner, none of `Engine`'s parts, so
 tested the same way on the reference and on a student edition whose other assignments are
 not done yet (`minivtc course test a4`), and it gives nothing of a3 (`Engine.step`) away.
 What it keeps is what the policy's fairness depends on, as the engine does it with a unit
-runner and blocks of one token (`harness.drive`; tests/test_course.py checks that the two
+runner and blocks of one token (`driver.drive`; tests/test_course.py checks that the two
 give the same service, step by step):
 
 - a request reserves prompt + max_tokens tokens of the pool at admission (a3's full
@@ -149,7 +149,7 @@ def serve(
 ) -> tuple[Bench, list[Step], list[tuple[Arrival, str]]]:
     """Replay `arrivals` on a `Bench` (`how`: its step_s and max_running): the bench, what each
     step served whom (priced at `prices`, w_p and w_q) and who was backlogged throughout it (as
-    `harness.drive` returns them), and the refused arrivals."""
+    `driver.drive` returns them), and the refused arrivals."""
     w_p, w_q = prices
     bench = Bench(scheduler, kv_tokens, fairness, **how)
     pending = deque(sorted(arrivals, key=lambda a: a.time))
@@ -213,7 +213,7 @@ def on_a10g(policy: Scheduler, name: str) -> tuple[Bench, list[Step]]:
 
 
 def worst_gap(steps: list[Step], clients: list[str]) -> tuple[float, str, str]:
-    """The largest `harness.max_gap` of any pair of `clients`, and between whom: the same
+    """The largest `driver.max_gap` of any pair of `clients`, and between whom: the same
     sums, over arrays (the real trace has 27 clients, 351 pairs and 23,000 steps)."""
     import numpy as np
 
