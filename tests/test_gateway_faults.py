@@ -22,7 +22,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minivtc.fairness.cost import W_P, W_Q
 from minivtc.gateway.app import make_gateway
+from minivtc.gateway.gateway import CHAT_ROOM
 from minivtc.gateway.proxy import backends_of
+from minivtc.model import chat
+from minivtc.requests.params import DEFAULT_MAX_TOKENS
 from minivtc.serving.connections import Limits
 from minivtc.serving.hosting import BackgroundServer
 from tests.test_gateway import fleet, free_port, gateway_over, healthy
@@ -58,7 +61,7 @@ def hostile_backend() -> FastAPI:
     app.get("/health")(lambda: Response())
 
     async def completions(http: HTTPRequest):
-        body = await http.json()
+        body = app.state.seen = await http.json()
         prompt = body["prompt"]
         if prompt == "hang":
             await asyncio.sleep(3600)
@@ -385,6 +388,25 @@ def test_valid_chats_pass_and_a_tenant_sees_no_fleet_totals():
                 view = httpx.get(url + path, headers=HEADERS).json()
                 assert "requests" not in view and "backends" not in view, (path, view)
                 assert set(view["clients"]) == {"picky"}
+
+
+def test_a_request_without_max_tokens_is_sent_with_serves_default():
+    """The gateway books, charges and sends what `serve` would give a request without
+    max_tokens (`prompts.max_tokens_of`): 16 for a completion; for a chat the room its prompt
+    leaves in the largest budget, at most `CHAT_ROOM`, as the gateway knows budgets, not
+    contexts."""
+    app = hostile_backend()
+    messages = [{"role": "user", "content": "hi"}]
+    with BackgroundServer(app) as backend:
+        for budget in (1000, 100):  # a room past CHAT_ROOM, and one within it
+            gw = gateway_over(backends_of([f"{backend}={budget}"]))
+            room = budget - len(chat.prompt_ids(gw.tokenizer, messages))
+            with BackgroundServer(make_gateway(gw)) as url:
+                r = httpx.post(url + "/v1/completions", json={"prompt": "x"}, headers=HEADERS)
+                assert r.status_code == 200 and app.state.seen["max_tokens"] == DEFAULT_MAX_TOKENS
+                body = {"messages": messages}
+                r = httpx.post(url + "/v1/chat/completions", json=body, headers=HEADERS)
+                assert r.status_code == 200 and app.state.seen["max_tokens"] == min(room, CHAT_ROOM)
 
 
 def test_requests_go_out_through_several_http_clients_in_turn():

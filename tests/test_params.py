@@ -4,20 +4,24 @@ it does. Plain Python: the module imports no torch, which a fresh interpreter ch
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from minivtc.requests.params import (
+    DEFAULT_MAX_TOKENS,
     MAX_SEED,
     SamplingParams,
     context_error,
     releasable,
+    resolve_max_tokens,
     stop_reason,
     trim_stop,
 )
@@ -140,6 +144,61 @@ def test_context_error_only_when_prompt_and_max_tokens_overflow():
     assert context_error(100, 29, 128) == (
         "prompt (100 tokens) + max_tokens (29) = 129 exceeds the model's context of 128 positions"
     )
+
+
+def test_max_tokens_none_is_the_room_left_or_a_completions_default():
+    """A number is kept; None is the room the context leaves, at least one (a prompt that
+    leaves none is the context check's to refuse); with no room (a completion), OpenAI's
+    default, which is also `SamplingParams`'. `with_max_tokens` applies the same rule."""
+    assert resolve_max_tokens(7, 100) == 7 and resolve_max_tokens(7, None) == 7
+    assert resolve_max_tokens(None, 100) == 100
+    assert resolve_max_tokens(None, 0) == resolve_max_tokens(None, -3) == 1
+    assert resolve_max_tokens(None, None) == DEFAULT_MAX_TOKENS == SamplingParams().max_tokens
+    for room in (-3, 0, 1, 100):
+        resolved = SamplingParams(max_tokens=None).with_max_tokens(room)
+        assert resolved.limit == resolve_max_tokens(None, room)
+    assert SamplingParams(max_tokens=5).with_max_tokens(100).limit == 5
+
+
+def defaults_given_in_place(tree: ast.AST) -> list[int]:
+    """Lines that give a max_tokens its default where they stand: `x.max_tokens or DEFAULT`,
+    or `... if <a max_tokens> is None else ...`. Not defaults: `a or b` between two of the
+    body's fields (a chat's `max_completion_tokens or max_tokens` picks one), or a text for
+    none (`max_tokens or ""`, a CSV's empty cell)."""
+
+    def is_max_tokens(node: ast.AST) -> bool:
+        return (isinstance(node, ast.Name) and node.id.endswith("max_tokens")) or (
+            isinstance(node, ast.Attribute) and node.attr.endswith("max_tokens")
+        )
+
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.BoolOp) and isinstance(node.op, ast.Or):
+            *first, last = node.values
+            text = isinstance(last, ast.Constant) and isinstance(last.value, str)
+            if any(map(is_max_tokens, first)) and not is_max_tokens(last) and not text:
+                lines.append(node.lineno)
+        if isinstance(node, ast.IfExp) and isinstance(node.test, ast.Compare):
+            compared = [node.test.left, *node.test.comparators]
+            none = any(isinstance(c, ast.Constant) and c.value is None for c in compared)
+            if none and any(map(is_max_tokens, compared)):
+                lines.append(node.lineno)
+    return lines
+
+
+def test_max_tokens_none_is_resolved_in_one_place():
+    """Every front door (the engine's intake, the server's routes, the gateway's, `minivtc
+    generate`) resolves max_tokens with `resolve_max_tokens`: no module gives it a default of
+    its own, where two could come to disagree for the same request."""
+    package = Path(__file__).resolve().parents[1] / "minivtc"
+    assert defaults_given_in_place(ast.parse("n = body.max_tokens or 16")) == [1]
+    found = {
+        f"{path.relative_to(package)}:{line}"
+        for path in sorted(package.rglob("*.py"))
+        if path.name != "params.py"
+        for line in defaults_given_in_place(ast.parse(path.read_text()))
+    }
+    assert not found, f"max_tokens given a default outside `params.resolve_max_tokens`: {found}"
 
 
 def test_importing_params_imports_no_torch():

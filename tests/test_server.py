@@ -19,6 +19,7 @@ from minivtc.engine.engine import Engine
 from minivtc.engine.factory import build_engine
 from minivtc.engine.sampler import SamplingParams
 from minivtc.offline.llm import LLM
+from minivtc.requests.params import DEFAULT_MAX_TOKENS, resolve_max_tokens
 from minivtc.serving.hosting import BackgroundServer
 from minivtc.serving.server import make_app
 from minivtc.sim.workloads import TraceRequest
@@ -126,6 +127,21 @@ def test_chat_streamed_and_not_with_usage(server):
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == whole.choices[0].message.content
     assert chunks[-1].usage.completion_tokens == 10
+
+
+def test_a_request_without_max_tokens_runs_to_the_one_rules_default(bundled):
+    """A completion without max_tokens gets OpenAI's 16 tokens; a chat, the room its prompt
+    leaves in the context and the pool, as the engine resolves None (`resolve_max_tokens`)."""
+    pool = 64
+    background, _ = start(bundled, "vtc", kv_tokens=pool)
+    with background as url:
+        body = {"prompt": "Once", "ignore_eos": True}
+        done = httpx.post(url + "/v1/completions", json=body, timeout=60).json()
+        assert done["usage"]["completion_tokens"] == DEFAULT_MAX_TOKENS
+        body = {"messages": [{"role": "user", "content": "hi"}], "ignore_eos": True}
+        usage = httpx.post(url + "/v1/chat/completions", json=body, timeout=60).json()["usage"]
+        room = pool - usage["prompt_tokens"]
+        assert usage["completion_tokens"] == resolve_max_tokens(None, room) == room > 16
 
 
 def test_models_health_metrics_and_fairness_view(server):

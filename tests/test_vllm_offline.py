@@ -147,7 +147,8 @@ def test_vllm_dtype_names(dtype):
 def test_gpu_memory_utilization_sizes_the_pool_from_free_device_memory(monkeypatch):
     """vLLM's rule on CUDA (no device here: the driver's answer is stood in for): the process
     may use 90% of the device; 40 of 100 GB are in use; 5% stays for activations."""
-    from minivtc.offline.args import VLLMArgs, pool_bytes
+    from minivtc.engine.kv_pool import pool_bytes
+    from minivtc.offline.args import VLLMArgs
 
     gb = 10**9
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (60 * gb, 100 * gb))

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from minivtc.model.weights import CheckpointError, load_model
+from minivtc.model.weights import CheckpointError, load_model, resolve_dtype
 from tests.conftest import TINY_GQA, write_hf_checkpoint
 
 
@@ -36,6 +37,51 @@ def test_dtype_chosen_at_load(ckpt, dtype, torch_dtype):
     model, _ = load_model(ckpt, dtype=dtype)
     assert {p.dtype for p in model.parameters()} == {torch_dtype}
     assert not any(p.requires_grad for p in model.parameters())
+
+
+@pytest.mark.parametrize(
+    "dtype, torch_dtype",
+    [("bfloat16", torch.bfloat16), ("half", torch.float16), ("float", torch.float32)],
+)
+def test_vllms_dtype_names_are_read_at_load(ckpt, dtype, torch_dtype):
+    model, _ = load_model(ckpt, dtype=dtype)
+    assert {p.dtype for p in model.parameters()} == {torch_dtype}
+
+
+@pytest.mark.parametrize(
+    "saved, device, torch_dtype",
+    [
+        ("bfloat16", "cpu", torch.bfloat16),
+        ("float16", "cuda", torch.float16),
+        ("float16", "cpu", torch.float32),  # fp16 on a CPU runs as fp32
+        (None, "cpu", torch.float32),  # a config.json that names none
+    ],
+)
+def test_auto_is_the_checkpoints_own_dtype(ckpt, saved, device, torch_dtype):
+    hf = json.loads((ckpt / "config.json").read_text())
+    hf.pop("torch_dtype", None)
+    (ckpt / "config.json").write_text(json.dumps(hf | ({"torch_dtype": saved} if saved else {})))
+    assert resolve_dtype("auto", ckpt, device) == torch_dtype
+    if device == "cpu":
+        model, _ = load_model(ckpt, dtype="auto")
+        assert {p.dtype for p in model.parameters()} == {torch_dtype}
+
+
+def test_an_unknown_dtype_is_refused_by_name(ckpt):
+    with pytest.raises(ValueError, match="unknown dtype 'float8'; choose 'auto' or one of"):
+        load_model(ckpt, dtype="float8")
+
+
+def test_one_rule_reads_a_dtype():
+    """`load_model`, `LLM(dtype=...)` and `minivtc serve --dtype` read a dtype with the same
+    function: no module defines another."""
+    package = Path(__file__).resolve().parents[1] / "minivtc"
+    defined = [
+        str(path.relative_to(package))
+        for path in sorted(package.rglob("*.py"))
+        if re.search(r"^def resolve_dtype\(", path.read_text(), re.MULTILINE)
+    ]
+    assert defined == ["model/weights.py"]
 
 
 def rewrite_tensors(ckpt, edit) -> None:

@@ -226,7 +226,8 @@ def run_generate(args) -> int:
         prompt_ids = tokenizer.encode(args.prompt)
         print(args.prompt, end="", flush=True)
     room = model.config.max_positions
-    kv_tokens = min(room, len(prompt_ids) + (args.max_tokens or room))
+    max_tokens = params.with_max_tokens(room - len(prompt_ids)).limit
+    kv_tokens = min(room, len(prompt_ids) + max_tokens)
     engine = build_engine(model, tokenizer, kv_tokens=kv_tokens, compile_attention=False)
     request = engine.add_request(prompt_ids, params)
     while engine.has_unfinished():

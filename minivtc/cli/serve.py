@@ -150,7 +150,7 @@ def run_serve(args) -> int:
 
     from minivtc.engine.factory import build_engine
     from minivtc.model.packed import packs_on
-    from minivtc.model.weights import load_model, resolve_dtype
+    from minivtc.model.weights import load_model
     from minivtc.serving.api_keys import Auth, read_keys, weights_of
     from minivtc.serving.server import Server
     from minivtc.serving.vllm_flags import VLLMServe
@@ -181,7 +181,7 @@ def run_serve(args) -> int:
             )
     batch = {} if args.max_num_seqs is None else {"max_running": args.max_num_seqs}
     config = config_of(args, weights=weights, **batch)  # (refused before the model loads)
-    dtype = resolve_dtype(vllm.dtype(args))
+    dtype = vllm.dtype(args)  # ("auto" and vLLM's names: `weights.resolve_dtype`)
     packed = packs_on(args.device, dtype)  # oneDNN's packed products on a CPU (model/packed.py)
     model, tokenizer = load_model(vllm.checkpoint, dtype, args.device, packed)
     engine = build_engine(model, tokenizer, replace(config, **vllm.pool(args, model)))

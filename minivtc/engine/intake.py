@@ -61,8 +61,9 @@ def checked_params(
     prompt_ids: list[int], params: SamplingParams, max_positions: int, allocator: BlockAllocator
 ) -> SamplingParams:
     """`params` for this prompt here: max_tokens None resolved to the room the context and the
-    pool leave (the one place it is resolved), and the request refused if it can never run
-    (`validate`). `Engine.add_request` and `LLM.generate`'s checks before queuing call it."""
+    pool leave (`params.resolve_max_tokens`, the rule every front door uses), and the request
+    refused if it can never run (`validate`). `Engine.add_request` and `LLM.generate`'s checks
+    before queuing call it."""
     longest = max_model_len(max_positions, allocator)
     params = params.with_max_tokens(longest - len(prompt_ids))
     validate(prompt_ids, params, max_positions, longest)

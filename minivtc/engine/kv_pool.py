@@ -3,7 +3,8 @@
 Owns: `BlockAllocator` (a free list and one block table per request: pure Python, no tensors,
 so the simulator and the admission policies use it as is, without importing torch) and
 `KVPool` (the K/V tensors plus an allocator, sized from a token capacity — "a pool of 10000
-tokens", the paper's unit — or from a byte budget).
+tokens", the paper's unit — or from a byte budget), and `pool_bytes` (vLLM's byte budget: a share
+of the device's memory, `gpu_memory_utilization`).
 
 A request's position p lives in block `block_table[p // block_size]` at offset
 `p % block_size`; that cell's index in the flattened pool is its *slot*. `block_size=1` is
@@ -22,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from minivtc.model.config import LlamaConfig
 
-__all__ = ["BlockAllocator", "KVPool"]
+__all__ = ["BlockAllocator", "KVPool", "pool_bytes"]
 
 if TYPE_CHECKING:  # KVPool imports torch when it is built: BlockAllocator needs none
     import torch
@@ -210,3 +211,22 @@ class KVPool:
     @property
     def num_bytes(self) -> int:
         return 2 * self.k.numel() * self.k.element_size()
+
+
+def pool_bytes(utilization: float, device: torch.device) -> int:
+    """vLLM's rule: this process may use `utilization` of the device's memory; the KV pool
+    gets what that leaves after everything already allocated on it (the weights, and other
+    processes'), less a margin for the activations of a step. `LLM(gpu_memory_utilization=...)`
+    (`offline/args.py`) and `minivtc serve --gpu-memory-utilization` (`serving/vllm_flags.py`)
+    call it, on CUDA."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info(device)
+    budget = int(utilization * total) - (total - free)
+    margin = total // 20  # a step's activations (not measured per model: a fixed 5%)
+    if budget - margin <= 0:
+        raise ValueError(
+            f"gpu_memory_utilization={utilization}: {total - free} of {total} bytes are already "
+            "in use, which leaves no room for the KV pool"
+        )
+    return budget - margin

@@ -27,14 +27,20 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from minivtc.fleet.shared_store import as_json
 from minivtc.gateway.fleet_metrics import FleetCollector
-from minivtc.gateway.gateway import DEFAULT_CHAT_MAX_TOKENS, DEFAULT_MAX_TOKENS, Gateway
+from minivtc.gateway.gateway import CHAT_ROOM, Gateway
 from minivtc.model import chat
 from minivtc.serving.api_keys import Caller
 from minivtc.serving.connections import InFlight, Limits
 from minivtc.serving.dashboard import EVERY_S, add_dashboard, spread_view, viewer
 from minivtc.serving.middleware import GuardMiddleware, add_error_handlers
 from minivtc.serving.openai_api import APIError, check_unsupported
-from minivtc.serving.prompts import chat_body, check_fan_out, check_length, completion_body
+from minivtc.serving.prompts import (
+    chat_body,
+    check_fan_out,
+    check_length,
+    completion_body,
+    max_tokens_of,
+)
 
 __all__ = ["REQUEST_CLIENTS", "backend_clients", "make_gateway"]
 
@@ -134,8 +140,7 @@ async def completions(http: HTTPRequest):
     else:
         check_length(gateway.prompt_limits, len(prompt), "prompt")
         num_prompt = len(await asyncio.to_thread(gateway.tokenizer.encode, prompt))
-    max_tokens = body.max_tokens or DEFAULT_MAX_TOKENS
-    payload = body.model_dump(exclude_unset=True) | {"max_tokens": max_tokens}
+    payload = body.model_dump(exclude_unset=True) | {"max_tokens": max_tokens_of(body)}
     http.app.state.in_flight.take(http.scope, caller.client, body.n)  # else 429
     return await forward(http, "/v1/completions", caller.client, num_prompt, payload)
 
@@ -152,10 +157,9 @@ async def chat_completions(http: HTTPRequest):
         num_prompt = len(await asyncio.to_thread(chat.prompt_ids, gateway.tokenizer, messages))
     except ValueError as e:  # (the chat format refused them)
         raise APIError(400, str(e), "messages") from None
-    room = max(gateway.prompt_limits.tokens - num_prompt, 1)
-    max_tokens = body.max_completion_tokens or body.max_tokens or min(DEFAULT_CHAT_MAX_TOKENS, room)
+    room = min(gateway.prompt_limits.tokens - num_prompt, CHAT_ROOM)  # (`CHAT_ROOM`: why)
     payload = body.model_dump(exclude_unset=True, exclude={"max_completion_tokens"})
-    payload["max_tokens"] = max_tokens
+    payload["max_tokens"] = max_tokens_of(body, room)
     http.app.state.in_flight.take(http.scope, caller.client, body.n)  # else 429
     return await forward(http, "/v1/chat/completions", caller.client, num_prompt, payload)
 

@@ -55,10 +55,12 @@ from minivtc.serving.connections import Limits
 from minivtc.serving.openai_api import APIError
 from minivtc.serving.prompts import PromptLimits
 
-__all__ = ["DEFAULT_CHAT_MAX_TOKENS", "DEFAULT_MAX_TOKENS", "Gateway"]
+__all__ = ["CHAT_ROOM", "Gateway"]
 
-DEFAULT_MAX_TOKENS = 16  # a completion's, as OpenAI's and `minivtc serve`'s
-DEFAULT_CHAT_MAX_TOKENS = 256  # a chat's: the gateway must reserve something finite
+# The most room a chat without max_tokens is given here (`prompts.max_tokens_of`): `serve` gives
+# it what its context leaves, but the gateway knows each backend's KV budget, not its context,
+# and must book something finite that a context can hold
+CHAT_ROOM = 256
 # The longest a backend may go without sending a byte (a non-streamed answer comes whole at the
 # end, so this is also the longest a non-streamed request may take): `minivtc route
 # --backend-timeout`

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -31,6 +32,9 @@ __all__ += ["load_model", "resolve_dtype"]
 
 BUNDLED_WEIGHTS = Path(__file__).resolve().parents[2] / "weights"  # the repository's weights/
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# vLLM's dtype names (config.json's `torch_dtype` among them), and minivtc's, as minivtc's
+DTYPE_NAMES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16"}
+DTYPE_NAMES |= {"bfloat16": "bf16"} | {name: name for name in DTYPES}
 # Rotary frequencies are recomputed from the config; some exports store them anyway.
 IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
@@ -55,7 +59,7 @@ def load_model(
             f"{root / 'tokenizer.model'} has {tokenizer.vocab_size} tokens but config.json says "
             f"vocab_size={config.vocab_size}"
         )
-    model = load_weights(config, root, resolve_dtype(dtype), torch.device(device))
+    model = load_weights(config, root, resolve_dtype(dtype, root, device), torch.device(device))
     if packed:
         pack_linears(model)
     return model, tokenizer
@@ -71,28 +75,41 @@ def bundled_weights_dir() -> Path:
     return BUNDLED_WEIGHTS
 
 
-def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+def resolve_dtype(dtype: str | torch.dtype, root: Path, device: str | torch.device) -> torch.dtype:
+    """The weights' dtype: a torch dtype as it is, or a name, minivtc's or vLLM's; "auto" is
+    the checkpoint's own (`torch_dtype` in `root`'s config.json; fp32 if it names none), except
+    fp16 on a CPU, which runs as fp32. The one rule: `load_model`, `LLM(dtype=...)`
+    (`offline/llm.py`) and `minivtc serve --dtype` (`serving/vllm_flags.py`) call it."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose one of {sorted(DTYPES)}")
-    return DTYPES[dtype]
+    if dtype == "auto":
+        name = DTYPE_NAMES.get(str(hf_config(root).get("torch_dtype")), "fp32")  # none: fp32
+        return DTYPES["fp32" if name == "fp16" and torch.device(device).type == "cpu" else name]
+    if dtype not in DTYPE_NAMES:
+        raise ValueError(f"unknown dtype {dtype!r}; choose 'auto' or one of {sorted(DTYPE_NAMES)}")
+    return DTYPES[DTYPE_NAMES[dtype]]
 
 
 def load_config(root: Path) -> LlamaConfig:
-    if not root.is_dir():
-        raise CheckpointError(f"checkpoint directory not found: {root}")
-    path = require_file(root / "config.json")
-    try:
-        hf = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path} is not valid JSON: {e}") from e
+    hf, path = hf_config(root), root / "config.json"
     try:
         return LlamaConfig.from_hf(hf)
     except KeyError as e:
         raise CheckpointError(f"{path} lacks the field {e.args[0]!r}") from e
     except ValueError as e:
         raise CheckpointError(f"{path}: {e}") from e
+
+
+def hf_config(root: Path) -> dict[str, Any]:
+    """`root`'s config.json, as Hugging Face wrote it."""
+    if not root.is_dir():
+        raise CheckpointError(f"checkpoint directory not found: {root}")
+    path = require_file(root / "config.json")
+    try:
+        hf: dict[str, Any] = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is not valid JSON: {e}") from e
+    return hf
 
 
 def require_file(path: Path) -> Path:

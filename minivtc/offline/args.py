@@ -1,9 +1,11 @@
 """vLLM's `LLM(...)` constructor arguments, read as minivtc's: what each means here, and a clear
 error for those that mean nothing for a one-device Llama-2 engine.
 
-Owns `VLLMArgs` (the arguments as vLLM spells them, checked), `resolve_dtype` ("auto" and vLLM's
-dtype names) and `pool_bytes` (`gpu_memory_utilization`: the KV pool sized from the device's free
-memory, on CUDA). `LLM` (`llm.py`) builds the engine from them. Lesson 3.
+Owns `VLLMArgs` (the arguments as vLLM spells them, checked) and `check_known`. The rules it
+shares with `minivtc serve`'s vLLM flags (`serving/vllm_flags.py`) live below both: the dtype's
+("auto" and vLLM's names: `model/weights.resolve_dtype`) and `gpu_memory_utilization`'s (the KV
+pool sized from the device's free memory, on CUDA: `engine/kv_pool.pool_bytes`). `LLM`
+(`llm.py`) builds the engine from them. Lesson 3.
 """
 
 from __future__ import annotations
@@ -13,13 +15,9 @@ from pathlib import Path
 
 import torch
 
-from minivtc.model.weights import DTYPES, load_config
+from minivtc.engine.kv_pool import pool_bytes
 
-__all__ = ["VLLMArgs", "check_known", "pool_bytes", "resolve_dtype"]
-
-DTYPE_NAMES = {"float32": "fp32", "float": "fp32", "float16": "fp16", "half": "fp16"}
-DTYPE_NAMES |= {"bfloat16": "bf16"} | {name: name for name in DTYPES}  # vLLM's, and minivtc's
-HF_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16"}
+__all__ = ["VLLMArgs", "check_known"]
 
 
 @dataclass(frozen=True)
@@ -94,39 +92,3 @@ def check_known(given: set[str], known: set[str]) -> None:
     for name in sorted(given - known):
         why = UNSUPPORTED.get(name, "not a vLLM argument minivtc reads, nor one of its own")
         raise ValueError(f"LLM({name}=...): {why}")
-
-
-def resolve_dtype(dtype: str | torch.dtype, checkpoint: Path, device: torch.device):
-    """A dtype for the weights: minivtc's and vLLM's names; "auto" is the checkpoint's own
-    (`torch_dtype` in config.json), except fp16 on a CPU, which runs as fp32."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if dtype == "auto":
-        hf = load_config_dtype(checkpoint)
-        name = HF_DTYPES.get(hf, "fp32") if hf is not None else "fp32"
-        return DTYPES["fp32" if name == "fp16" and device.type == "cpu" else name]
-    if dtype not in DTYPE_NAMES:
-        raise ValueError(f"unknown dtype {dtype!r}; choose 'auto' or one of {sorted(DTYPE_NAMES)}")
-    return DTYPES[DTYPE_NAMES[dtype]]
-
-
-def load_config_dtype(checkpoint: Path) -> str | None:
-    import json
-
-    load_config(checkpoint)  # the usual errors for a directory that is no checkpoint
-    return json.loads((checkpoint / "config.json").read_text()).get("torch_dtype")
-
-
-def pool_bytes(utilization: float, device: torch.device) -> int:
-    """vLLM's rule: this process may use `utilization` of the device's memory; the KV pool
-    gets what that leaves after everything already allocated on it (the weights, and other
-    processes'), less a margin for the activations of a step."""
-    free, total = torch.cuda.mem_get_info(device)
-    budget = int(utilization * total) - (total - free)
-    margin = total // 20  # a step's activations (not measured per model: a fixed 5%)
-    if budget - margin <= 0:
-        raise ValueError(
-            f"gpu_memory_utilization={utilization}: {total - free} of {total} bytes are already "
-            "in use, which leaves no room for the KV pool"
-        )
-    return budget - margin

@@ -31,8 +31,8 @@ from minivtc.engine.sampler import SamplingParams
 from minivtc.model.chat import prompt_ids
 from minivtc.model.packed import packs_on
 from minivtc.model.tokenizer import Tokenizer
-from minivtc.model.weights import bundled_weights_dir, load_model
-from minivtc.offline.args import VLLMArgs, check_known, resolve_dtype
+from minivtc.model.weights import bundled_weights_dir, load_model, resolve_dtype
+from minivtc.offline.args import VLLMArgs, check_known
 from minivtc.offline.inputs import Prompt, Sample, plan
 from minivtc.offline.outputs import CompletionOutput, RequestOutput, request_output
 from minivtc.requests.params import MAX_SEED

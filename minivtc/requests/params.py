@@ -12,20 +12,22 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
-__all__ = ["MAX_LOGPROBS", "MAX_SEED", "ParamError", "SamplingParams", "context_error", "cut_stop"]
-__all__ += ["releasable", "stop_reason", "trim_stop"]
+__all__ = ["DEFAULT_MAX_TOKENS", "MAX_LOGPROBS", "MAX_SEED", "ParamError", "SamplingParams"]
+__all__ += ["context_error", "cut_stop", "releasable", "resolve_max_tokens", "stop_reason"]
+__all__ += ["trim_stop"]
 
 if TYPE_CHECKING:
     import torch
 
 MAX_SEED = 2**63 - 1
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs
+DEFAULT_MAX_TOKENS = 16  # vLLM's SamplingParams default, and OpenAI's for a completion
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """vLLM's names and defaults. temperature 0 is greedy; max_tokens counts generated tokens
-    (None: as many as the context leaves, `with_max_tokens`); top_k 0 or -1 is no cut.
+    (None: as many as the context leaves, `resolve_max_tokens`); top_k 0 or -1 is no cut.
 
     Penalties follow vLLM: `repetition_penalty` (Keskar et al., as `transformers`' processor:
     on every prompt and output token) and the OpenAI `presence_penalty` / `frequency_penalty`
@@ -48,7 +50,7 @@ class SamplingParams:
     stop: tuple[str, ...] = field(default_factory=tuple)
     stop_token_ids: tuple[int, ...] = field(default_factory=tuple)
     ignore_eos: bool = False
-    max_tokens: int | None = 16
+    max_tokens: int | None = DEFAULT_MAX_TOKENS
     min_tokens: int = 0  # EOS, stop tokens and stop strings cannot end it before this many
     logprobs: int | None = None
     prompt_logprobs: int | None = None
@@ -69,8 +71,11 @@ class SamplingParams:
         return self.max_tokens
 
     def with_max_tokens(self, room: int) -> SamplingParams:
-        """These params with max_tokens None resolved to `room` (what the context leaves)."""
-        return self if self.max_tokens is not None else replace(self, max_tokens=max(room, 1))
+        """These params with max_tokens resolved (`resolve_max_tokens`; `room`: what the
+        context leaves after the prompt)."""
+        if self.max_tokens is not None:
+            return self
+        return replace(self, max_tokens=resolve_max_tokens(None, room))
 
     def sample(self, k: int) -> SamplingParams:
         """Sample k of these params' n, as one request of its own: n=1 and, seeded, the seed
@@ -200,6 +205,22 @@ def check_ranges(p: SamplingParams) -> None:
     for ok, param, message in rules:
         if not ok:
             raise ParamError(param, message)
+
+
+def resolve_max_tokens(max_tokens: int | None, room: int | None) -> int:
+    """max_tokens as asked, or None resolved: to `room`, the tokens the context leaves after the
+    prompt (vLLM's rule), at least one (a prompt that leaves none is refused by the context
+    check, which names the prompt: `intake.check_context`); with no room (a completion, whose
+    default OpenAI's API fixes whatever the prompt), to `DEFAULT_MAX_TOKENS`.
+
+    The one place None is resolved. Its callers: `SamplingParams.with_max_tokens` (for the
+    engine's intake, `intake.checked_params`, and `minivtc generate`, which sizes its pool for
+    the request) and `serving/prompts.max_tokens_of` (for the server's routes, whose logprob
+    volume check needs the number before the engine has it, and the gateway's, which books and
+    charges the number before any backend sees the request)."""
+    if max_tokens is not None:
+        return max_tokens
+    return DEFAULT_MAX_TOKENS if room is None else max(room, 1)
 
 
 def context_error(num_prompt: int, max_tokens: int, max_positions: int) -> str | None:

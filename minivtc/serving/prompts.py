@@ -5,8 +5,8 @@ Owns: `PromptLimits` (how much one request may hold, and so what can be refused 
 too long to fit whatever it tokenizes to, a chat with more messages than the context has room
 for), parsing and validating a body (`completion_body`, `chat_body`: pure functions, which
 `server.py` runs on a worker thread, so a large body never stalls other streams), and
-`sampling_params`. Does not own routes (`server.py`) or the bodies' fields (`openai_api.py`).
-Lesson 9.
+`sampling_params` with `max_tokens_of`. Does not own routes (`server.py`) or the bodies' fields
+(`openai_api.py`). Lesson 9.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from minivtc.engine.intake import RequestRejected, check_context, check_ids
 from minivtc.model.tokenizer import Tokenizer
-from minivtc.requests.params import ParamError, SamplingParams
+from minivtc.requests.params import ParamError, SamplingParams, resolve_max_tokens
 from minivtc.serving.openai_api import (
     MAX_N,
     APIError,
@@ -29,7 +29,7 @@ from minivtc.serving.openai_api import (
 
 __all__ = ["PromptLimits", "chat_body", "check_fan_out", "check_length", "check_logprob_volume"]
 __all__ += ["check_message_count", "check_tokens", "completion_body", "completion_inputs"]
-__all__ += ["sampling_params"]
+__all__ += ["max_tokens_of", "sampling_params"]
 
 # The most logprob entries one response may carry (completions x tokens x (top + 1)): ~70
 # bytes each in JSON, so ~5 MB
@@ -168,12 +168,21 @@ def check_fan_out(count: int) -> None:
         raise APIError(400, f"{count} completions in one request: at most {MAX_N}", "n")
 
 
-def sampling_params(
-    body: Sampling, max_tokens: int | None, logprobs: int | None, room: int = 1
-) -> SamplingParams:
-    """The body's sampling fields as `SamplingParams` (vLLM's meanings), max_tokens None
-    resolved to `room` (`SamplingParams.with_max_tokens`); a value they refuse
-    (`params.check_ranges`) is a 400 naming it."""
+def max_tokens_of(body: CompletionBody | ChatBody, room: int | None = None) -> int:
+    """The body's max_tokens, resolved by the engine's rule (`params.resolve_max_tokens`): a
+    chat's `max_completion_tokens` (OpenAI's newer name) before its `max_tokens`, else `room`,
+    what the context leaves after its prompt (vLLM's); a completion's `max_tokens`, else
+    OpenAI's default, whatever the room. The server's routes and the gateway's call it."""
+    if isinstance(body, ChatBody):
+        assert room is not None, "a chat without max_tokens is given the room its prompt leaves"
+        return resolve_max_tokens(body.max_completion_tokens or body.max_tokens, room)
+    return resolve_max_tokens(body.max_tokens, None)
+
+
+def sampling_params(body: Sampling, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    """The body's sampling fields as `SamplingParams` (vLLM's meanings), with `max_tokens`
+    resolved (`max_tokens_of`); a value they refuse (`params.check_ranges`) is a 400 naming
+    it."""
     stop = (body.stop,) if isinstance(body.stop, str) else tuple(body.stop or ())
     if any(not s for s in stop):
         raise APIError(400, "stop sequences must be non-empty strings", "stop")
@@ -187,6 +196,6 @@ def sampling_params(
             stop_token_ids=tuple(body.stop_token_ids or ()),
             logprobs=logprobs,
             **{name: getattr(body, name) for name in fields},
-        ).with_max_tokens(room)
+        )
     except ParamError as e:
         raise APIError(400, str(e), e.param) from None

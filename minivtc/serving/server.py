@@ -61,6 +61,7 @@ from minivtc.serving.prompts import (
     check_logprob_volume,
     completion_body,
     completion_inputs,
+    max_tokens_of,
     sampling_params,
 )
 from minivtc.serving.server_state import ServerState
@@ -155,7 +156,7 @@ async def completions(http: Request):
     ids, echoes = await asyncio.to_thread(
         completion_inputs, state.prompt_limits, state.tokenizer, body
     )
-    params = sampling_params(body, body.max_tokens or 16, body.logprobs)  # (OpenAI's default)
+    params = sampling_params(body, max_tokens_of(body), body.logprobs)
     check_logprob_volume(len(ids) * params.n, params.limit, body.logprobs)
     state.in_flight.take(http.scope, caller.client, len(ids) * params.n)  # else 429
     return await respond(state, http, body, ids, params, caller, False, echoes)
@@ -178,7 +179,7 @@ async def chat_completions(http: Request):
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
     if body.top_logprobs is not None and not body.logprobs:
         raise APIError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-    params = sampling_params(body, body.max_completion_tokens or body.max_tokens, logprobs, room)
+    params = sampling_params(body, max_tokens_of(body, room), logprobs)
     check_logprob_volume(params.n, params.limit, logprobs)
     state.in_flight.take(http.scope, caller.client, params.n)  # else 429
     return await respond(state, http, body, [prompt_ids], params, caller, True)

@@ -10,7 +10,7 @@ Owns `add_vllm_flags` and `VLLMServe`, what they mean here:
   fair shares still hold between the users behind it (`--api-keys FILE` stays, for tenants);
 - `--max-model-len`, `--max-num-seqs` (the batch's most requests), `--enable-prefix-caching`
   (= `--prefix-caching`), `--gpu-memory-utilization` (on CUDA, sizes the KV pool from the
-  device's free memory: `llm_args.pool_bytes`), `--chat-template` (a Jinja file or string);
+  device's free memory: `engine/kv_pool.pool_bytes`), `--chat-template` (a Jinja file or string);
 - `--tensor-parallel-size` above 1 is refused; `--trust-remote-code`, `--enforce-eager`,
   `--disable-log-requests` and `--disable-log-stats` are accepted and change nothing here
   (nothing from a checkpoint is run; there are no CUDA graphs; no request or stats logs).
@@ -96,21 +96,18 @@ class VLLMServe:
         return cls(checkpoint, names[0], names[1:], keys)
 
     def dtype(self, args: argparse.Namespace):
-        """--dtype, with "auto" and vLLM's names (`llm_args.resolve_dtype`)."""
+        """--dtype, with "auto" and vLLM's names (`model/weights.resolve_dtype`)."""
         from pathlib import Path
 
-        import torch
-
-        from minivtc.model.weights import bundled_weights_dir
-        from minivtc.offline.args import resolve_dtype
+        from minivtc.model.weights import bundled_weights_dir, resolve_dtype
 
         root = Path(self.checkpoint) if self.checkpoint else bundled_weights_dir()
-        return resolve_dtype(args.dtype, root, torch.device(args.device))
+        return resolve_dtype(args.dtype, root, args.device)
 
     def pool(self, args: argparse.Namespace, model) -> dict:
         """The KV pool: --kv-tokens, or on CUDA --gpu-memory-utilization's share of the device;
         --max-model-len caps what one request may hold."""
-        from minivtc.offline.args import pool_bytes
+        from minivtc.engine.kv_pool import pool_bytes
 
         device = model.embed_tokens.weight.device
         pool: dict = {"max_model_len": args.max_model_len}
