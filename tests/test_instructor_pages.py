@@ -277,6 +277,13 @@ def test_every_problem_a_rubric_covers_is_in_its_notebook(page):
     assert covered == set(problems), "every problem of the notebook has its points"
 
 
+def test_the_problem_sets_number_their_problems_as_one_sequence():
+    """Problem set 2 continues problem set 1's numbering, so "Problem 5" names one problem."""
+    notebooks = sorted((REPOSITORY / "lessons" / "problems").glob("[0-9][0-9]_*.ipynb"))
+    numbers = [n for notebook in notebooks for n in sorted(problems_of(notebook))]
+    assert len(notebooks) == 2 and numbers == list(range(1, len(numbers) + 1)), numbers
+
+
 # --- the policy --------------------------------------------------------------------------------
 
 
