@@ -12,9 +12,16 @@ from minivtc.course import sandbox
 from minivtc.course.assignments import ASSIGNMENTS
 from minivtc.course.edition import PACKAGE, release
 from minivtc.course.grade import CHANNEL, grade_one
-from minivtc.course.graded.design_bench import PUBLIC_SEEDS, Watched, seeds
+from minivtc.course.graded.design_bench import (
+    PUBLIC_SEEDS,
+    Watched,
+    quota_workload,
+    seeds,
+    tenant_workload,
+)
 from minivtc.course.graded.driver import Arrival
 from minivtc.course.graded.testbed import serve
+from minivtc.course.instructor.hidden import DEFAULT_SEED, SEED_VARIABLE, seed
 from minivtc.course.rules import put_out_of_reach
 from minivtc.fairness.scheduler import FCFS
 
@@ -59,6 +66,27 @@ def test_grading_draws_hidden_workloads_and_the_same_ones_every_time():
     hidden = seeds(1)
     assert hidden == seeds(1) and len(hidden) == len(PUBLIC_SEEDS)
     assert not set(hidden) & set(PUBLIC_SEEDS) and hidden != seeds(2)
+
+
+def test_the_instructor_s_seed_variable_changes_the_hidden_workloads(monkeypatch):
+    """`MINIVTC_HIDDEN_SEED` replaces the committed seed, without editing the package; unset
+    (as in CI), grading draws from the committed default, unchanged."""
+    monkeypatch.delenv(SEED_VARIABLE, raising=False)
+    assert DEFAULT_SEED == 20270117 and seed() == DEFAULT_SEED
+    default = {salt: seeds(salt) for salt in (1, 2)}
+    monkeypatch.setenv(SEED_VARIABLE, str(DEFAULT_SEED))
+    assert {salt: seeds(salt) for salt in (1, 2)} == default
+    monkeypatch.setenv(SEED_VARIABLE, " 424242 ")
+    assert seed() == 424242
+    for salt in (1, 2):
+        own = seeds(salt)
+        assert not set(own) & (set(default[salt]) | set(PUBLIC_SEEDS)), salt
+        assert len(own) == len(PUBLIC_SEEDS) and own == seeds(salt)
+    assert quota_workload(seeds(1)[0]) != quota_workload(default[1][0])
+    assert tenant_workload(seeds(2)[0]) != tenant_workload(default[2][0])
+    monkeypatch.setenv(SEED_VARIABLE, "term-two")
+    with pytest.raises(ValueError, match=SEED_VARIABLE):
+        seeds(1)
 
 
 def test_the_edition_holds_neither_answer_nor_seed_and_tests_on_the_public_workloads(tmp_path):

@@ -22,6 +22,7 @@ from minivtc.course import sandbox
 from minivtc.course.assignments import ASSIGNMENTS, Assignment
 from minivtc.course.edition import PACKAGE, REPOSITORY, stub
 from minivtc.course.grade import CHANNEL, LIVE, grade
+from minivtc.course.instructor.hidden import DEFAULT_SEED, SEED_VARIABLE
 
 needs_sandbox = pytest.mark.skipif(sandbox.why_not() is not None, reason=str(sandbox.why_not()))
 (A4,) = [a for a in ASSIGNMENTS if a.key == "a4_vtc"]
@@ -151,15 +152,19 @@ def test_each_reference_gets_full_marks_through_the_channel(key, tmp_path):
 
 
 @needs_sandbox
-def test_the_hidden_seed_is_out_of_reach(tmp_path):
+def test_the_hidden_seed_is_out_of_reach(tmp_path, monkeypatch):
     """d1's workloads are drawn from the instructor's hidden seed; a policy that reads it
-    (imported or as a file) and raises it into its feedback finds neither."""
+    (imported, as a file, or from the grader's environment) and raises it into its feedback
+    finds none of them."""
+    monkeypatch.setenv(SEED_VARIABLE, "424242")
     body = (
-        "import pathlib\n"
+        "import os, pathlib\n"
         "        try:\n"
-        "            from minivtc.course.instructor.hidden import SEED\n"
+        "            from minivtc.course.instructor.hidden import seed\n"
+        "            SEED = seed()\n"
         "        except ImportError as e:\n"
         "            SEED = f'no seed to import ({type(e).__name__})'\n"
+        f"        SEED = str(SEED) + ' ' + str(os.environ.get({SEED_VARIABLE!r}))\n"
         "        here = pathlib.Path(__file__).resolve().parents[1] / 'instructor' / 'hidden.py'\n"
         f"        there = pathlib.Path({str(PACKAGE)!r}) / 'course/instructor/hidden.py'\n"
         "        for path in (here, there):\n"
@@ -168,10 +173,10 @@ def test_the_hidden_seed_is_out_of_reach(tmp_path):
         "        raise RuntimeError(f'seed: {SEED}')"
     )
     g = graded(own_edition(tmp_path / "ed", "d1_quota", body=body), tmp_path / "out", "d1_quota")
-    from minivtc.course.instructor.hidden import SEED
-
-    assert str(SEED) not in json.dumps(g), g
-    assert any("no seed to import" in f["message"] for f in g["failures"]), g
+    assert "424242" not in json.dumps(g) and str(DEFAULT_SEED) not in json.dumps(g), g
+    # the seed neither imported nor in the environment: "... no seed to import (...) None"
+    said = [f["message"] for f in g["failures"]]
+    assert any("no seed to import" in m and m.rstrip().endswith(") None") for m in said), g
 
 
 @needs_sandbox

@@ -160,17 +160,72 @@ def test_the_wrong_answers_cited_are_the_catalogue_s():
 BUILT = {0: "fair_rates", 1: "nucleus", 2: "KVCache", 6: "service", 9: "deltas"}
 
 
-def test_each_exercise_that_builds_a_mechanism_is_on_its_lesson_s_week_page():
+def lesson_weeks() -> dict[int, int]:
+    """Each lesson -> the week the syllabus's weeks table gives it (its own week)."""
     weeks_table = SYLLABUS.read_text().split("## The weeks", 1)[1]
     header, rows = tables(weeks_table)[0]
-    week_of = {
-        int(n): int(row[0]) for row in rows for n in re.findall(r"\[(\d\d)\]\(\d\d_", row[1])
-    }
+    return {int(n): int(row[0]) for row in rows for n in re.findall(r"\[(\d\d)\]\(\d\d_", row[1])}
+
+
+def test_each_exercise_that_builds_a_mechanism_is_on_its_lesson_s_week_page():
+    week_of = lesson_weeks()
     for lesson, name in BUILT.items():
         (notebook,) = (REPOSITORY / "lessons").glob(f"{lesson:02d}_*.ipynb")
         assert f"Write `{name}" in readable_text_of(notebook), (lesson, name)
         page = PAGES / f"week_{week_of[lesson]:02d}.md"
         assert f"Lesson {lesson}'s `{name}" in page.read_text(), (page.name, name)
+
+
+# "Lesson 5", "Lessons 0 and 4-7", "**Lessons:** 0 (the tour: ...), 1": the numbers after it
+LESSON_RUN = r"Lessons?(?::\*\*)? (\d+(?:(?:,| and|-| \([^)]*\),?)\s*\d+)*)"
+
+
+def lessons_named(sentence: str) -> set[int]:
+    """The lessons a sentence names: "Lesson 5", "Lessons 0 and 4-7", "**Lessons:** 0 (...), 1"."""
+    named: set[int] = set()
+    for run in re.findall(LESSON_RUN, sentence):
+        run = re.sub(r"\([^)]*\)", "", run)
+        for a, b in re.findall(r"(\d+)(?:-(\d+))?", run):
+            named |= set(range(int(a), int(b or a) + 1))
+    return named
+
+
+def not_in_their_week(text: str, week_of: dict[int, int]) -> list[str]:
+    """Each sentence of `text` that has a lesson not run in its own week in the edition: it
+    "runs ... from week N", N after the lesson's week, or a lesson is read as a page instead."""
+    found = []
+    for sentence in re.split(r"(?<=[.;])\s", " ".join(text.split())):
+        lessons = lessons_named(sentence)
+        late = [int(n) for n in re.findall(r"\bruns?\b[^.;]*?\bfrom week (\d+)", sentence)]
+        if any(n > week_of[lesson] for n in late for lesson in lessons if lesson in week_of):
+            found.append(sentence)
+        elif re.search(r"\bread (?:as (?:its |rendered )?pages?|its page)", sentence):
+            found.append(sentence)
+    return found
+
+
+def test_no_page_says_a_lesson_runs_after_its_own_week():
+    """The syllabus: every lesson runs in the student edition in its own week (`staff.use()`);
+    no instructor page may say one runs from a later week, or is read as a page until then."""
+    week_of = lesson_weeks()
+    also = [REPOSITORY / "lessons" / "README.md", SYLLABUS, PACKAGE / "course" / "README.md"]
+    for page in [*sorted(PAGES.glob("*.md")), *also]:
+        assert not not_in_their_week(page.read_text(), week_of), page.name
+
+
+def test_the_week_check_finds_a_lesson_said_to_run_late():
+    """The sentences the pages held when the edition ran Lessons 0-7 only from week 7."""
+    week_of = lesson_weeks()
+    said = [
+        "**Lessons:** 0 (the tour: read its page, it runs in the edition from week 7), 1 (the "
+        "Llama-2 forward pass).",
+        "Lessons 0 and 4-7, read as rendered pages until now, run too.",
+        "Lesson 5 runs in the edition from week 7.",
+        "(a lesson whose assignments are not yet due in the student edition is read as its page "
+        'until the syllabus\'s "runs from week")',
+    ]
+    assert [not_in_their_week(s, week_of) for s in said] == [[s] for s in said]
+    assert not not_in_their_week("Lesson 8 runs in the edition from week 7.", week_of)
 
 
 def readable_text_of(notebook: Path) -> str:
@@ -220,6 +275,13 @@ def test_every_problem_a_rubric_covers_is_in_its_notebook(page):
             assert f"**({letter[1]})**" in problems[number], (page.name, problem, part)
         covered.add(number)
     assert covered == set(problems), "every problem of the notebook has its points"
+
+
+def test_the_problem_sets_number_their_problems_as_one_sequence():
+    """Problem set 2 continues problem set 1's numbering, so "Problem 5" names one problem."""
+    notebooks = sorted((REPOSITORY / "lessons" / "problems").glob("[0-9][0-9]_*.ipynb"))
+    numbers = [n for notebook in notebooks for n in sorted(problems_of(notebook))]
+    assert len(notebooks) == 2 and numbers == list(range(1, len(numbers) + 1)), numbers
 
 
 # --- the policy --------------------------------------------------------------------------------

@@ -33,21 +33,21 @@ LESSONS = REPOSITORY / "lessons"
 # (problem, what its worked answer says), written as a docstring would put it
 ANSWERS = [
     ("problem set 1, 1(d)", "12,048"),
-    ("problem set 1, 1(e)", "1,072"),
-    ("problem set 1, 1(f)", "5,048"),
-    ("problem set 1, 1(h)", "19,951"),
+    ("problem set 2, 7(a)", "1,072"),
+    ("problem set 2, 7(b)", "5,048"),
+    ("problem set 2, 7(d)", "19,951"),
     ("problem set 1, 2", "the last time before t it was dispatched"),
     ("problem set 1, 2", "to which the same argument applies"),
     ("problem set 1, 4(a)", "m // j - 1"),
     ("problem set 1, 4(b)", "m ln(m)"),
-    ("problem set 2, 4(a)", "40,512"),
-    ("problem set 2, 4(a)", "40,001"),
-    ("problem set 2, 4(c)", "[-w_q m, q]"),
-    ("problem set 2, 5(a)", "ceil(tau / delta)"),
-    ("problem set 2, 5(a)", "165,120"),
-    ("problem set 2, 5(a)", "times the steps a replica makes"),
-    ("problem set 2, 5(b)", "differs from what its counter says by the output not yet seen"),
-    ("problem set 2, 5(b)", "may be off by w_q g"),
+    ("problem set 2, 5(a)", "40,512"),
+    ("problem set 2, 5(a)", "40,001"),
+    ("problem set 2, 5(c)", "[-w_q m, q]"),
+    ("problem set 2, 6(a)", "ceil(tau / delta)"),
+    ("problem set 2, 6(a)", "165,120"),
+    ("problem set 2, 6(a)", "times the steps a replica makes"),
+    ("problem set 2, 6(b)", "differs from what its counter says by the output not yet seen"),
+    ("problem set 2, 6(b)", "may be off by w_q g"),
 ]
 # Sentences the edition once kept (fleet/dispatcher.py: `News`, `Dispatcher`): the search finds them
 ONCE_KEPT = [

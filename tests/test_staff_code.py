@@ -161,7 +161,7 @@ def test_course_test_runs_the_staffs_answers_for_every_other_assignment(tmp_path
 
 
 LESSONS = sorted((REPOSITORY / "lessons").glob("[0-9][0-9]_*.ipynb"))
-# Problem set 2's Problem 4 runs the instructor's DRR, which the edition leaves out (a6's
+# Problem set 2's Problem 5 runs the instructor's DRR, which the edition leaves out (a6's
 # answer): it is handed out after a6 is due, with its worked answer.
 PROBLEMS = sorted((REPOSITORY / "lessons/problems").glob("01_*.ipynb"))
 QUICK = ("04_what_is_fair", "05_virtual_token_counter")  # the cheapest lessons that drive VTC

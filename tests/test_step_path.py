@@ -32,7 +32,7 @@ from minivtc.sim.step_time import step_time_model
 
 PACKAGE = Path(minivtc.__file__).parent
 
-# VTC, full reservation, no prefix cache, checks off: the paper's setting.
+# VTC, full reservation (the course's proof condition), no prefix cache, checks off: Algorithm 2.
 PAPER_ROOMS = {
     "engine/engine.py",
     "fairness/scheduler.py",  # the admission round, Algorithm 2's loop
@@ -52,7 +52,7 @@ FAIR_MEMORY_ROOMS = PAPER_ROOMS | {"engine/prefix_cache.py", "fairness/fair_lift
 
 
 # The student's real step (`build_engine`: VTC, full reservation; the bundled model on the
-# CPU): the paper's rooms with the simulator's runner replaced by the real one, and what its
+# CPU): Algorithm 2's rooms with the simulator's runner replaced by the real one, and what its
 # forward pass and sampling enter: the model (its rotary table made at the first step, so the
 # traced step, the second, does not read the config), attention, the sampler (its penalties
 # and log-probabilities each asked, none needed here), the tokenizer's detokenizer.

@@ -8,10 +8,10 @@ request with room waits) and `serve_watched` (a run of the bench through it); th
 assignments grade by (`check_states_bounds`: a Scheduler whose stated bounds are finite, within
 4U and argued; `check_gap`: a backlogged gap within a stated bound; `check_equal_shares`);
 `seeds` (the workloads' seeds: the instructor's hidden ones where `course/instructor/hidden.py`
-is present, the public examples in the student edition), the random workloads drawn from them
-(`traffic`, the arrivals both draw), the sizes both equal-share tests use (`SIZES`), and
-`by_tenant` (a run's steps with each tenant's users summed). Plain Python, no clock: the same
-seed gives the same workloads on every run.
+is present, from `MINIVTC_HIDDEN_SEED` where set; the public examples in the student edition),
+the random workloads drawn from them (`traffic`, the arrivals both draw), the sizes both
+equal-share tests use (`SIZES`), and `by_tenant` (a run's steps with each tenant's users
+summed). Plain Python, no clock: the same seed gives the same workloads on every run.
 """
 
 from __future__ import annotations
@@ -42,12 +42,13 @@ SIZE_IDS = ["small-large", "prompt-output"]
 
 def seeds(salt: int) -> tuple[int, ...]:
     """The workloads' seeds: `NUM_WORKLOADS` drawn from the instructor's hidden seed (with
-    `salt`, one per assignment), or, where it is absent (the student edition), the public ones."""
+    `salt`, one per assignment; `MINIVTC_HIDDEN_SEED` where set, `hidden.seed`), or, where it is
+    absent (the student edition), the public ones."""
     try:
-        from minivtc.course.instructor.hidden import SEED
+        from minivtc.course.instructor.hidden import seed
     except ImportError:  # the student edition: `course/instructor/` is left out
         return PUBLIC_SEEDS
-    rng = random.Random(SEED * 1000 + salt)
+    rng = random.Random(seed() * 1000 + salt)
     return tuple(rng.randrange(10**9) for _ in range(NUM_WORKLOADS))
 
 
