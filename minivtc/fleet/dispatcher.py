@@ -43,7 +43,7 @@ polling loop. A request's tokens are charged when their news arrives, and a fini
 room is freed then, so the dispatcher never books room that is not free. The bound with a view
 up to tau seconds stale: two backlogged clients' service differs by at most 2U + 2 w_q G, G the
 most output tokens one client had generated and not yet been charged for, at any moment (the
-course's bound, not the paper's; problem set 2, Problem 5, proves it and bounds G).
+course's bound, not the paper's; problem set 2, Problem 6, proves it and bounds G).
 `News.most_unseen` is the largest G the run met, and the reported bound uses it.
 minivtc/fleet/README.md; Lesson 14.
 """
