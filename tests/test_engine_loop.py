@@ -322,6 +322,49 @@ def test_a_loop_that_died_refuses_every_later_command(make_loop):
     assert not loop.alive and len(fatal) == 1 and "boom" in repr(fatal[0])
 
 
+def test_a_call_cancelled_while_it_waits_is_not_run_and_the_loop_serves_on(make_loop):
+    """A caller that gives up (its task cancelled: a timeout, a shutdown) while its command
+    waits behind another: the command never runs, and the loop, untouched, answers the next
+    (a command answered after its caller left once ended the engine loop)."""
+    loop = make_loop().start()
+    gate, ran = threading.Event(), []
+
+    async def main() -> int:
+        loop.send(lambda: gate.wait(TIMEOUT_S))  # the loop thread is busy with this one
+        waiting = asyncio.ensure_future(loop.call(lambda: ran.append(1)))
+        await asyncio.sleep(0.05)
+        waiting.cancel()
+        await asyncio.sleep(0.05)  # (the cancellation reaches the command's future)
+        gate.set()
+        return await asyncio.wait_for(loop.call(lambda: 7), TIMEOUT_S)
+
+    assert asyncio.run(main()) == 7
+    assert loop.alive and loop.error is None and ran == []
+
+
+def test_an_add_whose_caller_left_once_it_ran_is_aborted(make_loop):
+    """Cancelled after the engine took the request: the request is aborted at once (nobody
+    reads its stream), its blocks freed, as a client that goes away mid-stream."""
+    loop = make_loop().start()
+    gate = threading.Event()
+
+    async def main() -> None:
+        loop.send(lambda: gate.wait(TIMEOUT_S))
+        adding = asyncio.ensure_future(loop.add(prompt(3), LONG, "a", "left"))
+        await asyncio.sleep(0.05)
+        # run on the loop thread after the add: the caller leaves once the request is queued
+        loop.send(lambda: adding.get_loop().call_soon_threadsafe(adding.cancel))
+        gate.set()
+        with pytest.raises(asyncio.CancelledError):
+            await adding
+        await until(loop, pool_is_free(loop))
+        assert await loop.call(lambda: "left" not in loop.streams)
+        assert (await loop.call(loop.snapshot)).finished == {("a", "abort"): 1}  # not "length"
+
+    asyncio.run(main())
+    assert loop.alive
+
+
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 def test_a_closed_event_loop_ends_its_own_streams_not_the_engine(make_loop):
     """A caller's event loop closes while its request still runs (asyncio.run returned)."""

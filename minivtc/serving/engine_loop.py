@@ -133,7 +133,11 @@ class EngineLoop:
             self.streams[request_id] = stream
             return stream
 
-        return await self.call(add)
+        try:
+            return await self.call(add)
+        except asyncio.CancelledError:  # its caller left: if the request was queued, end it
+            self.abort(request_id)
+            raise
 
     def abort(self, request_id: str) -> None:
         """Abort without waiting: safe in a `finally` of a cancelled handler."""
@@ -141,7 +145,8 @@ class EngineLoop:
 
     async def call(self, fn: Callable[[], object]):
         """Run `fn()` on the loop thread between two steps; return (or raise) its result.
-        Raises RuntimeError if the loop is not running (or stops before it runs `fn`)."""
+        Raises RuntimeError if the loop is not running (or stops before it runs `fn`). A call
+        cancelled before its turn never runs `fn`."""
         return await asyncio.wrap_future(self.send(fn))
 
     def send(self, fn: Callable[[], object]) -> Future:
@@ -202,6 +207,8 @@ class EngineLoop:
                 fn, future = self.commands.get_nowait()
             except queue.Empty:
                 return
+            if not future.set_running_or_notify_cancel():
+                continue  # its caller gave up while it waited (a cancelled `call`): not run
             if self.error is not None:
                 future.set_exception(self.not_running())
                 continue
