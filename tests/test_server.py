@@ -21,7 +21,7 @@ from minivtc.engine.sampler import SamplingParams
 from minivtc.offline.llm import LLM
 from minivtc.requests.params import DEFAULT_MAX_TOKENS, resolve_max_tokens
 from minivtc.serving.hosting import BackgroundServer
-from minivtc.serving.server import make_app
+from minivtc.serving.server import SMALL_BODY_BYTES, make_app, off_loop_if_large
 from minivtc.sim.workloads import TraceRequest
 
 openai = pytest.importorskip("openai")
@@ -546,3 +546,15 @@ def test_loadgen_command_records_every_request(bundled, tmp_path, capsys):
     assert sorted(r.cached_tokens for r in served) == [0] * 9 + [32] * 3
     assert (tmp_path / "out" / "service.png").stat().st_size > 0
     assert "served" in capsys.readouterr().out
+
+
+def test_a_small_body_is_parsed_on_the_event_loop_and_a_large_one_on_a_worker():
+    """A body of a few hundred bytes (nearly every request) costs less to parse than two
+    hand-offs between threads; a large one must never hold the event loop (other streams)."""
+
+    async def where(size: int) -> threading.Thread:
+        return await off_loop_if_large(size, threading.current_thread)
+
+    here = threading.current_thread()
+    assert asyncio.run(where(SMALL_BODY_BYTES)) is here
+    assert asyncio.run(where(SMALL_BODY_BYTES + 1)) is not here
