@@ -346,17 +346,22 @@ def test_an_add_whose_caller_left_once_it_ran_is_aborted(make_loop):
     """Cancelled after the engine took the request: the request is aborted at once (nobody
     reads its stream), its blocks freed, as a client that goes away mid-stream."""
     loop = make_loop().start()
-    gate = threading.Event()
+    gate, left = threading.Event(), threading.Event()
 
     async def main() -> None:
-        loop.send(lambda: gate.wait(TIMEOUT_S))
+        loop.send(lambda: gate.wait(TIMEOUT_S))  # the loop thread is busy with this one
         adding = asyncio.ensure_future(loop.add(prompt(3), LONG, "a", "left"))
         await asyncio.sleep(0.05)
-        # run on the loop thread after the add: the caller leaves once the request is queued
-        loop.send(lambda: adding.get_loop().call_soon_threadsafe(adding.cancel))
+
+        def leave_then_linger() -> None:  # on the loop thread, after the add: the caller leaves
+            adding.get_loop().call_soon_threadsafe(adding.cancel)
+            left.wait(TIMEOUT_S)  # no step runs until the caller has gone (its abort queued)
+
+        loop.send(leave_then_linger)
         gate.set()
         with pytest.raises(asyncio.CancelledError):
             await adding
+        left.set()
         await until(loop, pool_is_free(loop))
         assert await loop.call(lambda: "left" not in loop.streams)
         assert (await loop.call(loop.snapshot)).finished == {("a", "abort"): 1}  # not "length"
