@@ -162,6 +162,7 @@ BUILT = {
     1: "nucleus",
     2: "KVCache",
     3: "chunked_prefill",
+    5: "scfq",
     6: "service",
     9: "deltas",
 }
