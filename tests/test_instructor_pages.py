@@ -164,6 +164,7 @@ BUILT = {
     3: "chunked_prefill",
     5: "scfq",
     6: "service",
+    7: "ShortfallAlarm",
     9: "deltas",
 }
 
