@@ -183,19 +183,18 @@ async def sse(loop: EngineLoop, choices: list[Choice], reply: Reply) -> AsyncIte
 
 
 async def merged(choices: list[Choice]) -> AsyncIterator[tuple[int, StepOutput | APIError]]:
-    """The choices' outputs as they come, until every one has finished (or one failed)."""
+    """The choices' outputs as they come, until every one has finished (or one failed). One
+    choice (nearly every request) is read straight from its stream; several are read by a
+    task each into one queue, in the order their tokens come."""
+    if len(choices) == 1:
+        async for out in outputs_of(choices[0].stream):
+            yield 0, out
+        return
     queue: asyncio.Queue = asyncio.Queue()
 
     async def pump(i: int, stream: Stream) -> None:
-        while True:
-            try:
-                out = await next_output(stream)
-            except APIError as e:
-                await queue.put((i, e))
-                return
+        async for out in outputs_of(stream):
             await queue.put((i, out))
-            if out.finished:
-                return
 
     tasks = [asyncio.create_task(pump(i, c.stream)) for i, c in enumerate(choices)]
     try:
@@ -210,6 +209,19 @@ async def merged(choices: list[Choice]) -> AsyncIterator[tuple[int, StepOutput |
     finally:
         for task in tasks:
             task.cancel()
+
+
+async def outputs_of(stream: Stream) -> AsyncIterator[StepOutput | APIError]:
+    """One stream's outputs up to its last, or up to the error that ended it."""
+    while True:
+        try:
+            out = await next_output(stream)
+        except APIError as e:
+            yield e
+            return
+        yield out
+        if out.finished:
+            return
 
 
 def chunk_logprobs(reply: Reply, choice: Choice, k: int, offset: int) -> dict | None:
