@@ -405,20 +405,23 @@ def test_a_correct_a4_with_a_helper_of_its_own_gets_full_marks(tmp_path):
         "        client = self.my_least()\n        return None if",
     )
     path = edition / "minivtc/fairness/vtc.py"
-    path.write_text(
-        path.read_text()
-        .replace(
-            "from collections import deque\n", "import operator\nfrom collections import deque\n"
-        )
-        .replace(
-            "    # helpers\n",
-            "    # helpers\n\n    def my_least(self):\n        return mine(self)\n",
-        )
-        .replace(
+    edits = [
+        ("from collections import deque\n", "import operator\nfrom collections import deque\n"),
+        (
+            "    def meet(self,",
+            "    def my_least(self):\n        return mine(self)\n\n    def meet(self,",
+        ),
+        (
             "            self.queues[request.client_id].appendleft(request)\n",
             "            self.queues[request.client_id].appendleft(request)\n            pass\n",
-        )
-        + "\n\ndef mine(vtc):\n    return operator.methodcaller('least')(vtc.least)\n"
+        ),
+    ]
+    text = path.read_text()
+    for old, new in edits:
+        assert text.count(old) == 1, old  # the student's edit lands where it is meant to
+        text = text.replace(old, new)
+    path.write_text(
+        text + "\n\ndef mine(vtc):\n    return operator.methodcaller('least')(vtc.least)\n"
     )
     result = grade(edition, tmp_path / "out", only=["a4_vtc"])
     (g,) = result["assignments"]
