@@ -21,6 +21,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from minivtc.fairness.cost import W_P, W_Q
+from minivtc.fleet.backend import Backend
 from minivtc.gateway.app import make_gateway
 from minivtc.gateway.gateway import CHAT_ROOM
 from minivtc.gateway.proxy import backends_of
@@ -440,3 +441,23 @@ def test_the_gateway_http_clients_share_one_tls_context():
     finally:
         for c in [*requests, checks]:
             asyncio.run(c.aclose())
+
+
+def test_a_caller_gone_while_its_request_waits_leaves_the_next_binding_whole():
+    """A caller cancelled while its request waits for a backend (its waiter cancelled, its
+    `finally` not yet run), then a round binds it and the next: the round tells the live
+    waiter where to go (a cancelled waiter answered once raised, and every request the round
+    bound after it waited for ever), and the gone caller's end frees its room."""
+
+    async def main() -> None:
+        gateway = gateway_over([Backend("b", 1000)])
+        first = gateway.enqueue("alice", 10, 10)
+        second = gateway.enqueue("bob", 10, 10)
+        gateway.waiters[first.request_id].cancel()  # its caller's task was cancelled
+        gateway.pump()  # binds both
+        backend = await asyncio.wait_for(gateway.backend_for(second), 5)
+        assert backend.name == "b" and backend.reserved == 40
+        gateway.end(first, {})  # the gone caller's finally
+        assert backend.reserved == 20
+
+    asyncio.run(main())

@@ -156,9 +156,13 @@ class Gateway:
         return backend
 
     def pump(self) -> None:
-        """The dispatcher's admission round; each bound request's waiter learns where."""
+        """The dispatcher's admission round; each bound request's waiter learns where. A waiter
+        cancelled (its caller went away) but not yet ended is told nothing: its `end`, in the
+        caller's `finally`, frees the room it was bound to, uncharged past what it received."""
         for request, backend in self.dispatcher.bind():
-            self.waiters[request.request_id].set_result(backend)
+            waiter = self.waiters.get(request.request_id)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(backend)
 
     async def relay(self, request: Request, send) -> AsyncIterator:
         """The retry loop both answers share: wait for a binding, send (`send(backend)` yields
