@@ -115,7 +115,7 @@ def run_simulate_fleet(args) -> int:
     if refused:
         raise ValueError(
             f"{', '.join(refused)}: not with --replicas (each replica reserves prompt + "
-            "max_tokens, the paper's full reservation, in a token-granular pool)"
+            "max_tokens, full reservation, in a token-granular pool)"
         )
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")

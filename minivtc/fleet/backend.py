@@ -3,10 +3,10 @@ choice of backend, separate from the choice of request (`dispatcher.py`).
 
 Owns `Backend`: the capacity model of one replica. Its budget is the KV tokens it serves (for
 a minivtc backend its `--kv-tokens`); each request bound to it reserves `prompt + max_tokens`
-(the paper's full reservation, Section 3.1) until it finishes, so a request bound only where
-it fits is admitted by the backend at once: backends never queue, and the dispatcher's order
-is the only order. Also where the request is (`requests`) and whether the backend may take
-work (`healthy`).
+(full reservation, the course's proof condition for Lemma 4.3) until it finishes, so a
+request bound only where it fits is admitted by the backend at once: backends never queue,
+and the dispatcher's order is the only order. Also where the request is (`requests`) and
+whether the backend may take work (`healthy`).
 
 Owns the routes. `choose(request, candidates)` picks one of `candidates`, or None for none;
 `served(request, backend)` tells the route where it went. The fair dispatcher passes only the

@@ -122,9 +122,9 @@ def simulate_fleet(
 
 
 def fleet_config(scheduler: str | EngineConfig, keywords: dict[str, Any]) -> EngineConfig:
-    """`simulate_fleet`'s config: each replica reserves prompt + max_tokens (the paper's full
-    reservation) in a token-granular pool of `kv_tokens`; only the fields in `CHOSEN` may be
-    chosen (check_fairness is the dispatcher's, routing "global")."""
+    """`simulate_fleet`'s config: each replica reserves prompt + max_tokens (full reservation,
+    the course's proof condition) in a token-granular pool of `kv_tokens`; only the fields in
+    `CHOSEN` may be chosen (check_fairness is the dispatcher's, routing "global")."""
     keywords = keywords if isinstance(scheduler, EngineConfig) else {"block_size": 1} | keywords
     config = EngineConfig.of(scheduler, **keywords)
     if not isinstance(config.policy, str):
