@@ -181,7 +181,8 @@ def start_workers(
     env: dict[str, str],
     stack: contextlib.ExitStack,
 ) -> list[Worker]:
-    """Every contender's process, loaded (they load one after another: vLLM's takes ~40 s)."""
+    """Every contender's process, loaded (one after another: vLLM's, which compiles its graph
+    at start, is the slowest)."""
     common = [weights, "--dtype", args.dtype, "--max-batch", str(max_batch)]
     common += ["--max-len", str(PROMPT_LEN + args.new_tokens + 16)]
     if args.threads is not None:

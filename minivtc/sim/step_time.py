@@ -15,16 +15,16 @@ they say how long a step takes, not what service a client received (that is the 
   per-step overhead calibrated so the simulation reproduces the artifact's measured A10G runs
   (`data/a10g_runs`). The artifact's own profile (`data/a10g_cost_profile.json`) gives the
   relative cost h the paper charges with, but its absolute step times are far below what the
-  measured runs achieved (29 ms vs ~570 ms per 256/256 request), so it cannot time a step.
+  measured runs achieved (both in `minivtc/bench/README.md`), so it cannot time a step.
 - `a100-llama13b`: Llama-2-13B fp16 on an A100-80G as the artifact's server ran it for the
   ablation of Section 5.4 (Figure 15): a `MeasuredStepTime` fitted to the per-request
   latencies of its four measured runs, two pool sizes (`data/a100_runs`, `calibrate.fit_runs`;
   the coefficients are `data/a100_step_time.json`). Its step grows with the square of its
-  batch and of its context, not linearly (fitted to the 35000-token runs alone, the linear
-  form times the 65000-token run's steps 11% too fast, the squares 3%). Its step
-  times include what the artifact's separate prefill passes cost
-  (lessons/artifact_deviations.md). `a100-llama13b-roofline` is the datasheet estimate it
-  replaced, 10-30% too fast on those runs.
+  batch and of its context, not linearly (fitted to one pool's runs, the linear form times
+  the other pool's steps too fast; the squares come close: how close, in
+  `minivtc/bench/README.md`). Its step times include what the artifact's separate prefill
+  passes cost (lessons/artifact_deviations.md). `a100-llama13b-roofline` is the datasheet
+  estimate it replaced, too fast on those runs.
 - `measured`: this machine running the bundled model (`calibrate.py`), so a simulation of the
   tiny model can be set beside a real run of it.
 """
@@ -56,11 +56,10 @@ class MeasuredStepTime:
         time = overhead + a P + b B + c C + d B^2 + e C^2
 
     The linear terms are `Roofline`'s before its max(). The squares are what the A100's
-    measured runs show (`a100-llama13b`): a step grows faster than its batch (0.11 ms per
-    request, its prompt's prefill included, between 23 and 34 requests; 0.17 ms between 34
-    and 68, at one pool's context) and faster than its context (fitted linearly, one pool's
-    runs time the larger pool's steps 11% too fast; with the squares, 3%). This machine's fit
-    (`minivtc calibrate`) keeps d = e = 0."""
+    measured runs show (`a100-llama13b`): a step grows faster than its batch (a request adds
+    more to a step of 34 to 68 requests than to one of 23 to 34) and faster than its context
+    (fitted linearly, one pool's runs time the larger pool's steps too fast; the figures are
+    in `minivtc/bench/README.md`). This machine's fit (`minivtc calibrate`) keeps d = e = 0."""
 
     name: str
     overhead_s: float  # per step: Python, scheduling, sampling, the weights read once
