@@ -4,7 +4,8 @@ ids, sampling params, and the refusals that must come before any per-token work.
 Owns: `PromptLimits` (how much one request may hold, and so what can be refused unread: a text
 too long to fit whatever it tokenizes to, a chat with more messages than the context has room
 for), parsing and validating a body (`completion_body`, `chat_body`: pure functions, which
-`server.py` runs on a worker thread, so a large body never stalls other streams), and
+`server.py` runs on a worker thread when the body is large, so a large body never stalls other
+streams: `server.off_loop_if_large`), and
 `sampling_params` with `max_tokens_of`. Does not own routes (`server.py`) or the bodies' fields
 (`openai_api.py`). Lesson 9.
 """
