@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-__all__ = ["ANSWER", "top_logits", "tree_cpu_seconds"]
+__all__ = ["ANSWER", "proc_stats", "process_tree", "top_logits", "tree_cpu_seconds"]
 
 if TYPE_CHECKING:
     from minivtc.model.llama import Llama
@@ -177,29 +177,40 @@ def tree_cpu_seconds(root: int | None = None) -> float:
     """User + system CPU seconds of process `root` (this one) and every live process under it,
     read from /proc (Linux). A child's time counts while it lives, which is what a benchmark of
     a long-lived engine process needs (`resource.RUSAGE_CHILDREN` counts only ended children)."""
-    root = os.getpid() if root is None else root
-    parents: dict[int, int] = {}
-    times: dict[int, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for entry in Path("/proc").iterdir():
+    stats = proc_stats(Path("/proc"))
+    return sum(stats[pid][2] for pid in process_tree(os.getpid() if root is None else root, stats))
+
+
+def process_tree(root: int, stats: dict[int, tuple[str, int, float]]) -> list[int]:
+    """`root` and every live process under it (vLLM's engine core runs in one), in `stats`
+    (`proc_stats` of /proc)."""
+    parents = {pid: parent for pid, (_, parent, _) in stats.items()}
+    tree = []
+    for pid in parents:
+        p = pid
+        while p not in (root, 0, 1) and p in parents:
+            p = parents[p]
+        if p == root:
+            tree.append(pid)
+    return tree
+
+
+def proc_stats(folder: Path) -> dict[int, tuple[str, int, float]]:
+    """For each numbered entry of `folder` (/proc, or a process's task/ folder: its threads):
+    its name, its parent and its user + system CPU seconds, from its `stat`. One that ended
+    while we looked is left out."""
+    tick, stats = os.sysconf("SC_CLK_TCK"), {}
+    for entry in folder.iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
         except OSError:  # ended while we looked
             continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()  # after "pid (name) "
-        pid = int(entry.name)
-        parents[pid] = int(fields[1])
-        times[pid] = (int(fields[11]) + int(fields[12])) / tick  # utime, stime
-    total = 0.0
-    for pid, seconds in times.items():
-        p = pid
-        while p not in (root, 0, 1) and p in parents:
-            p = parents[p]
-        if p == root:
-            total += seconds
-    return total
+        stats[int(entry.name)] = (name, int(fields[1]), (int(fields[11]) + int(fields[12])) / tick)
+    return stats
 
 
 if (

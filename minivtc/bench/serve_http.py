@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 from minivtc.bench.peer import TCMALLOC, vllm_python
+from minivtc.bench.peer_worker import proc_stats, process_tree
 from minivtc.bench.timing import counts, load_line, machine_line, spread
 from minivtc.gateway.proxy import free_port, wait_healthy
 from minivtc.vllm_plugin.overload import ASYNC_FAIR_SCHEDULER
@@ -232,28 +233,12 @@ def server_cpu(pid: int) -> dict[str, float]:
     """CPU seconds so far of the server's process and its children, by thread name (minivtc:
     the engine's threads are "python", HTTP is "minivtc-http"; vLLM: its API server's and its
     engine core's process names), from /proc."""
-    tick, spent = os.sysconf("SC_CLK_TCK"), dict[str, float]()
-    processes = [pid] + children(pid)
-    for p in processes:
-        with contextlib.suppress(OSError):
-            for tid in os.listdir(f"/proc/{p}/task"):
-                with open(f"/proc/{p}/task/{tid}/stat") as stat:
-                    text = stat.read()
-                name, fields = text[text.index("(") + 1 : text.rindex(")")], text.split(") ")[-1]
-                utime, stime = (int(v) for v in fields.split()[11:13])
-                spent[name] = spent.get(name, 0.0) + (utime + stime) / tick
+    spent: dict[str, float] = {}
+    for process in process_tree(pid, proc_stats(Path("/proc"))):
+        with contextlib.suppress(OSError):  # (ended while we looked)
+            for name, _, seconds in proc_stats(Path(f"/proc/{process}/task")).values():
+                spent[name] = spent.get(name, 0.0) + seconds
     return spent
-
-
-def children(pid: int) -> list[int]:
-    """Every process below `pid` (vLLM's engine core runs in one)."""
-    below = []
-    with contextlib.suppress(OSError):
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/children") as kids:
-                for child in map(int, kids.read().split()):
-                    below += [child] + children(child)
-    return below
 
 
 def cpu_lines(cpu: dict[str, list[dict[str, float]]]) -> str:
