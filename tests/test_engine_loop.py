@@ -346,7 +346,7 @@ def test_an_add_whose_caller_left_once_it_ran_is_aborted(make_loop):
     """Cancelled after the engine took the request: the request is aborted at once (nobody
     reads its stream), its blocks freed, as a client that goes away mid-stream."""
     loop = make_loop().start()
-    gate, left = threading.Event(), threading.Event()
+    gate, leaving, left = threading.Event(), threading.Event(), threading.Event()
 
     async def main() -> None:
         loop.send(lambda: gate.wait(TIMEOUT_S))  # the loop thread is busy with this one
@@ -355,10 +355,15 @@ def test_an_add_whose_caller_left_once_it_ran_is_aborted(make_loop):
 
         def leave_then_linger() -> None:  # on the loop thread, after the add: the caller leaves
             adding.get_loop().call_soon_threadsafe(adding.cancel)
+            leaving.set()
             left.wait(TIMEOUT_S)  # no step runs until the caller has gone (its abort queued)
 
         loop.send(leave_then_linger)
         gate.set()
+        # This event loop blocks (no await) until both the add's answer and the cancellation
+        # wait in its queue: the caller leaves after the engine took the request and before it
+        # read the answer, every run (else the answer could arrive first, and nobody left).
+        leaving.wait(TIMEOUT_S)
         with pytest.raises(asyncio.CancelledError):
             await adding
         left.set()
