@@ -21,7 +21,8 @@ from minivtc.engine.sampler import SamplingParams
 from minivtc.offline.llm import LLM
 from minivtc.requests.params import DEFAULT_MAX_TOKENS, resolve_max_tokens
 from minivtc.serving.hosting import BackgroundServer
-from minivtc.serving.server import SMALL_BODY_BYTES, make_app, off_loop_if_large
+from minivtc.serving.prompts import SMALL_BODY_BYTES, off_loop_if_large
+from minivtc.serving.server import make_app
 from minivtc.sim.workloads import TraceRequest
 
 openai = pytest.importorskip("openai")

@@ -40,6 +40,7 @@ from minivtc.serving.prompts import (
     check_length,
     completion_body,
     max_tokens_of,
+    off_loop_if_large,
 )
 
 __all__ = ["REQUEST_CLIENTS", "backend_clients", "make_gateway"]
@@ -126,7 +127,7 @@ def backend_clients(
 async def completions(http: HTTPRequest):
     gateway: Gateway = http.app.state.gateway
     raw = await http.body()
-    body = await asyncio.to_thread(completion_body, raw)
+    body = await off_loop_if_large(len(raw), completion_body, raw)
     caller = identify(gateway, http, body.user)
     check_unsupported(body, gateway.model_name)
     check_fan_out(body.n)
@@ -139,7 +140,7 @@ async def completions(http: HTTPRequest):
         num_prompt = len(prompt)
     else:
         check_length(gateway.prompt_limits, len(prompt), "prompt")
-        num_prompt = len(await asyncio.to_thread(gateway.tokenizer.encode, prompt))
+        num_prompt = len(await off_loop_if_large(len(raw), gateway.tokenizer.encode, prompt))
     payload = body.model_dump(exclude_unset=True) | {"max_tokens": max_tokens_of(body)}
     http.app.state.in_flight.take(http.scope, caller.client, body.n)  # else 429
     return await forward(http, "/v1/completions", caller.client, num_prompt, payload)
@@ -147,14 +148,16 @@ async def completions(http: HTTPRequest):
 
 async def chat_completions(http: HTTPRequest):
     gateway: Gateway = http.app.state.gateway
-    body = await asyncio.to_thread(chat_body, gateway.prompt_limits, await http.body())
+    raw = await http.body()
+    body = await off_loop_if_large(len(raw), chat_body, gateway.prompt_limits, raw)
     caller = identify(gateway, http, body.user)
     check_unsupported(body, gateway.model_name)
     check_fan_out(body.n)
     # As `serve` reads them: a developer message is a system one, text parts are joined
     messages = [{"role": m.role, "content": m.text} for m in body.messages]
     try:
-        num_prompt = len(await asyncio.to_thread(chat.prompt_ids, gateway.tokenizer, messages))
+        ids = await off_loop_if_large(len(raw), chat.prompt_ids, gateway.tokenizer, messages)
+        num_prompt = len(ids)
     except ValueError as e:  # (the chat format refused them)
         raise APIError(400, str(e), "messages") from None
     room = min(gateway.prompt_limits.tokens - num_prompt, CHAT_ROOM)  # (`CHAT_ROOM`: why)

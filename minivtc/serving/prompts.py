@@ -3,16 +3,18 @@ ids, sampling params, and the refusals that must come before any per-token work.
 
 Owns: `PromptLimits` (how much one request may hold, and so what can be refused unread: a text
 too long to fit whatever it tokenizes to, a chat with more messages than the context has room
-for), parsing and validating a body (`completion_body`, `chat_body`: pure functions, which
-`server.py` runs on a worker thread when the body is large, so a large body never stalls other
-streams: `server.off_loop_if_large`), and
-`sampling_params` with `max_tokens_of`. Does not own routes (`server.py`) or the bodies' fields
-(`openai_api.py`). Lesson 9.
+for), parsing and validating a body (`completion_body`, `chat_body`: pure functions, which the
+server and the gateway run on a worker thread when the body is large, so a large body never
+stalls other streams: `off_loop_if_large`), and `sampling_params` with `max_tokens_of`. Does
+not own routes (`server.py`) or the bodies' fields (`openai_api.py`). Lesson 9.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from minivtc.engine.intake import RequestRejected, check_context, check_ids
 from minivtc.model.tokenizer import Tokenizer
@@ -30,7 +32,13 @@ from minivtc.serving.openai_api import (
 
 __all__ = ["PromptLimits", "chat_body", "check_fan_out", "check_length", "check_logprob_volume"]
 __all__ += ["check_message_count", "check_tokens", "completion_body", "completion_inputs"]
-__all__ += ["max_tokens_of", "sampling_params"]
+__all__ += ["SMALL_BODY_BYTES", "max_tokens_of", "off_loop_if_large", "sampling_params"]
+
+T = TypeVar("T")
+# A body this small is parsed and checked on the event loop (a chat of it holds a few hundred
+# messages at most, so its validation holds the loop for a few ms at worst); a larger one on a
+# worker thread (`off_loop_if_large`)
+SMALL_BODY_BYTES = 4096
 
 # The most logprob entries one response may carry (completions x tokens x (top + 1)): ~70
 # bytes each in JSON, so ~5 MB
@@ -200,3 +208,13 @@ def sampling_params(body: Sampling, max_tokens: int, logprobs: int | None) -> Sa
         )
     except ParamError as e:
         raise APIError(400, str(e), e.param) from None
+
+
+async def off_loop_if_large(size: int, work: Callable[..., T], *args) -> T:
+    """`work(*args)` for a body of `size` bytes: on a worker thread if the body is large, so a
+    10,000-message chat or a 4 MB prompt never stalls the other streams; on the event loop if
+    it is small, as nearly every body is, where the work is a fraction of what two hand-offs
+    between threads cost (and a worker woken per request takes a core from the engine)."""
+    if size > SMALL_BODY_BYTES:
+        return await asyncio.to_thread(work, *args)
+    return work(*args)

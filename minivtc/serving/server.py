@@ -37,7 +37,7 @@ import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
@@ -62,18 +62,13 @@ from minivtc.serving.prompts import (
     completion_body,
     completion_inputs,
     max_tokens_of,
+    off_loop_if_large,
     sampling_params,
 )
 from minivtc.serving.server_state import ServerState
 from minivtc.serving.streaming import respond
 
-__all__ = ["SMALL_BODY_BYTES", "Server", "make_app", "off_loop_if_large"]
-
-T = TypeVar("T")
-# A body this small is parsed and checked on the event loop (a chat of it holds a few hundred
-# messages at most, so its validation holds the loop for a few ms at worst); a larger one on a
-# worker thread (`off_loop_if_large`)
-SMALL_BODY_BYTES = 4096
+__all__ = ["Server", "make_app"]
 
 
 @dataclass(frozen=True)
@@ -228,16 +223,6 @@ async def metrics(http: Request):
 
 
 # --- helpers -------------------------------------------------------------------------------------
-
-
-async def off_loop_if_large(size: int, work: Callable[..., T], *args) -> T:
-    """`work(*args)` for a body of `size` bytes: on a worker thread if the body is large, so a
-    10,000-message chat or a 4 MB prompt never stalls the other streams; on the event loop if
-    it is small, as nearly every body is, where the work is a fraction of what two hand-offs
-    between threads cost (and a worker woken per request takes a core from the engine)."""
-    if size > SMALL_BODY_BYTES:
-        return await asyncio.to_thread(work, *args)
-    return work(*args)
 
 
 async def render(state: ServerState, messages: list[dict]) -> list[int]:
