@@ -5,12 +5,28 @@ from __future__ import annotations
 import pytest
 import torch
 
-from minivtc.engine.sampler import SamplingParams, sample, sample_each
+from minivtc.engine.sampler import SamplingParams, greedy_tokens, sample, sample_each
 
 
 def sample_row(logits: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
     """One row's token, drawn alone."""
     return sample(logits[None], [p], [gen])[0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_tokens_are_torch_argmax_ties_nans_and_infinities_included(dtype):
+    """The greedy path's `max(dim).indices` answers as `argmax` does on every row: the first of
+    tied maxima (bf16 ties often), a NaN's index, a row of -inf, a row of +inf."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 4096, generator=g).mul(3).round().to(dtype)  # many ties
+    logits[1, 7] = logits[1, 4000] = float("nan")
+    logits[2] = -float("inf")
+    logits[3, [5, 9]] = float("inf")
+    expected = logits.argmax(dim=-1).tolist()
+    assert greedy_tokens(logits) == expected
+    assert expected[1:4] == [7, 0, 5]
+    params = [SamplingParams(temperature=0)] * 64
+    assert sample(logits, params, [None] * 64) == logits.float().argmax(dim=-1).tolist()
 
 
 @pytest.mark.parametrize("temperature", [1e-3, 1e-30, 1e-40, 1e-300, 5e-324])
