@@ -6,11 +6,13 @@ import hashlib
 import json
 import subprocess
 import sys
+import threading
 
 import pytest
 import torch
 
 from minivtc.bench.checkpoint import write_checkpoint
+from minivtc.bench.peer import QUIET_TIMEOUT_S, Worker, wait_until_quiet
 from minivtc.bench.peer_worker import ANSWER, tree_cpu_seconds
 from minivtc.model.config import preset
 from minivtc.model.llama import CausalSequences
@@ -90,6 +92,41 @@ def test_the_cpu_time_of_a_process_tree_counts_a_live_childs_work():
     try:
         assert child.stdout.readline().strip() == "spun"  # it has used 0.5 s of CPU, and lives
         assert tree_cpu_seconds() - before >= 0.45  # the child's 0.5 s, in clock ticks
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_turn_waits_until_the_other_contenders_processes_are_idle():
+    """vLLM's engine core keeps a core busy for a second after its run: the next contender's
+    turn starts only once every other one's process tree is idle, not while it spins."""
+    spin_until_told = (
+        "import sys, threading\n"
+        "stop = threading.Event()\n"
+        "threading.Thread(target=lambda: (sys.stdin.readline(), stop.set()), daemon=True).start()\n"
+        "print('spinning', flush=True)\n"
+        "while not stop.is_set(): pass\n"
+        "print('idle', flush=True)\n"
+        "sys.stdin.readline()\n"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", spin_until_told],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    other = Worker("spinner", child)
+    try:
+        assert child.stdout.readline().strip() == "spinning"
+        waiting = threading.Thread(target=wait_until_quiet, args=([other],))
+        waiting.start()
+        waiting.join(1.0)
+        assert waiting.is_alive()  # a second later, still waiting: the other still spins
+        child.stdin.write("stop\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "idle"
+        waiting.join(QUIET_TIMEOUT_S - 1.5)
+        assert not waiting.is_alive()  # it went idle, and the turn began before the timeout
     finally:
         child.kill()
         child.wait()
