@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from minivtc.bench.checkpoint import write_checkpoint
-from minivtc.bench.peer import QUIET_TIMEOUT_S, Worker, wait_until_quiet
 from minivtc.bench.peer_worker import ANSWER, tree_cpu_seconds
+from minivtc.bench.timing import QUIET_TIMEOUT_S, wait_until_quiet
 from minivtc.model.config import preset
 from minivtc.model.llama import CausalSequences
 from minivtc.model.weights import bundled_weights_dir, load_model
@@ -115,10 +115,9 @@ def test_a_turn_waits_until_the_other_contenders_processes_are_idle():
         stdout=subprocess.PIPE,
         text=True,
     )
-    other = Worker("spinner", child)
     try:
         assert child.stdout.readline().strip() == "spinning"
-        waiting = threading.Thread(target=wait_until_quiet, args=([other],))
+        waiting = threading.Thread(target=wait_until_quiet, args=([child.pid],))
         waiting.start()
         waiting.join(1.0)
         assert waiting.is_alive()  # a second later, still waiting: the other still spins

@@ -47,21 +47,12 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from minivtc.bench.peer_worker import ANSWER, top_logits, tree_cpu_seconds
-from minivtc.bench.timing import load_line, spread
+from minivtc.bench.peer_worker import ANSWER, top_logits
+from minivtc.bench.timing import load_line, spread, wait_until_quiet
 
-__all__ = ["QUIET_TIMEOUT_S", "TCMALLOC", "Worker", "add_arguments", "bench_peer", "vllm_python"]
-__all__ += ["wait_until_quiet"]
+__all__ = ["TCMALLOC", "add_arguments", "bench_peer", "vllm_python"]
 
 PROMPT_LEN = 32
-# Before each turn, every other contender's processes are idle: an engine keeps a core busy for
-# a while after its run, on the cores the next contender is about to use (OpenMP threads spin
-# after their last parallel region; vLLM's engine core polls its shared-memory queue for a
-# second after its last read, `shm_broadcast.SpinCondition`'s busy_loop_s). Idle: under a tenth
-# of a core over a window (`wait_until_quiet`).
-QUIET_WINDOW_S = 0.1
-QUIET_CPU_S = 0.01  # CPU seconds in one window
-QUIET_TIMEOUT_S = 5.0
 TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 NEAR_TIE = 0.05  # fp32 logits this close: a tie that rounding in either engine may break
 
@@ -236,24 +227,13 @@ def run_round(
         prompts = [[rng.randrange(3, vocab) for _ in range(PROMPT_LEN)] for _ in range(b)]
         shift = (k + 1) % len(workers)
         for w in workers[shift:] + workers[:shift]:
-            wait_until_quiet([other for other in workers if other is not w])
+            wait_until_quiet([other.process.pid for other in workers if other is not w])
             got = w.ask({"prompts": prompts, "new_tokens": new_tokens})
             if k >= 0:
                 w.times.setdefault(b, []).append((got["wall_s"], got["cpu_s"]))
                 if "decode_s" in got:
                     w.decode_s.setdefault(b, []).append(got["decode_s"])
                 w.prompts[b], w.tokens[b] = prompts, got["tokens"]
-
-
-def wait_until_quiet(others: list[Worker]) -> None:
-    """Return once the processes of `others` used under QUIET_CPU_S of CPU in one window of
-    QUIET_WINDOW_S (or after QUIET_TIMEOUT_S: a contender that never idles is timed as it is)."""
-    deadline = time.monotonic() + QUIET_TIMEOUT_S
-    while time.monotonic() < deadline:
-        before = sum(tree_cpu_seconds(w.process.pid) for w in others)
-        time.sleep(QUIET_WINDOW_S)
-        if sum(tree_cpu_seconds(w.process.pid) for w in others) - before < QUIET_CPU_S:
-            return
 
 
 def throughput_table(workers: list[Worker], batches: list[int], new_tokens: int) -> str:

@@ -2,9 +2,10 @@
 each ratio is taken within a round; reported as its median with its range.
 
 Owns `interleaved` (the rounds), `ratios` (by wall or by process CPU time), `spread` ('median
-[min, max]') and `load_line` (the machine's load, printed beside a run). This VM's speed drifts
-by tens of percent from minute to minute: one run of each contender, one after the other,
-compares two different machines. Used by `suite.py` and `policy.py`.
+[min, max]'), `load_line` (the machine's load, printed beside a run) and `wait_until_quiet` (a
+turn starts on idle cores). This VM's speed drifts by tens of percent from minute to minute: one
+run of each contender, one after the other, compares two different machines. Used by `suite.py`,
+`policy.py` and `peer.py`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,19 @@ import statistics
 import time
 from collections.abc import Callable
 
-__all__ = ["counts", "interleaved", "load_line", "machine_line", "ratios", "spread"]
+from minivtc.bench.peer_worker import tree_cpu_seconds
+
+__all__ = ["QUIET_TIMEOUT_S", "counts", "interleaved", "load_line", "machine_line", "ratios"]
+__all__ += ["spread", "wait_until_quiet"]
+
+# Before each turn, every other contender's processes are idle: an engine keeps a core busy for
+# a while after its run, on the cores the next contender is about to use (OpenMP threads spin
+# after their last parallel region; vLLM's engine core polls its shared-memory queue for a
+# second after its last read, `shm_broadcast.SpinCondition`'s busy_loop_s). Idle: under a tenth
+# of a core over a window (`wait_until_quiet`).
+QUIET_WINDOW_S = 0.1
+QUIET_CPU_S = 0.01  # CPU seconds in one window
+QUIET_TIMEOUT_S = 5.0
 
 
 def counts(text: str) -> list[int]:
@@ -98,3 +111,14 @@ def machine_line(env: dict[str, str] | None = None) -> str:
     return (
         f"machine: {model} ({', '.join(kinds) or 'no AVX-512'}), {os.cpu_count()} CPUs, {allocator}"
     )
+
+
+def wait_until_quiet(pids: list[int]) -> None:
+    """Return once the process trees of `pids` used under QUIET_CPU_S of CPU in one window of
+    QUIET_WINDOW_S (or after QUIET_TIMEOUT_S: a contender that never idles is timed as it is)."""
+    deadline = time.monotonic() + QUIET_TIMEOUT_S
+    while time.monotonic() < deadline:
+        before = sum(tree_cpu_seconds(pid) for pid in pids)
+        time.sleep(QUIET_WINDOW_S)
+        if sum(tree_cpu_seconds(pid) for pid in pids) - before < QUIET_CPU_S:
+            return
