@@ -102,10 +102,12 @@ def gateway(backends):
 def stream(
     url: str, key: str, max_tokens: int, timeout: float = 60, **extra
 ) -> tuple[list[dict], float]:
-    """A streamed completion: its events, and the seconds to the first. `key` "client:NAME"
-    names the client in X-Client-Id instead (a backend without keys). `timeout`: the longest
-    wait for the answer or its next chunk."""
-    body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "stream": True, **extra}
+    """A streamed completion of exactly `max_tokens` tokens (EOS ignored: sampled at the
+    default temperature, a story may end early): its events, and the seconds to the first.
+    `key` "client:NAME" names the client in X-Client-Id instead (a backend without keys).
+    `timeout`: the longest wait for the answer or its next chunk."""
+    body = {"prompt": "Once upon a time", "max_tokens": max_tokens, "stream": True}
+    body |= {"ignore_eos": True, **extra}
     start, first, events = time.monotonic(), None, []
     headers = {"authorization": f"Bearer {key}"}
     if key.startswith("client:"):
@@ -398,7 +400,7 @@ def test_minivtc_route_drains_on_sigterm(backends, tmp_path):
     while not healthy(url):
         assert time.monotonic() < deadline and proc.poll() is None, "the gateway did not start"
         time.sleep(0.2)
-    body = {"prompt": "Once", "max_tokens": 60, "stream": True}
+    body = {"prompt": "Once", "max_tokens": 60, "stream": True, "ignore_eos": True}  # 60 whole
     headers = {"authorization": "Bearer sk-drain"}
     with httpx.stream("POST", url + "/v1/completions", json=body, headers=headers) as r:
         lines = (line for line in r.iter_lines() if line.startswith("data:"))
@@ -411,7 +413,7 @@ def test_minivtc_route_drains_on_sigterm(backends, tmp_path):
 
 
 def test_a_backend_killed_mid_stream_ends_only_its_requests(gateway, backends):
-    body = {"prompt": "Once", "max_tokens": 200, "stream": True}
+    body = {"prompt": "Once", "max_tokens": 200, "stream": True, "ignore_eos": True}
     headers = {"authorization": "Bearer sk-victim"}
     with httpx.stream("POST", gateway + "/v1/completions", json=body, headers=headers) as r:
         lines = r.iter_lines()
