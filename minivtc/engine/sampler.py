@@ -114,7 +114,7 @@ def sample(
 def greedy_tokens(logits: Tensor) -> list[int]:
     """Each row's argmax (N, V) -> N ids: the first of tied maxima, a NaN's index where a row has
     one, as `argmax` gives them. PERF: `max(dim).indices`, not `argmax`, whose CPU reduction
-    is several times slower over a vocabulary (what it measured: `minivtc/bench/README.md`)."""
+    over a vocabulary is the slower one (what it measured: `minivtc/bench/README.md`)."""
     return logits.max(dim=-1).indices.tolist()
 
 
