@@ -173,12 +173,14 @@ def fp32_model(weights: str) -> Llama:
     return load_model(weights, dtype="fp32")[0]
 
 
-def tree_cpu_seconds(root: int | None = None) -> float:
-    """User + system CPU seconds of process `root` (this one) and every live process under it,
-    read from /proc (Linux). A child's time counts while it lives, which is what a benchmark of
-    a long-lived engine process needs (`resource.RUSAGE_CHILDREN` counts only ended children)."""
+def tree_cpu_seconds(*roots: int) -> float:
+    """User + system CPU seconds of the processes `roots` (this one, if none) and every live
+    process under them, from one reading of /proc (Linux). A child's time counts while it lives,
+    which is what a benchmark of a long-lived engine process needs (`resource.RUSAGE_CHILDREN`
+    counts only ended children)."""
     stats = proc_stats(Path("/proc"))
-    return sum(stats[pid][2] for pid in process_tree(os.getpid() if root is None else root, stats))
+    trees = {pid for root in roots or (os.getpid(),) for pid in process_tree(root, stats)}
+    return sum(stats[pid][2] for pid in trees)
 
 
 def process_tree(root: int, stats: dict[int, tuple[str, int, float]]) -> list[int]:

@@ -117,8 +117,8 @@ def wait_until_quiet(pids: list[int]) -> None:
     """Return once the process trees of `pids` used under QUIET_CPU_S of CPU in one window of
     QUIET_WINDOW_S (or after QUIET_TIMEOUT_S: a contender that never idles is timed as it is)."""
     deadline = time.monotonic() + QUIET_TIMEOUT_S
-    while time.monotonic() < deadline:
-        before = sum(tree_cpu_seconds(pid) for pid in pids)
+    while pids and time.monotonic() < deadline:  # (no others: nothing to wait for)
+        before = tree_cpu_seconds(*pids)
         time.sleep(QUIET_WINDOW_S)
-        if sum(tree_cpu_seconds(pid) for pid in pids) - before < QUIET_CPU_S:
+        if tree_cpu_seconds(*pids) - before < QUIET_CPU_S:
             return
