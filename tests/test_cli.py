@@ -12,6 +12,7 @@ import pytest
 from minivtc.bench import suite as bench
 from minivtc.bench import timing as bench_timing
 from minivtc.cli.main import main
+from minivtc.serving.allocator import name_of, preload_for
 from tests.conftest import start_serve
 
 
@@ -210,10 +211,9 @@ def test_serve_command_answers_over_http(tmp_path):
         server.wait(timeout=30)
     log = server.stderr.read()
     assert "serving minivtc-tiny with vtc" in log
-    import ctypes.util  # where TCMalloc is installed, the command restarted itself on it
-
-    tcmalloc = ctypes.util.find_library("tcmalloc_minimal") or ctypes.util.find_library("tcmalloc")
-    assert ("allocator: TCMalloc" in log) == bool(tcmalloc and "LD_PRELOAD" not in os.environ)
+    # the command restarted itself on the fast allocator, where it found one
+    preload = os.environ.get("LD_PRELOAD", preload_for("auto"))
+    assert f"allocator: {name_of(preload)}" in log
 
 
 @pytest.mark.slow
@@ -284,44 +284,10 @@ def test_reproduce_only_takes_commas_and_repeats_alike(tmp_path, monkeypatch):
     assert chosen == [["fig3", "validate"]] * 2
 
 
-class Restarted(Exception):
-    """What the stand-in for `os.execve` raises: the process would have been replaced."""
-
-
-def test_serve_restarts_itself_with_tcmalloc_where_installed(monkeypatch):
-    from minivtc.cli import serve
-
-    def execve(path, command, env):
-        raise Restarted(path, command, env)
-
-    monkeypatch.setattr(serve.os, "execve", execve)
-    monkeypatch.setattr(serve.ctypes.util, "find_library", lambda name: f"lib{name}.so.4")
-    monkeypatch.delenv("LD_PRELOAD", raising=False)
-    with pytest.raises(Restarted) as restarted:
-        serve.with_tcmalloc(["serve", "--port", "8001"])
-    path, command, env = restarted.value.args
-    assert path == sys.executable and command[1:] == ["-m", "minivtc", "serve", "--port", "8001"]
-    assert env["LD_PRELOAD"] == "libtcmalloc_minimal.so.4"
-    # the user's preload, even an empty one (glibc's malloc chosen), is left as it is
-    for chosen in ("", "/opt/libjemalloc.so"):
-        monkeypatch.setenv("LD_PRELOAD", chosen)
-        serve.with_tcmalloc(["serve"])
-    # not installed: the server starts as it is, and its first lines say how to get it
-    monkeypatch.delenv("LD_PRELOAD")
-    monkeypatch.setattr(serve.ctypes.util, "find_library", lambda name: None)
-    serve.with_tcmalloc(["serve"])
-    assert serve.allocator().startswith("glibc malloc: install TCMalloc")
-    monkeypatch.setenv("LD_PRELOAD", "")
-    assert serve.allocator() == "glibc malloc"
-    monkeypatch.setenv("LD_PRELOAD", "/usr/lib/libtcmalloc_minimal.so.4")
-    assert serve.allocator().startswith("TCMalloc")
-
-
 def test_only_the_command_line_restarts(monkeypatch, capsys):
     """`main([...])` called in a process (a test, a notebook) never replaces that process."""
-    from minivtc.cli import serve
-
-    monkeypatch.setattr(serve, "with_tcmalloc", lambda argv: pytest.fail("restarted"))
+    monkeypatch.delenv("LD_PRELOAD", raising=False)  # (where a restart would be due)
+    monkeypatch.setattr(os, "execve", lambda *args: pytest.fail("restarted"))
     refused = ["serve", "--api-keys", "keys.json", "--client-weights", "weights.json"]
     assert main(refused) == 2  # parsed, then refused by run_serve: no restart on the way
     assert "not also --client-weights" in capsys.readouterr().err

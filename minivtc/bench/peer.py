@@ -21,8 +21,9 @@ tokens a near tie in fp32 (float rounding decides it) or not (which only a bug e
 
 vLLM runs from its own virtual environment (`--vllm-python`, default `.ci-vllm-venv/bin/python`
 or `$MINIVTC_VLLM_PYTHON`; it pins its own packages): without one its columns are left out and
-the table says why. Every engine gets vLLM's documented CPU setting where it is installed,
-TCMalloc through LD_PRELOAD (`--no-tcmalloc` turns it off), and the same threads.
+the table says why. Every engine runs on the same allocator (`--allocator`, default "auto":
+TCMalloc, vLLM's documented CPU setting, where it is installed, else oneTBB's;
+`serving/allocator.py`) and the same threads.
 
 `--load`: then the time to first token under an offered load: `minivtc serve` and vLLM's
 OpenAI server on the same model, Poisson arrivals (32-token prompts, 128 new tokens) at
@@ -49,11 +50,11 @@ from pathlib import Path
 
 from minivtc.bench.peer_worker import ANSWER, top_logits
 from minivtc.bench.timing import load_line, spread, wait_until_quiet
+from minivtc.serving.allocator import ALLOCATOR_HELP, ALLOCATORS, name_of, preload_for
 
-__all__ = ["TCMALLOC", "add_arguments", "bench_peer", "vllm_python"]
+__all__ = ["add_arguments", "bench_peer", "vllm_python"]
 
 PROMPT_LEN = 32
-TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 NEAR_TIE = 0.05  # fp32 logits this close: a tie that rounding in either engine may break
 
 
@@ -100,7 +101,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="peer: also minivtc with plain nn.Linear (before packing: what it bought)",
     )
-    peer.add_argument("--no-tcmalloc", action="store_true", help="peer: the default allocator")
+    allocators = f"peer: {ALLOCATOR_HELP}"
+    peer.add_argument("--allocator", choices=ALLOCATORS, default="auto", help=allocators)
     peer.add_argument("--load", action="store_true", help="peer: also TTFT under offered load")
     peer.add_argument("--load-fraction", type=float, default=0.5, help="peer: offered load")
     peer.add_argument("--background", type=int, default=0, help="peer: N competing busy loops")
@@ -121,7 +123,7 @@ def bench_peer(args: argparse.Namespace) -> int:
             f"{weights}, {args.dtype}, prompts of {PROMPT_LEN} random ids, {args.new_tokens} new "
             f"tokens each, greedy, EOS ignored; {rounds} rounds after a warm-up, contenders "
             f"taking turns; {args.background} competing busy processes; "
-            f"{'TCMalloc' if env.get('LD_PRELOAD') else 'the default allocator'}; "
+            f"{name_of(env['LD_PRELOAD'])}; "
             f"threads {env.get('OMP_NUM_THREADS', 'default')}"
         )
         if vllm is None:
@@ -154,9 +156,10 @@ def offered_rate(workers: list[Worker], batches: list[int], args: argparse.Names
 
 
 def worker_env(args: argparse.Namespace) -> dict[str, str]:
+    """Every engine's: `--allocator`'s preload (set even when empty: then a `minivtc serve` does
+    not choose another), vLLM's KV space, `--threads`."""
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
-    # set either way: an empty LD_PRELOAD keeps `minivtc serve` from preloading TCMalloc itself
-    env["LD_PRELOAD"] = TCMALLOC if not args.no_tcmalloc and Path(TCMALLOC).exists() else ""
+    env["LD_PRELOAD"] = preload_for(args.allocator)
     if args.threads is not None:
         env["OMP_NUM_THREADS"] = str(args.threads)
     return env

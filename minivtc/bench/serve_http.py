@@ -30,10 +30,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from minivtc.bench.peer import TCMALLOC, vllm_python
+from minivtc.bench.peer import vllm_python
 from minivtc.bench.peer_worker import proc_stats, process_tree
 from minivtc.bench.timing import counts, load_line, machine_line, spread
 from minivtc.gateway.proxy import free_port, wait_healthy
+from minivtc.serving.allocator import ALLOCATOR_HELP, ALLOCATORS, preload_for
 from minivtc.vllm_plugin.overload import ASYNC_FAIR_SCHEDULER
 
 __all__ = ["main"]
@@ -60,7 +61,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--weights", default=None, help="a checkpoint folder (default: the bundled)")
     p.add_argument("--vllm-python", default=None, help="vLLM's venv's python (else no vLLM)")
-    p.add_argument("--no-tcmalloc", action="store_true", help="never preload TCMalloc")
+    p.add_argument("--allocator", choices=ALLOCATORS, default="auto", help=ALLOCATOR_HELP)
     p.add_argument(
         "--plugin",
         action="store_true",
@@ -81,8 +82,8 @@ def main(argv: list[str]) -> int:
 
     weights = str(args.weights or bundled_weights_dir())
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
-    # set either way: an empty LD_PRELOAD keeps `minivtc serve` from preloading TCMalloc itself
-    env["LD_PRELOAD"] = TCMALLOC if not args.no_tcmalloc and Path(TCMALLOC).exists() else ""
+    # set even when empty: then `minivtc serve` does not choose another allocator itself
+    env["LD_PRELOAD"] = preload_for(args.allocator)
     vllm = vllm_python(args.vllm_python)
     print(machine_line(env), flush=True)
     print(

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable
 
 from minivtc.bench.peer_worker import tree_cpu_seconds
+from minivtc.serving.allocator import name_of
 
 __all__ = ["QUIET_TIMEOUT_S", "counts", "interleaved", "load_line", "machine_line", "ratios"]
 __all__ += ["spread", "wait_until_quiet"]
@@ -106,11 +107,8 @@ def machine_line(env: dict[str, str] | None = None) -> str:
     kinds = [
         name for name, flag in (("AVX-512", "avx512f"), ("AMX-BF16", "amx_bf16")) if flag in flags
     ]
-    preload = env.get("LD_PRELOAD", "")
-    allocator = "TCMalloc" if "tcmalloc" in preload else preload or "glibc malloc"
-    return (
-        f"machine: {model} ({', '.join(kinds) or 'no AVX-512'}), {os.cpu_count()} CPUs, {allocator}"
-    )
+    cpus, allocator = os.cpu_count(), name_of(env.get("LD_PRELOAD"))
+    return f"machine: {model} ({', '.join(kinds) or 'no AVX-512'}), {cpus} CPUs, {allocator}"
 
 
 def wait_until_quiet(pids: list[int]) -> None:

@@ -10,7 +10,7 @@ import sys
 
 from minivtc.cli.instructor import add_course
 from minivtc.cli.route import add_route
-from minivtc.cli.serve import add_serve, bind_threads, port, with_tcmalloc
+from minivtc.cli.serve import add_serve, bind_threads, port
 from minivtc.cli.simulate import (
     add_calibrate,
     add_reproduce,
@@ -18,6 +18,7 @@ from minivtc.cli.simulate import (
     add_trace_source,
     print_summary,
 )
+from minivtc.serving.allocator import restart_on
 
 __all__ = ["main"]
 
@@ -43,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if argv is None and args.command == "serve":  # from the command line, not called in-process
         bind_threads()
-        with_tcmalloc(sys.argv[1:])
+        restart_on(sys.argv[1:])  # the fast allocator (serving/allocator.py)
     try:
         return args.run(args)
     except (ValueError, FileNotFoundError) as e:  # bad input: say what is wrong, no traceback

@@ -1,14 +1,13 @@
 """`minivtc serve`: its flags (minivtc's, and vLLM's: `vllm_flags.py`) and starting the server.
 
 Owns parsing the serve command's arguments into the engine, the keys and the app's options,
-`port` (the argparse type the client commands share), and the allocator the server starts with
-(`with_tcmalloc`). Terminal output only; the server is `server.py`'s. Lesson 9.
+`port` (the argparse type the client commands share); the allocator it starts on is
+`serving/allocator.py`'s. Terminal output only; the server is `server.py`'s. Lesson 9.
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes.util
 import os
 import sys
 
@@ -17,35 +16,11 @@ from minivtc.cli.simulate import add_memory_options, add_prefix_options, config_
 __all__ = [
     "add_connection_flags",
     "add_serve",
-    "allocator",
     "bind_threads",
     "limits_of",
     "port",
     "warn_if_public",
-    "with_tcmalloc",
 ]
-
-TCMALLOC_NAMES = ("tcmalloc_minimal", "tcmalloc")  # Debian's libtcmalloc-minimal4, gperftools'
-
-
-def with_tcmalloc(argv: list[str]) -> None:
-    """Start `minivtc argv` again in this process with TCMalloc preloaded, where it is installed
-    and the user preloads nothing (an `LD_PRELOAD` set, even to nothing, is the user's choice).
-
-    Why: PyTorch allocates every CPU tensor with `posix_memalign`, and oneDNN's packed products
-    (`model/packed.py`) make small aligned allocations in every call; glibc before 2.38 serves
-    aligned requests outside its per-thread cache, under the arena's lock, while TCMalloc
-    serves them from its caches as it does a plain `malloc` (minivtc/bench/README.md has the
-    counts and what they cost). Returns only where there is nothing to do; otherwise the
-    process is replaced (`os.execve`)."""
-    if sys.platform != "linux" or "LD_PRELOAD" in os.environ:
-        return
-    library = next(filter(None, map(ctypes.util.find_library, TCMALLOC_NAMES)), None)
-    if library is None:
-        return
-    command = [sys.executable, "-m", "minivtc", *argv]
-    os.execve(sys.executable, command, dict(os.environ, LD_PRELOAD=library))
-
 
 BINDING = ("OMP_PROC_BIND", "OMP_PLACES", "GOMP_CPU_AFFINITY", "KMP_AFFINITY")
 
@@ -59,24 +34,6 @@ def bind_threads() -> None:
     spread them (minivtc/bench/README.md has the measurements)."""
     if not any(name in os.environ for name in BINDING):
         os.environ["OMP_PROC_BIND"] = "true"
-
-
-def allocator() -> str:
-    """The allocator this process runs on, in words, for the server's first lines."""
-    preloaded = os.environ.get("LD_PRELOAD", "")
-    if "tcmalloc" in preloaded:
-        return f"TCMalloc (LD_PRELOAD={preloaded})"
-    if preloaded:
-        return f"LD_PRELOAD={preloaded}"
-    hint = (
-        ""
-        if "LD_PRELOAD" in os.environ
-        else (
-            ": install TCMalloc (Debian, Ubuntu: apt install libtcmalloc-minimal4) for faster steps"
-            " on glibc before 2.38; minivtc serve then preloads it"
-        )
-    )
-    return f"glibc malloc{hint}"
 
 
 def add_serve(sub) -> None:
@@ -151,6 +108,7 @@ def run_serve(args) -> int:
     from minivtc.engine.factory import build_engine
     from minivtc.model.packed import packs_on
     from minivtc.model.weights import load_model
+    from minivtc.serving.allocator import describe
     from minivtc.serving.api_keys import Auth, read_keys, weights_of
     from minivtc.serving.server import Server
     from minivtc.serving.vllm_flags import VLLMServe
@@ -191,7 +149,7 @@ def run_serve(args) -> int:
         f"serving {name} with {args.scheduler} on {root}/v1 (watch it live: {root}/dashboard)",
         file=sys.stderr,
     )
-    print(f"allocator: {allocator()}", file=sys.stderr)
+    print(f"allocator: {describe(os.environ)}", file=sys.stderr)
     binding = ", ".join(f"{n}={os.environ[n]}" for n in BINDING if n in os.environ) or "unbound"
     print(f"engine threads: {torch.get_num_threads()} ({binding})", file=sys.stderr)
     warn_if_public(args.host, keys is not None, "serving")
