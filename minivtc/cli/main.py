@@ -42,8 +42,10 @@ def main(argv: list[str] | None = None) -> int:
     add_bench(sub)
     add_course(sub)
     args = parser.parse_args(argv)
-    if argv is None and args.command == "serve":  # from the command line, not called in-process
+    # from the command line only: a process main() was called in (a test, a notebook) stays
+    if argv is None and args.command == "serve":
         bind_threads()
+    if argv is None and args.command in ("serve", "demo"):
         restart_on(sys.argv[1:])  # the fast allocator (serving/allocator.py)
     try:
         return args.run(args)

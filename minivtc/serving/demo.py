@@ -27,6 +27,7 @@ and the server's own log goes to a file (`server.log`), not the terminal.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 import sys
 from dataclasses import dataclass, replace
@@ -34,6 +35,7 @@ from pathlib import Path
 
 from minivtc.engine.factory import build_engine
 from minivtc.model.weights import load_model
+from minivtc.serving.allocator import name_of
 from minivtc.serving.connections import Limits
 from minivtc.serving.dashboard import announce, dashboard_url
 from minivtc.serving.hosting import BackgroundServer
@@ -91,7 +93,7 @@ def main(
     out.mkdir(parents=True, exist_ok=True)
     log = out / "server.log"
     log.write_text("")
-    say("loading the bundled model ...")
+    say(f"loading the bundled model ... (allocator: {name_of(os.environ.get('LD_PRELOAD'))})")
     model, tokenizer = load_model()
     plan = make_plan(model, tokenizer, duration)
     setup = replace(plan.server, port=dashboard or 0, log_path=str(log))
