@@ -5,7 +5,8 @@ through minivtc's server beside its engine's own rate.
 Both servers start once, on the same model, dtype, `--max-num-seqs` and `--max-model-len`, with
 FCFS (guidellm is one client, so a fair policy would order the same), and take turns: in each
 round guidellm's concurrent profile runs every stream count against one server, then against the
-other (who goes first alternates by round), then the engine alone decodes one request of the
+other (who goes first alternates by round; each turn starts once the other servers are idle),
+then the engine alone decodes one request of the
 same shape in a process of its own (`LLM.generate`, batch 1). Per server and stream count:
 output tokens/s, time to first token p50 and p99 over every request of every round, and failed
 requests; minivtc / vLLM as the median of the rounds' ratios with their range, and one stream's
@@ -32,7 +33,7 @@ from pathlib import Path
 
 from minivtc.bench.peer import vllm_python
 from minivtc.bench.peer_worker import proc_stats, process_tree
-from minivtc.bench.timing import counts, load_line, machine_line, spread
+from minivtc.bench.timing import counts, load_line, machine_line, spread, wait_until_quiet
 from minivtc.gateway.proxy import free_port, wait_healthy
 from minivtc.serving.allocator import ALLOCATOR_HELP, ALLOCATORS, preload_for
 from minivtc.vllm_plugin.overload import ASYNC_FAIR_SCHEDULER
@@ -105,6 +106,9 @@ def main(argv: list[str]) -> int:
             names = list(urls)[shift:] + list(urls)[:shift]
             for name in names:
                 out = Path(tmp) / f"{name}-{k}.json"
+                # vLLM's engine polls a core for a second after its last request: not into
+                # the next server's turn (`wait_until_quiet`, as `bench peer` takes turns)
+                wait_until_quiet([pid for other, pid in pids.items() if other != name])
                 measured = guidellm(urls[name], args, out, weights, pids[name], cpu[name])
                 if k >= 0:
                     results.setdefault(name, []).append(measured)
