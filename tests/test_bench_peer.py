@@ -129,3 +129,18 @@ def test_a_turn_waits_until_the_other_contenders_processes_are_idle():
     finally:
         child.kill()
         child.wait()
+
+
+@pytest.mark.slow
+def test_bench_peer_names_the_machine_kind_and_the_allocator_above_its_table():
+    """The CPU's model and instruction sets and the allocator every engine ran on head each
+    run's output (speeds differ by both); minivtc alone, a tiny run."""
+    command = [sys.executable, "-m", "minivtc", "bench", "peer", "--batches", "1,2"]
+    command += ["--new-tokens", "4", "--repeat", "1", "--vllm-modes", "none"]
+    command += ["--no-transformers", "--allocator", "glibc", "--vllm-python", ""]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    machine = next(line for line in lines if line.startswith("machine: "))
+    assert machine.endswith("CPUs, glibc malloc") and ("AVX-512" in machine or "no AVX" in machine)
+    assert lines.index(machine) < lines.index("batch 1:") < lines.index("batch 2:")

@@ -49,8 +49,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from minivtc.bench.peer_worker import ANSWER, top_logits
-from minivtc.bench.timing import load_line, spread, wait_until_quiet
-from minivtc.serving.allocator import ALLOCATOR_HELP, ALLOCATORS, name_of, preload_for
+from minivtc.bench.timing import load_line, machine_line, spread, wait_until_quiet
+from minivtc.serving.allocator import ALLOCATOR_HELP, ALLOCATORS, preload_for
 
 __all__ = ["add_arguments", "bench_peer", "vllm_python"]
 
@@ -119,11 +119,11 @@ def bench_peer(args: argparse.Namespace) -> int:
     vllm = vllm_python(args.vllm_python)
     with background_load(args.background), contextlib.ExitStack() as stack:
         workers = start_workers(args, weights, max(batches), vllm, env, stack)
+        print(machine_line(env))  # the CPU kind and the allocator: speeds differ by both
         print(
             f"{weights}, {args.dtype}, prompts of {PROMPT_LEN} random ids, {args.new_tokens} new "
             f"tokens each, greedy, EOS ignored; {rounds} rounds after a warm-up, contenders "
             f"taking turns; {args.background} competing busy processes; "
-            f"{name_of(env['LD_PRELOAD'])}; "
             f"threads {env.get('OMP_NUM_THREADS', 'default')}"
         )
         if vllm is None:
