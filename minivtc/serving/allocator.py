@@ -40,7 +40,8 @@ TCMALLOC_NAMES = ("tcmalloc_minimal", "tcmalloc")  # Debian's libtcmalloc-minima
 TBB_LIBRARIES = ("libtbbmalloc.so.2", "libtbbmalloc_proxy.so.2")
 INSTALL_HINT = (
     "install TCMalloc (Debian, Ubuntu: apt install libtcmalloc-minimal4) or oneTBB's allocator"
-    " (pip install tbb) for faster steps on glibc before 2.38; minivtc serve then preloads it"
+    " (x86-64: pip install tbb) for faster steps on glibc before 2.38; minivtc serve then"
+    " preloads it"
 )
 
 
