@@ -26,6 +26,7 @@ def execve(path, command, env):
     raise Restarted(path, command, env)
 
 
+@pytest.mark.skipif(sys.platform != "linux", reason="preloading is for Linux")
 def test_serve_restarts_itself_on_tcmalloc_where_installed(monkeypatch):
     monkeypatch.setattr(allocator.os, "execve", execve)
     monkeypatch.setattr(allocator.ctypes.util, "find_library", lambda name: f"lib{name}.so.4")
