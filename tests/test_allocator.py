@@ -83,7 +83,7 @@ RUN = textwrap.dedent(
     import torch
     from minivtc.offline.llm import LLM
     from minivtc.requests.params import SamplingParams
-    llm = LLM(dtype="bfloat16")
+    llm = LLM(dtype="float32")
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     outs = llm.generate(["A module is", "The list"], params, use_tqdm=False)
     with open("/proc/self/maps") as maps:
