@@ -114,7 +114,7 @@ def run_k(k: int, store_url: str, backends: list[str], standins: list[int], stor
                 log.seek(0)
                 say(log.read()[-2000:])
                 raise
-        begin = time.time() + 1.0 + args.warmup  # (the drivers' imports take about a second)
+        begin = time.time() + 1.0 + args.warmup  # (the drivers import first)
         end = begin + args.seconds
         plan = {"urls": urls, "streams": args.streams, "begin": begin, "end": end}
         n = args.drivers or k

@@ -35,9 +35,9 @@ __all__ += ["check_message_count", "check_tokens", "completion_body", "completio
 __all__ += ["SMALL_BODY_BYTES", "max_tokens_of", "off_loop_if_large", "sampling_params"]
 
 T = TypeVar("T")
-# A body this small is parsed and checked on the event loop (a chat of it holds a few hundred
-# messages at most, so its validation holds the loop only briefly); a larger one on a worker
-# thread (`off_loop_if_large`; what each way measured: `minivtc/bench/README.md`)
+# A body this small is parsed and checked on the event loop (a chat that fits in it is short,
+# so its validation holds the loop only briefly); a larger one on a worker thread
+# (`off_loop_if_large`; what each way measured: `minivtc/bench/README.md`)
 SMALL_BODY_BYTES = 4096
 
 # The most logprob entries one response may carry (completions x tokens x (top + 1)): ~70
