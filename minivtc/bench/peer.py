@@ -52,7 +52,7 @@ from minivtc.bench.peer_worker import ANSWER, top_logits
 from minivtc.bench.timing import load_line, machine_line, spread, wait_until_quiet
 from minivtc.serving.allocator import ALLOCATOR_HELP, ALLOCATORS, preload_for
 
-__all__ = ["add_arguments", "bench_peer", "vllm_python"]
+__all__ = ["add_arguments", "bench_peer", "engine_env", "vllm_python"]
 
 PROMPT_LEN = 32
 NEAR_TIE = 0.05  # fp32 logits this close: a tie that rounding in either engine may break
@@ -115,7 +115,9 @@ def bench_peer(args: argparse.Namespace) -> int:
     batches = [int(b) for b in args.batches.split(",")]
     rounds = args.repeat or 5
     vocab = load_config(Path(weights)).vocab_size
-    env = worker_env(args)
+    env = engine_env(args.allocator)
+    if args.threads is not None:
+        env["OMP_NUM_THREADS"] = str(args.threads)
     vllm = vllm_python(args.vllm_python)
     with background_load(args.background), contextlib.ExitStack() as stack:
         workers = start_workers(args, weights, max(batches), vllm, env, stack)
@@ -155,13 +157,11 @@ def offered_rate(workers: list[Worker], batches: list[int], args: argparse.Names
     return args.load_fraction * tps / args.new_tokens
 
 
-def worker_env(args: argparse.Namespace) -> dict[str, str]:
-    """Every engine's: `--allocator`'s preload (set even when empty: then a `minivtc serve` does
-    not choose another), vLLM's KV space, `--threads`."""
+def engine_env(allocator: str) -> dict[str, str]:
+    """Every engine's environment, here and in `bench serve`: `allocator`'s preload (set even
+    when empty: then `minivtc serve` does not choose another), vLLM's KV space."""
     env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
-    env["LD_PRELOAD"] = preload_for(args.allocator)
-    if args.threads is not None:
-        env["OMP_NUM_THREADS"] = str(args.threads)
+    env["LD_PRELOAD"] = preload_for(allocator)
     return env
 
 

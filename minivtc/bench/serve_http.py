@@ -31,11 +31,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from minivtc.bench.peer import vllm_python
+from minivtc.bench.peer import engine_env, vllm_python
 from minivtc.bench.peer_worker import proc_stats, process_tree
 from minivtc.bench.timing import counts, load_line, machine_line, spread, wait_until_quiet
 from minivtc.gateway.proxy import free_port, wait_healthy
-from minivtc.serving.allocator import ALLOCATOR_HELP, ALLOCATORS, preload_for
+from minivtc.serving.allocator import ALLOCATOR_HELP, ALLOCATORS
 from minivtc.vllm_plugin.overload import ASYNC_FAIR_SCHEDULER
 
 __all__ = ["main"]
@@ -82,9 +82,7 @@ def main(argv: list[str]) -> int:
     from minivtc.model.weights import bundled_weights_dir
 
     weights = str(args.weights or bundled_weights_dir())
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE=os.environ.get("VLLM_CPU_KVCACHE_SPACE", "2"))
-    # set even when empty: then `minivtc serve` does not choose another allocator itself
-    env["LD_PRELOAD"] = preload_for(args.allocator)
+    env = engine_env(args.allocator)
     vllm = vllm_python(args.vllm_python)
     print(machine_line(env), flush=True)
     print(
@@ -106,8 +104,8 @@ def main(argv: list[str]) -> int:
             names = list(urls)[shift:] + list(urls)[:shift]
             for name in names:
                 out = Path(tmp) / f"{name}-{k}.json"
-                # vLLM's engine polls a core for a second after its last request: not into
-                # the next server's turn (`wait_until_quiet`, as `bench peer` takes turns)
+                # vLLM's engine keeps polling a core after its last request: not into the
+                # next server's turn (`wait_until_quiet`, as `bench peer` takes turns)
                 wait_until_quiet([pid for other, pid in pids.items() if other != name])
                 measured = guidellm(urls[name], args, out, weights, pids[name], cpu[name])
                 if k >= 0:
