@@ -12,6 +12,7 @@ import textwrap
 
 import pytest
 
+from minivtc.cli.main import main
 from minivtc.serving import allocator
 from minivtc.serving.allocator import ALLOCATORS, describe, name_of, preload_for, restart_on
 
@@ -40,6 +41,22 @@ def test_serve_restarts_itself_on_tcmalloc_where_installed(monkeypatch):
     for chosen in ("", "/opt/libjemalloc.so"):
         monkeypatch.setenv("LD_PRELOAD", chosen)
         restart_on(["serve"])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="preloading is for Linux")
+@pytest.mark.parametrize("command", [["serve", "--port", "8001"], ["demo", "--duration", "6"]])
+def test_the_commands_that_serve_restart_from_the_command_line(monkeypatch, command):
+    """`minivtc serve` and `minivtc demo` (the README's first command), typed at a shell."""
+    monkeypatch.setattr(allocator.os, "execve", execve)
+    monkeypatch.setattr(allocator.ctypes.util, "find_library", lambda name: f"lib{name}.so.4")
+    monkeypatch.delenv("LD_PRELOAD", raising=False)
+    monkeypatch.setattr(sys, "argv", ["minivtc", *command])
+    monkeypatch.setenv("OMP_PROC_BIND", "true")  # (serve binds its threads first: kept as it is)
+    with pytest.raises(Restarted) as restarted:
+        main()
+    _, argv, env = restarted.value.args
+    assert argv[1:] == ["-m", "minivtc", *command]
+    assert env["LD_PRELOAD"] == "libtcmalloc_minimal.so.4"
 
 
 @pytest.mark.skipif(not LINUX_X86, reason="the tbb wheel is for x86-64 Linux")
