@@ -1,0 +1,77 @@
+"""The packed model's weights on 2 MiB memory pages: a decode step reads every weight, and on
+the operating system's usual 4 KiB pages that read is also a walk through page tables.
+
+Owns `collapse_onto_huge_pages` (ask Linux to back some tensors' memory with 2 MiB pages, in
+place) and `tensor_spans` (where a tensor's bytes lie, packed ones included). "Page" here is the
+operating system's unit of memory, not a KV block (`engine/kv_pool.py`). Does not own the weights
+(`weights.py` loads them, `packed.py` lays them out).
+
+Why: the CPU translates every address through its TLB, which holds a few thousand translations.
+The bundled model's weights span thousands of 4 KiB pages and a 1B model's half a million, so a
+step that streams through all of them misses the TLB page after page, and the hardware
+prefetcher stops at every 4 KiB boundary; on 2 MiB pages the same bytes are a few pages, or a
+thousand. Linux gives 2 MiB pages only where a program asks (transparent huge pages set to
+"madvise", Debian's default) or everywhere ("always"). Since Linux 6.1, `madvise(MADV_COLLAPSE)`
+moves memory already written onto 2 MiB pages at the same addresses, whatever allocator gave it,
+so this runs once after packing and needs nothing from the allocator. It is best effort: where
+the kernel is older, huge pages are off ("never"), or no 2 MiB of free memory is contiguous, the
+weights stay on 4 KiB pages and compute the same. What it buys: `minivtc/bench/README.md`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+__all__ = ["HUGE_PAGE", "collapse_onto_huge_pages", "tensor_spans", "whole_pages"]
+
+HUGE_PAGE = 2 << 20  # bytes: x86-64's and most arm64 kernels' transparent huge page
+MADV_COLLAPSE = 25  # <linux/mman.h>, Linux 6.1 (Python's mmap module names it from 3.13 only)
+
+
+def collapse_onto_huge_pages(tensors: Iterable[Tensor]) -> int:
+    """Back the memory of `tensors` (CPU) with 2 MiB pages, in place: same addresses, same bytes.
+    Each span is widened to whole 2 MiB pages (the neighbours' bytes move too, unchanged). The
+    bytes the kernel collapsed; 0 where it cannot (not Linux, a kernel before 6.1, huge pages
+    "never")."""
+    if not sys.platform.startswith("linux"):
+        return 0
+    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    pages = [
+        p for start, end in whole_pages(tensor_spans(tensors)) for p in range(start, end, HUGE_PAGE)
+    ]
+    # one page a call: a page the process has not wholly mapped (an end of a span) fails alone
+    return sum(HUGE_PAGE for page in pages if madvise(page, HUGE_PAGE, MADV_COLLAPSE) == 0)
+
+
+def tensor_spans(tensors: Iterable[Tensor]) -> list[tuple[int, int]]:
+    """(first byte, one past the last) of each CPU tensor's memory. A weight packed by oneDNN
+    (`packed.py`) is an opaque tensor with no storage: oneDNN's own operators say where it is."""
+    spans = []
+    for t in tensors:
+        if t.device.type != "cpu":
+            continue
+        if t.is_mkldnn:
+            start, size = torch.ops.mkldnn.data_ptr(t), torch.ops.mkldnn._nbytes(t)
+        else:
+            start, size = t.untyped_storage().data_ptr(), t.untyped_storage().nbytes()
+        spans.append((start, start + size))
+    return spans
+
+
+def whole_pages(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """`spans` widened to 2 MiB boundaries, those that then touch or overlap merged, in order:
+    one madvise per run of adjacent weights (small weights share their 2 MiB pages)."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        start, end = start // HUGE_PAGE * HUGE_PAGE, -(-end // HUGE_PAGE) * HUGE_PAGE
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged

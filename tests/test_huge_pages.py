@@ -1,0 +1,77 @@
+"""The packed model's weights on 2 MiB pages (`model/huge_pages.py`): where the kernel can,
+`load_model(packed=True)` leaves them there, and the model computes the same bits as before."""
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from minivtc.model.huge_pages import HUGE_PAGE, collapse_onto_huge_pages, tensor_spans, whole_pages
+from minivtc.model.llama import CausalSequences
+from minivtc.model.packed import can_pack, pack_linears
+from minivtc.model.weights import load_model
+
+
+def why_no_collapse() -> str | None:
+    """Why this machine cannot collapse memory onto huge pages (None: it can)."""
+    if not sys.platform.startswith("linux"):
+        return "not Linux"
+    release = tuple(
+        int(n) for n in re.findall(r"\d+", Path("/proc/sys/kernel/osrelease").read_text())[:2]
+    )
+    if release < (6, 1):
+        return f"Linux {release}: MADV_COLLAPSE came with 6.1"
+    thp = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if not thp.exists() or "[never]" in thp.read_text():
+        return "transparent huge pages are off on this machine"
+    return None
+
+
+def huge_kib_around(address: int) -> int:
+    """AnonHugePages (KiB) of the mapping that holds `address` (/proc/self/smaps)."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        if re.match(r"^[0-9a-f]+-[0-9a-f]+ ", line):
+            start, end = (int(n, 16) for n in line.split()[0].split("-"))
+            inside = start <= address < end
+        elif inside and line.startswith("AnonHugePages:"):
+            return int(line.split()[1])
+    return 0
+
+
+def test_spans_widen_to_whole_pages_and_merge_the_ones_that_touch():
+    M = HUGE_PAGE
+    spans = [(3 * M + 10, 3 * M + 20), (10, 100), (M - 5, M + 5), (7 * M, 9 * M)]
+    assert whole_pages(spans) == [(0, 2 * M), (3 * M, 4 * M), (7 * M, 9 * M)]
+
+
+def test_a_view_s_span_is_its_whole_storage():
+    t = torch.zeros(1000)
+    ((start, end),) = tensor_spans([t[10:20]])
+    assert (start, end) == (t.data_ptr(), t.data_ptr() + 4000)
+
+
+@pytest.mark.skipif(not can_pack(), reason="this PyTorch build has no oneDNN")
+@pytest.mark.skipif(why_no_collapse() is not None, reason=str(why_no_collapse()))
+def test_a_packed_model_s_weights_are_on_huge_pages():
+    model, _ = load_model(dtype="bf16", packed=True)
+    weights = [*model.parameters(), *model.buffers()]
+    (lm_head,) = tensor_spans([model.lm_head.weight])  # 2 MiB in bf16: a whole huge page
+    assert huge_kib_around(lm_head[0]) >= HUGE_PAGE // 1024
+    assert sum(end - start for start, end in whole_pages(tensor_spans(weights))) >= 8 * HUGE_PAGE
+
+
+@pytest.mark.skipif(not can_pack(), reason="this PyTorch build has no oneDNN")
+@pytest.mark.skipif(why_no_collapse() is not None, reason=str(why_no_collapse()))
+def test_collapsing_changes_no_bit_of_what_the_model_computes():
+    model, _ = load_model(dtype="fp32")
+    pack_linears(model)  # what load_model(packed=True) does, but for the collapse
+    ids = torch.randint(
+        3, model.config.vocab_size, (40,), generator=torch.Generator().manual_seed(0)
+    )
+    positions = torch.cat([torch.arange(15), torch.arange(25)])
+    before = model(ids, positions, CausalSequences([15, 25]))
+    assert collapse_onto_huge_pages([*model.parameters(), *model.buffers()]) >= HUGE_PAGE
+    assert torch.equal(model(ids, positions, CausalSequences([15, 25])), before)
