@@ -453,14 +453,19 @@ def test_each_failed_test_is_named_with_its_message_in_the_table_and_grades_json
 @pytest.mark.slow
 def test_the_same_submission_gets_the_same_points_every_time(tmp_path):
     """Two gradings of one submission (a4b whose output charges ignore the weights: it fails
-    the derandomized property tests of weighted VTC): identical, failures and all."""
+    the derandomized property tests of weighted VTC), the student's way (in the sandbox,
+    through the channel) and the instructor's (trusted, in the tests' own package): identical,
+    failures and all, so neither the examples drawn nor the sandbox moves a point."""
     edition = edition_with(
         tmp_path,
         "fairness/vtc.py",
         ") / weights.get(request.client_id, 1.0)",
         ")",
     )
-    runs = [grade(edition, tmp_path / f"out{i}", only=["a4b_variants"]) for i in range(2)]
+    runs = [
+        grade(edition, tmp_path / f"out{i}", only=["a4b_variants"], trust_submissions=trusted)
+        for i, trusted in enumerate((False, True))
+    ]
     assert runs[0]["total"] < 30 and runs[0] == runs[1], runs
 
 
