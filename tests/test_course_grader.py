@@ -90,12 +90,11 @@ def test_a_capstone_typing_vtc_from_scratch_keeps_full_marks(tmp_path):
 @pytest.mark.parametrize("key", sorted(CHANNEL))
 def test_wrong_solutions_lose_points_through_the_sandbox_and_its_channel(key, tmp_path):
     """The catalogue's check runs the instructor's code unsandboxed; graded as a student's
-    (the tests outside the sandbox, the wrong functions inside it), the first two wrong
-    solutions of each assignment whose tests call through the channel lose points too (each
-    stopped at its first failed test, as in the catalogue's check: losing points is the test)."""
+    (the tests outside the sandbox, the wrong functions inside it), the first wrong solution of
+    each assignment whose tests call through the channel loses points too (stopped at its first
+    failed test, as in the catalogue's check: losing points is the test)."""
     a = assignment(key)
-    for i, wrong in enumerate([w for w in WRONG if w.key == key][:2]):
-        edition = write_edition(wrong, tmp_path / str(i))
-        whole = answer_files(a) if wrong.own_file is None else ()
-        g = grade_one(a, edition, How(CHECK_LIMIT_S, first_failure=True), whole)
-        assert g.points < g.max_points, (wrong.what, g)
+    wrong = next(w for w in WRONG if w.key == key)
+    whole = answer_files(a) if wrong.own_file is None else ()
+    g = grade_one(a, write_edition(wrong, tmp_path), How(CHECK_LIMIT_S, first_failure=True), whole)
+    assert g.points < g.max_points, (wrong.what, g)
