@@ -288,11 +288,11 @@ def bandwidth_line(workers: list[Worker], weights: str, args: argparse.Namespace
 
 def read_bandwidth() -> float:
     """Bytes read per wall second by summing 1 GB, the best of five: what a decode step does
-    with its weights (reads them; a copy would also write, and writing is slower here), and on
-    2 MiB pages, as the packed weights are where the kernel can (`model/huge_pages.py`)."""
+    with its weights (reads them; a copy would also write, and writing is slower here), on
+    2 MiB pages where the kernel can (`huge_pages.py`): the machine's limit, not 4 KiB pages'."""
     import torch
 
-    from minivtc.model.huge_pages import collapse_onto_huge_pages
+    from minivtc.bench.huge_pages import collapse_onto_huge_pages
 
     src = torch.ones(1 << 28)
     collapse_onto_huge_pages([src])

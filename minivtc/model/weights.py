@@ -23,7 +23,6 @@ import torch
 from safetensors import SafetensorError, safe_open
 
 from minivtc.model.config import LlamaConfig
-from minivtc.model.huge_pages import collapse_onto_huge_pages
 from minivtc.model.llama import Llama
 from minivtc.model.packed import pack_linears
 from minivtc.model.tokenizer import Tokenizer
@@ -51,8 +50,7 @@ def load_model(
     packed: bool = False,
 ) -> tuple[Llama, Tokenizer]:
     """The model (eval mode, no gradients) and its tokenizer; the bundled model by default.
-    `packed`: its linear layers packed for the CPU's oneDNN kernels (`packed.py`), and the
-    weights moved onto 2 MiB memory pages (`huge_pages.py`): the speed path a server takes."""
+    `packed`: its linear layers packed for the CPU's oneDNN kernels (`packed.py`)."""
     root = Path(weights_dir) if weights_dir is not None else bundled_weights_dir()
     config = load_config(root)
     tokenizer = Tokenizer(require_file(root / "tokenizer.model"))
@@ -64,7 +62,6 @@ def load_model(
     model = load_weights(config, root, resolve_dtype(dtype, root, device), torch.device(device))
     if packed:
         pack_linears(model)
-        collapse_onto_huge_pages([*model.parameters(), *model.buffers()])
     return model, tokenizer
 
 

@@ -1,5 +1,5 @@
-"""The packed model's weights on 2 MiB pages (`model/huge_pages.py`): where the kernel can,
-`load_model(packed=True)` leaves them there, and the model computes the same bits as before."""
+"""Memory moved onto 2 MiB pages (`bench/huge_pages.py`, what `bench peer` measures its read
+bandwidth on): where the kernel can, the bytes land there, at the same addresses, unchanged."""
 
 import re
 import sys
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minivtc.model.huge_pages import HUGE_PAGE, collapse_onto_huge_pages, tensor_spans, whole_pages
+from minivtc.bench.huge_pages import HUGE_PAGE, collapse_onto_huge_pages, tensor_spans, whole_pages
 from minivtc.model.llama import CausalSequences
 from minivtc.model.packed import can_pack, pack_linears
 from minivtc.model.weights import load_model
@@ -53,21 +53,20 @@ def test_a_view_s_span_is_its_whole_storage():
     assert (start, end) == (t.data_ptr(), t.data_ptr() + 4000)
 
 
-@pytest.mark.skipif(not can_pack(), reason="this PyTorch build has no oneDNN")
 @pytest.mark.skipif(why_no_collapse() is not None, reason=str(why_no_collapse()))
-def test_a_packed_model_s_weights_are_on_huge_pages():
-    model, _ = load_model(dtype="bf16", packed=True)
-    weights = [*model.parameters(), *model.buffers()]
-    (lm_head,) = tensor_spans([model.lm_head.weight])  # 2 MiB in bf16: a whole huge page
-    assert huge_kib_around(lm_head[0]) >= HUGE_PAGE // 1024
-    assert sum(end - start for start, end in whole_pages(tensor_spans(weights))) >= 8 * HUGE_PAGE
+def test_a_tensor_lands_on_huge_pages_at_the_same_address_unchanged():
+    t = torch.randn(4 * HUGE_PAGE // 4, generator=torch.Generator().manual_seed(0))  # 8 MiB
+    before, address = t.clone(), t.data_ptr()
+    assert collapse_onto_huge_pages([t]) >= 3 * HUGE_PAGE  # the ends may share a mapping's edge
+    assert huge_kib_around(address) >= 3 * HUGE_PAGE // 1024
+    assert t.data_ptr() == address and torch.equal(t, before)
 
 
 @pytest.mark.skipif(not can_pack(), reason="this PyTorch build has no oneDNN")
 @pytest.mark.skipif(why_no_collapse() is not None, reason=str(why_no_collapse()))
-def test_collapsing_changes_no_bit_of_what_the_model_computes():
+def test_collapsing_a_packed_model_changes_no_bit_of_what_it_computes():
     model, _ = load_model(dtype="fp32")
-    pack_linears(model)  # what load_model(packed=True) does, but for the collapse
+    pack_linears(model)  # its weights now oneDNN's opaque tensors: their spans are oneDNN's
     ids = torch.randint(
         3, model.config.vocab_size, (40,), generator=torch.Generator().manual_seed(0)
     )

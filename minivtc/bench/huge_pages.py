@@ -1,21 +1,21 @@
-"""The packed model's weights on 2 MiB memory pages: a decode step reads every weight, and on
-the operating system's usual 4 KiB pages that read is also a walk through page tables.
+"""Memory on 2 MiB pages, for measuring: the machine's read bandwidth, which is the limit of a
+decode step that reads every weight, is highest where the bytes read lie on 2 MiB pages.
 
 Owns `collapse_onto_huge_pages` (ask Linux to back some tensors' memory with 2 MiB pages, in
-place) and `tensor_spans` (where a tensor's bytes lie, packed ones included). "Page" here is the
-operating system's unit of memory, not a KV block (`engine/kv_pool.py`). Does not own the weights
-(`weights.py` loads them, `packed.py` lays them out).
+place), `tensor_spans` (where a tensor's bytes lie, oneDNN's packed ones included) and
+`whole_pages`. "Page" here is the operating system's unit of memory, not a KV block
+(`engine/kv_pool.py`). `bench peer`'s read bandwidth (`peer.read_bandwidth`) sums a tensor moved
+onto them, so the limit it reports is the machine's, not the 4 KiB pages'.
 
-Why: the CPU translates every address through its TLB, which holds a few thousand translations.
-The bundled model's weights span thousands of 4 KiB pages and a 1B model's half a million, so a
-step that streams through all of them misses the TLB page after page, and the hardware
-prefetcher stops at every 4 KiB boundary; on 2 MiB pages the same bytes are a few pages, or a
-thousand. Linux gives 2 MiB pages only where a program asks (transparent huge pages set to
-"madvise", Debian's default) or everywhere ("always"). Since Linux 6.1, `madvise(MADV_COLLAPSE)`
-moves memory already written onto 2 MiB pages at the same addresses, whatever allocator gave it,
-so this runs once after packing and needs nothing from the allocator. It is best effort: where
-the kernel is older, huge pages are off ("never"), or no 2 MiB of free memory is contiguous, the
-weights stay on 4 KiB pages and compute the same. What it buys: `minivtc/bench/README.md`.
+Why: the CPU translates every address through its TLB, which holds a few thousand
+translations, and the hardware prefetcher stops at every page boundary; a stream through a
+gigabyte on 4 KiB pages pays for both, on 2 MiB pages hardly. Linux gives 2 MiB pages only where
+a program asks (transparent huge pages "madvise", Debian's default) or everywhere ("always").
+Since Linux 6.1, `madvise(MADV_COLLAPSE)` moves memory already written onto 2 MiB pages at the
+same addresses, whatever allocator gave it; best effort: where the kernel is older, huge pages are
+off ("never") or no 2 MiB of memory is free, the bytes stay where they were. The engine's weights
+are not moved (the collapse copies every page: seconds per gigabyte at load, for a few percent at
+batch 1 on a 1B model): what both measured is in `minivtc/bench/README.md`.
 """
 
 from __future__ import annotations
