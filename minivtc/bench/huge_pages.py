@@ -8,14 +8,16 @@ place), `tensor_spans` (where a tensor's bytes lie, oneDNN's packed ones include
 onto them, so the limit it reports is the machine's, not the 4 KiB pages'.
 
 Why: the CPU translates every address through its TLB, which holds a few thousand
-translations, and the hardware prefetcher stops at every page boundary; a stream through a
-gigabyte on 4 KiB pages pays for both, on 2 MiB pages hardly. Linux gives 2 MiB pages only where
-a program asks (transparent huge pages "madvise", Debian's default) or everywhere ("always").
+translations; a stream through a gigabyte on 4 KiB pages misses it page after page and walks
+the page tables, on 2 MiB pages hardly. Linux gives 2 MiB pages where a program asks
+(transparent huge pages "madvise", as on this project's machines) or everywhere ("always").
 Since Linux 6.1, `madvise(MADV_COLLAPSE)` moves memory already written onto 2 MiB pages at the
-same addresses, whatever allocator gave it; best effort: where the kernel is older, huge pages are
-off ("never") or no 2 MiB of memory is free, the bytes stay where they were. The engine's weights
-are not moved (the collapse copies every page: seconds per gigabyte at load, for a few percent at
-batch 1 on a 1B model): what both measured is in `minivtc/bench/README.md`.
+same addresses, whatever allocator gave it. Best effort: on an older kernel, where the
+administrator turned huge pages off ("never": the kernel's collapse would not ask, so this does),
+where a huge page is not 2 MiB (arm64 with 16 or 64 KiB pages) or no 2 MiB of memory is free,
+the bytes stay where they were. The engine's weights are not moved (the collapse copies every
+page: seconds per gigabyte at load, for a few percent at batch 1 on a 1B model): what both
+measured is in `minivtc/bench/README.md`.
 """
 
 from __future__ import annotations
@@ -23,22 +25,24 @@ from __future__ import annotations
 import ctypes
 import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 import torch
 from torch import Tensor
 
 __all__ = ["HUGE_PAGE", "collapse_onto_huge_pages", "tensor_spans", "whole_pages"]
 
-HUGE_PAGE = 2 << 20  # bytes: x86-64's and most arm64 kernels' transparent huge page
-MADV_COLLAPSE = 25  # <linux/mman.h>, Linux 6.1 (Python's mmap module names it from 3.13 only)
+HUGE_PAGE = 2 << 20  # bytes: x86-64's transparent huge page (and arm64's with 4 KiB pages)
+MADV_COLLAPSE = 25  # <asm-generic/mman-common.h>, Linux 6.1, the same on every architecture
+THP = Path("/sys/kernel/mm/transparent_hugepage")
 
 
 def collapse_onto_huge_pages(tensors: Iterable[Tensor]) -> int:
     """Back the memory of `tensors` (CPU) with 2 MiB pages, in place: same addresses, same bytes.
-    Each span is widened to whole 2 MiB pages (the neighbours' bytes move too, unchanged). The
-    bytes the kernel collapsed; 0 where it cannot (not Linux, a kernel before 6.1, huge pages
-    "never")."""
-    if not sys.platform.startswith("linux"):
+    Each span is widened to whole 2 MiB pages: the neighbours' bytes move too, unchanged, and a
+    neighbour's page never written is filled with zeros (up to 2 MiB more memory per span end).
+    The bytes now on 2 MiB pages that the kernel answered for; 0 where it cannot (above)."""
+    if not sys.platform.startswith("linux") or not huge_pages_allowed():
         return 0
     madvise = ctypes.CDLL(None, use_errno=True).madvise
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
@@ -49,9 +53,18 @@ def collapse_onto_huge_pages(tensors: Iterable[Tensor]) -> int:
     return sum(HUGE_PAGE for page in pages if madvise(page, HUGE_PAGE, MADV_COLLAPSE) == 0)
 
 
+def huge_pages_allowed() -> bool:
+    """Transparent huge pages of 2 MiB, not turned off by the administrator."""
+    try:
+        size = int((THP / "hpage_pmd_size").read_text())
+        return size == HUGE_PAGE and "[never]" not in (THP / "enabled").read_text()
+    except (OSError, ValueError):
+        return False
+
+
 def tensor_spans(tensors: Iterable[Tensor]) -> list[tuple[int, int]]:
     """(first byte, one past the last) of each CPU tensor's memory. A weight packed by oneDNN
-    (`packed.py`) is an opaque tensor with no storage: oneDNN's own operators say where it is."""
+    (`model/packed.py`) is an opaque tensor with no storage: oneDNN's own operators say where."""
     spans = []
     for t in tensors:
         if t.device.type != "cpu":
@@ -65,8 +78,8 @@ def tensor_spans(tensors: Iterable[Tensor]) -> list[tuple[int, int]]:
 
 
 def whole_pages(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """`spans` widened to 2 MiB boundaries, those that then touch or overlap merged, in order:
-    one madvise per run of adjacent weights (small weights share their 2 MiB pages)."""
+    """`spans` widened to 2 MiB boundaries, those that then touch or overlap merged, in order
+    (small tensors side by side share their 2 MiB pages, each collapsed once)."""
     merged: list[tuple[int, int]] = []
     for start, end in sorted(spans):
         start, end = start // HUGE_PAGE * HUGE_PAGE, -(-end // HUGE_PAGE) * HUGE_PAGE

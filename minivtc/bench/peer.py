@@ -269,7 +269,7 @@ def bandwidth_line(workers: list[Worker], weights: str, args: argparse.Namespace
     per_token = (config.num_params - (config.vocab_size - 1) * config.dim) * (
         4 if args.dtype == "fp32" else 2
     )
-    bandwidth = read_bandwidth()
+    bandwidth, pages = read_bandwidth()
     limit = bandwidth / per_token
     reached = ", ".join(
         f"{w.name} {statistics.median(args.new_tokens / t for t, _ in w.times[1]) / limit:.0%}"
@@ -281,27 +281,27 @@ def bandwidth_line(workers: list[Worker], weights: str, args: argparse.Namespace
         decode = f"; minivtc's decode steps alone {rate:,.1f} tokens/s, {rate / limit:.0%}"
     return (
         f"batch 1's bandwidth limit: {per_token / 1e9:.2f} GB of weights per token over a read "
-        f"bandwidth of {bandwidth / 1e9:.1f} GB/s (1 GB summed on 2 MiB pages, all threads) = "
+        f"bandwidth of {bandwidth / 1e9:.1f} GB/s (1 GB summed on {pages} pages, all threads) = "
         f"{limit:,.1f} tokens/s; reached (prefill included): {reached}{decode}"
     )
 
 
-def read_bandwidth() -> float:
+def read_bandwidth() -> tuple[float, str]:
     """Bytes read per wall second by summing 1 GB, the best of five: what a decode step does
     with its weights (reads them; a copy would also write, and writing is slower here), on
-    2 MiB pages where the kernel can (`huge_pages.py`): the machine's limit, not 4 KiB pages'."""
+    2 MiB pages where the kernel can (`huge_pages.py`), and which pages ("2 MiB", "4 KiB")."""
     import torch
 
     from minivtc.bench.huge_pages import collapse_onto_huge_pages
 
     src = torch.ones(1 << 28)
-    collapse_onto_huge_pages([src])
+    pages = "2 MiB" if collapse_onto_huge_pages([src]) > src.nbytes // 2 else "4 KiB"
     best = float("inf")
     for _ in range(5):
         start = time.perf_counter()
         src.sum()
         best = min(best, time.perf_counter() - start)
-    return src.numel() * src.element_size() / best
+    return src.numel() * src.element_size() / best, pages
 
 
 def greedy_table(workers: list[Worker], batches: list[int], weights: str) -> str:
