@@ -7,23 +7,22 @@ place), `tensor_spans` (where a tensor's bytes lie, oneDNN's packed ones include
 (`engine/kv_pool.py`). `bench peer`'s read bandwidth (`peer.read_bandwidth`) sums a tensor moved
 onto them, so the limit it reports is the machine's, not the 4 KiB pages'.
 
-Why: the CPU translates every address through its TLB, which holds a few thousand
-translations; a stream through a gigabyte on 4 KiB pages misses it page after page and walks
+Why: the CPU translates every address through its TLB, which holds far fewer translations
+than a gigabyte has 4 KiB pages; a stream through it misses the TLB page after page and walks
 the page tables, on 2 MiB pages hardly. Linux gives 2 MiB pages where a program asks
 (transparent huge pages "madvise", as on this project's machines) or everywhere ("always").
 Since Linux 6.1, `madvise(MADV_COLLAPSE)` moves memory already written onto 2 MiB pages at the
 same addresses, whatever allocator gave it. Best effort: on an older kernel, where the
 administrator turned huge pages off ("never": the kernel's collapse would not ask, so this does),
 where a huge page is not 2 MiB (arm64 with 16 or 64 KiB pages) or no 2 MiB of memory is free,
-the bytes stay where they were. The engine's weights are not moved (the collapse copies every
-page: seconds per gigabyte at load, for a few percent at batch 1 on a 1B model): what both
-measured is in `minivtc/bench/README.md`.
+the bytes stay where they were. The engine's weights are not moved: the collapse copies every
+page, a cost at every load that what it buys at batch 1 did not repay (both, measured:
+`minivtc/bench/README.md`).
 """
 
 from __future__ import annotations
 
 import ctypes
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -42,9 +41,9 @@ def collapse_onto_huge_pages(tensors: Iterable[Tensor]) -> int:
     Each span is widened to whole 2 MiB pages: the neighbours' bytes move too, unchanged, and a
     neighbour's page never written is filled with zeros (up to 2 MiB more memory per span end).
     The bytes now on 2 MiB pages that the kernel answered for; 0 where it cannot (above)."""
-    if not sys.platform.startswith("linux") or not huge_pages_allowed():
+    if not huge_pages_allowed():  # (off Linux there is no such file: not allowed)
         return 0
-    madvise = ctypes.CDLL(None, use_errno=True).madvise
+    madvise = ctypes.CDLL(None).madvise
     madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     pages = [
         p for start, end in whole_pages(tensor_spans(tensors)) for p in range(start, end, HUGE_PAGE)

@@ -25,8 +25,8 @@ __all__ += ["spread", "wait_until_quiet"]
 # Before each turn, every other contender's processes are idle: an engine keeps a core busy for
 # a while after its run, on the cores the next contender is about to use (OpenMP threads spin
 # after their last parallel region; vLLM's engine core polls its shared-memory queue for a while
-# after its last read, `shm_broadcast.SpinCondition`'s busy_loop_s; how long it was measured:
-# minivtc/bench/README.md). Idle: under QUIET_CPU_S of CPU over a window (`wait_until_quiet`).
+# after its last read, `shm_broadcast.SpinCondition`'s busy_loop_s). Idle: under QUIET_CPU_S of
+# CPU over a window (`wait_until_quiet`).
 QUIET_WINDOW_S = 0.1
 QUIET_CPU_S = 0.01  # CPU seconds in one window
 QUIET_TIMEOUT_S = 5.0
