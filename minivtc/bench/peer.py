@@ -6,18 +6,17 @@ its own, on the same prompts with the same sampling, taking turns.
     minivtc bench peer --background 2                  # the same with a competing CPU load
 
 Each contender is a `peer_worker` process that loads its engine once and then runs each batch
-it is sent: minivtc's engine, vLLM with its compiled graph (its default) and eager
-(`enforce_eager`), and `transformers`' `generate`. A round sends every batch size to every
-contender in turn (the order rotating from round to round), with prompts drawn afresh for the
-round (so no engine's prefix cache sees a prompt twice) and the same for every contender: B
-prompts of 32 random token ids, 128 new tokens each, greedy, EOS ignored. The first round warms
-every engine (vLLM compiles there) and is discarded. Reported per batch size: generated tokens/s
-over the run's wall time (prefill included), median [min, max] over rounds; the process tree's
-CPU seconds beside the wall seconds (vLLM's engine core runs in a child process); minivtc's
-ratio to each peer taken within each round, median [min, max]; and the greedy tokens compared
-token for token (after the workers end), each divergence judged by the plain path in fp32
-(`peer_worker.top_logits`): the two
-tokens a near tie in fp32 (float rounding decides it) or not (which only a bug explains).
+it is sent: minivtc's engine (`--minivtc-modes`: packed, compiled, plain; the first is the one
+the others are measured against), vLLM compiled (its default) and eager, and `transformers`'
+`generate`. A round sends every batch size to every contender in turn (the order rotating),
+with prompts drawn afresh for the round (no prefix cache sees one twice), the same for every
+contender: B prompts of 32 random token ids, 128 new tokens each, greedy, EOS ignored. The first
+round warms every engine (vLLM and minivtc compiled compile there) and is discarded. Reported
+per batch size: generated tokens/s over the run's wall time (prefill included), median [min,
+max] over rounds; the process tree's CPU seconds beside the wall seconds (vLLM's engine core
+runs in a child process); minivtc's ratio to each peer within each round, median [min, max];
+and the greedy tokens compared token for token, each divergence judged by the plain path in
+fp32 (`peer_worker.top_logits`): a near tie (float rounding decides it) or not (only a bug).
 
 vLLM runs from its own virtual environment (`--vllm-python`, default `.ci-vllm-venv/bin/python`
 or `$MINIVTC_VLLM_PYTHON`; it pins its own packages): without one its columns are left out and
@@ -90,17 +89,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     peer.add_argument("--batches", default="1,16,64", help="peer: batch sizes (default 1,16,64)")
     peer.add_argument("--new-tokens", type=int, default=128, help="peer: tokens per request")
     peer.add_argument("--vllm-python", default=None, help="peer: vLLM's venv's python")
-    peer.add_argument(
-        "--vllm-modes",
-        default="compiled,eager",
-        help="peer: vLLM's modes, compiled (its default), eager, both, or none",
-    )
+    vllm_modes = "peer: vLLM's modes, compiled (its default), eager, both, or none"
+    peer.add_argument("--vllm-modes", default="compiled,eager", help=vllm_modes)
     peer.add_argument("--no-transformers", action="store_true", help="peer: skip transformers")
-    peer.add_argument(
-        "--minivtc-plain",
-        action="store_true",
-        help="peer: also minivtc with plain nn.Linear (before packing: what it bought)",
-    )
+    modes = "peer: minivtc's modes, the first measured against the rest: packed, compiled, plain"
+    peer.add_argument("--minivtc-modes", default="packed", help=modes)
     allocators = f"peer: {ALLOCATOR_HELP}"
     peer.add_argument("--allocator", choices=ALLOCATORS, default="auto", help=allocators)
     peer.add_argument("--load", action="store_true", help="peer: also TTFT under offered load")
@@ -152,7 +145,7 @@ def offered_rate(workers: list[Worker], batches: list[int], args: argparse.Names
     (compiled) mode at batch 16 (or the largest batch below it), in tokens/s over 128-token
     requests."""
     b = max((x for x in batches if x <= 16), default=min(batches))
-    engines = [w for w in workers if w.name in ("minivtc", "vllm compiled")]
+    engines = [workers[0]] + [w for w in workers if w.name == "vllm compiled"]
     tps = min(statistics.median(b * args.new_tokens / t for t, _ in w.times[b]) for w in engines)
     return args.load_fraction * tps / args.new_tokens
 
@@ -186,9 +179,13 @@ def start_workers(
     common += ["--max-len", str(PROMPT_LEN + args.new_tokens + 16)]
     if args.threads is not None:
         common += ["--threads", str(args.threads)]
-    plans = [("minivtc", sys.executable, ["minivtc"])]
-    if args.minivtc_plain:
-        plans.append(("minivtc plain", sys.executable, ["minivtc", "--plain"]))
+    minivtc = {"packed": [], "compiled": ["--compiled"], "plain": ["--plain"]}
+    if unknown := set(args.minivtc_modes.split(",")) - set(minivtc):
+        raise SystemExit(f"--minivtc-modes: {', '.join(unknown)}? (packed, compiled, plain)")
+    plans = [
+        (f"minivtc {m}".removesuffix(" packed"), sys.executable, ["minivtc", *minivtc[m]])
+        for m in args.minivtc_modes.split(",")
+    ]
     if vllm is not None:
         modes = [m for m in args.vllm_modes.split(",") if m in ("compiled", "eager")]
         plans += [
@@ -254,7 +251,7 @@ def throughput_table(workers: list[Worker], batches: list[int], new_tokens: int)
             wall = [pw / mw for (pw, _), (mw, _) in zip(p.times[b], mine.times[b], strict=True)]
             cpu = [pc / mc for (_, pc), (_, mc) in zip(p.times[b], mine.times[b], strict=True)]
             lines.append(
-                f"  minivtc / {p.name:<12} {spread(wall):>26} by wall time, "
+                f"  {mine.name} / {p.name:<12} {spread(wall):>26} by wall time, "
                 f"{spread(cpu)} by CPU time"
             )
     return "\n".join(lines)
@@ -278,7 +275,9 @@ def bandwidth_line(workers: list[Worker], weights: str, args: argparse.Namespace
     decode = ""
     if workers[0].decode_s.get(1):  # the prefill left out: what the limit is about
         rate = statistics.median((args.new_tokens - 1) / s for s in workers[0].decode_s[1])
-        decode = f"; minivtc's decode steps alone {rate:,.1f} tokens/s, {rate / limit:.0%}"
+        decode = (
+            f"; {workers[0].name}'s decode steps alone {rate:,.1f} tokens/s, {rate / limit:.0%}"
+        )
     return (
         f"batch 1's bandwidth limit: {per_token / 1e9:.2f} GB of weights per token over a read "
         f"bandwidth of {bandwidth / 1e9:.1f} GB/s (1 GB summed on {pages} pages, all threads) = "

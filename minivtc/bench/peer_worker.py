@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--eager", action="store_true", help="vllm: enforce_eager (no graph)")
     parser.add_argument("--plain", action="store_true", help="minivtc: nn.Linear, not packed")
+    parser.add_argument("--compiled", action="store_true", help="minivtc: compile_model")
     parser.add_argument("--max-batch", type=int, default=64, help="the largest batch sent")
     parser.add_argument("--max-len", type=int, default=256, help="prompt + new tokens, at most")
     parser.add_argument("--threads", type=int, default=None, help="torch's threads (minivtc, hf)")
@@ -103,7 +104,8 @@ def load_minivtc(args: argparse.Namespace) -> Run:
     from minivtc.requests.params import SamplingParams
 
     torch.set_grad_enabled(False)
-    model, _ = load_model(args.weights, dtype=args.dtype, packed=not args.plain)
+    packed = not (args.plain or args.compiled)
+    model, _ = load_model(args.weights, dtype=args.dtype, packed=packed, compiled=args.compiled)
     # one engine for every run, its pool sized for the largest batch (as vLLM's is, at start)
     kv_tokens = args.max_batch * args.max_len
     engine = build_engine(model, None, kv_tokens=kv_tokens, max_running=args.max_batch)

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from minivtc.model.config import LlamaConfig
 
-__all__ = ["CausalSequences", "DecoderLayer", "Llama", "RMSNorm", "apply_rotary"]
+__all__ = ["Attention", "CausalSequences", "DecoderLayer", "Llama", "RMSNorm", "apply_rotary"]
 __all__ += ["causal_attention", "rotary_cos_sin"]
 
 

@@ -10,9 +10,9 @@ Why: on a CPU, `nn.Linear` in fp32 calls the BLAS PyTorch was built with (MKL), 
 weight as it lies in memory and repacks panels of it on every call; oneDNN can pack a weight once
 and then stream it in the order its AVX-512 kernels consume (one product, and the whole engine,
 measured both ways: `minivtc/bench/README.md`). A call also costs some microseconds whatever its
-size, so the products that read the same input are made one: q, k and v, and gate and up (21 calls a
-step for the bundled model, not 36). `minivtc bench peer --minivtc-plain` measures the whole engine
-both ways.
+size, so the products that read the same input are made one: q, k and v, and gate and up (21
+calls a step for the bundled model, not 36). `minivtc bench peer --minivtc-modes packed,plain`
+measures the whole engine both ways; `compiled.py` goes further (the whole forward compiled).
 
 The results differ from the plain path by float rounding only (the sums are taken in another
 order): about 1e-6 relative in fp32, so a greedy token whose two best logits are that close
@@ -21,6 +21,7 @@ may change. CPU only: a packed weight cannot move to a GPU, and nothing trains t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import cast
 
 import torch
@@ -28,7 +29,7 @@ from torch import Tensor, nn
 
 from minivtc.model.llama import DecoderLayer, Llama
 
-__all__ = ["PackedLinear", "can_pack", "pack_linears", "packs_on"]
+__all__ = ["PackedLinear", "can_pack", "fuse_linears", "pack_linears", "packs_on"]
 
 
 class PackedLinear(nn.Module):
@@ -50,30 +51,37 @@ class PackedLinear(nn.Module):
 
 
 def pack_linears(model: Llama) -> Llama:
-    """Pack every linear layer of `model` (on the CPU) for oneDNN, in place. The products that
-    read the same input are fused: each layer's q, k and v weights stacked into one
-    (`SelfAttention.qkv_proj`), and gate and up (`SwiGLU.gate_up_proj`), since a oneDNN call
-    costs some microseconds whatever its size, which at one token is a tenth of the step."""
+    """Pack every linear layer of `model` (on the CPU) for oneDNN, in place, the products that
+    read the same input fused (`fuse_linears`)."""
     if model.embed_tokens.weight.device.type != "cpu":
         raise ValueError("packing is for the CPU only")
-    # setattr: llama.py types these attributes nn.Linear; a PackedLinear takes each one's place
+    return fuse_linears(model, PackedLinear)
+
+
+def fuse_linears(model: Llama, make: Callable[[Tensor], nn.Module]) -> Llama:
+    """Replace every linear layer of `model` by `make(weight)`, in place, fusing the products
+    that read the same input: each layer's q, k and v weights stacked into one
+    (`SelfAttention.qkv_proj`), and gate and up (`SwiGLU.gate_up_proj`), since a product
+    costs some microseconds whatever its size, which at one token is a tenth of the step.
+    `make`: `PackedLinear` here; `compiled.py` keeps plain layers for inductor to pack."""
+    # setattr: llama.py types these attributes nn.Linear; the made layer takes each one's place
     for layer in model.layers:
         attention, mlp = cast(DecoderLayer, layer).self_attn, cast(DecoderLayer, layer).mlp
-        attention.qkv_proj = fused(attention, ["q_proj", "k_proj", "v_proj"])
-        setattr(attention, "o_proj", PackedLinear(attention.o_proj.weight))  # noqa: B010
-        mlp.gate_up_proj = fused(mlp, ["gate_proj", "up_proj"])
-        setattr(mlp, "down_proj", PackedLinear(mlp.down_proj.weight))  # noqa: B010
-    setattr(model, "lm_head", PackedLinear(model.lm_head.weight))  # noqa: B010
+        attention.qkv_proj = make(stacked(attention, ["q_proj", "k_proj", "v_proj"]))
+        setattr(attention, "o_proj", make(attention.o_proj.weight))  # noqa: B010
+        mlp.gate_up_proj = make(stacked(mlp, ["gate_proj", "up_proj"]))
+        setattr(mlp, "down_proj", make(mlp.down_proj.weight))  # noqa: B010
+    setattr(model, "lm_head", make(model.lm_head.weight))  # noqa: B010
     return model
 
 
-def fused(module: nn.Module, names: list[str]) -> PackedLinear:
-    """One packed product of `module`'s linears `names` (same input), their weights stacked
-    along the output; the separate layers are removed (their memory is the fused one's)."""
-    stacked = torch.cat([getattr(module, name).weight for name in names])  # (sum of outs, in)
+def stacked(module: nn.Module, names: list[str]) -> Tensor:
+    """The weights of `module`'s linears `names` (same input) stacked along the output, the
+    separate layers removed (their memory is the fused one's): (sum of outs, in)."""
+    weights = torch.cat([getattr(module, name).weight for name in names])
     for name in names:
         delattr(module, name)
-    return PackedLinear(stacked)
+    return weights
 
 
 def packs_on(device: str | torch.device, dtype: torch.dtype) -> bool:

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
+from minivtc.model.compiled import compile_model
 from minivtc.model.config import LlamaConfig
 from minivtc.model.llama import Llama
 from minivtc.model.packed import pack_linears
@@ -48,9 +49,13 @@ def load_model(
     dtype: str | torch.dtype = "fp32",
     device: str = "cpu",
     packed: bool = False,
+    compiled: bool = False,
 ) -> tuple[Llama, Tokenizer]:
     """The model (eval mode, no gradients) and its tokenizer; the bundled model by default.
-    `packed`: its linear layers packed for the CPU's oneDNN kernels (`packed.py`)."""
+    `packed`: its linear layers packed for the CPU's oneDNN kernels (`packed.py`); `compiled`:
+    its forward pass compiled whole, inductor packing the weights (`compiled.py`)."""
+    if packed and compiled:
+        raise ValueError("packed or compiled, not both: compiling packs the weights itself")
     root = Path(weights_dir) if weights_dir is not None else bundled_weights_dir()
     config = load_config(root)
     tokenizer = Tokenizer(require_file(root / "tokenizer.model"))
@@ -62,6 +67,8 @@ def load_model(
     model = load_weights(config, root, resolve_dtype(dtype, root, device), torch.device(device))
     if packed:
         pack_linears(model)
+    if compiled:
+        compile_model(model)
     return model, tokenizer
 
 
