@@ -73,9 +73,11 @@ def bundled():
     return load_model()
 
 
-def start_serve(*options: str):
+def start_serve(*options: str, compiled: bool = False):
     """`minivtc serve` as a user starts it, on a free port, once /health answers: (the process,
-    its URL). The caller ends the process."""
+    its URL). The caller ends the process. `--enforce-eager` unless `compiled`: the tests of
+    what a server does need no compile at its start (`tests/test_compiled.py` has the one that
+    serves compiled)."""
     import socket
     import subprocess
     import sys
@@ -87,9 +89,10 @@ def start_serve(*options: str):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     command = [sys.executable, "-m", "minivtc.cli.main", "serve", "--port", str(port), *options]
+    command += [] if compiled else ["--enforce-eager"]
     server = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
+    deadline = time.monotonic() + (240 if compiled else 60)
     while True:
         assert server.poll() is None, server.stderr.read()
         try:
@@ -97,7 +100,7 @@ def start_serve(*options: str):
                 return server, url
         except httpx.ConnectError:
             pass
-        assert time.monotonic() < deadline, "the server did not come up in 60 s"
+        assert time.monotonic() < deadline, "the server did not come up in time"
         time.sleep(0.2)
 
 

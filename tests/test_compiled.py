@@ -2,6 +2,7 @@
 logits to float rounding under any attention, the same greedy tokens from the engine (steps
 that prefill, decode, and do both at once), and the refusals."""
 
+import httpx
 import pytest
 import torch
 
@@ -11,6 +12,7 @@ from minivtc.model.llama import CausalSequences
 from minivtc.model.packed import can_pack
 from minivtc.model.weights import load_model
 from minivtc.requests.params import SamplingParams
+from tests.conftest import start_serve
 
 pytestmark = pytest.mark.skipif(not can_pack(), reason="this PyTorch build has no oneDNN")
 
@@ -70,3 +72,23 @@ def test_a_packed_or_compiled_model_is_refused(compiled):
         load_model(packed=True, compiled=True)
     with pytest.raises(ValueError, match="not packed, not compiled"):
         compile_model(load_model(packed=True)[0])
+
+
+@pytest.mark.slow
+def test_serve_compiles_by_default_and_answers_as_the_eager_server_does():
+    """`minivtc serve` compiles before its port opens (vLLM's default); `--enforce-eager` does
+    not; both give the same greedy completion."""
+
+    def complete(compiled):
+        server, url = start_serve("--kv-tokens", "256", compiled=compiled)
+        try:
+            body = {"model": "minivtc-tiny", "prompt": "Fairness means", "max_tokens": 16}
+            answer = httpx.post(url + "/v1/completions", json={**body, "temperature": 0})
+            assert answer.status_code == 200, answer.text
+            return answer.json()["choices"][0]["text"]
+        finally:
+            server.terminate()
+            _, err = server.communicate(timeout=30)
+            assert ("compiling the model's forward pass" in err) == compiled, err
+
+    assert complete(compiled=True) == complete(compiled=False)

@@ -60,6 +60,7 @@ def backends():
                 str(p),
                 "--kv-tokens",
                 str(BUDGET),
+                "--enforce-eager",
             ],
             env=env,
             stdout=subprocess.DEVNULL,

@@ -6,16 +6,16 @@ Both servers start once, on the same model, dtype, `--max-num-seqs` and `--max-m
 FCFS (guidellm is one client, so a fair policy would order the same), and take turns: in each
 round guidellm's concurrent profile runs every stream count against one server, then against the
 other (who goes first alternates by round; each turn starts once the other servers are idle),
-then the engine alone decodes one request of the
-same shape in a process of its own (`LLM.generate`, batch 1). Per server and stream count:
-output tokens/s, time to first token p50 and p99 over every request of every round, and failed
-requests; minivtc / vLLM as the median of the rounds' ratios with their range, and one stream's
-rate through HTTP over the engine's offline rate the same way. One stream runs in a guidellm
-process of its own, and each server's CPU time meanwhile is read from /proc by thread: per
-output token, what the engine's threads, the HTTP thread (minivtc) or the API server (vLLM)
-spent, so the distance from the engine's rate can be laid at the right door (on a machine of
-few cores, the client's own CPU comes out of the engine's). A first round is a discarded
-warm-up. Run it on a quiet machine: anything else running shifts both servers unevenly.
+then the engine alone decodes one request of the same shape in a process of its own (batch 1;
+compiled, as `minivtc serve` runs it). Per server and stream count: output tokens/s, time to
+first token p50 and p99 over every request of every round, and failed requests; minivtc /
+vLLM as the median of the rounds' ratios with their range, and one stream's rate through HTTP
+over the engine's offline rate the same way. One stream runs in a guidellm process of its
+own, and each server's CPU time meanwhile is read from /proc by thread: per output token, what
+the engine's threads, the HTTP thread (minivtc) or the API server (vLLM) spent, so the distance
+from the engine's rate can be laid at the right door (on a machine of few cores, the client's
+own CPU comes out of the engine's). A first round is a discarded warm-up. Run it on a quiet
+machine: anything else running shifts both servers unevenly.
 """
 
 from __future__ import annotations
@@ -264,19 +264,25 @@ def offline_in_process(weights: str, args, env: dict) -> float:
 
 
 def offline_rate(weights: str, dtype: str, shape: str) -> float:
-    """The engine alone at batch 1: new tokens per second of one request, prefill included, as
-    guidellm counts a stream's (the median of 5, after one to warm up)."""
-    from minivtc.engine.sampler import SamplingParams
-    from minivtc.offline.llm import LLM
+    """The engine alone at batch 1, its model compiled as `minivtc serve` compiles it: new
+    tokens per second of one request, prefill included, as guidellm counts a stream's (the
+    median of 5, after one to warm up)."""
+    from minivtc.engine.factory import build_engine, compile_shapes
+    from minivtc.model.weights import load_model
+    from minivtc.requests.params import SamplingParams
 
     prompt_tokens, new_tokens = (int(n) for n in shape.split(","))
-    llm = LLM(model=weights, dtype={"fp32": "float32", "bf16": "bfloat16"}[dtype], policy="fcfs")
+    model, _ = load_model(weights, dtype, compiled=True)
+    compile_shapes(model)
+    engine = build_engine(model, None, kv_tokens=prompt_tokens + new_tokens + 16)
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     rates = []
     for k in range(6):
         prompt = [1] + [100 + (k * 7 + i) % 800 for i in range(prompt_tokens - 1)]
         start = time.perf_counter()
-        llm.generate([prompt], params)
+        engine.add_request(prompt, params)
+        while engine.has_unfinished():
+            engine.step()
         rates.append(new_tokens / (time.perf_counter() - start))
     return statistics.median(rates[1:])
 

@@ -105,7 +105,7 @@ def run_serve(args) -> int:
 
     import torch
 
-    from minivtc.engine.factory import build_engine
+    from minivtc.engine.factory import build_engine, compile_shapes
     from minivtc.model.packed import packs_on
     from minivtc.model.weights import load_model
     from minivtc.serving.allocator import describe
@@ -140,9 +140,15 @@ def run_serve(args) -> int:
     batch = {} if args.max_num_seqs is None else {"max_running": args.max_num_seqs}
     config = config_of(args, weights=weights, **batch)  # (refused before the model loads)
     dtype = vllm.dtype(args)  # ("auto" and vLLM's names: `weights.resolve_dtype`)
-    packed = packs_on(args.device, dtype)  # oneDNN's packed products on a CPU (model/packed.py)
-    model, tokenizer = load_model(vllm.checkpoint, dtype, args.device, packed)
+    # on a CPU: the forward pass compiled whole (model/compiled.py), as vLLM compiles by
+    # default, or with --enforce-eager run eagerly on oneDNN's packed products (model/packed.py)
+    fast = packs_on(args.device, dtype)
+    compiled, packed = fast and not args.enforce_eager, fast and args.enforce_eager
+    model, tokenizer = load_model(vllm.checkpoint, dtype, args.device, packed, compiled)
     engine = build_engine(model, tokenizer, replace(config, **vllm.pool(args, model)))
+    if compiled:  # before the port opens (and after any refusal): no request waits for it
+        print("compiling the model's forward pass (--enforce-eager: not)...", file=sys.stderr)
+        compile_shapes(model)
     name = vllm.name
     root = f"http://{args.host}:{args.port}"
     print(

@@ -20,8 +20,9 @@ from minivtc.engine.runner import ModelRunner
 from minivtc.fairness.scheduler import Scheduler
 from minivtc.model.llama import Llama
 from minivtc.model.tokenizer import Tokenizer
+from minivtc.requests.params import SamplingParams
 
-__all__ = ["build_engine"]
+__all__ = ["build_engine", "compile_shapes"]
 
 
 def build_engine(
@@ -58,6 +59,20 @@ def build_engine(
         clock=clock,
         config=config,
     )
+
+
+def compile_shapes(model: Llama) -> None:
+    """Run a model compiled by `model/compiled.py` through the few shapes a server's steps give
+    it (one request's prefill and decode; then two requests'), so that every later step finds
+    its graph compiled and no client waits for a compile. A throwaway engine: the server's own
+    (its counters, its pool, its cache) never sees these requests."""
+    engine = build_engine(model, None, kv_tokens=64, max_running=2)
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    for prompts in ([[1, 5, 6, 7]], [[1, 5, 6], [1, 8, 9, 10, 11]]):
+        for prompt in prompts:
+            engine.add_request(prompt, params)
+        while engine.has_unfinished():
+            engine.step()
 
 
 def context_positions(model_positions: int, max_model_len: int | None) -> int:

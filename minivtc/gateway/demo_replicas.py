@@ -121,12 +121,13 @@ def serve_fleet(
 
 @contextlib.contextmanager
 def backends(n: int) -> Iterator[list[str]]:
-    """`n` `minivtc serve` processes (VTC, `demo.BATCH` requests of KV, one torch thread each):
-    their own processes, so that no backend shares Python's lock with the gateway."""
+    """`n` `minivtc serve` processes (VTC, `demo.BATCH` requests of KV, one torch thread each,
+    eager so that the demo starts at once): their own processes, so that no backend shares
+    Python's lock with the gateway."""
     kv_tokens = demo.BATCH * (demo.INPUT_TOKENS + demo.OUTPUT_TOKENS)
     ports = [free_port() for _ in range(n)]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    args = [sys.executable, "-m", "minivtc", "serve", "--scheduler", "vtc"]
+    args = [sys.executable, "-m", "minivtc", "serve", "--scheduler", "vtc", "--enforce-eager"]
     procs = [
         subprocess.Popen(
             [*args, "--port", str(port), "--kv-tokens", str(kv_tokens)],

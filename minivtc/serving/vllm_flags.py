@@ -11,9 +11,12 @@ Owns `add_vllm_flags` and `VLLMServe`, what they mean here:
 - `--max-model-len`, `--max-num-seqs` (the batch's most requests), `--enable-prefix-caching`
   (= `--prefix-caching`), `--gpu-memory-utilization` (on CUDA, sizes the KV pool from the
   device's free memory: `engine/kv_pool.pool_bytes`), `--chat-template` (a Jinja file or string);
-- `--tensor-parallel-size` above 1 is refused; `--trust-remote-code`, `--enforce-eager`,
-  `--disable-log-requests` and `--disable-log-stats` are accepted and change nothing here
-  (nothing from a checkpoint is run; there are no CUDA graphs; no request or stats logs).
+- `--enforce-eager`: on a CPU the forward pass is compiled by default, as vLLM's is
+  (`model/compiled.py`: some seconds at start, before the port opens); this flag keeps it eager
+  (`model/packed.py`'s products), for a quick start;
+- `--tensor-parallel-size` above 1 is refused; `--trust-remote-code`, `--disable-log-requests`
+  and `--disable-log-stats` are accepted and change nothing here (nothing from a checkpoint is
+  run; no request or stats logs).
 """
 
 from __future__ import annotations
@@ -62,8 +65,12 @@ def add_vllm_flags(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--chat-template", default=None, help="a Jinja chat template, file or text")
     p.add_argument("--tensor-parallel-size", type=int, default=1, help="1 only: one device")
-    for flag in ("--trust-remote-code", "--enforce-eager"):
-        p.add_argument(flag, action="store_true", help="accepted; changes nothing here")
+    p.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="CPU: run the forward pass eagerly (packed products), not compiled at start",
+    )
+    p.add_argument("--trust-remote-code", action="store_true", help="accepted; changes nothing")
     for flag in ("--disable-log-requests", "--disable-log-stats"):
         p.add_argument(flag, action="store_true", help="accepted; changes nothing here")
 
