@@ -13,14 +13,17 @@ each layer does not pay: attention breaks the graph four times a layer, and the 
 of the pieces cost more than the fusion saves. So attention is one opaque operator
 (`minivtc::step_attention`) and the whole forward is one graph: the paged attention (its gather,
 mask and SDPA) runs eagerly inside it, a request's keys and values are written as before, and
-the graph's shapes depend only on the step's token count, not on its groups or block tables.
+the graph's shapes depend only on the step's counts of tokens and of logit rows, not on its
+groups or block tables. `minivtc serve` runs it (unless `--enforce-eager`, vLLM's flag); the
+lessons, the tests of the model and `LLM(...)` read the eager path.
 
 The step's `PagedAttention` is a Python object, and a compiled graph carries only tensors: it
 reaches the operator through a context variable, set for the one forward call that uses it (the
 house keeps state in arguments; this is the one place it cannot travel in them).
 
-Costs: compiling takes seconds per new token count shape (a few shapes: one token, one row of
-logits, many); the unpacked weights stay beside the packed ones (twice the weights' memory).
+Costs: compiling takes seconds for each of the few shapes a server meets (one token; one row
+of logits; many: `engine/factory.compile_shapes` runs them at a server's start); the unpacked
+weights stay beside the packed ones (twice the weights' memory).
 The results differ from the plain path by float rounding only (inductor fuses and reorders).
 """
 
