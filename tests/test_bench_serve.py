@@ -18,7 +18,7 @@ from minivtc.model.weights import bundled_weights_dir
 def test_bench_serve_prints_a_row_per_stream_count(tmp_path):
     command = [sys.executable, "-m", "minivtc", "bench", "serve", "--streams", "1,2"]
     command += ["--rounds", "1", "--requests", "1", "--new-tokens", "4", "--vllm-python", ""]
-    command += ["--weights", str(bundled_weights_dir())]
+    command += ["--weights", str(bundled_weights_dir()), "--enforce-eager"]  # (no compile)
     env = {k: v for k, v in os.environ.items() if k != "MINIVTC_VLLM_PYTHON"}  # minivtc alone
     done = subprocess.run(
         command, capture_output=True, text=True, cwd=tmp_path, env=env, timeout=900

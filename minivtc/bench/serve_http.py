@@ -7,15 +7,16 @@ FCFS (guidellm is one client, so a fair policy would order the same), and take t
 round guidellm's concurrent profile runs every stream count against one server, then against the
 other (who goes first alternates by round; each turn starts once the other servers are idle),
 then the engine alone decodes one request of the same shape in a process of its own (batch 1;
-compiled, as `minivtc serve` runs it). Per server and stream count: output tokens/s, time to
-first token p50 and p99 over every request of every round, and failed requests; minivtc /
-vLLM as the median of the rounds' ratios with their range, and one stream's rate through HTTP
-over the engine's offline rate the same way. One stream runs in a guidellm process of its
-own, and each server's CPU time meanwhile is read from /proc by thread: per output token, what
-the engine's threads, the HTTP thread (minivtc) or the API server (vLLM) spent, so the distance
-from the engine's rate can be laid at the right door (on a machine of few cores, the client's
-own CPU comes out of the engine's). A first round is a discarded warm-up. Run it on a quiet
-machine: anything else running shifts both servers unevenly.
+compiled as `minivtc serve` runs it, or eager with `--enforce-eager`). Per server and stream
+count: output tokens/s, time to first token p50 and p99 over every request of every round, and
+failed requests; minivtc / vLLM as the median of the rounds' ratios with their range, and one
+stream's rate through HTTP over the engine's offline rate the same way. One stream runs in a
+guidellm process of its own, and each server's CPU time meanwhile is read from /proc by
+thread: per output token, what the engine's threads, the HTTP thread (minivtc) or the API
+server (vLLM) spent, so the distance from the engine's rate can be laid at the right door (on
+a machine of few cores, the client's own CPU comes out of the engine's). A first round is a
+discarded warm-up. Run it on a quiet machine: anything else running shifts both servers
+unevenly.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--weights", default=None, help="a checkpoint folder (default: the bundled)")
     p.add_argument("--vllm-python", default=None, help="vLLM's venv's python (else no vLLM)")
     p.add_argument("--allocator", choices=ALLOCATORS, default="auto", help=ALLOCATOR_HELP)
+    eager = "minivtc's server and its engine eager, not compiled (as `serve --enforce-eager`)"
+    p.add_argument("--enforce-eager", action="store_true", help=eager)
     p.add_argument(
         "--plugin",
         action="store_true",
@@ -76,7 +79,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str]) -> int:
     if argv[:1] == ["offline"]:  # the engine alone, in a process of its own (below)
-        print(json.dumps(offline_rate(*argv[1:4])))
+        print(json.dumps(offline_rate(*argv[1:5])))
         return 0
     args = parse(argv)
     from minivtc.model.weights import bundled_weights_dir
@@ -138,7 +141,8 @@ def start_servers(
         "minivtc": [sys.executable, "-m", "minivtc", "serve", "--weights", weights]
         + ["--dtype", args.dtype, "--scheduler", "fcfs", "--max-num-seqs", seqs]
         + ["--max-model-len", max_len, "--port", str(ports["minivtc"])]
-        + ["--disable-log-requests"],
+        + ["--disable-log-requests"]
+        + (["--enforce-eager"] if args.enforce_eager else []),
     }
     if vllm is not None:
         commands["vllm"] = [vllm, "-m", "vllm.entrypoints.openai.api_server", "--model", weights]
@@ -259,21 +263,23 @@ def cpu_lines(cpu: dict[str, list[dict[str, float]]]) -> str:
 def offline_in_process(weights: str, args, env: dict) -> float:
     command = [sys.executable, "-m", "minivtc", "bench", "serve", "offline", weights]
     command += [args.dtype, f"{args.prompt_tokens},{args.new_tokens}"]
+    command += ["eager" if args.enforce_eager else "compiled"]
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=True)
     return float(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
-def offline_rate(weights: str, dtype: str, shape: str) -> float:
-    """The engine alone at batch 1, its model compiled as `minivtc serve` compiles it: new
-    tokens per second of one request, prefill included, as guidellm counts a stream's (the
-    median of 5, after one to warm up)."""
+def offline_rate(weights: str, dtype: str, shape: str, mode: str) -> float:
+    """The engine alone at batch 1, its model "compiled" as `minivtc serve` compiles it, or
+    "eager" (packed) as `--enforce-eager` runs it: new tokens per second of one request,
+    prefill included, as guidellm counts a stream's (the median of 5, after one to warm up)."""
     from minivtc.engine.factory import build_engine, compile_shapes
     from minivtc.model.weights import load_model
     from minivtc.requests.params import SamplingParams
 
     prompt_tokens, new_tokens = (int(n) for n in shape.split(","))
-    model, _ = load_model(weights, dtype, compiled=True)
-    compile_shapes(model)
+    model, _ = load_model(weights, dtype, packed=mode == "eager", compiled=mode == "compiled")
+    if mode == "compiled":
+        compile_shapes(model)
     engine = build_engine(model, None, kv_tokens=prompt_tokens + new_tokens + 16)
     params = SamplingParams(max_tokens=new_tokens, ignore_eos=True)
     rates = []

@@ -146,7 +146,7 @@ def run_serve(args) -> int:
     compiled, packed = fast and not args.enforce_eager, fast and args.enforce_eager
     model, tokenizer = load_model(vllm.checkpoint, dtype, args.device, packed, compiled)
     engine = build_engine(model, tokenizer, replace(config, **vllm.pool(args, model)))
-    if compiled:  # before the port opens (and after any refusal): no request waits for it
+    if compiled:  # before the port opens (after the options' and the pool's refusals)
         print("compiling the model's forward pass (--enforce-eager: not)...", file=sys.stderr)
         compile_shapes(model)
     name = vllm.name

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from safetensors import SafetensorError, safe_open
 
-from minivtc.model.compiled import compile_model
 from minivtc.model.config import LlamaConfig
 from minivtc.model.llama import Llama
 from minivtc.model.packed import pack_linears
@@ -67,7 +66,9 @@ def load_model(
     model = load_weights(config, root, resolve_dtype(dtype, root, device), torch.device(device))
     if packed:
         pack_linears(model)
-    if compiled:
+    if compiled:  # (imported here: a plain load registers no compiled operator)
+        from minivtc.model.compiled import compile_model
+
         compile_model(model)
     return model, tokenizer
 
