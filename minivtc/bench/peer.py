@@ -180,11 +180,12 @@ def start_workers(
     if args.threads is not None:
         common += ["--threads", str(args.threads)]
     minivtc = {"packed": [], "compiled": ["--compiled"], "plain": ["--plain"]}
-    if unknown := set(args.minivtc_modes.split(",")) - set(minivtc):
+    asked = args.minivtc_modes.split(",")
+    if unknown := set(asked) - set(minivtc):
         raise SystemExit(f"--minivtc-modes: {', '.join(unknown)}? (packed, compiled, plain)")
     plans = [
         (f"minivtc {m}".removesuffix(" packed"), sys.executable, ["minivtc", *minivtc[m]])
-        for m in args.minivtc_modes.split(",")
+        for m in asked
     ]
     if vllm is not None:
         modes = [m for m in args.vllm_modes.split(",") if m in ("compiled", "eager")]

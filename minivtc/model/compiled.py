@@ -7,8 +7,8 @@ the plain path (`llama.py`, which stays the reference: `tests/test_compiled.py` 
 two). No lesson teaches it: the lessons read the plain path.
 
 Why: at the bundled model's size a decode step is mostly small elementwise operators (the
-norms, the rotation, the SwiGLU product, the residual sums) that each cost a few microseconds
-of dispatch whatever their size. Compiled, they fuse into a few loops, and inductor's freezing
+norms, the rotation, the SwiGLU product, the residual sums) that each pay a fixed dispatch cost
+whatever their size. Compiled, they fuse into a few loops, and inductor's freezing
 packs the linear layers' weights once for the CPU's matrix kernels, as `packed.py` does
 (measured: `minivtc/bench/README.md`, "The whole forward pass compiled"). Compiling each layer
 does not pay: around attention each layer becomes four compiled frames, whose guards and calls
@@ -31,8 +31,9 @@ through a context variable set for the one call that uses it; inductor's `freezi
 process-wide switch, turned on for the process; and the model's `forward` is replaced on the
 instance (the runner calls the model as before).
 
-Costs and limits: compiling takes seconds for each of the few shapes a server meets (one token;
-one row of logits; many: `engine/factory.compile_shapes` runs them at a server's start); the
+Costs and limits: each of the few shapes a server meets is compiled once, on its first call (one
+token; one row of logits; many: `engine/factory.compile_shapes` runs them at a server's start;
+how long: the bench README); the
 linear layers' weights are held twice (as loaded, and packed); the weights are constants of the
 graph, so changing them afterwards changes nothing; inference only. The results differ from the
 plain path by float rounding only (inductor fuses and reorders).

@@ -9,7 +9,7 @@ reference, and `tests/test_packed.py` compares the two.
 Why: on a CPU, `nn.Linear` in fp32 calls the BLAS PyTorch was built with (MKL), which takes the
 weight as it lies in memory and repacks panels of it on every call; oneDNN can pack a weight once
 and then stream it in the order its AVX-512 kernels consume (one product, and the whole engine,
-measured both ways: `minivtc/bench/README.md`). A call also costs some microseconds whatever its
+measured both ways: `minivtc/bench/README.md`). A call also has a fixed cost whatever its
 size, so the products that read the same input are made one: q, k and v, and gate and up (21
 calls a step for the bundled model, not 36). `minivtc bench peer --minivtc-modes packed,plain`
 measures the whole engine both ways; `compiled.py` goes further (the whole forward compiled).
@@ -61,8 +61,9 @@ def pack_linears(model: Llama) -> Llama:
 def fuse_linears(model: Llama, make: Callable[[Tensor], nn.Module]) -> Llama:
     """Replace every linear layer of `model` by `make(weight)`, in place, fusing the products
     that read the same input: each layer's q, k and v weights stacked into one
-    (`SelfAttention.qkv_proj`), and gate and up (`SwiGLU.gate_up_proj`), since a product
-    costs some microseconds whatever its size, which at one token is a tenth of the step.
+    (`SelfAttention.qkv_proj`), and gate and up (`SwiGLU.gate_up_proj`), since a product has a
+    fixed cost whatever its size, which at one token is a large share of the step (its size:
+    `minivtc/bench/README.md`).
     `make`: `PackedLinear` here; `compiled.py` keeps plain layers for inductor to pack."""
     # setattr: llama.py types these attributes nn.Linear; the made layer takes each one's place
     for layer in model.layers:

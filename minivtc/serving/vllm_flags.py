@@ -12,7 +12,7 @@ Owns `add_vllm_flags` and `VLLMServe`, what they mean here:
   (= `--prefix-caching`), `--gpu-memory-utilization` (on CUDA, sizes the KV pool from the
   device's free memory: `engine/kv_pool.pool_bytes`), `--chat-template` (a Jinja file or string);
 - `--enforce-eager`: on a CPU the forward pass is compiled by default, as vLLM's is
-  (`model/compiled.py`: some seconds at start, before the port opens); this flag keeps it eager
+  (`model/compiled.py`, at start, before the port opens); this flag keeps it eager
   (`model/packed.py`'s products), for a quick start;
 - `--tensor-parallel-size` above 1 is refused; `--trust-remote-code`, `--disable-log-requests`
   and `--disable-log-stats` are accepted and change nothing here (nothing from a checkpoint is
