@@ -144,3 +144,10 @@ def test_bench_peer_names_the_machine_kind_and_the_allocator_above_its_table():
     machine = next(line for line in lines if line.startswith("machine: "))
     assert machine.endswith("CPUs, glibc malloc") and ("AVX-512" in machine or "no AVX" in machine)
     assert lines.index(machine) < lines.index("batch 1:") < lines.index("batch 2:")
+
+
+def test_an_unknown_minivtc_mode_is_refused_before_any_engine_starts():
+    from minivtc.cli.main import main
+
+    with pytest.raises(SystemExit, match=r"--minivtc-modes: turbo\? \(packed, compiled, plain\)"):
+        main(["bench", "peer", "--minivtc-modes", "compiled,turbo", "--no-transformers"])
